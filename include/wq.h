@@ -1,0 +1,392 @@
+/*
+ * wq.h - libwq: a client-go style work queue in POSIX shared memory.
+ *
+ * This header is the manual. Read it top to bottom once.
+ *
+ * WHAT IT IS
+ *   A named queue lives in one shared-memory object (/dev/shm/wq.<name>).
+ *   Any number of *processes* attach to it and share Kubernetes client-go
+ *   workqueue semantics:
+ *     - a FIFO of keys plus a "dirty" set: a key added again before a worker
+ *       picked it up is coalesced (added once, handed out once);
+ *     - a "processing" set: a key handed to one worker is never handed to a
+ *       second worker until the first calls wq_done(); if it was re-added
+ *       meanwhile it goes to the back of the queue at wq_done();
+ *     - shutdown, and shutdown with drain.
+ *   The region is guarded by one process-shared robust mutex. A process that
+ *   dies holding the lock costs nothing: the next locker repairs the region.
+ *   A process that dies holding a key (between wq_get and wq_done) loses
+ *   nothing either: the key is queued again once that process is certainly
+ *   dead, never while it lives (see "Crash guarantees").
+ *
+ * A MINIMAL CONTROLLER
+ *
+ *     struct wq_options o = { .capacity = 1 << 16, .flags = WQ_CREATE };
+ *     wq *q;
+ *     int rc = wq_open("orders", &o, &q);          // create or attach
+ *     if (rc < 0) die(wq_strerror(rc));
+ *     wq_add(q, "ns/a", 4);                        // producers, any process
+ *     char key[256];                               // >= max_key_len
+ *     for (;;) {                                   // workers, any process
+ *         int n = wq_get(q, key, sizeof key, -1);  // blocks
+ *         if (n == -ESHUTDOWN) break;
+ *         if (n < 0) die(wq_strerror(n));
+ *         reconcile(key, n);
+ *         wq_done(q, key, n);
+ *     }
+ *     wq_close(q);
+ *
+ * CONVENTIONS
+ *   - Every function that can fail returns 0 (or a documented non-negative
+ *     value) on success and a negative errno on failure, like liburing. errno
+ *     is not used. Nothing is ever printed by the library.
+ *   - Keys are opaque byte strings of 1 ..= max_key_len bytes. They are
+ *     binary safe: NUL bytes are allowed and compared like any other byte.
+ *   - Times are uint64_t nanoseconds. Timeouts are int64_t nanoseconds:
+ *     -1 waits forever, 0 never blocks, anything below -1 is -EINVAL.
+ *   - A handle (wq *) belongs to one process and is thread safe: any thread
+ *     of that process may use it concurrently with the others.
+ *   - Output parameters are written only on success.
+ *
+ * ERRORS (what each negative errno means for libwq)
+ *   -EINVAL       bad argument: NULL pointer, bad name, bad options, empty
+ *                 key, timeout below -1, unknown flag bits.
+ *   -ENOTSUP      an option this build does not implement yet was set.
+ *   -ENOENT       wq_open: no such queue and WQ_CREATE not given;
+ *                 wq_done: the key is not processing.
+ *   -EEXIST       wq_open with WQ_CREATE|WQ_EXCL: the queue exists.
+ *   -EACCES       the shm object exists but its permissions refuse us.
+ *   -EPROTO       the shm object is not a libwq region of this layout
+ *                 version: foreign, truncated, or failing validation.
+ *   -EBADMSG      the region was valid when attached but a structure in it
+ *                 is corrupt (an out-of-range index was found). Nothing was
+ *                 changed; wq_check(q, WQ_CHECK_REPAIR) rebuilds it.
+ *   -ENOTRECOVERABLE the region lock was left unrecoverable; the region
+ *                 must be removed (wq_unlink) and recreated.
+ *   -ENOSPC       the queue holds `capacity` live keys; nothing was added.
+ *   -EMSGSIZE     a key longer than max_key_len.
+ *   -ENOBUFS      wq_get: the buffer is smaller than max_key_len.
+ *   -EAGAIN       wq_get with timeout 0: nothing queued.
+ *   -ETIMEDOUT    the timeout expired.
+ *   -ESHUTDOWN    the queue is shutting down (adds refused; gets find
+ *                 nothing left to hand out).
+ *   -ECANCELED    wq_shutdown_drain: a wq_shutdown ended the drain early.
+ *   -EUSERS       wq_open: the process table is full (max_procs handles).
+ *   -ENOMEM, -EMFILE, -ENFILE, -EAGAIN from the system (mmap, shm_open,
+ *                 pthread_create) are passed through.
+ *
+ * CRASH GUARANTEES
+ *   - A key is never handed to two live processes at once.
+ *   - If a process dies while holding the region lock, the next locker
+ *     repairs the region (robust mutex, EOWNERDEAD): every key keeps its
+ *     state and FIFO position; an operation cut short is either fully
+ *     applied or not at all from the point of view of its keys. Repair is
+ *     deterministic and bounded: one pass over the entries, one over the
+ *     hash index, one over the ring and one over the process table, so
+ *     O(capacity), and it is skipped entirely when the dead holder was
+ *     not in the middle of a mutation.
+ *   - A key that a dead process was processing is queued again once that
+ *     process is certainly dead (its lease mutex reports EOWNERDEAD), never
+ *     before. A stopped or slow process is alive; PID reuse cannot fool the
+ *     check because liveness is a robust mutex held by a thread of the
+ *     owning handle, not a pid.
+ *
+ * PROCESSES, THREADS AND FORK
+ *   Each handle registers in the region's process table and holds a lease:
+ *   a robust mutex locked by a small thread that libwq starts for the
+ *   handle and that lives exactly as long as the handle. The lease is how
+ *   other processes tell that this handle's process is dead.
+ *   After fork(), a handle inherited by the child transparently registers
+ *   the child as a new process on its first use (with its own lease); the
+ *   child is never taken for its parent, and keys the parent holds stay
+ *   the parent's. A child that exits without wq_close() is a dead process
+ *   like any other: keys it held are requeued.
+ */
+#ifndef WQ_H
+#define WQ_H
+
+#include <errno.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define WQ_API __attribute__((visibility("default")))
+#else
+#define WQ_API
+#endif
+
+/* ------------------------------------------------------------------ */
+/* Types                                                               */
+/* ------------------------------------------------------------------ */
+
+/* An opaque per-process handle. */
+typedef struct wq wq;
+
+/* wq_options.flags */
+#define WQ_CREATE (1u << 0) /* create the queue if it does not exist */
+#define WQ_EXCL   (1u << 1) /* with WQ_CREATE: fail with -EEXIST if it does */
+#define WQ_FAIR   (1u << 2) /* fair mode (not implemented yet: -ENOTSUP) */
+
+/* wq_options.durability */
+#define WQ_DURABLE_PROCESS 0
+#define WQ_DURABLE_FSYNC   1
+#define WQ_DURABLE_NONE    2
+
+/* Limits. */
+#define WQ_MAX_NAME_LEN    200
+#define WQ_MAX_KEY_LEN     4096
+#define WQ_MAX_CAPACITY    (1u << 31)
+#define WQ_MAX_PROCS       4096
+
+/*
+ * Creation options. Zero-initialise, then set what you need. Options only
+ * matter when the queue is created; attaching to an existing queue reads
+ * its geometry from the region. NULL options means "attach only".
+ *
+ * Validation (-EINVAL): unknown flag bits, WQ_EXCL without WQ_CREATE,
+ * mode bits outside 0777, rl_base_delay_ns > rl_max_delay_ns, negative
+ * rl_qps, capacity > 2^31, max_key_len > 4096, max_procs > 4096, an
+ * unknown durability value.
+ * Not implemented yet (-ENOTSUP, never silently ignored): store_path,
+ * durability, snapshot_interval_ms, result_capacity, WQ_FAIR and the
+ * rl_* limiter parameters.
+ */
+struct wq_options {
+    uint32_t capacity;      /* max live keys (queued+processing+waiting); 0 -> 65536 */
+    uint32_t max_key_len;   /* 0 -> 256; at most 4096 */
+    const char *store_path; /* LMDB directory for persistence; NULL -> memory only */
+    int durability;         /* WQ_DURABLE_PROCESS (0) | WQ_DURABLE_FSYNC | WQ_DURABLE_NONE */
+    uint32_t snapshot_interval_ms; /* WQ_DURABLE_NONE only; 0 -> 1000 */
+    uint32_t result_capacity;      /* finished results kept; 0 -> capacity */
+    mode_t mode;            /* permissions of the shm object and store; 0 -> 0600 */
+    unsigned flags;         /* WQ_CREATE | WQ_EXCL | WQ_FAIR ... */
+    /* rate limiter used by wq_add_rate_limited; zero -> client-go defaults:
+       max(per-item exponential 5ms..1000s, token bucket 10 qps burst 100) */
+    uint64_t rl_base_delay_ns, rl_max_delay_ns;
+    double   rl_qps;
+    uint32_t rl_burst;
+    /* libwq extension: size of the process table, i.e. how many handles
+       may be attached at once across all processes; 0 -> 256. */
+    uint32_t max_procs;
+};
+
+/* ------------------------------------------------------------------ */
+/* Life cycle                                                          */
+/* ------------------------------------------------------------------ */
+
+/*
+ * wq_open - attach to queue `name`, creating it with WQ_CREATE.
+ *
+ * name: [A-Za-z0-9._-]{1,200}; the shm object is /dev/shm/wq.<name>.
+ * A new region is built under no name and published atomically, so a
+ * concurrent attacher never sees a half-initialised queue, and two
+ * concurrent creators never both win (the loser attaches, or gets -EEXIST
+ * with WQ_EXCL).
+ *
+ * Returns 0 and stores the handle in *out, or
+ *   -ENOENT  absent and not creating;  -EEXIST  present with WQ_EXCL;
+ *   -EINVAL  bad name or options;      -ENOTSUP an option not implemented;
+ *   -EPROTO  not a libwq region of a compatible version, or it fails
+ *            validation (magic, version, geometry, checksum, size);
+ *   -EACCES  permissions;  -EUSERS process table full;  -ENOMEM ...
+ * Blocks only briefly (takes the region lock to register). Any thread.
+ * The handle is freed by wq_close().
+ */
+WQ_API int wq_open(const char *name, const struct wq_options *opts, wq **out);
+
+/*
+ * wq_close - detach this handle; the queue lives on.
+ * Keys this handle's process slot still holds (got but not done) are
+ * queued again at the back (not counted as a crash). Frees the handle.
+ * NULL is a no-op. Must not race with other calls on the same handle.
+ */
+WQ_API void wq_close(wq *q);
+
+/*
+ * wq_unlink - remove the shared region of queue `name`.
+ * Processes still attached keep working on their mapping until they close;
+ * a later wq_open with WQ_CREATE makes a new, empty queue.
+ * Returns 0, -EINVAL (bad name), -ENOENT, -EACCES.
+ */
+WQ_API int wq_unlink(const char *name);
+
+/* ------------------------------------------------------------------ */
+/* Queue (client-go Interface)                                         */
+/* ------------------------------------------------------------------ */
+
+/*
+ * wq_add - mark key dirty; queue it unless it is already queued or
+ * processing (a processing key is queued again at its wq_done).
+ * Returns 0 when newly queued or newly marked dirty, 1 when coalesced into
+ * a key that is already dirty. -ESHUTDOWN after shutdown, -ENOSPC when
+ * `capacity` keys are live (nothing changes), -EINVAL on an empty key or
+ * NULL, -EMSGSIZE when longer than max_key_len. Never blocks (beyond the
+ * region lock). Wakes one blocked wq_get.
+ */
+WQ_API int wq_add(wq *q, const void *key, size_t len);
+
+/*
+ * wq_get - pop the front key into buf, mark it processing (owned by this
+ * handle's process) and return its length (> 0). The key is not
+ * NUL-terminated. Blocks according to timeout_ns:
+ *   -EAGAIN     timeout 0 and nothing queued;
+ *   -ETIMEDOUT  nothing queued before the timeout;
+ *   -ESHUTDOWN  shutting down and nothing queued (keys still processing
+ *               may be queued again by their wq_done; a later get then
+ *               hands them out);
+ *   -ENOBUFS    cap < max_key_len (checked first, nothing is popped);
+ *   -EINVAL     NULL buf or timeout below -1.
+ * Sleeps on a futex, never spins; wakes on add, shutdown, and every
+ * 100 ms to requeue keys held by dead processes.
+ */
+WQ_API int wq_get(wq *q, void *buf, size_t cap, int64_t timeout_ns);
+
+/*
+ * wq_done - processing of key finished. If the key was re-added while it
+ * was processing, it is queued at the back now. Any process attached to
+ * the queue may call it (as any goroutine may in client-go).
+ * Returns 0, -ENOENT if the key is not processing (unlike client-go,
+ * which would queue a second copy), -EINVAL, -EMSGSIZE.
+ */
+WQ_API int wq_done(wq *q, const void *key, size_t len);
+
+/* wq_len - number of queued keys (not counting processing or waiting). */
+WQ_API int wq_len(wq *q);
+
+/*
+ * wq_shutdown - stop accepting adds and wake every blocked wq_get (they
+ * return queued keys first, then -ESHUTDOWN). Also ends a pending
+ * wq_shutdown_drain early with -ECANCELED (client-go's forced shutdown).
+ * The flag lives in the region: it is seen by every process and stays set
+ * for the life of the region. Returns 0. Idempotent.
+ */
+WQ_API int wq_shutdown(wq *q);
+
+/*
+ * wq_shutdown_drain - as wq_shutdown, then wait until no key is
+ * processing. Keys may still be queued when it returns (client-go).
+ * Keys held by dead processes are requeued while waiting, so a crashed
+ * worker cannot make it hang. Returns 0, -ETIMEDOUT, -ECANCELED (a
+ * wq_shutdown call was made while waiting), -EINVAL.
+ */
+WQ_API int wq_shutdown_drain(wq *q, int64_t timeout_ns);
+
+/* wq_shutting_down - true once wq_shutdown or wq_shutdown_drain ran. */
+WQ_API bool wq_shutting_down(wq *q);
+
+/* ------------------------------------------------------------------ */
+/* Fast paths                                                          */
+/* ------------------------------------------------------------------ */
+
+/*
+ * wq_done_get - wq_done(done_key) then wq_get(), sharing one lock
+ * acquisition when a key is queued. If wq_done fails, its error is
+ * returned and nothing is popped. Otherwise returns as wq_get.
+ */
+WQ_API int wq_done_get(wq *q, const void *done_key, size_t done_len,
+                       void *buf, size_t cap, int64_t timeout_ns);
+
+/*
+ * wq_add_many - add n keys under one lock acquisition. All keys are
+ * validated first: an invalid key (-EINVAL, -EMSGSIZE) adds none.
+ * Returns how many were coalesced (>= 0), or -ESHUTDOWN, or -ENOSPC when
+ * the keys that would need a new slot do not all fit (none added then).
+ */
+WQ_API int wq_add_many(wq *q, const struct iovec *keys, size_t n);
+
+/* ------------------------------------------------------------------ */
+/* Inspection                                                          */
+/* ------------------------------------------------------------------ */
+
+struct wq_stats {
+    uint64_t queued;        /* keys in the FIFO */
+    uint64_t processing;    /* keys handed out and not done */
+    uint64_t waiting;       /* keys added with a delay (0 until delays exist) */
+    uint64_t live;          /* keys using a slot: queued+processing+waiting */
+    uint64_t capacity;      /* max live keys */
+    uint64_t processes;     /* handles attached (process table slots in use) */
+    uint64_t adds_total;    /* adds that were not coalesced */
+    uint64_t coalesced_total; /* adds merged into an already dirty key */
+    uint64_t retries_total; /* delayed / rate limited adds (client-go) */
+    uint64_t crash_requeues_total; /* keys requeued because their holder died */
+    uint64_t max_key_len;
+    uint64_t max_procs;
+    uint64_t region_bytes;  /* size of the shared-memory object */
+    uint64_t repairs_total; /* times the region was repaired after a dead lock holder */
+    uint64_t shutting_down; /* 1 once shut down */
+};
+
+/*
+ * wq_stats - a consistent snapshot of the counters (taken under the lock).
+ * Returns 0 or -EINVAL.
+ */
+WQ_API int wq_stats(wq *q, struct wq_stats *out);
+
+/* States reported by wq_dump (a bit mask; DIRTY can combine with
+   QUEUED or PROCESSING). */
+#define WQ_KEY_DIRTY      (1u << 0) /* added and not yet handed out */
+#define WQ_KEY_QUEUED     (1u << 1) /* in the FIFO */
+#define WQ_KEY_PROCESSING (1u << 2) /* handed out, wq_done not called */
+
+struct wq_key_info {
+    const void *key;        /* valid only during the callback */
+    size_t len;
+    unsigned state;         /* WQ_KEY_* bits */
+    pid_t owner_pid;        /* holder's pid while processing, else 0 */
+    uint64_t position;      /* 0-based FIFO position while queued, else UINT64_MAX */
+};
+
+/*
+ * wq_dump - call fn once per live key: queued keys first in FIFO order,
+ * then the others. Runs under the region lock: fn must not call libwq on
+ * the same queue and should be quick. If fn returns non-zero, the walk
+ * stops and that value is returned. Returns 0 when all keys were visited.
+ */
+typedef int (*wq_dump_fn)(const struct wq_key_info *info, void *arg);
+WQ_API int wq_dump(wq *q, wq_dump_fn fn, void *arg);
+
+/*
+ * wq_list - call fn with the name of every libwq queue present on this
+ * machine (every /dev/shm/wq.* object; it is not opened or validated).
+ * Stops and returns fn's value when it is non-zero. Returns 0, or a
+ * negative errno if /dev/shm cannot be read.
+ */
+WQ_API int wq_list(int (*fn)(const char *name, void *arg), void *arg);
+
+/* wq_check flags */
+#define WQ_CHECK_REPAIR (1u << 0) /* also repair what was found */
+#define WQ_CHECK_REAP   (1u << 1) /* requeue keys of dead processes (implied by REPAIR) */
+
+/*
+ * wq_check - verify every structural invariant of the region: header
+ * checksum, every live entry reachable through the hash index exactly
+ * once, no index slot pointing at a free entry, ring contents equal to the
+ * queued entries exactly once, states legal, owners valid, counters
+ * matching. Returns 0 when clean, else the number of violations found
+ * (> 0), or a negative errno. With WQ_CHECK_REPAIR the violations are
+ * repaired (the return value still counts them) and keys held by dead
+ * processes are requeued. A key held by a dead process is the normal crash
+ * case, not a violation. If report is not NULL it is called once per
+ * violation with a one-line description (no trailing newline).
+ */
+typedef void (*wq_report_fn)(const char *what, void *arg);
+WQ_API int wq_check_report(wq *q, unsigned flags, wq_report_fn report, void *arg);
+WQ_API int wq_check(wq *q, unsigned flags);
+
+/* wq_name - the queue's name as given to wq_open (owned by the handle). */
+WQ_API const char *wq_name(wq *q);
+
+/* wq_strerror - libwq's wording for a negative (or positive) errno. */
+WQ_API const char *wq_strerror(int err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* WQ_H */

@@ -1,0 +1,133 @@
+/*
+ * internal.h - the per-process handle and the wq__* calls shared between
+ * src files. Nothing here is installed or exported.
+ */
+#ifndef WQ_INTERNAL_H
+#define WQ_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "wq.h"
+#include "layout.h"
+#include "fault.h"
+
+#ifdef WQ_DEBUG
+#include <assert.h>
+#define WQ_ASSERT(x) assert(x)
+#else
+#define WQ_ASSERT(x) ((void)0)
+#endif
+
+#define WQ_LIKELY(x)   __builtin_expect(!!(x), 1)
+#define WQ_UNLIKELY(x) __builtin_expect(!!(x), 0)
+
+/* Orders the stores of a critical section for a holder killed at any
+   instruction: everything before is in memory before anything after. */
+#define WQ_STEP(point) do { atomic_signal_fence(memory_order_seq_cst); \
+                            WQ_FAULT(point); } while (0)
+
+/* How often a blocked waiter wakes to look for dead key holders. */
+#define WQ_REAP_INTERVAL_NS (100ull * 1000 * 1000)
+/* Lock acquisitions between two time checks for the periodic reap. */
+#define WQ_REAP_TICKS 1024u
+
+struct wq_lease;
+
+/*
+ * The per-process handle. Geometry is copied from the header when it is
+ * validated at attach and never re-read from shared memory, so a later
+ * corruption of the header cannot move our bounds.
+ */
+struct wq {
+    char name[WQ_MAX_NAME_LEN + 1];
+    unsigned char *base;
+    size_t size;
+    struct wq_hdr *hdr;
+    struct wq_proc *procs;
+    unsigned char *entries;
+    struct wq_islot *index;
+    uint32_t *ring;
+
+    struct wq_geom g;              /* validated copy of the header */
+    uint32_t capacity, max_key_len, max_procs, entry_size, index_slots;
+    uint64_t seed;
+
+    /* Registration: written under the region lock. */
+    uint32_t slot;                 /* our process table slot */
+    uint32_t gen;                  /* its generation */
+    _Atomic unsigned forkgen;      /* wq__fork_gen when registered */
+    struct wq_lease *lease;        /* lease thread, NULL in a forked child */
+
+    uint64_t *scratch;             /* 2 x capacity bits, check/repair; lock */
+    uint32_t *held;                /* max_procs counters, check/repair; lock */
+};
+
+/* util.c */
+extern _Atomic unsigned wq__fork_gen;
+void wq__fork_init(void);
+uint32_t wq__hash(uint64_t seed, const void *key, size_t len);
+uint64_t wq__fnv1a(const void *p, size_t n);
+uint64_t wq__now_mono(void);
+uint64_t wq__now_real(void);
+int wq__name_ok(const char *name);
+int wq__deadline(int64_t timeout_ns, uint64_t *deadline);
+
+/* region.c */
+int wq__geometry(struct wq_geom *g, uint32_t capacity, uint32_t max_key_len,
+                 uint32_t max_procs);
+int wq__region_validate(const struct wq_geom *g, uint64_t file_size);
+
+/* lock.c */
+int wq__lock(wq *q);
+void wq__unlock(wq *q);
+int wq__mutex_init(pthread_mutex_t *m);
+
+/* wait.c */
+int wq__futex_wait(_Atomic uint32_t *word, uint32_t val, uint64_t deadline_mono);
+void wq__futex_wake(_Atomic uint32_t *word, int n);
+
+/* procs.c */
+int wq__procs_register(wq *q);
+void wq__procs_unregister(wq *q);
+unsigned wq__procs_reap(wq *q);
+void wq__procs_maybe_reap(wq *q);
+int wq__requeue_owned(wq *q, uint32_t slot, uint32_t gen, bool crash);
+
+/* table.c */
+static inline struct wq_entry *wq__entry(const wq *q, uint32_t idx)
+{
+    return (struct wq_entry *)(q->entries + (size_t)idx * q->entry_size);
+}
+static inline uint32_t wq__home(const wq *q, uint32_t hash)
+{
+    return (uint32_t)(((uint64_t)hash * q->index_slots) >> 32);
+}
+#define WQ_LOOKUP_CORRUPT 0xfffffffeu
+uint32_t wq__table_lookup(wq *q, const void *key, size_t len, uint32_t hash);
+int wq__table_insert(wq *q, uint32_t idx, uint32_t hash);
+int wq__table_remove(wq *q, uint32_t idx, uint32_t hash);
+uint32_t wq__entry_alloc(wq *q);
+void wq__entry_free(wq *q, uint32_t idx);
+
+/* ring.c */
+int wq__ring_push(wq *q, uint32_t idx);
+uint32_t wq__ring_front(wq *q);
+void wq__ring_pop(wq *q);
+static inline uint32_t wq__ring_count(const wq *q)
+{
+    return (uint32_t)(atomic_load_explicit(&q->hdr->ring_pos,
+                                           memory_order_relaxed) >> 32);
+}
+
+/* queue.c */
+void wq__wake_getters(wq *q, int n);
+void wq__wake_drainers(wq *q);
+
+/* repair.c */
+int wq__repair(wq *q, bool apply, bool thorough, wq_report_fn report, void *arg);
+
+#endif

@@ -1,0 +1,193 @@
+/*
+ * layout.h - the shared-memory format of a libwq region. No code.
+ *
+ * One shm object per queue, laid out as
+ *
+ *   [struct wq_hdr][proc table][entries][hash index][ring]
+ *
+ * Every section starts on a 64-byte boundary. Offsets and sizes are
+ * computed by wq__geometry() from (capacity, max_key_len, max_procs) and
+ * stored in the immutable header, which carries a checksum; an attacher
+ * recomputes the geometry and refuses any mismatch (-EPROTO).
+ *
+ * Source of truth and repair. The entries are the source of truth: each
+ * entry's state word says whether it is free, dirty, queued, processing.
+ * The hash index, the free list, the counters and the set of ring members
+ * can all be rebuilt from the entries; the ring additionally carries the
+ * FIFO order, which repair keeps by compacting the ring (dropping members
+ * whose entry is not queued, and duplicates) and appending queued entries
+ * that are missing. See repair.c.
+ *
+ * Write discipline. Everything below marked "lock" is written only while
+ * holding hdr->lock. Within a critical section, mutations are ordered so
+ * that a holder killed at any instruction leaves a state repair handles:
+ * the key bytes and hash are written before the state word that makes an
+ * entry live; an entry's state word is the single store that moves it
+ * between states. hdr->busy is set before the first mutation and cleared
+ * after the last (compiler barriers in between), so repair can skip its
+ * rebuild when the dead holder was not mutating.
+ */
+#ifndef WQ_LAYOUT_H
+#define WQ_LAYOUT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define WQ_MAGIC        0x31515762696c0a57ull /* "W\nlibWQ1" little-endian */
+#define WQ_LAYOUT_VER   1u
+#define WQ_ALIGN        64u
+#define WQ_NIL          0xffffffffu          /* "no entry" */
+
+/* Entry state bits (struct wq_entry.state). 0 = free. */
+#define WQ_ST_DIRTY      (1u << 0)  /* added, not yet handed out */
+#define WQ_ST_QUEUED     (1u << 1)  /* in the ring; implies DIRTY */
+#define WQ_ST_PROCESSING (1u << 2)  /* handed out; owner fields valid */
+#define WQ_ST_ALL        (WQ_ST_DIRTY | WQ_ST_QUEUED | WQ_ST_PROCESSING)
+
+/* Process slot states (struct wq_proc.state). */
+#define WQ_PROC_FREE     0u
+#define WQ_PROC_LIVE     1u   /* lease held by the handle's lease thread */
+
+/*
+ * The immutable header: written once by the creator before the region is
+ * published (linked into /dev/shm), never written again. Covered by
+ * `checksum` (FNV-1a 64 over the bytes before it).
+ */
+struct wq_geom {
+    uint64_t magic;
+    uint32_t version;
+    uint32_t hdr_size;        /* sizeof(struct wq_hdr) */
+    uint32_t capacity;        /* entries */
+    uint32_t max_key_len;
+    uint32_t max_procs;
+    uint32_t entry_size;      /* sizeof(struct wq_entry) + key bytes, 8-aligned */
+    uint32_t index_slots;     /* hash index slots (>= capacity * 5 / 4) */
+    uint32_t flags;           /* creation flags kept (WQ_FAIR later) */
+    uint64_t hash_seed;       /* random per region: no cross-queue flooding */
+    uint64_t off_procs, off_entries, off_index, off_ring;
+    uint64_t total_size;      /* the shm object's size */
+    uint32_t mode;            /* creation mode, informative */
+    uint32_t reserved0;
+    uint64_t created_ns;      /* CLOCK_REALTIME at creation, informative */
+    uint64_t checksum;        /* FNV-1a 64 of all bytes above */
+};
+
+/*
+ * The mutable header. Writers and orderings:
+ *   lock        the robust process-shared mutex guarding everything below
+ *               (but the futex words and atomics noted otherwise).
+ *   busy        lock; 1 while a critical section mutates shared state.
+ *   ring_pos, free_head, counters: lock.
+ *   queued/live/processing are also read without the lock by wq_len and
+ *               monitoring with relaxed atomics: they are only ever a hint
+ *               there; every decision reads them under the lock.
+ *   wake_seq    futex word for wq_get sleepers: incremented (lock held,
+ *               release) by whoever makes a key available or shuts down,
+ *               then FUTEX_WAKE after unlock. A sleeper reads it under the
+ *               lock and sleeps with FUTEX_WAIT on that value, so an
+ *               increment between its unlock and its sleep is never lost.
+ *   idle_seq    futex word for drain waiters, same protocol: incremented
+ *               when processing drops to 0 or on shutdown.
+ *   waiters     lock; sleepers on wake_seq, summed from the per-process
+ *               counts so a dead sleeper's count is dropped when its slot
+ *               is reaped.
+ */
+struct wq_hdr {
+    struct wq_geom g;
+    char pad0[WQ_ALIGN - (sizeof(struct wq_geom) % WQ_ALIGN)];
+
+    pthread_mutex_t lock;                 /* robust, process-shared */
+    uint32_t busy;
+    uint32_t shutdown;                    /* lock; 1 once shut down */
+    uint32_t free_head;                   /* lock; free-entry list, WQ_NIL = empty */
+    _Atomic uint32_t live;                /* lock to write */
+    _Atomic uint32_t processing;          /* lock to write */
+    uint32_t waiters;                     /* lock */
+    uint32_t drainers;                    /* lock */
+    uint32_t shutdown_calls;              /* lock; bumped by wq_shutdown */
+    uint32_t procs_live;                  /* lock */
+    uint32_t reap_tick;                   /* lock; ops since the last reap */
+    /* lock to write: front index (low 32 bits) and count (high 32 bits)
+       in one word so a pop or push commits with a single store. */
+    _Atomic uint64_t ring_pos;
+    char pad1[WQ_ALIGN];
+
+    _Atomic uint32_t wake_seq;            /* futex, see above */
+    _Atomic uint32_t idle_seq;            /* futex, see above */
+    uint32_t pad2;
+    uint32_t pad3;
+    uint64_t last_reap_ns;                /* lock; CLOCK_MONOTONIC */
+    /* Counters: lock to write; read under lock by wq_stats. */
+    uint64_t adds_total;
+    uint64_t coalesced_total;
+    uint64_t retries_total;
+    uint64_t crash_requeues_total;
+    uint64_t repairs_total;
+    uint64_t reserved[16];                /* room for later counters */
+};
+
+/*
+ * One process table slot per attached handle. The lease is locked by the
+ * handle's lease thread for the handle's whole life: trylock answering
+ * EOWNERDEAD (or success on a LIVE slot) means the holder is gone; EBUSY
+ * means it lives, however slow or stopped.
+ *   state, pid, gen, held, waiting: lock.
+ *   gen is bumped each time the slot is (re)claimed, and recorded in each
+ *   entry a handle of this slot gets, so a reused slot never inherits keys.
+ */
+struct wq_proc {
+    pthread_mutex_t lease;
+    uint32_t state;
+    int32_t pid;
+    uint32_t gen;
+    uint32_t held;            /* entries processing with this slot as owner */
+    uint32_t waiting;         /* this slot's sleepers counted in hdr->waiters */
+    uint32_t pad;
+    uint64_t since_ns;        /* CLOCK_REALTIME of registration, informative */
+};
+
+/*
+ * A key slot. Fixed size: the header below then max_key_len key bytes.
+ *   state     lock; single store moves between states (WQ_ST_*).
+ *   hash      lock; 32-bit key hash, also kept in the index slot.
+ *   keylen    lock; 1..max_key_len while live.
+ *   owner     lock; proc slot of the handle that got it (PROCESSING only).
+ *   owner_gen lock; that slot's gen at the time.
+ *   next      lock; free-list link while free.
+ *   stamp     lock; add sequence, for diagnostics and later fairness.
+ */
+struct wq_entry {
+    uint32_t state;
+    uint32_t hash;
+    uint32_t keylen;
+    uint32_t owner;
+    uint32_t owner_gen;
+    uint32_t next;
+    uint64_t stamp;
+    uint64_t reserved;        /* ready time (delays), later */
+    uint32_t failures;        /* rate limiter, later */
+    uint32_t aux;
+    unsigned char key[];
+};
+
+/*
+ * A hash index slot: (entry index + 1, hash). 0 in `ref` means empty.
+ * Linear probing from slot (hash * index_slots) >> 32, backward-shift
+ * deletion: no tombstones, so the table never degrades.
+ */
+struct wq_islot {
+    uint32_t ref;
+    uint32_t hash;
+};
+
+_Static_assert(sizeof(struct wq_entry) == 48, "entry header is 48 bytes");
+_Static_assert(sizeof(struct wq_islot) == 8, "index slot is 8 bytes");
+_Static_assert(offsetof(struct wq_hdr, lock) % WQ_ALIGN == 0, "lock on its own line");
+_Static_assert(offsetof(struct wq_hdr, wake_seq) % 4 == 0, "futex word aligned");
+_Static_assert(sizeof(struct wq_geom) % 8 == 0, "geometry 8-aligned");
+_Static_assert(offsetof(struct wq_geom, checksum) + 8 == sizeof(struct wq_geom),
+               "checksum is the last geometry field");
+
+#endif

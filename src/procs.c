@@ -1,0 +1,269 @@
+/*
+ * procs.c - the process table: registration, leases, dead-holder reaping.
+ *
+ * Each handle owns one slot of the process table. Liveness is a lease: a
+ * robust process-shared mutex in the slot, locked for the handle's whole
+ * life by a small lease thread that libwq starts for the handle. A robust
+ * mutex belongs to a thread, so holding it from the thread that called
+ * wq_open would make the handle look dead as soon as that thread exits;
+ * the lease thread lives exactly as long as the handle instead.
+ *
+ * Probing a slot: pthread_mutex_trylock on its lease.
+ *   EBUSY       the holder lives (however slow, or stopped by SIGSTOP).
+ *   EOWNERDEAD  every thread of the holder's process is gone: it is dead.
+ *   0           a LIVE slot nobody holds: its lease thread unlocked it,
+ *               which only a close cut short does: dead as well.
+ * PID reuse cannot fool this (the kernel marks the robust futex from the
+ * dying thread's own list), and neither can a process in another PID
+ * namespace that shares /dev/shm.
+ *
+ * Registration and release run under the region lock. Their commit point
+ * is the slot's state store: a registrant killed before it leaves a FREE
+ * slot (whose lease may be EOWNERDEAD; whoever locks it next makes it
+ * consistent), one killed after it leaves a LIVE slot with a dead lease,
+ * which the next reap reclaims.
+ *
+ * Keys held by a dead slot are found by scanning the entries for
+ * (owner, owner_gen); slot->held says whether the scan is needed at all.
+ * The generation makes a reused slot never inherit a previous holder's
+ * keys.
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+enum { LEASE_STARTING, LEASE_HELD, LEASE_STOP };
+
+struct wq_lease {
+    pthread_t thr;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    pthread_mutex_t *target;
+    int state;
+    int err;
+};
+
+static void *lease_main(void *arg)
+{
+    struct wq_lease *l = arg;
+    int rc = pthread_mutex_lock(l->target);
+    if (rc == EOWNERDEAD) {   /* a previous holder of this slot died */
+        pthread_mutex_consistent(l->target);
+        rc = 0;
+    }
+    pthread_mutex_lock(&l->mu);
+    l->err = -rc;
+    l->state = LEASE_HELD;
+    pthread_cond_broadcast(&l->cv);
+    while (l->state != LEASE_STOP)
+        pthread_cond_wait(&l->cv, &l->mu);
+    pthread_mutex_unlock(&l->mu);
+    if (rc == 0)
+        pthread_mutex_unlock(l->target);
+    return NULL;
+}
+
+static void lease_stop(struct wq_lease *l)
+{
+    pthread_mutex_lock(&l->mu);
+    l->state = LEASE_STOP;
+    pthread_cond_broadcast(&l->cv);
+    pthread_mutex_unlock(&l->mu);
+    pthread_join(l->thr, NULL);
+    pthread_cond_destroy(&l->cv);
+    pthread_mutex_destroy(&l->mu);
+    free(l);
+}
+
+/* Start a thread that locks `target` and holds it until lease_stop. */
+static int lease_start(pthread_mutex_t *target, struct wq_lease **out)
+{
+    struct wq_lease *l = calloc(1, sizeof *l);
+    if (!l)
+        return -ENOMEM;
+    pthread_mutex_init(&l->mu, NULL);
+    pthread_cond_init(&l->cv, NULL);
+    l->target = target;
+    l->state = LEASE_STARTING;
+
+    /* The lease thread must never run the application's signal handlers. */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setstacksize(&attr, 64 * 1024);
+    int rc = pthread_create(&l->thr, &attr, lease_main, l);
+    pthread_attr_destroy(&attr);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc) {
+        pthread_cond_destroy(&l->cv);
+        pthread_mutex_destroy(&l->mu);
+        free(l);
+        return -rc;
+    }
+    pthread_mutex_lock(&l->mu);
+    while (l->state == LEASE_STARTING)
+        pthread_cond_wait(&l->cv, &l->mu);
+    rc = l->err;
+    pthread_mutex_unlock(&l->mu);
+    if (rc < 0) {
+        lease_stop(l);
+        return rc;
+    }
+    *out = l;
+    return 0;
+}
+
+static uint32_t find_free_slot(wq *q)
+{
+    for (uint32_t i = 0; i < q->max_procs; i++)
+        if (q->procs[i].state == WQ_PROC_FREE)
+            return i;
+    return WQ_NIL;
+}
+
+/* Lock held. Also used in a forked child, whose inherited handle still
+   names the parent's slot and lease thread: neither is ours. */
+int wq__procs_register(wq *q)
+{
+    unsigned fg = atomic_load_explicit(&wq__fork_gen, memory_order_relaxed);
+    if (atomic_load_explicit(&q->forkgen, memory_order_relaxed) != fg) {
+        q->lease = NULL;   /* the parent's thread does not exist here */
+        q->slot = WQ_NIL;
+    }
+    uint32_t i = find_free_slot(q);
+    if (i == WQ_NIL) {
+        wq__procs_reap(q);
+        i = find_free_slot(q);
+        if (i == WQ_NIL)
+            return -EUSERS;
+    }
+    struct wq_proc *p = &q->procs[i];
+    struct wq_lease *l;
+    int rc = lease_start(&p->lease, &l);
+    if (rc < 0)
+        return rc;
+    p->pid = (int32_t)getpid();
+    p->gen++;
+    p->held = 0;
+    p->waiting = 0;
+    p->since_ns = wq__now_real();
+    WQ_STEP("procs.register.fields");
+    p->state = WQ_PROC_LIVE;
+    WQ_STEP("procs.register.live");
+    q->slot = i;
+    q->gen = p->gen;
+    q->lease = l;
+    atomic_store_explicit(&q->forkgen, fg, memory_order_relaxed);
+    return 0;
+}
+
+/* wq_close: give back our keys (not a crash), then our slot. */
+void wq__procs_unregister(wq *q)
+{
+    unsigned fg = atomic_load_explicit(&wq__fork_gen, memory_order_relaxed);
+    if (atomic_load_explicit(&q->forkgen, memory_order_relaxed) != fg ||
+        q->slot == WQ_NIL || !q->lease)
+        return;   /* a forked child that never used the handle */
+    int rc = wq__lock(q);
+    if (rc == 0) {
+        struct wq_proc *p = &q->procs[q->slot];
+        wq__requeue_owned(q, q->slot, q->gen, false);
+        if (q->hdr->waiters >= p->waiting)
+            q->hdr->waiters -= p->waiting;
+        p->waiting = 0;
+    }
+    lease_stop(q->lease);   /* the lease is free before the slot is */
+    q->lease = NULL;
+    if (rc == 0) {
+        WQ_STEP("procs.unregister.lease");
+        q->procs[q->slot].state = WQ_PROC_FREE;
+        wq__unlock(q);
+    }
+    q->slot = WQ_NIL;
+}
+
+/*
+ * Lock held. Requeue every entry that slot/gen holds. Returns how many.
+ * Each requeue commits with the entry's state store; the ring push after
+ * it is redone by repair if cut short.
+ */
+int wq__requeue_owned(wq *q, uint32_t slot, uint32_t gen, bool crash)
+{
+    struct wq_proc *p = &q->procs[slot];
+    int n = 0;
+    if (p->held == 0)
+        return 0;
+    for (uint32_t idx = 0; idx < q->capacity && p->held > 0; idx++) {
+        struct wq_entry *e = wq__entry(q, idx);
+        if (!(e->state & WQ_ST_PROCESSING) || e->owner != slot || e->owner_gen != gen)
+            continue;
+        q->hdr->busy = 1;
+        WQ_STEP("requeue.busy");
+        e->state = WQ_ST_DIRTY | WQ_ST_QUEUED;
+        WQ_STEP("requeue.state");
+        if (wq__ring_push(q, idx) < 0)
+            return n;   /* corrupt ring: leave busy set, repair redoes it */
+        WQ_STEP("requeue.ring");
+        atomic_fetch_sub_explicit(&q->hdr->processing, 1, memory_order_relaxed);
+        p->held--;
+        if (crash)
+            q->hdr->crash_requeues_total++;
+        WQ_STEP("requeue.counters");
+        q->hdr->busy = 0;
+        n++;
+    }
+    if (n > 0) {
+        wq__wake_getters(q, n);
+        if (atomic_load_explicit(&q->hdr->processing, memory_order_relaxed) == 0)
+            wq__wake_drainers(q);
+    }
+    return n;
+}
+
+static bool holder_dead(struct wq_proc *p)
+{
+    int rc = pthread_mutex_trylock(&p->lease);
+    if (rc == EOWNERDEAD)
+        pthread_mutex_consistent(&p->lease);
+    else if (rc != 0)
+        return false;   /* EBUSY: alive */
+    pthread_mutex_unlock(&p->lease);
+    return true;
+}
+
+/* Lock held. Reclaim the slots of dead processes and requeue their keys.
+   Returns the number of keys requeued. */
+unsigned wq__procs_reap(wq *q)
+{
+    unsigned requeued = 0;
+    for (uint32_t i = 0; i < q->max_procs; i++) {
+        struct wq_proc *p = &q->procs[i];
+        if (i == q->slot || p->state != WQ_PROC_LIVE || !holder_dead(p))
+            continue;
+        requeued += (unsigned)wq__requeue_owned(q, i, p->gen, true);
+        if (q->hdr->waiters >= p->waiting)
+            q->hdr->waiters -= p->waiting;
+        p->waiting = 0;
+        WQ_STEP("reap.waiters");
+        p->state = WQ_PROC_FREE;
+    }
+    q->hdr->last_reap_ns = wq__now_mono();
+    q->hdr->reap_tick = 0;
+    return requeued;
+}
+
+/* Lock held. The periodic reap of busy queues: a clock read every
+   WQ_REAP_TICKS operations, a table scan every WQ_REAP_INTERVAL_NS. */
+void wq__procs_maybe_reap(wq *q)
+{
+    if (WQ_LIKELY(++q->hdr->reap_tick < WQ_REAP_TICKS))
+        return;
+    q->hdr->reap_tick = 0;
+    if (wq__now_mono() - q->hdr->last_reap_ns >= WQ_REAP_INTERVAL_NS)
+        wq__procs_reap(q);
+}

@@ -1,0 +1,477 @@
+/*
+ * queue.c - client-go's Interface over the region: wq_add, wq_get,
+ * wq_done, wq_len, the shutdown calls and the two fast paths.
+ *
+ * Each operation is one critical section (hash computed before locking).
+ * Mutations follow the commit-point rule of layout.h: the entry's state
+ * store decides the outcome, the index, ring, free list and counters
+ * follow it and are rebuilt by repair when cut short. hdr->busy brackets
+ * every multi-store mutation.
+ *
+ * Waking: whoever makes a key available while sleepers are counted bumps
+ * wake_seq under the lock and issues FUTEX_WAKE(1) after unlocking. A
+ * getter that takes a key and sees more queued with sleepers waiting
+ * passes the wake on, so a wake consumed by a sleeper that then died or
+ * lost the race is not lost for long; sleepers also wake every
+ * WQ_REAP_INTERVAL_NS to requeue dead holders' keys.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
+
+#include "internal.h"
+
+static inline int key_ok(const wq *q, const void *key, size_t len)
+{
+    if (!key || len == 0)
+        return -EINVAL;
+    return len > q->max_key_len ? -EMSGSIZE : 0;
+}
+
+/* Lock held: note a wake for one sleeper, to be issued after unlock. */
+static inline bool note_wake(wq *q)
+{
+    if (WQ_LIKELY(q->hdr->waiters == 0))
+        return false;
+    atomic_fetch_add_explicit(&q->hdr->wake_seq, 1, memory_order_release);
+    return true;
+}
+
+/* Lock held; rare paths (requeues, shutdown): wake n sleepers now. */
+void wq__wake_getters(wq *q, int n)
+{
+    if (q->hdr->waiters == 0)
+        return;
+    atomic_fetch_add_explicit(&q->hdr->wake_seq, 1, memory_order_release);
+    wq__futex_wake(&q->hdr->wake_seq, n);
+}
+
+void wq__wake_drainers(wq *q)
+{
+    if (q->hdr->drainers == 0)
+        return;
+    atomic_fetch_add_explicit(&q->hdr->idle_seq, 1, memory_order_release);
+    wq__futex_wake(&q->hdr->idle_seq, INT_MAX);
+}
+
+static inline void held_dec(wq *q, const struct wq_entry *e)
+{
+    if (e->owner < q->max_procs) {
+        struct wq_proc *p = &q->procs[e->owner];
+        if (p->gen == e->owner_gen && p->held > 0)
+            p->held--;
+    }
+}
+
+/* Lock held. 0 new or marked, 1 coalesced, *queued when a key entered
+   the ring. */
+static int add_locked(wq *q, const void *key, size_t len, uint32_t hash, bool *queued)
+{
+    struct wq_hdr *h = q->hdr;
+    if (WQ_UNLIKELY(h->shutdown))
+        return -ESHUTDOWN;
+    uint32_t idx = wq__table_lookup(q, key, len, hash);
+    if (idx != WQ_NIL) {
+        if (WQ_UNLIKELY(idx == WQ_LOOKUP_CORRUPT))
+            return -EBADMSG;
+        struct wq_entry *e = wq__entry(q, idx);
+        uint32_t st = e->state;
+        if (st & WQ_ST_DIRTY) {
+            h->coalesced_total++;
+            return 1;
+        }
+        if (WQ_UNLIKELY(!(st & WQ_ST_PROCESSING)))
+            return -EBADMSG;   /* live, clean and not processing: illegal */
+        e->state = st | WQ_ST_DIRTY;   /* queued again at its wq_done */
+        WQ_STEP("add.mark");
+        h->adds_total++;
+        return 0;
+    }
+    h->busy = 1;
+    WQ_STEP("add.busy");
+    idx = wq__entry_alloc(q);
+    if (idx == WQ_NIL || idx == WQ_LOOKUP_CORRUPT) {
+        h->busy = 0;
+        return idx == WQ_NIL ? -ENOSPC : -EBADMSG;
+    }
+    WQ_STEP("add.alloc");
+    struct wq_entry *e = wq__entry(q, idx);
+    memcpy(e->key, key, len);
+    e->keylen = (uint32_t)len;
+    e->hash = hash;
+    e->owner = WQ_NIL;
+    e->stamp = h->adds_total;
+    WQ_STEP("add.key");
+    e->state = WQ_ST_DIRTY | WQ_ST_QUEUED;   /* commit */
+    WQ_STEP("add.state");
+    int rc = wq__table_insert(q, idx, hash);
+    if (WQ_UNLIKELY(rc < 0))
+        return rc;   /* busy stays set: the next locker rebuilds */
+    WQ_STEP("add.index");
+    if (WQ_UNLIKELY((rc = wq__ring_push(q, idx)) < 0))
+        return rc;
+    WQ_STEP("add.ring");
+    atomic_fetch_add_explicit(&h->live, 1, memory_order_relaxed);
+    h->adds_total++;
+    WQ_STEP("add.counters");
+    h->busy = 0;
+    *queued = true;
+    return 0;
+}
+
+/* Lock held. Pop the front into buf: its length, or -EAGAIN if empty. */
+static int get_locked(wq *q, void *buf)
+{
+    struct wq_hdr *h = q->hdr;
+    uint32_t idx = wq__ring_front(q);
+    if (idx == WQ_NIL)
+        return -EAGAIN;
+    if (WQ_UNLIKELY(idx == WQ_LOOKUP_CORRUPT))
+        return -EBADMSG;
+    struct wq_entry *e = wq__entry(q, idx);
+    uint32_t len = e->keylen;
+    if (WQ_UNLIKELY(!(e->state & WQ_ST_QUEUED) || len == 0 || len > q->max_key_len))
+        return -EBADMSG;
+    memcpy(buf, e->key, len);
+    h->busy = 1;
+    WQ_STEP("get.busy");
+    e->owner = q->slot;
+    e->owner_gen = q->gen;
+    WQ_STEP("get.owner");
+    e->state = WQ_ST_PROCESSING;   /* commit */
+    WQ_STEP("get.state");
+    wq__ring_pop(q);
+    WQ_STEP("get.ring");
+    atomic_fetch_add_explicit(&h->processing, 1, memory_order_relaxed);
+    q->procs[q->slot].held++;
+    WQ_STEP("get.counters");
+    h->busy = 0;
+    return (int)len;
+}
+
+/* Lock held. *queued when a re-added key went back into the ring. */
+static int done_locked(wq *q, const void *key, size_t len, uint32_t hash, bool *queued)
+{
+    struct wq_hdr *h = q->hdr;
+    uint32_t idx = wq__table_lookup(q, key, len, hash);
+    if (idx == WQ_NIL)
+        return -ENOENT;
+    if (WQ_UNLIKELY(idx == WQ_LOOKUP_CORRUPT))
+        return -EBADMSG;
+    struct wq_entry *e = wq__entry(q, idx);
+    uint32_t st = e->state;
+    if (!(st & WQ_ST_PROCESSING))
+        return -ENOENT;
+    int rc = 0;
+    h->busy = 1;
+    WQ_STEP("done.busy");
+    if (st & WQ_ST_DIRTY) {
+        e->state = WQ_ST_DIRTY | WQ_ST_QUEUED;   /* commit: back of the queue */
+        WQ_STEP("done.state");
+        if ((rc = wq__ring_push(q, idx)) < 0)
+            return rc;
+        WQ_STEP("done.ring");
+        *queued = true;
+    } else {
+        e->state = 0;   /* commit: forgotten */
+        WQ_STEP("done.state");
+        if ((rc = wq__table_remove(q, idx, hash)) < 0)
+            return rc;
+        WQ_STEP("done.index");
+        wq__entry_free(q, idx);
+        WQ_STEP("done.free");
+        atomic_fetch_sub_explicit(&h->live, 1, memory_order_relaxed);
+    }
+    held_dec(q, e);
+    uint32_t left = atomic_fetch_sub_explicit(&h->processing, 1, memory_order_relaxed) - 1;
+    WQ_STEP("done.counters");
+    h->busy = 0;
+    if (left == 0)
+        wq__wake_drainers(q);
+    return 0;
+}
+
+/* Lock held on entry, released on return: hand out a key or sleep. */
+static int get_wait(wq *q, void *buf, uint64_t deadline)
+{
+    struct wq_hdr *h = q->hdr;
+    for (;;) {
+        int n = get_locked(q, buf);
+        if (n > 0) {
+            bool more = wq__ring_count(q) > 0 && note_wake(q);
+            wq__unlock(q);
+            if (more)
+                wq__futex_wake(&h->wake_seq, 1);
+            return n;
+        }
+        if (n == -EAGAIN && h->shutdown)
+            n = -ESHUTDOWN;
+        else if (n == -EAGAIN && wq__procs_reap(q) > 0)
+            continue;   /* a dead holder's key may be first in line now */
+        if (n != -EAGAIN || deadline == 0) {
+            wq__unlock(q);
+            return n;
+        }
+        uint64_t now = wq__now_mono();
+        if (now >= deadline) {
+            wq__unlock(q);
+            return -ETIMEDOUT;
+        }
+        uint64_t until = now + WQ_REAP_INTERVAL_NS < deadline ? now + WQ_REAP_INTERVAL_NS
+                                                              : deadline;
+        uint32_t seq = atomic_load_explicit(&h->wake_seq, memory_order_acquire);
+        struct wq_proc *me = &q->procs[q->slot];
+        h->waiters++;
+        me->waiting++;
+        wq__unlock(q);
+        wq__futex_wait(&h->wake_seq, seq, until);
+        int rc = wq__lock(q);
+        if (rc < 0)
+            return rc;
+        me = &q->procs[q->slot];
+        if (h->waiters > 0)
+            h->waiters--;
+        if (me->waiting > 0)
+            me->waiting--;
+    }
+}
+
+int wq_add(wq *q, const void *key, size_t len)
+{
+    if (!q)
+        return -EINVAL;
+    int rc = key_ok(q, key, len);
+    if (rc < 0)
+        return rc;
+    uint32_t hash = wq__hash(q->seed, key, len);
+    if ((rc = wq__lock(q)) < 0)
+        return rc;
+    bool queued = false;
+    rc = add_locked(q, key, len, hash, &queued);
+    bool wake = queued && note_wake(q);
+    wq__unlock(q);
+    if (wake)
+        wq__futex_wake(&q->hdr->wake_seq, 1);
+    return rc;
+}
+
+static int get_args(wq *q, void *buf, size_t cap, int64_t timeout_ns, uint64_t *deadline)
+{
+    if (!q || !buf)
+        return -EINVAL;
+    if (cap < q->max_key_len)
+        return -ENOBUFS;
+    return wq__deadline(timeout_ns, deadline);
+}
+
+int wq_get(wq *q, void *buf, size_t cap, int64_t timeout_ns)
+{
+    uint64_t deadline;
+    int rc = get_args(q, buf, cap, timeout_ns, &deadline);
+    if (rc < 0 || (rc = wq__lock(q)) < 0)
+        return rc;
+    wq__procs_maybe_reap(q);
+    return get_wait(q, buf, deadline);
+}
+
+int wq_done(wq *q, const void *key, size_t len)
+{
+    if (!q)
+        return -EINVAL;
+    int rc = key_ok(q, key, len);
+    if (rc < 0)
+        return rc;
+    uint32_t hash = wq__hash(q->seed, key, len);
+    if ((rc = wq__lock(q)) < 0)
+        return rc;
+    bool queued = false;
+    rc = done_locked(q, key, len, hash, &queued);
+    bool wake = queued && note_wake(q);
+    wq__unlock(q);
+    if (wake)
+        wq__futex_wake(&q->hdr->wake_seq, 1);
+    return rc;
+}
+
+int wq_done_get(wq *q, const void *done_key, size_t done_len, void *buf, size_t cap,
+                int64_t timeout_ns)
+{
+    uint64_t deadline;
+    int rc = get_args(q, buf, cap, timeout_ns, &deadline);
+    if (rc < 0 || (rc = key_ok(q, done_key, done_len)) < 0)
+        return rc;
+    uint32_t hash = wq__hash(q->seed, done_key, done_len);
+    if ((rc = wq__lock(q)) < 0)
+        return rc;
+    bool queued = false;
+    rc = done_locked(q, done_key, done_len, hash, &queued);
+    if (rc < 0) {
+        wq__unlock(q);
+        return rc;
+    }
+    /* A key we just requeued may be handed straight back to us; any
+       sleeper is woken by get_wait's pass-on if more remain. */
+    wq__procs_maybe_reap(q);
+    return get_wait(q, buf, deadline);
+}
+
+/* Exact number of distinct keys in the batch that have no entry yet. */
+static int count_new(wq *q, const struct iovec *keys, const uint32_t *hashes, size_t n,
+                     size_t *out)
+{
+    size_t cap = 16;
+    while (cap < 2 * n)
+        cap <<= 1;
+    uint32_t *seen = calloc(cap, sizeof *seen);   /* batch index + 1 */
+    if (!seen)
+        return -ENOMEM;
+    size_t fresh = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t idx = wq__table_lookup(q, keys[i].iov_base, keys[i].iov_len, hashes[i]);
+        if (idx == WQ_LOOKUP_CORRUPT) {
+            free(seen);
+            return -EBADMSG;
+        }
+        if (idx != WQ_NIL)
+            continue;
+        size_t s = hashes[i] & (cap - 1);
+        for (;; s = (s + 1) & (cap - 1)) {
+            if (seen[s] == 0) {
+                seen[s] = (uint32_t)i + 1;
+                fresh++;
+                break;
+            }
+            const struct iovec *o = &keys[seen[s] - 1];
+            if (hashes[seen[s] - 1] == hashes[i] && o->iov_len == keys[i].iov_len &&
+                memcmp(o->iov_base, keys[i].iov_base, o->iov_len) == 0)
+                break;
+        }
+    }
+    free(seen);
+    *out = fresh;
+    return 0;
+}
+
+int wq_add_many(wq *q, const struct iovec *keys, size_t n)
+{
+    uint32_t stack_h[64], *hashes = stack_h;
+    int rc;
+    if (!q || (!keys && n > 0) || n > INT_MAX)
+        return -EINVAL;
+    for (size_t i = 0; i < n; i++)
+        if ((rc = key_ok(q, keys[i].iov_base, keys[i].iov_len)) < 0)
+            return rc;
+    if (n == 0)
+        return 0;
+    if (n > 64 && !(hashes = malloc(n * sizeof *hashes)))
+        return -ENOMEM;
+    for (size_t i = 0; i < n; i++)
+        hashes[i] = wq__hash(q->seed, keys[i].iov_base, keys[i].iov_len);
+    if ((rc = wq__lock(q)) < 0)
+        goto out;
+    if (q->hdr->shutdown) {
+        rc = -ESHUTDOWN;
+        goto unlock;
+    }
+    size_t room = q->capacity - atomic_load_explicit(&q->hdr->live, memory_order_relaxed);
+    if (n > room) {   /* may not fit: count exactly before changing anything */
+        size_t fresh;
+        if ((rc = count_new(q, keys, hashes, n, &fresh)) < 0)
+            goto unlock;
+        if (fresh > room) {
+            rc = -ENOSPC;
+            goto unlock;
+        }
+    }
+    int coalesced = 0, queued_n = 0;
+    for (size_t i = 0; i < n; i++) {
+        bool queued = false;
+        rc = add_locked(q, keys[i].iov_base, keys[i].iov_len, hashes[i], &queued);
+        if (rc < 0)
+            goto unlock;
+        coalesced += rc;
+        queued_n += queued;
+    }
+    rc = coalesced;
+    if (queued_n > 0)
+        wq__wake_getters(q, queued_n);
+unlock:
+    wq__unlock(q);
+out:
+    if (hashes != stack_h)
+        free(hashes);
+    return rc;
+}
+
+int wq_len(wq *q)
+{
+    if (!q)
+        return -EINVAL;
+    return (int)wq__ring_count(q);
+}
+
+int wq_shutdown(wq *q)
+{
+    if (!q)
+        return -EINVAL;
+    int rc = wq__lock(q);
+    if (rc < 0)
+        return rc;
+    q->hdr->shutdown = 1;
+    q->hdr->shutdown_calls++;
+    atomic_fetch_add_explicit(&q->hdr->wake_seq, 1, memory_order_release);
+    atomic_fetch_add_explicit(&q->hdr->idle_seq, 1, memory_order_release);
+    wq__unlock(q);
+    wq__futex_wake(&q->hdr->wake_seq, INT_MAX);
+    wq__futex_wake(&q->hdr->idle_seq, INT_MAX);
+    return 0;
+}
+
+int wq_shutdown_drain(wq *q, int64_t timeout_ns)
+{
+    uint64_t deadline;
+    if (!q)
+        return -EINVAL;
+    int rc = wq__deadline(timeout_ns, &deadline);
+    if (rc < 0 || (rc = wq__lock(q)) < 0)
+        return rc;
+    struct wq_hdr *h = q->hdr;
+    h->shutdown = 1;
+    uint32_t calls = h->shutdown_calls;
+    atomic_fetch_add_explicit(&h->wake_seq, 1, memory_order_release);
+    wq__futex_wake(&h->wake_seq, INT_MAX);
+    h->drainers++;
+    for (;;) {
+        if (atomic_load_explicit(&h->processing, memory_order_relaxed) == 0) {
+            rc = 0;
+            break;
+        }
+        if (h->shutdown_calls != calls) {
+            rc = -ECANCELED;
+            break;
+        }
+        if (wq__procs_reap(q) > 0)
+            continue;
+        uint64_t now = wq__now_mono();
+        if (now >= deadline) {
+            rc = -ETIMEDOUT;
+            break;
+        }
+        uint64_t until = now + WQ_REAP_INTERVAL_NS < deadline ? now + WQ_REAP_INTERVAL_NS
+                                                              : deadline;
+        uint32_t seq = atomic_load_explicit(&h->idle_seq, memory_order_acquire);
+        wq__unlock(q);
+        wq__futex_wait(&h->idle_seq, seq, until);
+        if ((rc = wq__lock(q)) < 0)
+            return rc;
+    }
+    if (h->drainers > 0)
+        h->drainers--;
+    wq__unlock(q);
+    return rc;
+}
+
+bool wq_shutting_down(wq *q)
+{
+    return q && __atomic_load_n(&q->hdr->shutdown, __ATOMIC_RELAXED) != 0;
+}

@@ -1,0 +1,381 @@
+/*
+ * region.c - create, attach, validate and unlink the shm object; the life
+ * cycle calls wq_open, wq_close, wq_unlink, wq_list.
+ *
+ * Creation is atomic: the region is built in an unnamed tmpfs file
+ * (O_TMPFILE in /dev/shm), fully initialised, its pages reserved with
+ * posix_fallocate (so a full /dev/shm is an error now, not a SIGBUS
+ * later), and only then linked to /dev/shm/wq.<name>. link() fails with
+ * EEXIST when someone else won the race, which gives O_EXCL semantics
+ * without ever exposing a half-built region. A creator that dies leaves
+ * nothing behind.
+ *
+ * Attaching trusts nothing: magic, version, header size, the geometry
+ * recomputed from (capacity, max_key_len, max_procs), the checksum and the
+ * object size must all agree, else -EPROTO. The validated geometry is
+ * copied into the handle and never re-read.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+#define SHM_DIR "/dev/shm"
+#define SHM_PREFIX "wq."
+
+#define DEF_CAPACITY 65536u
+#define DEF_KEY_LEN 256u
+#define DEF_PROCS 256u
+
+static uint64_t align_up(uint64_t v, uint64_t a)
+{
+    return (v + a - 1) / a * a;
+}
+
+int wq__geometry(struct wq_geom *g, uint32_t capacity, uint32_t max_key_len,
+                 uint32_t max_procs)
+{
+    if (capacity == 0 || capacity > WQ_MAX_CAPACITY || max_key_len == 0 ||
+        max_key_len > WQ_MAX_KEY_LEN || max_procs == 0 || max_procs > WQ_MAX_PROCS)
+        return -EINVAL;
+    memset(g, 0, sizeof *g);
+    g->magic = WQ_MAGIC;
+    g->version = WQ_LAYOUT_VER;
+    g->hdr_size = sizeof(struct wq_hdr);
+    g->capacity = capacity;
+    g->max_key_len = max_key_len;
+    g->max_procs = max_procs;
+    g->entry_size = (uint32_t)align_up(sizeof(struct wq_entry) + max_key_len, 8);
+    /* Load factor at most 0.8 keeps linear probing short; +1 so a full
+       table always has an empty slot to end probes. */
+    uint64_t slots = (uint64_t)capacity + capacity / 4 + 1;
+    if (slots > UINT32_MAX)
+        slots = UINT32_MAX;
+    g->index_slots = (uint32_t)slots;
+    uint64_t off = align_up(sizeof(struct wq_hdr), WQ_ALIGN);
+    g->off_procs = off;
+    off = align_up(off + (uint64_t)max_procs * sizeof(struct wq_proc), WQ_ALIGN);
+    g->off_entries = off;
+    off = align_up(off + (uint64_t)capacity * g->entry_size, WQ_ALIGN);
+    g->off_index = off;
+    off = align_up(off + (uint64_t)g->index_slots * sizeof(struct wq_islot), WQ_ALIGN);
+    g->off_ring = off;
+    off = align_up(off + (uint64_t)capacity * sizeof(uint32_t), 4096);
+    g->total_size = off;
+    return 0;
+}
+
+int wq__region_validate(const struct wq_geom *g, uint64_t file_size)
+{
+    struct wq_geom want;
+    if (g->magic != WQ_MAGIC || g->version != WQ_LAYOUT_VER ||
+        g->hdr_size != sizeof(struct wq_hdr))
+        return -EPROTO;
+    if (g->checksum != wq__fnv1a(g, offsetof(struct wq_geom, checksum)))
+        return -EPROTO;
+    if (wq__geometry(&want, g->capacity, g->max_key_len, g->max_procs) < 0)
+        return -EPROTO;
+    if (g->entry_size != want.entry_size || g->index_slots != want.index_slots ||
+        g->off_procs != want.off_procs || g->off_entries != want.off_entries ||
+        g->off_index != want.off_index || g->off_ring != want.off_ring ||
+        g->total_size != want.total_size || g->total_size != file_size)
+        return -EPROTO;
+    if (g->flags != 0)
+        return -EPROTO;
+    return 0;
+}
+
+static int shm_path(char *buf, size_t cap, const char *name)
+{
+    int n = snprintf(buf, cap, SHM_DIR "/" SHM_PREFIX "%s", name);
+    return (n < 0 || (size_t)n >= cap) ? -EINVAL : 0;
+}
+
+static int check_options(const struct wq_options *o)
+{
+    const unsigned known = WQ_CREATE | WQ_EXCL | WQ_FAIR;
+    if (o->flags & ~known)
+        return -EINVAL;
+    if ((o->flags & WQ_EXCL) && !(o->flags & WQ_CREATE))
+        return -EINVAL;
+    if (o->mode & ~(mode_t)0777)
+        return -EINVAL;
+    if (o->capacity > WQ_MAX_CAPACITY || o->max_key_len > WQ_MAX_KEY_LEN ||
+        o->max_procs > WQ_MAX_PROCS)
+        return -EINVAL;
+    if (o->rl_base_delay_ns > o->rl_max_delay_ns && o->rl_max_delay_ns != 0)
+        return -EINVAL;
+    if (o->rl_qps < 0 || o->rl_qps != o->rl_qps)
+        return -EINVAL;
+    if (o->durability != WQ_DURABLE_PROCESS && o->durability != WQ_DURABLE_FSYNC &&
+        o->durability != WQ_DURABLE_NONE)
+        return -EINVAL;
+    /* Valid, but not built yet: refuse rather than ignore. */
+    if (o->store_path || o->durability || o->snapshot_interval_ms ||
+        o->result_capacity || (o->flags & WQ_FAIR) || o->rl_base_delay_ns ||
+        o->rl_max_delay_ns || o->rl_qps != 0 || o->rl_burst)
+        return -ENOTSUP;
+    return 0;
+}
+
+static void init_region(unsigned char *base, const struct wq_geom *g)
+{
+    struct wq_hdr *h = (struct wq_hdr *)base;
+    h->g = *g;
+    wq__mutex_init(&h->lock);
+    struct wq_proc *procs = (struct wq_proc *)(base + g->off_procs);
+    for (uint32_t i = 0; i < g->max_procs; i++)
+        wq__mutex_init(&procs[i].lease);
+    for (uint32_t i = 0; i < g->capacity; i++) {
+        struct wq_entry *e = (struct wq_entry *)(base + g->off_entries +
+                                                 (size_t)i * g->entry_size);
+        e->next = i + 1 < g->capacity ? i + 1 : WQ_NIL;
+        e->owner = WQ_NIL;
+    }
+    h->free_head = 0;
+    h->last_reap_ns = wq__now_mono();
+    h->g.checksum = wq__fnv1a(&h->g, offsetof(struct wq_geom, checksum));
+}
+
+static int create_tmp(mode_t mode, char *tmpname, size_t cap)
+{
+    int fd = open(SHM_DIR, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+    tmpname[0] = 0;
+    if (fd < 0 && (errno == EOPNOTSUPP || errno == EISDIR || errno == EINVAL)) {
+        /* No O_TMPFILE: a named temporary, removed once linked. */
+        for (int i = 0; i < 100 && fd < 0; i++) {
+            unsigned r;
+            if (getrandom(&r, sizeof r, 0) != sizeof r)
+                r = (unsigned)i;
+            snprintf(tmpname, cap, SHM_DIR "/.wq-tmp.%d.%08x", (int)getpid(), r);
+            fd = open(tmpname, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+            if (fd < 0 && errno != EEXIST)
+                break;
+        }
+    }
+    if (fd < 0)
+        return -errno;
+    /* umask must not decide the mode: the caller asked for exactly this. */
+    if (fchmod(fd, mode) < 0) {
+        int e = -errno;
+        close(fd);
+        if (tmpname[0])
+            unlink(tmpname);
+        return e;
+    }
+    return fd;
+}
+
+static int publish(int fd, const char *tmpname, const char *path)
+{
+    char proc[64];
+    int rc;
+    if (tmpname[0]) {
+        rc = link(tmpname, path);
+        int e = errno;
+        unlink(tmpname);
+        return rc < 0 ? -e : 0;
+    }
+    snprintf(proc, sizeof proc, "/proc/self/fd/%d", fd);
+    rc = linkat(AT_FDCWD, proc, AT_FDCWD, path, AT_SYMLINK_FOLLOW);
+    if (rc < 0 && errno == ENOENT)   /* no /proc: needs CAP_DAC_READ_SEARCH */
+        rc = linkat(fd, "", AT_FDCWD, path, AT_EMPTY_PATH);
+    return rc < 0 ? -errno : 0;
+}
+
+/* Build a new region and link it at path. -EEXIST if one appeared. */
+static int create_region(const char *path, const struct wq_options *o)
+{
+    struct wq_geom g;
+    char tmpname[128];
+    mode_t mode = o->mode ? o->mode : 0600;
+    int rc = wq__geometry(&g, o->capacity ? o->capacity : DEF_CAPACITY,
+                          o->max_key_len ? o->max_key_len : DEF_KEY_LEN,
+                          o->max_procs ? o->max_procs : DEF_PROCS);
+    if (rc < 0)
+        return rc;
+    if (getrandom(&g.hash_seed, sizeof g.hash_seed, 0) != sizeof g.hash_seed)
+        g.hash_seed = wq__now_real() ^ ((uint64_t)getpid() << 32);
+    g.mode = (uint32_t)mode;
+    g.created_ns = wq__now_real();
+
+    int fd = create_tmp(mode, tmpname, sizeof tmpname);
+    if (fd < 0)
+        return fd;
+    rc = posix_fallocate(fd, 0, (off_t)g.total_size);
+    if (rc != 0) {
+        rc = (rc == EFBIG || rc == ENOSPC) ? -ENOSPC : -rc;
+        goto out;
+    }
+    void *base = mmap(NULL, g.total_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (base == MAP_FAILED) {
+        rc = -errno;
+        goto out;
+    }
+    init_region(base, &g);
+    munmap(base, g.total_size);
+    rc = publish(fd, tmpname, path);
+    tmpname[0] = 0;
+out:
+    if (tmpname[0])
+        unlink(tmpname);
+    close(fd);
+    return rc;
+}
+
+static int attach(wq *q, const char *path)
+{
+    struct stat st;
+    int fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0)
+        return errno == ELOOP ? -EPROTO : -errno;
+    int rc = -EPROTO;
+    if (fstat(fd, &st) < 0) {
+        rc = -errno;
+        goto out;
+    }
+    if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size < sizeof(struct wq_hdr))
+        goto out;
+    void *base = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (base == MAP_FAILED) {
+        rc = -errno;
+        goto out;
+    }
+    struct wq_geom g;
+    memcpy(&g, base, sizeof g);   /* one snapshot: validate what we use */
+    rc = wq__region_validate(&g, (uint64_t)st.st_size);
+    if (rc < 0) {
+        munmap(base, (size_t)st.st_size);
+        goto out;
+    }
+    q->base = base;
+    q->size = (size_t)st.st_size;
+    q->hdr = base;
+    q->procs = (struct wq_proc *)(q->base + g.off_procs);
+    q->entries = q->base + g.off_entries;
+    q->index = (struct wq_islot *)(q->base + g.off_index);
+    q->ring = (uint32_t *)(q->base + g.off_ring);
+    q->g = g;
+    q->capacity = g.capacity;
+    q->max_key_len = g.max_key_len;
+    q->max_procs = g.max_procs;
+    q->entry_size = g.entry_size;
+    q->index_slots = g.index_slots;
+    q->seed = g.hash_seed;
+    rc = 0;
+out:
+    close(fd);   /* the mapping keeps the object alive */
+    return rc;
+}
+
+int wq_open(const char *name, const struct wq_options *opts, wq **out)
+{
+    char path[WQ_MAX_NAME_LEN + 32];
+    int rc;
+
+    if (!out || !wq__name_ok(name))
+        return -EINVAL;
+    if (opts && (rc = check_options(opts)) < 0)
+        return rc;
+    shm_path(path, sizeof path, name);
+    wq__fork_init();
+
+    wq *q = calloc(1, sizeof *q);
+    if (!q)
+        return -ENOMEM;
+    strcpy(q->name, name);
+    q->slot = WQ_NIL;
+
+    bool create = opts && (opts->flags & WQ_CREATE);
+    bool excl = opts && (opts->flags & WQ_EXCL);
+    for (int tries = 0;; tries++) {
+        rc = excl ? -ENOENT : attach(q, path);
+        if (rc != -ENOENT || !create)
+            break;
+        rc = create_region(path, opts);
+        if (rc == -EEXIST && !excl && tries < 3)
+            continue;   /* lost a creation race: attach to the winner */
+        if (rc < 0)
+            break;
+        rc = attach(q, path);
+        if (rc != -ENOENT || tries >= 3)
+            break;      /* unlinked between link and open: try again */
+    }
+    if (rc < 0)
+        goto fail;
+    q->scratch = calloc(2 * ((q->capacity + 63) / 64), sizeof(uint64_t));
+    q->held = calloc(q->max_procs, sizeof(uint32_t));
+    if (!q->scratch || !q->held) {
+        rc = -ENOMEM;
+        goto fail;
+    }
+    rc = wq__lock(q);   /* registers this process (see procs.c) */
+    if (rc < 0)
+        goto fail;
+    wq__unlock(q);
+    *out = q;
+    return 0;
+fail:
+    if (q->base)
+        munmap(q->base, q->size);
+    free(q->scratch);
+    free(q->held);
+    free(q);
+    return rc;
+}
+
+void wq_close(wq *q)
+{
+    if (!q)
+        return;
+    wq__procs_unregister(q);
+    munmap(q->base, q->size);
+    free(q->scratch);
+    free(q->held);
+    free(q);
+}
+
+int wq_unlink(const char *name)
+{
+    char path[WQ_MAX_NAME_LEN + 32];
+    if (!wq__name_ok(name))
+        return -EINVAL;
+    shm_path(path, sizeof path, name);
+    return unlink(path) < 0 ? -errno : 0;
+}
+
+int wq_list(int (*fn)(const char *name, void *arg), void *arg)
+{
+    if (!fn)
+        return -EINVAL;
+    DIR *d = opendir(SHM_DIR);
+    if (!d)
+        return -errno;
+    int rc = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        const char *n = de->d_name;
+        if (strncmp(n, SHM_PREFIX, strlen(SHM_PREFIX)) != 0)
+            continue;
+        n += strlen(SHM_PREFIX);
+        if (!wq__name_ok(n))
+            continue;
+        if ((rc = fn(n, arg)) != 0)
+            break;
+    }
+    closedir(d);
+    return rc;
+}
+
+const char *wq_name(wq *q)
+{
+    return q ? q->name : NULL;
+}

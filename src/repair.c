@@ -1,0 +1,403 @@
+/*
+ * repair.c - rebuild the region from its entries, and the invariant
+ * checker that shares the same passes (wq_check).
+ *
+ * The entries' state words are the source of truth (layout.h). Repair is
+ * deterministic and bounded, O(capacity + index slots + max_procs):
+ *   1. header: the immutable geometry must equal the handle's validated
+ *      copy; a damaged one is rewritten from that copy.
+ *   2. process table: a slot is FREE or LIVE, nothing else.
+ *   3. entries: each state is normalised (norm_state): unknown bits
+ *      cleared; QUEUED implies DIRTY; PROCESSING excludes QUEUED; a
+ *      processing entry whose owner slot is not LIVE with the same
+ *      generation is queued again (a crash requeue); a DIRTY entry that is
+ *      not processing is QUEUED; a bad key length frees the entry.
+ *   4. index: cleared and every live entry inserted again (software
+ *      prefetch keeps the random inserts overlapping). Two live entries
+ *      with the same key keep the first.
+ *   5. ring: compacted in place, keeping FIFO order: a member stays if its
+ *      entry is queued and was not seen before; queued entries missing
+ *      from it are appended in entry order.
+ *   6. free list, counters and per-slot held counts recomputed.
+ * The dead-holder path (lock.c) runs it only when hdr->busy says the
+ * holder died mid-mutation, and skips re-hashing keys; wq_check runs it
+ * "thoroughly" (hashes verified) and without writing unless asked.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+
+#include "internal.h"
+
+struct ctx {
+    wq *q;
+    bool apply, thorough;
+    wq_report_fn report;
+    void *arg;
+    int found;
+    uint64_t *in_ring;   /* bitmap: entry seen in the ring */
+    uint64_t *in_index;  /* bitmap: entry reached through the index */
+};
+
+static void violation(struct ctx *c, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+static void violation(struct ctx *c, const char *fmt, ...)
+{
+    c->found++;
+    if (!c->report)
+        return;
+    char buf[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    c->report(buf, c->arg);
+}
+
+static inline bool bit_get(const uint64_t *b, uint32_t i)
+{
+    return b[i >> 6] >> (i & 63) & 1;
+}
+
+static inline void bit_set(uint64_t *b, uint32_t i)
+{
+    b[i >> 6] |= 1ull << (i & 63);
+}
+
+static bool owner_valid(const wq *q, const struct wq_entry *e)
+{
+    return e->owner < q->max_procs && q->procs[e->owner].state == WQ_PROC_LIVE &&
+           q->procs[e->owner].gen == e->owner_gen;
+}
+
+/* The legal state an entry should have. Pure: used by check and repair. */
+static uint32_t norm_state(const wq *q, const struct wq_entry *e)
+{
+    uint32_t st = e->state & WQ_ST_ALL;
+    if (st == 0)
+        return 0;
+    if (e->keylen == 0 || e->keylen > q->max_key_len)
+        return 0;
+    if (st & WQ_ST_PROCESSING) {
+        if (owner_valid(q, e))
+            return st & ~WQ_ST_QUEUED;
+        return WQ_ST_DIRTY | WQ_ST_QUEUED;
+    }
+    return WQ_ST_DIRTY | WQ_ST_QUEUED;   /* dirty or queued, not processing */
+}
+
+static void check_header(struct ctx *c)
+{
+    wq *q = c->q;
+    if (memcmp(&q->hdr->g, &q->g, sizeof q->g) != 0) {
+        violation(c, "header: immutable geometry changed since attach");
+        if (c->apply)
+            q->hdr->g = q->g;
+    }
+}
+
+static void check_procs(struct ctx *c)
+{
+    wq *q = c->q;
+    for (uint32_t i = 0; i < q->max_procs; i++) {
+        struct wq_proc *p = &q->procs[i];
+        if (p->state != WQ_PROC_FREE && p->state != WQ_PROC_LIVE) {
+            violation(c, "proc %u: illegal state %u", i, p->state);
+            if (c->apply)
+                p->state = WQ_PROC_FREE;
+        }
+        q->held[i] = 0;
+    }
+}
+
+/* Pass over the entries: normalise states. */
+static void check_entries(struct ctx *c)
+{
+    wq *q = c->q;
+    for (uint32_t idx = 0; idx < q->capacity; idx++) {
+        struct wq_entry *e = wq__entry(q, idx);
+        uint32_t st = e->state, want = norm_state(q, e);
+        if (st == want)
+            goto hash;
+        if (st & ~WQ_ST_ALL)
+            violation(c, "entry %u: unknown state bits 0x%x", idx, st);
+        else if (want == 0)
+            violation(c, "entry %u: bad key length %u", idx, e->keylen);
+        else if ((st & WQ_ST_PROCESSING) && !(want & WQ_ST_PROCESSING))
+            violation(c, "entry %u: processing with invalid owner %u/%u", idx,
+                      e->owner, e->owner_gen);
+        else
+            violation(c, "entry %u: illegal state 0x%x", idx, st);
+        if (!c->apply)
+            continue;
+        if ((st & WQ_ST_PROCESSING) && want == (WQ_ST_DIRTY | WQ_ST_QUEUED))
+            q->hdr->crash_requeues_total++;
+        e->state = want;
+    hash:
+        if (c->thorough && want) {
+            uint32_t h = wq__hash(q->seed, e->key, e->keylen);
+            if (h != e->hash) {
+                violation(c, "entry %u: stored hash differs from its key's", idx);
+                if (c->apply)
+                    e->hash = h;
+            }
+        }
+    }
+}
+
+/* Apply: clear and refill the index from the entries. */
+static int rebuild_index(struct ctx *c)
+{
+    wq *q = c->q;
+    enum { AHEAD = 16 };
+    memset(q->index, 0, (size_t)q->index_slots * sizeof *q->index);
+    for (uint32_t idx = 0; idx < q->capacity; idx++) {
+        if (idx + AHEAD < q->capacity) {
+            const struct wq_entry *f = wq__entry(q, idx + AHEAD);
+            __builtin_prefetch(&q->index[wq__home(q, f->hash)], 1);
+        }
+        struct wq_entry *e = wq__entry(q, idx);
+        if (e->state == 0)
+            continue;
+        uint32_t dup = wq__table_lookup(q, e->key, e->keylen, e->hash);
+        if (dup != WQ_NIL) {
+            violation(c, "entry %u: same key as entry %u, dropped", idx, dup);
+            e->state = 0;
+            continue;
+        }
+        int rc = wq__table_insert(q, idx, e->hash);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+/* Check only: every index slot names a live entry with its hash, is
+   reachable from its home slot, and every live entry is found once. */
+static void verify_index(struct ctx *c)
+{
+    wq *q = c->q;
+    uint32_t n = q->index_slots, start = n;
+    for (uint32_t i = 0; i < n; i++)
+        if (q->index[i].ref == 0) {
+            start = i;
+            break;
+        }
+    if (start == n) {
+        violation(c, "index: no empty slot");
+        return;
+    }
+    uint32_t run = 0;   /* occupied slots since the last empty one */
+    for (uint32_t k = 1; k <= n; k++) {
+        uint32_t i = (start + k) % n;
+        struct wq_islot s = q->index[i];
+        if (s.ref == 0) {
+            run = 0;
+            continue;
+        }
+        run++;
+        uint32_t idx = s.ref - 1;
+        if (idx >= q->capacity) {
+            violation(c, "index slot %u: entry %u out of range", i, idx);
+            continue;
+        }
+        const struct wq_entry *e = wq__entry(q, idx);
+        if (norm_state(q, e) == 0)
+            violation(c, "index slot %u: entry %u is free", i, idx);
+        else if (s.hash != e->hash)
+            violation(c, "index slot %u: hash differs from entry %u", i, idx);
+        uint32_t home = wq__home(q, s.hash);
+        uint32_t dist = i >= home ? i - home : i + n - home;
+        if (dist >= run)
+            violation(c, "index slot %u: unreachable from its home slot %u", i, home);
+        if (bit_get(c->in_index, idx))
+            violation(c, "index slot %u: entry %u indexed twice", i, idx);
+        bit_set(c->in_index, idx);
+    }
+    for (uint32_t idx = 0; idx < q->capacity; idx++) {
+        const struct wq_entry *e = wq__entry(q, idx);
+        if (norm_state(q, e) != 0 && !bit_get(c->in_index, idx))
+            violation(c, "entry %u: live but not in the index", idx);
+    }
+}
+
+/* Compact the ring in FIFO order (apply) or verify it. Returns kept. */
+static uint32_t check_ring(struct ctx *c)
+{
+    wq *q = c->q;
+    enum { AHEAD = 8 };
+    uint64_t pos = atomic_load_explicit(&q->hdr->ring_pos, memory_order_relaxed);
+    uint32_t head = (uint32_t)pos, count = (uint32_t)(pos >> 32);
+    if (head >= q->capacity || count > q->capacity) {
+        violation(c, "ring: head %u count %u out of range", head, count);
+        head = 0;
+        count = 0;
+    }
+    uint32_t kept = 0, r = head, w = head;
+    for (uint32_t k = 0; k < count; k++) {
+        if (k + AHEAD < count) {
+            uint32_t a = r + AHEAD < q->capacity ? r + AHEAD : r + AHEAD - q->capacity;
+            if (q->ring[a] < q->capacity)
+                __builtin_prefetch(wq__entry(q, q->ring[a]));
+        }
+        uint32_t idx = q->ring[r];
+        r = r + 1 == q->capacity ? 0 : r + 1;
+        if (idx >= q->capacity) {
+            violation(c, "ring position %u: entry %u out of range", k, idx);
+            continue;
+        }
+        if (!(norm_state(q, wq__entry(q, idx)) & WQ_ST_QUEUED)) {
+            violation(c, "ring position %u: entry %u is not queued", k, idx);
+            continue;
+        }
+        if (bit_get(c->in_ring, idx)) {
+            violation(c, "ring position %u: entry %u is in the ring twice", k, idx);
+            continue;
+        }
+        bit_set(c->in_ring, idx);
+        if (c->apply) {
+            q->ring[w] = idx;
+            w = w + 1 == q->capacity ? 0 : w + 1;
+        }
+        kept++;
+    }
+    if (c->apply)
+        atomic_store_explicit(&q->hdr->ring_pos, (uint64_t)kept << 32 | head,
+                              memory_order_relaxed);
+    return kept;
+}
+
+/* Last pass: queued entries missing from the ring, free list, counters. */
+static void finish(struct ctx *c, uint32_t queued)
+{
+    wq *q = c->q;
+    struct wq_hdr *h = q->hdr;
+    uint32_t live = 0, processing = 0, free_first = WQ_NIL, free_last = WQ_NIL;
+    for (uint32_t idx = 0; idx < q->capacity; idx++) {
+        struct wq_entry *e = wq__entry(q, idx);
+        uint32_t st = norm_state(q, e);
+        if (st == 0) {
+            if (c->apply) {
+                e->state = 0;
+                if (free_last == WQ_NIL)
+                    free_first = idx;
+                else
+                    wq__entry(q, free_last)->next = idx;
+                free_last = idx;
+            }
+            continue;
+        }
+        live++;
+        if (st & WQ_ST_PROCESSING) {
+            processing++;
+            q->held[e->owner]++;
+        }
+        if ((st & WQ_ST_QUEUED) && !bit_get(c->in_ring, idx)) {
+            violation(c, "entry %u: queued but not in the ring", idx);
+            if (c->apply && wq__ring_push(q, idx) == 0)
+                queued++;
+        }
+    }
+    if (c->apply) {
+        if (free_last != WQ_NIL)
+            wq__entry(q, free_last)->next = WQ_NIL;
+        h->free_head = free_first;
+    } else {
+        uint32_t n = 0, i = h->free_head;
+        while (i != WQ_NIL && n <= q->capacity) {
+            if (i >= q->capacity) {
+                violation(c, "free list: entry %u out of range", i);
+                break;
+            }
+            if (wq__entry(q, i)->state != 0) {
+                violation(c, "free list: entry %u is live", i);
+                break;
+            }
+            n++;
+            i = wq__entry(q, i)->next;
+        }
+        if (n != q->capacity - live)
+            violation(c, "free list: %u entries, expected %u", n, q->capacity - live);
+    }
+    if (atomic_load_explicit(&h->live, memory_order_relaxed) != live)
+        violation(c, "counter live %u, expected %u",
+                  atomic_load_explicit(&h->live, memory_order_relaxed), live);
+    if (atomic_load_explicit(&h->processing, memory_order_relaxed) != processing)
+        violation(c, "counter processing %u, expected %u",
+                  atomic_load_explicit(&h->processing, memory_order_relaxed), processing);
+    uint32_t waiters = 0;
+    for (uint32_t i = 0; i < q->max_procs; i++) {
+        struct wq_proc *p = &q->procs[i];
+        if (p->state == WQ_PROC_LIVE && p->held != q->held[i]) {
+            violation(c, "proc %u: holds %u keys, counted %u", i, q->held[i], p->held);
+            if (c->apply)
+                p->held = q->held[i];
+        }
+        if (p->state == WQ_PROC_LIVE)
+            waiters += p->waiting;
+    }
+    if (c->apply) {
+        atomic_store_explicit(&h->live, live, memory_order_relaxed);
+        atomic_store_explicit(&h->processing, processing, memory_order_relaxed);
+        h->waiters = waiters;
+    }
+    (void)queued;
+}
+
+int wq__repair(wq *q, bool apply, bool thorough, wq_report_fn report, void *arg)
+{
+    struct ctx c = { .q = q, .apply = apply, .thorough = thorough, .report = report,
+                     .arg = arg };
+    size_t words = (q->capacity + 63) / 64;
+    if (apply && !thorough && !q->hdr->busy)
+        return 0;   /* the dead holder was not mutating: nothing to rebuild */
+    c.in_ring = q->scratch;
+    c.in_index = q->scratch + words;
+    memset(q->scratch, 0, 2 * words * sizeof *q->scratch);
+
+    check_header(&c);
+    check_procs(&c);
+    check_entries(&c);
+    if (apply) {
+        int rc = rebuild_index(&c);
+        if (rc < 0)
+            return rc;
+    } else {
+        verify_index(&c);
+    }
+    uint32_t queued = check_ring(&c);
+    finish(&c, queued);
+    if (apply) {
+        WQ_STEP("repair.done");
+        q->hdr->busy = 0;
+        /* Let every sleeper re-evaluate the repaired state. */
+        atomic_fetch_add_explicit(&q->hdr->wake_seq, 1, memory_order_release);
+        atomic_fetch_add_explicit(&q->hdr->idle_seq, 1, memory_order_release);
+        wq__futex_wake(&q->hdr->wake_seq, INT_MAX);
+        wq__futex_wake(&q->hdr->idle_seq, INT_MAX);
+    }
+    return c.found;
+}
+
+int wq_check_report(wq *q, unsigned flags, wq_report_fn report, void *arg)
+{
+    if (!q || (flags & ~(WQ_CHECK_REPAIR | WQ_CHECK_REAP)))
+        return -EINVAL;
+    int rc = wq__lock(q);
+    if (rc < 0)
+        return rc;
+    int found = wq__repair(q, false, true, report, arg);
+    if (found > 0 && (flags & WQ_CHECK_REPAIR))
+        wq__repair(q, true, true, NULL, NULL);
+    if (flags & (WQ_CHECK_REPAIR | WQ_CHECK_REAP))
+        wq__procs_reap(q);
+    wq__unlock(q);
+    return found;
+}
+
+int wq_check(wq *q, unsigned flags)
+{
+    return wq_check_report(q, flags, NULL, NULL);
+}

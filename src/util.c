@@ -1,0 +1,170 @@
+/*
+ * util.c - small pure helpers: key hash, header checksum, clocks, name
+ * and timeout validation, fork detection, wq_strerror.
+ *
+ * Fork detection: a pthread_atfork child handler bumps wq__fork_gen; a
+ * handle remembers the value it registered under and re-registers when it
+ * differs. That costs one relaxed load per operation instead of a
+ * getpid() system call.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "internal.h"
+
+_Atomic unsigned wq__fork_gen;
+
+static void on_fork_child(void)
+{
+    atomic_fetch_add_explicit(&wq__fork_gen, 1, memory_order_relaxed);
+}
+
+static void fork_setup(void)
+{
+    pthread_atfork(NULL, NULL, on_fork_child);
+}
+
+void wq__fork_init(void)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, fork_setup);
+}
+
+static inline uint64_t load64(const unsigned char *p)
+{
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+
+static inline uint64_t load32(const unsigned char *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* 64x64->128 multiply folded: the mixing step of wyhash-style hashes. */
+static inline uint64_t mum(uint64_t a, uint64_t b)
+{
+    __uint128_t r = (__uint128_t)a * b;
+    return (uint64_t)r ^ (uint64_t)(r >> 64);
+}
+
+#define P0 0xa0761d6478bd642full
+#define P1 0xe7037ed1a0b428dbull
+#define P2 0x8ebc6af09c88c6e3ull
+
+uint32_t wq__hash(uint64_t seed, const void *key, size_t len)
+{
+    const unsigned char *p = key;
+    size_t n = len;
+    uint64_t h = seed ^ P0 ^ ((uint64_t)len * P2);
+    uint64_t a, b;
+
+    while (n > 16) {
+        h = mum(load64(p) ^ P1, load64(p + 8) ^ h);
+        p += 16;
+        n -= 16;
+    }
+    if (n >= 8) {
+        a = load64(p);
+        b = load64(p + n - 8);
+    } else if (n >= 4) {
+        a = load32(p);
+        b = load32(p + n - 4);
+    } else if (n > 0) {
+        a = ((uint64_t)p[0] << 16) | ((uint64_t)p[n >> 1] << 8) | p[n - 1];
+        b = 0;
+    } else {
+        a = b = 0;
+    }
+    h = mum(a ^ P1 ^ h, b ^ P2);
+    h = mum(h ^ P0, (uint64_t)len ^ P1);
+    return (uint32_t)(h ^ (h >> 32));
+}
+
+uint64_t wq__fnv1a(const void *p, size_t n)
+{
+    const unsigned char *s = p;
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++) {
+        h ^= s[i];
+        h *= 0x100000001b3ull;
+    }
+    return h;
+}
+
+uint64_t wq__now_mono(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+uint64_t wq__now_real(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+int wq__name_ok(const char *name)
+{
+    size_t n = 0;
+    if (!name)
+        return 0;
+    for (; name[n]; n++) {
+        char c = name[n];
+        if (n >= WQ_MAX_NAME_LEN)
+            return 0;
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+              (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-'))
+            return 0;
+    }
+    return n > 0;
+}
+
+/* deadline: UINT64_MAX for "forever", 0 for "do not block". */
+int wq__deadline(int64_t timeout_ns, uint64_t *deadline)
+{
+    if (timeout_ns < -1)
+        return -EINVAL;
+    if (timeout_ns == -1)
+        *deadline = UINT64_MAX;
+    else if (timeout_ns == 0)
+        *deadline = 0;
+    else
+        *deadline = wq__now_mono() + (uint64_t)timeout_ns;
+    return 0;
+}
+
+const char *wq_strerror(int err)
+{
+    if (err < 0)
+        err = -err;
+    switch (err) {
+    case 0: return "success";
+    case EINVAL: return "invalid argument";
+    case ENOTSUP: return "option not supported by this version of libwq";
+    case ENOENT: return "no such queue, or key not processing";
+    case EEXIST: return "queue already exists";
+    case EACCES: return "permission denied";
+    case EPROTO: return "not a libwq region of a compatible version";
+    case EBADMSG: return "region is corrupt (run wqctl check --repair)";
+    case ENOTRECOVERABLE: return "region lock is unrecoverable; remove and recreate the queue";
+    case ENOSPC: return "queue is full (capacity live keys), or no room for the region";
+    case EMSGSIZE: return "key longer than max_key_len";
+    case ENOBUFS: return "buffer smaller than max_key_len";
+    case EAGAIN: return "nothing queued";
+    case ETIMEDOUT: return "timed out";
+    case ESHUTDOWN: return "queue is shutting down";
+    case ECANCELED: return "drain cancelled by shutdown";
+    case EUSERS: return "process table full (max_procs handles attached)";
+    case ENOMEM: return "out of memory";
+    default: return strerror(err);
+    }
+}
