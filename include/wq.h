@@ -354,7 +354,8 @@ WQ_API int wq_dump(wq *q, wq_dump_fn fn, void *arg);
 
 /*
  * wq_list - call fn with the name of every libwq queue present on this
- * machine (every /dev/shm/wq.* object; it is not opened or validated).
+ * machine: every /dev/shm/wq.<name> object whose <name> is a valid queue
+ * name. The objects are not opened or validated.
  * Stops and returns fn's value when it is non-zero. Returns 0, or a
  * negative errno if /dev/shm cannot be read.
  */

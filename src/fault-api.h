@@ -1,0 +1,22 @@
+/*
+ * fault-api.h - test-only interface of libwq-fault.la (never installed).
+ * Tests that need crash points link libwq-fault.la instead of libwq.la.
+ */
+#ifndef WQ_FAULT_API_H
+#define WQ_FAULT_API_H
+
+#include <stdbool.h>
+
+#define WQ_FAULT_KILL 0        /* raise(SIGKILL) at the point */
+#define WQ_FAULT_EXIT 1        /* _exit(WQ_FAULT_EXIT_CODE) at the point */
+#define WQ_FAULT_EXIT_CODE 86
+
+/* Die at the nth time this process reaches `point` (NULL disarms).
+   Returns 0 or -EINVAL. Not thread safe against concurrent arming. */
+int wq_fault_arm(const char *point, unsigned nth, int how);
+/* Start (clearing the list) or stop recording the points reached. */
+void wq_fault_record(bool on);
+/* Copy up to max recorded point names (static strings); returns count. */
+int wq_fault_seen(const char **names, int max);
+
+#endif

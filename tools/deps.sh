@@ -1,0 +1,20 @@
+#!/bin/sh
+# Install what building and testing libwq needs, on Debian/Ubuntu, as root.
+# Usage: sh tools/deps.sh [ci]   ("ci" adds clang and valgrind)
+# Only missing packages are installed; nothing happens when all are there.
+set -e
+pkgs="gcc make autoconf automake libtool pkg-config liblmdb-dev libcmocka-dev"
+[ "${1:-}" = ci ] && pkgs="$pkgs clang valgrind"
+missing=""
+for p in $pkgs; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
+        missing="$missing $p"
+done
+[ -z "$missing" ] && exit 0
+if [ "$(id -u)" != 0 ]; then
+    echo "deps.sh: missing packages:$missing (run as root, or install them)" >&2
+    exit 1
+fi
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends $missing
