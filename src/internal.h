@@ -123,6 +123,13 @@ static inline uint32_t wq__ring_count(const wq *q)
                                            memory_order_relaxed) >> 32);
 }
 
+/* Lock held: announce / retire the counter bump of an operation. */
+static inline void wq__pend(wq *q, uint32_t kind, uint32_t idx)
+{
+    q->hdr->pend_idx = idx;
+    q->hdr->pend_kind = kind;
+}
+
 /* queue.c */
 void wq__wake_getters(wq *q, int n);
 void wq__wake_drainers(wq *q);

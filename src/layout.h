@@ -46,6 +46,12 @@
 #define WQ_ST_PROCESSING (1u << 2)  /* handed out; owner fields valid */
 #define WQ_ST_ALL        (WQ_ST_DIRTY | WQ_ST_QUEUED | WQ_ST_PROCESSING)
 
+/* hdr->pend_kind */
+#define WQ_PEND_NONE     0u
+#define WQ_PEND_ADD      1u  /* adds_total; committed when the entry is live */
+#define WQ_PEND_MARK     2u  /* adds_total; committed when the entry is dirty */
+#define WQ_PEND_CRASH    3u  /* crash_requeues_total; committed when queued */
+
 /* Process slot states (struct wq_proc.state). */
 #define WQ_PROC_FREE     0u
 #define WQ_PROC_LIVE     1u   /* lease held by the handle's lease thread */
@@ -107,7 +113,12 @@ struct wq_hdr {
     uint32_t waiters;                     /* lock */
     uint32_t drainers;                    /* lock */
     uint32_t shutdown_calls;              /* lock; bumped by wq_shutdown */
-    uint32_t procs_live;                  /* lock */
+    /* lock: the counter an in-flight mutation will bump once its commit
+       store is done (WQ_PEND_*), and its entry. Counters are not derivable
+       from entries, so repair uses this to count a committed operation
+       whose holder died before counting it, exactly once. */
+    uint32_t pend_kind;
+    uint32_t pend_idx;
     uint32_t reap_tick;                   /* lock; ops since the last reap */
     /* lock to write: front index (low 32 bits) and count (high 32 bits)
        in one word so a pop or push commits with a single store. */

@@ -203,6 +203,8 @@ int wq__requeue_owned(wq *q, uint32_t slot, uint32_t gen, bool crash)
         if (!(e->state & WQ_ST_PROCESSING) || e->owner != slot || e->owner_gen != gen)
             continue;
         q->hdr->busy = 1;
+        if (crash)
+            wq__pend(q, WQ_PEND_CRASH, idx);
         WQ_STEP("requeue.busy");
         e->state = WQ_ST_DIRTY | WQ_ST_QUEUED;
         WQ_STEP("requeue.state");
@@ -213,6 +215,7 @@ int wq__requeue_owned(wq *q, uint32_t slot, uint32_t gen, bool crash)
         p->held--;
         if (crash)
             q->hdr->crash_requeues_total++;
+        wq__pend(q, WQ_PEND_NONE, 0);
         WQ_STEP("requeue.counters");
         q->hdr->busy = 0;
         n++;

@@ -82,9 +82,15 @@ static int add_locked(wq *q, const void *key, size_t len, uint32_t hash, bool *q
         }
         if (WQ_UNLIKELY(!(st & WQ_ST_PROCESSING)))
             return -EBADMSG;   /* live, clean and not processing: illegal */
-        e->state = st | WQ_ST_DIRTY;   /* queued again at its wq_done */
+        h->busy = 1;
+        wq__pend(q, WQ_PEND_MARK, idx);
+        WQ_STEP("mark.busy");
+        e->state = st | WQ_ST_DIRTY;   /* commit: queued again at its wq_done */
         WQ_STEP("add.mark");
         h->adds_total++;
+        wq__pend(q, WQ_PEND_NONE, 0);
+        WQ_STEP("mark.counters");
+        h->busy = 0;
         return 0;
     }
     h->busy = 1;
@@ -94,6 +100,7 @@ static int add_locked(wq *q, const void *key, size_t len, uint32_t hash, bool *q
         h->busy = 0;
         return idx == WQ_NIL ? -ENOSPC : -EBADMSG;
     }
+    wq__pend(q, WQ_PEND_ADD, idx);
     WQ_STEP("add.alloc");
     struct wq_entry *e = wq__entry(q, idx);
     memcpy(e->key, key, len);
@@ -113,6 +120,7 @@ static int add_locked(wq *q, const void *key, size_t len, uint32_t hash, bool *q
     WQ_STEP("add.ring");
     atomic_fetch_add_explicit(&h->live, 1, memory_order_relaxed);
     h->adds_total++;
+    wq__pend(q, WQ_PEND_NONE, 0);
     WQ_STEP("add.counters");
     h->busy = 0;
     *queued = true;

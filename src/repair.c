@@ -88,6 +88,24 @@ static uint32_t norm_state(const wq *q, const struct wq_entry *e)
     return WQ_ST_DIRTY | WQ_ST_QUEUED;   /* dirty or queued, not processing */
 }
 
+/* Apply, before anything changes states: count the operation that the
+   dead holder committed but did not count. */
+static void settle_pending(wq *q)
+{
+    struct wq_hdr *h = q->hdr;
+    uint32_t kind = h->pend_kind, idx = h->pend_idx;
+    if (kind != WQ_PEND_NONE && idx < q->capacity) {
+        uint32_t st = wq__entry(q, idx)->state;
+        if (kind == WQ_PEND_ADD && st != 0)
+            h->adds_total++;
+        else if (kind == WQ_PEND_MARK && (st & WQ_ST_DIRTY))
+            h->adds_total++;
+        else if (kind == WQ_PEND_CRASH && (st & WQ_ST_QUEUED))
+            h->crash_requeues_total++;
+    }
+    wq__pend(q, WQ_PEND_NONE, 0);
+}
+
 static void check_header(struct ctx *c)
 {
     wq *q = c->q;
@@ -357,6 +375,8 @@ int wq__repair(wq *q, bool apply, bool thorough, wq_report_fn report, void *arg)
     c.in_index = q->scratch + words;
     memset(q->scratch, 0, 2 * words * sizeof *q->scratch);
 
+    if (apply && !thorough)
+        settle_pending(q);
     check_header(&c);
     check_procs(&c);
     check_entries(&c);
