@@ -133,6 +133,8 @@ typedef struct wq wq;
 #define WQ_CREATE (1u << 0) /* create the queue if it does not exist */
 #define WQ_EXCL   (1u << 1) /* with WQ_CREATE: fail with -EEXIST if it does */
 #define WQ_FAIR   (1u << 2) /* fair mode (not implemented yet: -ENOTSUP) */
+#define WQ_NO_METRICS (1u << 3) /* skip the clock reads behind the duration
+                                   histograms and work gauges (faster) */
 
 /* wq_options.durability */
 #define WQ_DURABLE_PROCESS 0
@@ -153,10 +155,14 @@ typedef struct wq wq;
  * Validation (-EINVAL): unknown flag bits, WQ_EXCL without WQ_CREATE,
  * mode bits outside 0777, rl_base_delay_ns > rl_max_delay_ns, negative
  * rl_qps, capacity > 2^31, max_key_len > 4096, max_procs > 4096, an
- * unknown durability value.
+ * unknown durability value, unknown rl_limiters bits, WQ_RL_FAST_SLOW
+ * without its three parameters or with rl_fast_delay_ns > rl_slow_delay_ns.
+ * Zero limiter fields mean the defaults below.
  * Not implemented yet (-ENOTSUP, never silently ignored): store_path,
- * durability, snapshot_interval_ms, result_capacity, WQ_FAIR and the
- * rl_* limiter parameters.
+ * durability, snapshot_interval_ms, result_capacity, WQ_FAIR.
+ *
+ * Rate limiter defaults (client-go's): rl_base_delay_ns 5 ms,
+ * rl_max_delay_ns 1000 s, rl_qps 10, rl_burst 100.
  */
 struct wq_options {
     uint32_t capacity;      /* max live keys (queued+processing+waiting); 0 -> 65536 */
@@ -175,7 +181,22 @@ struct wq_options {
     /* libwq extension: size of the process table, i.e. how many handles
        may be attached at once across all processes; 0 -> 256. */
     uint32_t max_procs;
+    /* libwq extension: which limiters wq_add_rate_limited combines (the
+       delay is the maximum of the selected ones, client-go's
+       MaxOfRateLimiter); 0 -> WQ_RL_EXPONENTIAL | WQ_RL_BUCKET, client-go's
+       DefaultControllerRateLimiter. */
+    unsigned rl_limiters;
+    /* WQ_RL_FAST_SLOW (client-go's ItemFastSlowRateLimiter): the first
+       rl_max_fast_attempts failures wait rl_fast_delay_ns, later ones
+       rl_slow_delay_ns. All three must be set when it is selected. */
+    uint64_t rl_fast_delay_ns, rl_slow_delay_ns;
+    uint32_t rl_max_fast_attempts;
 };
+
+/* wq_options.rl_limiters */
+#define WQ_RL_EXPONENTIAL (1u << 0) /* per key: base * 2^failures, capped at max */
+#define WQ_RL_BUCKET      (1u << 1) /* token bucket shared by all keys: qps, burst */
+#define WQ_RL_FAST_SLOW   (1u << 2) /* per key: fast delay, then slow delay */
 
 /* ------------------------------------------------------------------ */
 /* Life cycle                                                          */
@@ -302,13 +323,107 @@ WQ_API int wq_done_get(wq *q, const void *done_key, size_t done_len,
 WQ_API int wq_add_many(wq *q, const struct iovec *keys, size_t n);
 
 /* ------------------------------------------------------------------ */
+/* Delaying and rate limiting (client-go DelayingInterface,            */
+/* RateLimitingInterface)                                              */
+/* ------------------------------------------------------------------ */
+
+/*
+ * Waiting keys live in the region (a binary min-heap ordered by ready
+ * time, CLOCK_MONOTONIC, ties in order of their add). There is no daemon:
+ * whoever holds the lock moves ready keys to the queue (every wq_get does,
+ * before popping), and a blocked wq_get sleeps until the earliest ready
+ * time. A waiting key counts as live (it uses a slot) but not in wq_len.
+ *
+ * Shutdown drops waiting keys, as client-go does (its waiting loop stops).
+ */
+
+/*
+ * wq_add_after - add key once delay_ns has passed. A key already waiting
+ * keeps the earlier of its two ready times. A key already dirty (queued,
+ * or re-added while processing) is not delayed again: the add is merged.
+ * A key processing and not dirty waits, and is marked dirty when ready.
+ * delay_ns == 0 is wq_add (and returns as wq_add does).
+ * Counts in retries_total (client-go). Returns 0 when a new wait started,
+ * 1 when merged into a key already dirty or waiting, or as wq_add's
+ * errors (-ESHUTDOWN, -ENOSPC, -EINVAL, -EMSGSIZE).
+ */
+WQ_API int wq_add_after(wq *q, const void *key, size_t len, uint64_t delay_ns);
+
+/*
+ * wq_add_rate_limited - wq_add_after with the rate limiter's delay for
+ * this key: its failure count rises by one (client-go's When()). The
+ * delay is the maximum of the limiters chosen at creation
+ * (wq_options.rl_limiters), by default max(exponential 5 ms * 2^failures
+ * capped at 1000 s, token bucket 10 qps burst 100). Returns as
+ * wq_add_after.
+ */
+WQ_API int wq_add_rate_limited(wq *q, const void *key, size_t len);
+
+/*
+ * wq_forget - reset the key's failure count (client-go's Forget: call it
+ * when the key reconciled successfully). Does not remove the key from the
+ * queue. Returns 0 (also for an unknown key), -EINVAL, -EMSGSIZE.
+ *
+ * Where failure counts live: in the key's slot. A key whose count is not
+ * zero keeps its slot after wq_done (stats: `failing`) until wq_forget.
+ * Such idle slots never make an add fail: when every slot is used and a
+ * new key needs one, the failure count of an idle key is dropped to make
+ * room (clock-hand order, roughly the oldest first). So `capacity` still
+ * bounds exactly the queued+processing+waiting keys, as documented, and
+ * failure counts are kept as long as there is room for them.
+ */
+WQ_API int wq_forget(wq *q, const void *key, size_t len);
+
+/* wq_num_requeues - the key's failure count (>= 0), -EINVAL, -EMSGSIZE. */
+WQ_API int wq_num_requeues(wq *q, const void *key, size_t len);
+
+/* ------------------------------------------------------------------ */
+/* Metrics (client-go's workqueue metrics, shared by all processes)    */
+/* ------------------------------------------------------------------ */
+
+/* client-go's histogram buckets for both durations: 10 ns .. 10 s,
+   upper bounds in seconds: 1e-8, 1e-7, ..., 1e+1 (then +Inf). */
+#define WQ_HIST_BUCKETS 10
+
+struct wq_histogram {
+    uint64_t count;                       /* observations */
+    double sum_seconds;                   /* their sum */
+    uint64_t bucket[WQ_HIST_BUCKETS + 1]; /* cumulative counts, le=1e-8 ...
+                                             le=10, then +Inf (== count) */
+};
+
+struct wq_metrics {
+    uint64_t depth;                 /* client-go depth: queued keys */
+    uint64_t adds_total;            /* client-go adds_total */
+    struct wq_histogram queue_duration; /* add -> get (seconds) */
+    struct wq_histogram work_duration;  /* get -> done (seconds) */
+    double unfinished_work_seconds; /* sum over processing keys of their age */
+    double longest_running_processor_seconds; /* age of the oldest */
+    uint64_t retries_total;         /* client-go retries_total */
+    uint64_t coalesced_total;       /* libwq: adds merged into a dirty key */
+    uint64_t crash_requeues_total;  /* libwq: keys requeued after a crash */
+    uint64_t waiting;               /* libwq: keys waiting for a delay */
+    uint64_t processing;            /* libwq: keys being processed */
+};
+
+/*
+ * wq_metrics - the metrics, as a consistent snapshot taken under the
+ * lock. Counters and histograms are kept in the region (histograms with
+ * atomics) and read in O(1); the two work gauges need a pass over the
+ * entries, O(capacity), so this call is meant for scrapes (every few
+ * seconds), not for hot loops. With WQ_NO_METRICS the histograms and the
+ * work gauges stay 0. Returns 0 or -EINVAL.
+ */
+WQ_API int wq_metrics(wq *q, struct wq_metrics *out);
+
+/* ------------------------------------------------------------------ */
 /* Inspection                                                          */
 /* ------------------------------------------------------------------ */
 
 struct wq_stats {
     uint64_t queued;        /* keys in the FIFO */
     uint64_t processing;    /* keys handed out and not done */
-    uint64_t waiting;       /* keys added with a delay (0 until delays exist) */
+    uint64_t waiting;       /* keys added with a delay, not yet ready */
     uint64_t live;          /* keys using a slot: queued+processing+waiting */
     uint64_t capacity;      /* max live keys */
     uint64_t processes;     /* handles attached (process table slots in use) */
@@ -321,6 +436,10 @@ struct wq_stats {
     uint64_t region_bytes;  /* size of the shared-memory object */
     uint64_t repairs_total; /* times the region was repaired after a dead lock holder */
     uint64_t shutting_down; /* 1 once shut down */
+    uint64_t failing;       /* idle keys kept only for their failure count */
+    uint64_t next_ready_ns; /* CLOCK_MONOTONIC time the first waiting key is
+                               ready; 0 when none waits */
+    uint64_t now_ns;        /* CLOCK_MONOTONIC time of this snapshot */
 };
 
 /*
@@ -334,6 +453,8 @@ WQ_API int wq_stats(wq *q, struct wq_stats *out);
 #define WQ_KEY_DIRTY      (1u << 0) /* added and not yet handed out */
 #define WQ_KEY_QUEUED     (1u << 1) /* in the FIFO */
 #define WQ_KEY_PROCESSING (1u << 2) /* handed out, wq_done not called */
+#define WQ_KEY_WAITING    (1u << 3) /* added with a delay, not yet ready */
+#define WQ_KEY_FAILING    (1u << 4) /* idle, kept only for its failure count */
 
 struct wq_key_info {
     const void *key;        /* valid only during the callback */
@@ -341,6 +462,8 @@ struct wq_key_info {
     unsigned state;         /* WQ_KEY_* bits */
     pid_t owner_pid;        /* holder's pid while processing, else 0 */
     uint64_t position;      /* 0-based FIFO position while queued, else UINT64_MAX */
+    uint64_t ready_ns;      /* WAITING: CLOCK_MONOTONIC ready time, else 0 */
+    uint32_t failures;      /* rate limiter failure count (wq_num_requeues) */
 };
 
 /*

@@ -6,6 +6,7 @@
 #define WQ_FAULT_API_H
 
 #include <stdbool.h>
+#include <stdint.h>
 
 #define WQ_FAULT_KILL 0        /* raise(SIGKILL) at the point */
 #define WQ_FAULT_EXIT 1        /* _exit(WQ_FAULT_EXIT_CODE) at the point */
@@ -18,5 +19,11 @@ int wq_fault_arm(const char *point, unsigned nth, int how);
 void wq_fault_record(bool on);
 /* Copy up to max recorded point names (static strings); returns count. */
 int wq_fault_seen(const char **names, int max);
+
+/* The test clock: once set, CLOCK_MONOTONIC readings of this process
+   inside libwq return `now_ns` (advance it with further calls); 0 goes
+   back to the real clock. Blocking waits still sleep in real time, so
+   tests that use it call wq_get with timeout 0. Per process. */
+void wq_test_clock_set(uint64_t now_ns);
 
 #endif

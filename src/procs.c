@@ -132,7 +132,10 @@ int wq__procs_register(wq *q)
 {
     unsigned fg = atomic_load_explicit(&wq__fork_gen, memory_order_relaxed);
     if (atomic_load_explicit(&q->forkgen, memory_order_relaxed) != fg) {
-        q->lease = NULL;   /* the parent's thread does not exist here */
+        /* The parent's lease thread does not exist here; its record is
+           our private copy: release the memory, touch nothing in it. */
+        free(q->lease);
+        q->lease = NULL;
         q->slot = WQ_NIL;
     }
     uint32_t i = find_free_slot(q);
@@ -166,9 +169,15 @@ int wq__procs_register(wq *q)
 void wq__procs_unregister(wq *q)
 {
     unsigned fg = atomic_load_explicit(&wq__fork_gen, memory_order_relaxed);
-    if (atomic_load_explicit(&q->forkgen, memory_order_relaxed) != fg ||
-        q->slot == WQ_NIL || !q->lease)
-        return;   /* a forked child that never used the handle */
+    if (atomic_load_explicit(&q->forkgen, memory_order_relaxed) != fg) {
+        /* A forked child that never used the handle: the slot and the
+           lease thread are the parent's; only the memory copy is ours. */
+        free(q->lease);
+        q->lease = NULL;
+        return;
+    }
+    if (q->slot == WQ_NIL || !q->lease)
+        return;
     int rc = wq__lock(q);
     if (rc == 0) {
         struct wq_proc *p = &q->procs[q->slot];

@@ -494,6 +494,7 @@ static void test_every_point(void **state)
     struct shared *sh = th_shared_alloc(sizeof *sh);
     struct point_count pc[128];
     int n = record_points(sh, pc, 128);
+    unsigned trials = 0;
     /* The script must reach every kind of mutation, shifts included. */
     static const char *const required[] = {
         "procs.register.fields", "procs.register.live", "add.busy", "add.alloc",
@@ -511,7 +512,6 @@ static void test_every_point(void **state)
         if (i == n)
             fail_msg("the script never reaches crash point %s", required[r]);
     }
-    unsigned trials = 0;
     for (int i = 0; i < n; i++) {
         pc[i].hits = count_hits(sh, pc[i].name);
         assert_true(pc[i].hits >= 1);
