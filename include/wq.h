@@ -197,6 +197,7 @@ struct wq_options {
 #define WQ_RL_EXPONENTIAL (1u << 0) /* per key: base * 2^failures, capped at max */
 #define WQ_RL_BUCKET      (1u << 1) /* token bucket shared by all keys: qps, burst */
 #define WQ_RL_FAST_SLOW   (1u << 2) /* per key: fast delay, then slow delay */
+#define WQ_RL_ALL         (WQ_RL_EXPONENTIAL | WQ_RL_BUCKET | WQ_RL_FAST_SLOW)
 
 /* ------------------------------------------------------------------ */
 /* Life cycle                                                          */

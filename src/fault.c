@@ -70,6 +70,13 @@ void wq_fault_record(bool on)
     pthread_mutex_unlock(&mu);
 }
 
+extern _Atomic uint64_t wq__test_clock;
+
+void wq_test_clock_set(uint64_t now_ns)
+{
+    atomic_store_explicit(&wq__test_clock, now_ns, memory_order_relaxed);
+}
+
 int wq_fault_seen(const char **names, int max)
 {
     pthread_mutex_lock(&mu);

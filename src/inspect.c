@@ -16,10 +16,14 @@ int wq_stats(wq *q, struct wq_stats *out)
         return rc;
     struct wq_hdr *h = q->hdr;
     struct wq_stats s = {0};
+    s.now_ns = wq__now_mono();
+    wq__promote(q, s.now_ns);
     s.queued = wq__ring_count(q);
     s.processing = atomic_load_explicit(&h->processing, memory_order_relaxed);
     s.live = atomic_load_explicit(&h->live, memory_order_relaxed);
-    s.waiting = 0;
+    s.waiting = h->heap_count;
+    s.failing = h->failing;
+    s.next_ready_ns = wq__next_ready(q);
     s.capacity = q->capacity;
     for (uint32_t i = 0; i < q->max_procs; i++)
         s.processes += q->procs[i].state == WQ_PROC_LIVE;
@@ -48,6 +52,12 @@ static void fill(const wq *q, const struct wq_entry *e, struct wq_key_info *ki)
         ki->state |= WQ_KEY_QUEUED;
     if (e->state & WQ_ST_PROCESSING)
         ki->state |= WQ_KEY_PROCESSING;
+    if (e->state & WQ_ST_WAITING)
+        ki->state |= WQ_KEY_WAITING;
+    if (e->state & WQ_ST_RETAINED)
+        ki->state |= WQ_KEY_FAILING;
+    ki->ready_ns = (e->state & WQ_ST_WAITING) ? e->t_b : 0;
+    ki->failures = e->failures;
     ki->owner_pid = 0;
     if ((e->state & WQ_ST_PROCESSING) && e->owner < q->max_procs)
         ki->owner_pid = q->procs[e->owner].pid;

@@ -8,6 +8,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <errno.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -55,6 +56,8 @@ struct wq {
     struct wq_geom g;              /* validated copy of the header */
     uint32_t capacity, max_key_len, max_procs, entry_size, index_slots;
     uint64_t seed;
+    uint32_t *heap;                /* delay heap (layout.h) */
+    bool metrics;                  /* duration metrics on (no WQ_NO_METRICS) */
 
     /* Registration: written under the region lock. */
     uint32_t slot;                 /* our process table slot */
@@ -90,6 +93,24 @@ int wq__mutex_init(pthread_mutex_t *m);
 int wq__futex_wait(_Atomic uint32_t *word, uint32_t val, uint64_t deadline_mono);
 void wq__futex_wake(_Atomic uint32_t *word, int n);
 
+/* delay.c */
+int wq__heap_push(wq *q, uint32_t idx);
+int wq__heap_remove(wq *q, uint32_t idx);
+void wq__heap_earlier(wq *q, uint32_t idx);
+void wq__heap_build(wq *q);
+uint32_t wq__promote(wq *q, uint64_t now);
+uint64_t wq__next_ready(const wq *q);
+void wq__drop_waiting(wq *q);
+int wq__delay_entry(wq *q, uint32_t idx, uint64_t ready);
+
+/* limiter.c */
+uint64_t wq__limiter_when(wq *q, struct wq_entry *e, uint64_t now);
+void wq__limiter_init(struct wq_hdr *h);
+int wq__limiter_options(const struct wq_options *o, struct wq_geom *g);
+
+/* metrics.c */
+void wq__observe(struct wq_hist *h, uint64_t ns);
+
 /* procs.c */
 int wq__procs_register(wq *q);
 void wq__procs_unregister(wq *q);
@@ -101,6 +122,10 @@ int wq__requeue_owned(wq *q, uint32_t slot, uint32_t gen, bool crash);
 static inline struct wq_entry *wq__entry(const wq *q, uint32_t idx)
 {
     return (struct wq_entry *)(q->entries + (size_t)idx * q->entry_size);
+}
+static inline uint16_t wq__gen16(uint32_t gen)
+{
+    return (uint16_t)gen;
 }
 static inline uint32_t wq__home(const wq *q, uint32_t hash)
 {
@@ -131,6 +156,20 @@ static inline void wq__pend(wq *q, uint32_t kind, uint32_t idx)
 }
 
 /* queue.c */
+int wq__activate(wq *q, uint32_t idx, uint64_t now, bool *queued);
+int wq__release(wq *q, uint32_t idx);
+uint32_t wq__new_entry(wq *q, const void *key, size_t len, uint32_t hash, int *err);
+int wq__commit_new(wq *q, uint32_t idx, uint16_t state);
+static inline int wq__key_ok(const wq *q, const void *key, size_t len)
+{
+    if (!key || len == 0)
+        return -EINVAL;
+    return len > q->max_key_len ? -EMSGSIZE : 0;
+}
+static inline uint64_t wq__metrics_now(const wq *q)
+{
+    return q->metrics ? wq__now_mono() : 0;
+}
 void wq__wake_getters(wq *q, int n);
 void wq__wake_drainers(wq *q);
 

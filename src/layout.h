@@ -3,7 +3,7 @@
  *
  * One shm object per queue, laid out as
  *
- *   [struct wq_hdr][proc table][entries][hash index][ring]
+ *   [struct wq_hdr][proc table][entries][hash index][ring][delay heap]
  *
  * Every section starts on a 64-byte boundary. Offsets and sizes are
  * computed by wq__geometry() from (capacity, max_key_len, max_procs) and
@@ -36,7 +36,7 @@
 #include <stdint.h>
 
 #define WQ_MAGIC        0x31515762696c0a57ull /* "W\nlibWQ1" little-endian */
-#define WQ_LAYOUT_VER   1u
+#define WQ_LAYOUT_VER   2u
 #define WQ_ALIGN        64u
 #define WQ_NIL          0xffffffffu          /* "no entry" */
 
@@ -44,7 +44,12 @@
 #define WQ_ST_DIRTY      (1u << 0)  /* added, not yet handed out */
 #define WQ_ST_QUEUED     (1u << 1)  /* in the ring; implies DIRTY */
 #define WQ_ST_PROCESSING (1u << 2)  /* handed out; owner fields valid */
-#define WQ_ST_ALL        (WQ_ST_DIRTY | WQ_ST_QUEUED | WQ_ST_PROCESSING)
+#define WQ_ST_WAITING    (1u << 3)  /* in the delay heap; never with DIRTY */
+#define WQ_ST_RETAINED   (1u << 4)  /* alone: idle, kept for its failure count */
+#define WQ_ST_ALL        (WQ_ST_DIRTY | WQ_ST_QUEUED | WQ_ST_PROCESSING | \
+                          WQ_ST_WAITING | WQ_ST_RETAINED)
+/* Legal states: DIRTY|QUEUED, PROCESSING, PROCESSING|DIRTY,
+   PROCESSING|WAITING, WAITING, RETAINED (with failures > 0). */
 
 /* hdr->pend_kind */
 #define WQ_PEND_NONE     0u
@@ -70,13 +75,21 @@ struct wq_geom {
     uint32_t max_procs;
     uint32_t entry_size;      /* sizeof(struct wq_entry) + key bytes, 8-aligned */
     uint32_t index_slots;     /* hash index slots (>= capacity * 5 / 4) */
-    uint32_t flags;           /* creation flags kept (WQ_FAIR later) */
+    uint32_t flags;           /* creation flags kept: WQ_NO_METRICS */
     uint64_t hash_seed;       /* random per region: no cross-queue flooding */
-    uint64_t off_procs, off_entries, off_index, off_ring;
+    uint64_t off_procs, off_entries, off_index, off_ring, off_heap;
     uint64_t total_size;      /* the shm object's size */
     uint32_t mode;            /* creation mode, informative */
     uint32_t reserved0;
     uint64_t created_ns;      /* CLOCK_REALTIME at creation, informative */
+    /* Rate limiter, defaults resolved at creation (limiter.c). */
+    uint32_t rl_limiters;     /* WQ_RL_* mask, never 0 here */
+    uint32_t rl_burst;
+    uint64_t rl_base_delay_ns, rl_max_delay_ns;
+    double   rl_qps;
+    uint64_t rl_fast_delay_ns, rl_slow_delay_ns;
+    uint32_t rl_max_fast_attempts;
+    uint32_t reserved1;
     uint64_t checksum;        /* FNV-1a 64 of all bytes above */
 };
 
@@ -136,7 +149,28 @@ struct wq_hdr {
     uint64_t retries_total;
     uint64_t crash_requeues_total;
     uint64_t repairs_total;
-    uint64_t reserved[16];                /* room for later counters */
+
+    /* Delays (delay.c): lock. heap[0..heap_count) are the WAITING
+       entries, a binary min-heap on (entry->t_b, entry->seq); each such
+       entry's link is its heap position. */
+    uint32_t heap_count;
+    uint32_t seq_next;                    /* lock; next entry->seq */
+    uint32_t failing;                     /* lock; RETAINED entries */
+    uint32_t evict_hand;                  /* lock; clock hand for eviction */
+    /* Token bucket (limiter.c): lock. */
+    double bucket_tokens;
+    uint64_t bucket_last_ns;
+    /* Metrics (metrics.c): written under the lock with relaxed atomics so
+       a reader without the lock sees whole values. sum_start is the sum
+       of t_start over processing entries (unfinished work = processing *
+       now - sum_start); lock. */
+    uint64_t sum_start;
+    struct wq_hist {
+        _Atomic uint64_t bucket[11];      /* non-cumulative; [10] is +Inf */
+        _Atomic uint64_t count;
+        _Atomic uint64_t sum_ns;
+    } qdur, wdur;
+    uint64_t reserved[8];                 /* room for later counters */
 };
 
 /*
@@ -161,27 +195,35 @@ struct wq_proc {
 
 /*
  * A key slot. Fixed size: the header below then max_key_len key bytes.
- *   state     lock; single store moves between states (WQ_ST_*).
- *   hash      lock; 32-bit key hash, also kept in the index slot.
- *   keylen    lock; 1..max_key_len while live.
- *   owner     lock; proc slot of the handle that got it (PROCESSING only).
- *   owner_gen lock; that slot's gen at the time.
- *   next      lock; free-list link while free.
- *   stamp     lock; add sequence, for diagnostics and later fairness.
+ * All fields: lock.
+ *   state     a single 16-bit store moves it between states (WQ_ST_*).
+ *   keylen    1..max_key_len while live.
+ *   hash      32-bit key hash, also kept in the index slot.
+ *   owner     proc slot of the handle that got it (PROCESSING only).
+ *   owner_gen low 16 bits of that slot's gen at the time.
+ *   link      free-list next while free; heap position while WAITING
+ *             (a free entry is never waiting).
+ *   failures  rate limiter failure count; survives wq_done (RETAINED).
+ *   seq       add order (wraps; compared as a signed difference): ties of
+ *             ready time in the heap go in add order.
+ *   t_start   PROCESSING: CLOCK_MONOTONIC of the get (work duration).
+ *   t_b       DIRTY: time of the add (queue duration); WAITING: ready time.
+ *             DIRTY and WAITING never coexist, so one field serves both.
  */
 struct wq_entry {
-    uint32_t state;
+    uint16_t state;
+    uint16_t keylen;
     uint32_t hash;
-    uint32_t keylen;
-    uint32_t owner;
-    uint32_t owner_gen;
-    uint32_t next;
-    uint64_t stamp;
-    uint64_t reserved;        /* ready time (delays), later */
-    uint32_t failures;        /* rate limiter, later */
-    uint32_t aux;
+    uint16_t owner;
+    uint16_t owner_gen;
+    uint32_t link;
+    uint32_t failures;
+    uint32_t seq;
+    uint64_t t_start;
+    uint64_t t_b;
     unsigned char key[];
 };
+#define WQ_OWNER_NONE 0xffffu
 
 /*
  * A hash index slot: (entry index + 1, hash). 0 in `ref` means empty.
@@ -193,7 +235,7 @@ struct wq_islot {
     uint32_t hash;
 };
 
-_Static_assert(sizeof(struct wq_entry) == 48, "entry header is 48 bytes");
+_Static_assert(sizeof(struct wq_entry) == 40, "entry header is 40 bytes");
 _Static_assert(sizeof(struct wq_islot) == 8, "index slot is 8 bytes");
 _Static_assert(offsetof(struct wq_hdr, lock) % WQ_ALIGN == 0, "lock on its own line");
 _Static_assert(offsetof(struct wq_hdr, wake_seq) % 4 == 0, "futex word aligned");

@@ -197,41 +197,77 @@ void wq__procs_unregister(wq *q)
 }
 
 /*
- * Lock held. Requeue every entry that slot/gen holds. Returns how many.
- * Each requeue commits with the entry's state store; the ring push after
- * it is redone by repair if cut short.
+ * Lock held. Give back every entry that slot/gen holds; returns how many.
+ * On close (crash false) each goes to the back of the queue at once. After
+ * a crash it goes through the rate limiter, as the API promises: its
+ * failure count rises, so a key that kills every worker backs off; it
+ * waits for the limiter's delay (keeping an earlier wait it had). Each
+ * commits with the entry's state store; repair redoes what follows.
  */
 int wq__requeue_owned(wq *q, uint32_t slot, uint32_t gen, bool crash)
 {
+    struct wq_hdr *h = q->hdr;
     struct wq_proc *p = &q->procs[slot];
-    int n = 0;
+    int n = 0, rc;
+    bool queued_any = false;
     if (p->held == 0)
         return 0;
+    uint64_t now = wq__now_mono();
     for (uint32_t idx = 0; idx < q->capacity && p->held > 0; idx++) {
         struct wq_entry *e = wq__entry(q, idx);
-        if (!(e->state & WQ_ST_PROCESSING) || e->owner != slot || e->owner_gen != gen)
+        uint16_t st = e->state;
+        if (!(st & WQ_ST_PROCESSING) || e->owner != slot || e->owner_gen != wq__gen16(gen))
             continue;
-        q->hdr->busy = 1;
+        h->busy = 1;
         if (crash)
             wq__pend(q, WQ_PEND_CRASH, idx);
         WQ_STEP("requeue.busy");
-        e->state = WQ_ST_DIRTY | WQ_ST_QUEUED;
-        WQ_STEP("requeue.state");
-        if (wq__ring_push(q, idx) < 0)
-            return n;   /* corrupt ring: leave busy set, repair redoes it */
+        uint64_t delay = crash ? wq__limiter_when(q, e, now) : 0;
+        if (delay > 0) {
+            uint64_t ready = now + delay < now ? UINT64_MAX : now + delay;
+            bool waiting = st & WQ_ST_WAITING;
+            if (!waiting) {
+                e->t_b = ready;
+                e->seq = h->seq_next++;
+            } else if (ready < e->t_b) {
+                e->t_b = ready;
+            }
+            e->state = WQ_ST_WAITING;   /* commit */
+            WQ_STEP("requeue.state");
+            if (waiting)
+                wq__heap_earlier(q, idx);
+            else if ((rc = wq__heap_push(q, idx)) < 0)
+                return n;   /* corrupt: busy stays set, repair redoes it */
+        } else {
+            if ((st & WQ_ST_WAITING) && wq__heap_remove(q, idx) < 0)
+                return n;
+            e->t_b = now;
+            e->seq = h->seq_next++;
+            e->state = WQ_ST_DIRTY | WQ_ST_QUEUED;   /* commit */
+            WQ_STEP("requeue.state");
+            if (wq__ring_push(q, idx) < 0)
+                return n;
+            queued_any = true;
+        }
         WQ_STEP("requeue.ring");
-        atomic_fetch_sub_explicit(&q->hdr->processing, 1, memory_order_relaxed);
+        atomic_fetch_sub_explicit(&h->processing, 1, memory_order_relaxed);
+        if (q->metrics)
+            h->sum_start -= e->t_start;
         p->held--;
-        if (crash)
-            q->hdr->crash_requeues_total++;
+        if (crash) {
+            h->crash_requeues_total++;
+            h->retries_total++;
+        }
         wq__pend(q, WQ_PEND_NONE, 0);
         WQ_STEP("requeue.counters");
-        q->hdr->busy = 0;
+        h->busy = 0;
         n++;
     }
     if (n > 0) {
-        wq__wake_getters(q, n);
-        if (atomic_load_explicit(&q->hdr->processing, memory_order_relaxed) == 0)
+        /* A sleeper re-arms for the new earliest ready time, or takes a
+           queued key. */
+        wq__wake_getters(q, queued_any ? n : 1);
+        if (atomic_load_explicit(&h->processing, memory_order_relaxed) == 0)
             wq__wake_drainers(q);
     }
     return n;

@@ -21,12 +21,7 @@
 
 #include "internal.h"
 
-static inline int key_ok(const wq *q, const void *key, size_t len)
-{
-    if (!key || len == 0)
-        return -EINVAL;
-    return len > q->max_key_len ? -EMSGSIZE : 0;
-}
+#define key_ok wq__key_ok
 
 /* Lock held: note a wake for one sleeper, to be issued after unlock. */
 static inline bool note_wake(wq *q)
@@ -58,79 +53,177 @@ static inline void held_dec(wq *q, const struct wq_entry *e)
 {
     if (e->owner < q->max_procs) {
         struct wq_proc *p = &q->procs[e->owner];
-        if (p->gen == e->owner_gen && p->held > 0)
+        if (wq__gen16(p->gen) == e->owner_gen && p->held > 0)
             p->held--;
     }
 }
 
+/*
+ * Lock and busy held. Take a free entry for a new key and write the key;
+ * its state stays 0 (free) until wq__commit_new. NIL with *err = -ENOSPC
+ * when `capacity` keys are live, -EBADMSG on a corrupt free list.
+ */
+uint32_t wq__new_entry(wq *q, const void *key, size_t len, uint32_t hash, int *err)
+{
+    if (atomic_load_explicit(&q->hdr->live, memory_order_relaxed) >= q->capacity) {
+        *err = -ENOSPC;
+        return WQ_NIL;
+    }
+    uint32_t idx = wq__entry_alloc(q);
+    if (idx == WQ_NIL || idx == WQ_LOOKUP_CORRUPT) {
+        *err = idx == WQ_NIL ? -ENOSPC : -EBADMSG;
+        return WQ_NIL;
+    }
+    WQ_STEP("add.alloc");
+    struct wq_entry *e = wq__entry(q, idx);
+    memcpy(e->key, key, len);
+    e->keylen = (uint16_t)len;
+    e->hash = hash;
+    e->owner = WQ_OWNER_NONE;
+    e->failures = 0;
+    e->seq = q->hdr->seq_next++;
+    WQ_STEP("add.key");
+    return idx;
+}
+
+/*
+ * Lock and busy held. Make a new entry live in `state` (DIRTY|QUEUED or
+ * WAITING): the state store commits, then the index and the ring follow.
+ * The caller has set t_b (and, for WAITING, pushes it on the heap).
+ */
+int wq__commit_new(wq *q, uint32_t idx, uint16_t state)
+{
+    struct wq_hdr *h = q->hdr;
+    struct wq_entry *e = wq__entry(q, idx);
+    bool queue = state & WQ_ST_QUEUED;
+    if (queue)
+        wq__pend(q, WQ_PEND_ADD, idx);
+    e->state = state;   /* commit */
+    WQ_STEP("add.state");
+    int rc = wq__table_insert(q, idx, e->hash);
+    if (WQ_UNLIKELY(rc < 0))
+        return rc;   /* busy stays set: the next locker rebuilds */
+    WQ_STEP("add.index");
+    if (queue && WQ_UNLIKELY((rc = wq__ring_push(q, idx)) < 0))
+        return rc;
+    WQ_STEP("add.ring");
+    atomic_fetch_add_explicit(&h->live, 1, memory_order_relaxed);
+    if (queue) {
+        h->adds_total++;
+        wq__pend(q, WQ_PEND_NONE, 0);
+    }
+    WQ_STEP("add.counters");
+    return 0;
+}
+
+/*
+ * Lock and busy held. The add of a key that has an entry and is not
+ * dirty: waiting (leaves the heap), processing (marked dirty, queued at
+ * its wq_done) or retained (queued). *queued when it entered the ring.
+ */
+int wq__activate(wq *q, uint32_t idx, uint64_t now, bool *queued)
+{
+    struct wq_hdr *h = q->hdr;
+    struct wq_entry *e = wq__entry(q, idx);
+    uint16_t st = e->state;
+    int rc;
+    if ((st & WQ_ST_WAITING) && (rc = wq__heap_remove(q, idx)) < 0)
+        return rc;
+    wq__pend(q, WQ_PEND_MARK, idx);
+    WQ_STEP("mark.busy");
+    e->t_b = now;
+    if (st & WQ_ST_PROCESSING) {
+        e->state = WQ_ST_PROCESSING | WQ_ST_DIRTY;   /* commit */
+        WQ_STEP("add.mark");
+    } else {
+        e->seq = h->seq_next++;
+        e->state = WQ_ST_DIRTY | WQ_ST_QUEUED;   /* commit */
+        WQ_STEP("add.mark");
+        if ((rc = wq__ring_push(q, idx)) < 0)
+            return rc;
+        WQ_STEP("mark.ring");
+        if (st == WQ_ST_RETAINED) {
+            h->failing--;
+            atomic_fetch_add_explicit(&h->live, 1, memory_order_relaxed);
+        }
+        *queued = true;
+    }
+    h->adds_total++;
+    wq__pend(q, WQ_PEND_NONE, 0);
+    WQ_STEP("mark.counters");
+    return 0;
+}
+
+/* Lock and busy held: the entry leaves the table for good. */
+int wq__release(wq *q, uint32_t idx)
+{
+    struct wq_hdr *h = q->hdr;
+    struct wq_entry *e = wq__entry(q, idx);
+    uint16_t st = e->state;
+    e->state = 0;   /* commit: forgotten */
+    WQ_STEP("release.state");
+    int rc = wq__table_remove(q, idx, e->hash);
+    if (rc < 0)
+        return rc;
+    WQ_STEP("release.index");
+    wq__entry_free(q, idx);
+    WQ_STEP("release.free");
+    if (st == WQ_ST_RETAINED)
+        h->failing--;
+    else
+        atomic_fetch_sub_explicit(&h->live, 1, memory_order_relaxed);
+    return 0;
+}
+
 /* Lock held. 0 new or marked, 1 coalesced, *queued when a key entered
    the ring. */
-static int add_locked(wq *q, const void *key, size_t len, uint32_t hash, bool *queued)
+static int add_locked(wq *q, const void *key, size_t len, uint32_t hash, uint64_t now,
+                      bool *queued)
 {
     struct wq_hdr *h = q->hdr;
     if (WQ_UNLIKELY(h->shutdown))
         return -ESHUTDOWN;
     uint32_t idx = wq__table_lookup(q, key, len, hash);
+    int rc;
     if (idx != WQ_NIL) {
         if (WQ_UNLIKELY(idx == WQ_LOOKUP_CORRUPT))
             return -EBADMSG;
-        struct wq_entry *e = wq__entry(q, idx);
-        uint32_t st = e->state;
-        if (st & WQ_ST_DIRTY) {
+        if (wq__entry(q, idx)->state & WQ_ST_DIRTY) {
             h->coalesced_total++;
             return 1;
         }
-        if (WQ_UNLIKELY(!(st & WQ_ST_PROCESSING)))
-            return -EBADMSG;   /* live, clean and not processing: illegal */
         h->busy = 1;
-        wq__pend(q, WQ_PEND_MARK, idx);
-        WQ_STEP("mark.busy");
-        e->state = st | WQ_ST_DIRTY;   /* commit: queued again at its wq_done */
-        WQ_STEP("add.mark");
-        h->adds_total++;
-        wq__pend(q, WQ_PEND_NONE, 0);
-        WQ_STEP("mark.counters");
+        if ((rc = wq__activate(q, idx, now, queued)) < 0)
+            return rc;
         h->busy = 0;
         return 0;
     }
     h->busy = 1;
     WQ_STEP("add.busy");
-    idx = wq__entry_alloc(q);
-    if (idx == WQ_NIL || idx == WQ_LOOKUP_CORRUPT) {
+    idx = wq__new_entry(q, key, len, hash, &rc);
+    if (idx == WQ_NIL) {
         h->busy = 0;
-        return idx == WQ_NIL ? -ENOSPC : -EBADMSG;
-    }
-    wq__pend(q, WQ_PEND_ADD, idx);
-    WQ_STEP("add.alloc");
-    struct wq_entry *e = wq__entry(q, idx);
-    memcpy(e->key, key, len);
-    e->keylen = (uint32_t)len;
-    e->hash = hash;
-    e->owner = WQ_NIL;
-    e->stamp = h->adds_total;
-    WQ_STEP("add.key");
-    e->state = WQ_ST_DIRTY | WQ_ST_QUEUED;   /* commit */
-    WQ_STEP("add.state");
-    int rc = wq__table_insert(q, idx, hash);
-    if (WQ_UNLIKELY(rc < 0))
-        return rc;   /* busy stays set: the next locker rebuilds */
-    WQ_STEP("add.index");
-    if (WQ_UNLIKELY((rc = wq__ring_push(q, idx)) < 0))
         return rc;
-    WQ_STEP("add.ring");
-    atomic_fetch_add_explicit(&h->live, 1, memory_order_relaxed);
-    h->adds_total++;
-    wq__pend(q, WQ_PEND_NONE, 0);
-    WQ_STEP("add.counters");
+    }
+    wq__entry(q, idx)->t_b = now;
+    if ((rc = wq__commit_new(q, idx, WQ_ST_DIRTY | WQ_ST_QUEUED)) < 0)
+        return rc;
     h->busy = 0;
     *queued = true;
     return 0;
 }
 
-/* Lock held. Pop the front into buf: its length, or -EAGAIN if empty. */
+/* Lock held. Pop the front into buf: its length, or -EAGAIN if empty.
+   Ready waiting keys are queued first. */
 static int get_locked(wq *q, void *buf)
 {
     struct wq_hdr *h = q->hdr;
+    uint64_t now = 0;
+    if (q->metrics || h->heap_count > 0) {
+        now = wq__now_mono();
+        if (h->heap_count > 0)
+            wq__promote(q, now);
+    }
     uint32_t idx = wq__ring_front(q);
     if (idx == WQ_NIL)
         return -EAGAIN;
@@ -143,8 +236,9 @@ static int get_locked(wq *q, void *buf)
     memcpy(buf, e->key, len);
     h->busy = 1;
     WQ_STEP("get.busy");
-    e->owner = q->slot;
-    e->owner_gen = q->gen;
+    e->owner = (uint16_t)q->slot;
+    e->owner_gen = wq__gen16(q->gen);
+    e->t_start = now;
     WQ_STEP("get.owner");
     e->state = WQ_ST_PROCESSING;   /* commit */
     WQ_STEP("get.state");
@@ -152,6 +246,10 @@ static int get_locked(wq *q, void *buf)
     WQ_STEP("get.ring");
     atomic_fetch_add_explicit(&h->processing, 1, memory_order_relaxed);
     q->procs[q->slot].held++;
+    if (q->metrics) {
+        wq__observe(&h->qdur, now - e->t_b);
+        h->sum_start += now;
+    }
     WQ_STEP("get.counters");
     h->busy = 0;
     return (int)len;
@@ -167,28 +265,35 @@ static int done_locked(wq *q, const void *key, size_t len, uint32_t hash, bool *
     if (WQ_UNLIKELY(idx == WQ_LOOKUP_CORRUPT))
         return -EBADMSG;
     struct wq_entry *e = wq__entry(q, idx);
-    uint32_t st = e->state;
+    uint16_t st = e->state;
     if (!(st & WQ_ST_PROCESSING))
         return -ENOENT;
     int rc = 0;
+    uint64_t now = wq__metrics_now(q);
     h->busy = 1;
     WQ_STEP("done.busy");
     if (st & WQ_ST_DIRTY) {
+        e->seq = h->seq_next++;
         e->state = WQ_ST_DIRTY | WQ_ST_QUEUED;   /* commit: back of the queue */
         WQ_STEP("done.state");
         if ((rc = wq__ring_push(q, idx)) < 0)
             return rc;
         WQ_STEP("done.ring");
         *queued = true;
-    } else {
-        e->state = 0;   /* commit: forgotten */
+    } else if (st & WQ_ST_WAITING) {
+        e->state = WQ_ST_WAITING;   /* commit: still waiting for its delay */
         WQ_STEP("done.state");
-        if ((rc = wq__table_remove(q, idx, hash)) < 0)
-            return rc;
-        WQ_STEP("done.index");
-        wq__entry_free(q, idx);
-        WQ_STEP("done.free");
+    } else if (e->failures > 0) {
+        e->state = WQ_ST_RETAINED;   /* commit: idle, keeps its failure count */
+        WQ_STEP("done.state");
+        h->failing++;
         atomic_fetch_sub_explicit(&h->live, 1, memory_order_relaxed);
+    } else if ((rc = wq__release(q, idx)) < 0) {
+        return rc;
+    }
+    if (q->metrics) {
+        wq__observe(&h->wdur, now - e->t_start);
+        h->sum_start -= e->t_start;
     }
     held_dec(q, e);
     uint32_t left = atomic_fetch_sub_explicit(&h->processing, 1, memory_order_relaxed) - 1;
@@ -227,6 +332,9 @@ static int get_wait(wq *q, void *buf, uint64_t deadline)
         }
         uint64_t until = now + WQ_REAP_INTERVAL_NS < deadline ? now + WQ_REAP_INTERVAL_NS
                                                               : deadline;
+        uint64_t ready = wq__next_ready(q);   /* sleep no longer than a delay */
+        if (ready && ready < until)
+            until = ready > now ? ready : now + 1;
         uint32_t seq = atomic_load_explicit(&h->wake_seq, memory_order_acquire);
         struct wq_proc *me = &q->procs[q->slot];
         h->waiters++;
@@ -252,10 +360,11 @@ int wq_add(wq *q, const void *key, size_t len)
     if (rc < 0)
         return rc;
     uint32_t hash = wq__hash(q->seed, key, len);
+    uint64_t now = wq__metrics_now(q);
     if ((rc = wq__lock(q)) < 0)
         return rc;
     bool queued = false;
-    rc = add_locked(q, key, len, hash, &queued);
+    rc = add_locked(q, key, len, hash, now, &queued);
     bool wake = queued && note_wake(q);
     wq__unlock(q);
     if (wake)
@@ -392,9 +501,10 @@ int wq_add_many(wq *q, const struct iovec *keys, size_t n)
         }
     }
     int coalesced = 0, queued_n = 0;
+    uint64_t now = wq__metrics_now(q);
     for (size_t i = 0; i < n; i++) {
         bool queued = false;
-        rc = add_locked(q, keys[i].iov_base, keys[i].iov_len, hashes[i], &queued);
+        rc = add_locked(q, keys[i].iov_base, keys[i].iov_len, hashes[i], now, &queued);
         if (rc < 0)
             goto unlock;
         coalesced += rc;
@@ -427,6 +537,7 @@ int wq_shutdown(wq *q)
         return rc;
     q->hdr->shutdown = 1;
     q->hdr->shutdown_calls++;
+    wq__drop_waiting(q);
     atomic_fetch_add_explicit(&q->hdr->wake_seq, 1, memory_order_release);
     atomic_fetch_add_explicit(&q->hdr->idle_seq, 1, memory_order_release);
     wq__unlock(q);
@@ -445,6 +556,7 @@ int wq_shutdown_drain(wq *q, int64_t timeout_ns)
         return rc;
     struct wq_hdr *h = q->hdr;
     h->shutdown = 1;
+    wq__drop_waiting(q);
     uint32_t calls = h->shutdown_calls;
     atomic_fetch_add_explicit(&h->wake_seq, 1, memory_order_release);
     wq__futex_wake(&h->wake_seq, INT_MAX);

@@ -68,6 +68,8 @@ int wq__geometry(struct wq_geom *g, uint32_t capacity, uint32_t max_key_len,
     g->off_index = off;
     off = align_up(off + (uint64_t)g->index_slots * sizeof(struct wq_islot), WQ_ALIGN);
     g->off_ring = off;
+    off = align_up(off + (uint64_t)capacity * sizeof(uint32_t), WQ_ALIGN);
+    g->off_heap = off;
     off = align_up(off + (uint64_t)capacity * sizeof(uint32_t), 4096);
     g->total_size = off;
     return 0;
@@ -86,9 +88,13 @@ int wq__region_validate(const struct wq_geom *g, uint64_t file_size)
     if (g->entry_size != want.entry_size || g->index_slots != want.index_slots ||
         g->off_procs != want.off_procs || g->off_entries != want.off_entries ||
         g->off_index != want.off_index || g->off_ring != want.off_ring ||
-        g->total_size != want.total_size || g->total_size != file_size)
+        g->off_heap != want.off_heap || g->total_size != want.total_size ||
+        g->total_size != file_size)
         return -EPROTO;
-    if (g->flags != 0)
+    if (g->flags & ~WQ_NO_METRICS)
+        return -EPROTO;
+    if (g->rl_limiters == 0 || (g->rl_limiters & ~WQ_RL_ALL) || g->rl_burst == 0 ||
+        !(g->rl_qps > 0) || g->rl_base_delay_ns > g->rl_max_delay_ns)
         return -EPROTO;
     return 0;
 }
@@ -101,7 +107,7 @@ static int shm_path(char *buf, size_t cap, const char *name)
 
 static int check_options(const struct wq_options *o)
 {
-    const unsigned known = WQ_CREATE | WQ_EXCL | WQ_FAIR;
+    const unsigned known = WQ_CREATE | WQ_EXCL | WQ_FAIR | WQ_NO_METRICS;
     if (o->flags & ~known)
         return -EINVAL;
     if ((o->flags & WQ_EXCL) && !(o->flags & WQ_CREATE))
@@ -111,17 +117,16 @@ static int check_options(const struct wq_options *o)
     if (o->capacity > WQ_MAX_CAPACITY || o->max_key_len > WQ_MAX_KEY_LEN ||
         o->max_procs > WQ_MAX_PROCS)
         return -EINVAL;
-    if (o->rl_base_delay_ns > o->rl_max_delay_ns && o->rl_max_delay_ns != 0)
-        return -EINVAL;
-    if (o->rl_qps < 0 || o->rl_qps != o->rl_qps)
-        return -EINVAL;
     if (o->durability != WQ_DURABLE_PROCESS && o->durability != WQ_DURABLE_FSYNC &&
         o->durability != WQ_DURABLE_NONE)
         return -EINVAL;
+    struct wq_geom g;
+    int rc = wq__limiter_options(o, &g);
+    if (rc < 0)
+        return rc;
     /* Valid, but not built yet: refuse rather than ignore. */
     if (o->store_path || o->durability || o->snapshot_interval_ms ||
-        o->result_capacity || (o->flags & WQ_FAIR) || o->rl_base_delay_ns ||
-        o->rl_max_delay_ns || o->rl_qps != 0 || o->rl_burst)
+        o->result_capacity || (o->flags & WQ_FAIR))
         return -ENOTSUP;
     return 0;
 }
@@ -137,11 +142,12 @@ static void init_region(unsigned char *base, const struct wq_geom *g)
     for (uint32_t i = 0; i < g->capacity; i++) {
         struct wq_entry *e = (struct wq_entry *)(base + g->off_entries +
                                                  (size_t)i * g->entry_size);
-        e->next = i + 1 < g->capacity ? i + 1 : WQ_NIL;
-        e->owner = WQ_NIL;
+        e->link = i + 1 < g->capacity ? i + 1 : WQ_NIL;
+        e->owner = WQ_OWNER_NONE;
     }
     h->free_head = 0;
     h->last_reap_ns = wq__now_mono();
+    wq__limiter_init(h);
     h->g.checksum = wq__fnv1a(&h->g, offsetof(struct wq_geom, checksum));
 }
 
@@ -213,6 +219,9 @@ static int create_region(const char *path, const struct wq_options *o)
 #endif
     g.mode = (uint32_t)mode;
     g.created_ns = wq__now_real();
+    g.flags = o->flags & WQ_NO_METRICS;
+    if ((rc = wq__limiter_options(o, &g)) < 0)
+        return rc;
 
     int fd = create_tmp(mode, tmpname, sizeof tmpname);
     if (fd < 0)
@@ -270,6 +279,8 @@ static int attach(wq *q, const char *path)
     q->entries = q->base + g.off_entries;
     q->index = (struct wq_islot *)(q->base + g.off_index);
     q->ring = (uint32_t *)(q->base + g.off_ring);
+    q->heap = (uint32_t *)(q->base + g.off_heap);
+    q->metrics = !(g.flags & WQ_NO_METRICS);
     q->g = g;
     q->capacity = g.capacity;
     q->max_key_len = g.max_key_len;

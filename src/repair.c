@@ -69,23 +69,32 @@ static inline void bit_set(uint64_t *b, uint32_t i)
 static bool owner_valid(const wq *q, const struct wq_entry *e)
 {
     return e->owner < q->max_procs && q->procs[e->owner].state == WQ_PROC_LIVE &&
-           q->procs[e->owner].gen == e->owner_gen;
+           wq__gen16(q->procs[e->owner].gen) == e->owner_gen;
 }
 
-/* The legal state an entry should have. Pure: used by check and repair. */
-static uint32_t norm_state(const wq *q, const struct wq_entry *e)
+/* The legal state an entry should have (layout.h lists them). Pure: used
+   by check and repair alike. */
+static uint16_t norm_state(const wq *q, const struct wq_entry *e)
 {
-    uint32_t st = e->state & WQ_ST_ALL;
-    if (st == 0)
+    uint16_t st = e->state & WQ_ST_ALL;
+    if (st == 0 || e->keylen == 0 || e->keylen > q->max_key_len)
         return 0;
-    if (e->keylen == 0 || e->keylen > q->max_key_len)
-        return 0;
-    if (st & WQ_ST_PROCESSING) {
-        if (owner_valid(q, e))
-            return st & ~WQ_ST_QUEUED;
-        return WQ_ST_DIRTY | WQ_ST_QUEUED;
+    if (st & WQ_ST_RETAINED) {
+        st &= (uint16_t)~WQ_ST_RETAINED;
+        if (st == 0)
+            return e->failures ? WQ_ST_RETAINED : 0;
     }
-    return WQ_ST_DIRTY | WQ_ST_QUEUED;   /* dirty or queued, not processing */
+    if (st & WQ_ST_PROCESSING) {
+        if (!owner_valid(q, e))
+            return WQ_ST_DIRTY | WQ_ST_QUEUED;   /* holder unknown: requeue */
+        st &= (uint16_t)~WQ_ST_QUEUED;
+        if (st & WQ_ST_DIRTY)
+            st &= (uint16_t)~WQ_ST_WAITING;   /* an add supersedes a wait */
+        return st;
+    }
+    if (st & (WQ_ST_DIRTY | WQ_ST_QUEUED))
+        return WQ_ST_DIRTY | WQ_ST_QUEUED;
+    return WQ_ST_WAITING;
 }
 
 /* Apply, before anything changes states: count the operation that the
@@ -100,8 +109,11 @@ static void settle_pending(wq *q)
             h->adds_total++;
         else if (kind == WQ_PEND_MARK && (st & WQ_ST_DIRTY))
             h->adds_total++;
-        else if (kind == WQ_PEND_CRASH && (st & WQ_ST_QUEUED))
+        else if (kind == WQ_PEND_CRASH && !(st & WQ_ST_PROCESSING) &&
+                 (st & (WQ_ST_QUEUED | WQ_ST_WAITING))) {
             h->crash_requeues_total++;
+            h->retries_total++;
+        }
     }
     wq__pend(q, WQ_PEND_NONE, 0);
 }
@@ -136,7 +148,7 @@ static void check_entries(struct ctx *c)
     wq *q = c->q;
     for (uint32_t idx = 0; idx < q->capacity; idx++) {
         struct wq_entry *e = wq__entry(q, idx);
-        uint32_t st = e->state, want = norm_state(q, e);
+        uint16_t st = e->state, want = norm_state(q, e);
         if (st == want)
             goto hash;
         if (st & ~WQ_ST_ALL)
@@ -287,30 +299,79 @@ static uint32_t check_ring(struct ctx *c)
     return kept;
 }
 
+/* Check only: the delay heap lists waiting entries once each, their
+   positions match, and the heap order holds. Marks members in in_ring
+   (ring members are queued, heap members waiting: the sets are disjoint). */
+static void verify_heap(struct ctx *c)
+{
+    wq *q = c->q;
+    uint32_t n = q->hdr->heap_count;
+    if (n > q->capacity) {
+        violation(c, "heap: count %u out of range", n);
+        return;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t idx = q->heap[i];
+        if (idx >= q->capacity) {
+            violation(c, "heap position %u: entry %u out of range", i, idx);
+            continue;
+        }
+        const struct wq_entry *e = wq__entry(q, idx);
+        if (!(norm_state(q, e) & WQ_ST_WAITING))
+            violation(c, "heap position %u: entry %u is not waiting", i, idx);
+        if (e->link != i)
+            violation(c, "heap position %u: entry %u says position %u", i, idx, e->link);
+        if (bit_get(c->in_ring, idx))
+            violation(c, "heap position %u: entry %u listed twice", i, idx);
+        bit_set(c->in_ring, idx);
+        if (i > 0 && q->heap[(i - 1) / 2] < q->capacity) {
+            const struct wq_entry *p = wq__entry(q, q->heap[(i - 1) / 2]);
+            if (e->t_b < p->t_b || (e->t_b == p->t_b && (int32_t)(e->seq - p->seq) < 0))
+                violation(c, "heap position %u: ready before its parent", i);
+        }
+    }
+}
+
 /* Last pass: queued entries missing from the ring, free list, counters. */
 static void finish(struct ctx *c, uint32_t queued)
 {
     wq *q = c->q;
     struct wq_hdr *h = q->hdr;
-    uint32_t live = 0, processing = 0, free_first = WQ_NIL, free_last = WQ_NIL;
+    uint32_t live = 0, processing = 0, failing = 0, waiting = 0;
+    uint32_t free_first = WQ_NIL, free_last = WQ_NIL;
+    uint64_t sum_start = 0;
+    if (c->apply)
+        h->heap_count = 0;
     for (uint32_t idx = 0; idx < q->capacity; idx++) {
         struct wq_entry *e = wq__entry(q, idx);
-        uint32_t st = norm_state(q, e);
+        uint16_t st = norm_state(q, e);
         if (st == 0) {
             if (c->apply) {
                 e->state = 0;
                 if (free_last == WQ_NIL)
                     free_first = idx;
                 else
-                    wq__entry(q, free_last)->next = idx;
+                    wq__entry(q, free_last)->link = idx;
                 free_last = idx;
             }
+            continue;
+        }
+        if (st == WQ_ST_RETAINED) {
+            failing++;
             continue;
         }
         live++;
         if (st & WQ_ST_PROCESSING) {
             processing++;
+            sum_start += e->t_start;
             q->held[e->owner]++;
+        }
+        if (st & WQ_ST_WAITING) {
+            waiting++;
+            if (c->apply)
+                q->heap[h->heap_count++] = idx;
+            else if (!bit_get(c->in_ring, idx))
+                violation(c, "entry %u: waiting but not in the heap", idx);
         }
         if ((st & WQ_ST_QUEUED) && !bit_get(c->in_ring, idx)) {
             violation(c, "entry %u: queued but not in the ring", idx);
@@ -320,8 +381,9 @@ static void finish(struct ctx *c, uint32_t queued)
     }
     if (c->apply) {
         if (free_last != WQ_NIL)
-            wq__entry(q, free_last)->next = WQ_NIL;
+            wq__entry(q, free_last)->link = WQ_NIL;
         h->free_head = free_first;
+        wq__heap_build(q);
     } else {
         uint32_t n = 0, i = h->free_head;
         while (i != WQ_NIL && n <= q->capacity) {
@@ -334,11 +396,18 @@ static void finish(struct ctx *c, uint32_t queued)
                 break;
             }
             n++;
-            i = wq__entry(q, i)->next;
+            i = wq__entry(q, i)->link;
         }
-        if (n != q->capacity - live)
-            violation(c, "free list: %u entries, expected %u", n, q->capacity - live);
+        if (n != q->capacity - live - failing)
+            violation(c, "free list: %u entries, expected %u", n,
+                      q->capacity - live - failing);
+        if (h->heap_count != waiting)
+            violation(c, "heap: %u members, %u entries waiting", h->heap_count, waiting);
     }
+    if (h->failing != failing)
+        violation(c, "counter failing %u, expected %u", h->failing, failing);
+    if (q->metrics && h->sum_start != sum_start)
+        violation(c, "metrics: start-time sum differs from the processing entries");
     if (atomic_load_explicit(&h->live, memory_order_relaxed) != live)
         violation(c, "counter live %u, expected %u",
                   atomic_load_explicit(&h->live, memory_order_relaxed), live);
@@ -360,6 +429,8 @@ static void finish(struct ctx *c, uint32_t queued)
         atomic_store_explicit(&h->live, live, memory_order_relaxed);
         atomic_store_explicit(&h->processing, processing, memory_order_relaxed);
         h->waiters = waiters;
+        h->failing = failing;
+        h->sum_start = sum_start;
     }
     (void)queued;
 }
@@ -388,6 +459,8 @@ int wq__repair(wq *q, bool apply, bool thorough, wq_report_fn report, void *arg)
         verify_index(&c);
     }
     uint32_t queued = check_ring(&c);
+    if (!apply)
+        verify_heap(&c);
     finish(&c, queued);
     if (apply) {
         WQ_STEP("repair.done");

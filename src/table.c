@@ -11,8 +11,10 @@
  * so a probe always ends at an empty slot; loops are still bounded by the
  * slot count so a corrupt index cannot hang us.
  *
- * Free entries form a LIFO list through entry->next: the most recently
- * freed entry, still in cache, is reused first. The list is a cache of
+ * Free entries form a LIFO list through entry->link: the most recently
+ * freed entry, still in cache, is reused first. When it is empty while
+ * fewer than capacity keys are live, an idle entry kept only for its
+ * failure count (RETAINED) is evicted instead (see wq_forget in wq.h). The list is a cache of
  * the entry states (state == 0 means free) and is rebuilt by repair.
  *
  * Every entry index read from shared memory is checked against the
@@ -92,24 +94,50 @@ int wq__table_remove(wq *q, uint32_t idx, uint32_t hash)
     return 0;
 }
 
+/* Lock held, busy set. No free entry while live < capacity means some
+   entries are RETAINED (idle, kept for a failure count): drop the first
+   one the clock hand finds. The hand persists, so over time eviction
+   goes round the table, roughly oldest first. */
+static uint32_t evict_retained(wq *q)
+{
+    struct wq_hdr *h = q->hdr;
+    if (h->failing == 0)
+        return WQ_NIL;
+    uint32_t i = h->evict_hand < q->capacity ? h->evict_hand : 0;
+    for (uint32_t n = 0; n < q->capacity; n++, i = i + 1 == q->capacity ? 0 : i + 1) {
+        struct wq_entry *e = wq__entry(q, i);
+        if (e->state != WQ_ST_RETAINED)
+            continue;
+        e->state = 0;   /* commit: its failure count is gone */
+        WQ_STEP("evict.state");
+        if (wq__table_remove(q, i, e->hash) < 0)
+            return WQ_LOOKUP_CORRUPT;
+        WQ_STEP("evict.index");
+        h->failing--;
+        h->evict_hand = i + 1;
+        return i;
+    }
+    return WQ_LOOKUP_CORRUPT;   /* failing > 0 but none found */
+}
+
 uint32_t wq__entry_alloc(wq *q)
 {
     uint32_t idx = q->hdr->free_head;
     if (idx == WQ_NIL)
-        return WQ_NIL;
+        return evict_retained(q);
     if (WQ_UNLIKELY(idx >= q->capacity))
         return WQ_LOOKUP_CORRUPT;
     struct wq_entry *e = wq__entry(q, idx);
     if (WQ_UNLIKELY(e->state != 0))
         return WQ_LOOKUP_CORRUPT;
-    q->hdr->free_head = e->next;
+    q->hdr->free_head = e->link;
     return idx;
 }
 
 void wq__entry_free(wq *q, uint32_t idx)
 {
     struct wq_entry *e = wq__entry(q, idx);
-    e->next = q->hdr->free_head;
+    e->link = q->hdr->free_head;
     WQ_STEP("table.free.link");
     q->hdr->free_head = idx;
 }

@@ -98,8 +98,17 @@ uint64_t wq__fnv1a(const void *p, size_t n)
     return h;
 }
 
+#ifdef WQ_FAULT_INJECTION
+_Atomic uint64_t wq__test_clock;
+#endif
+
 uint64_t wq__now_mono(void)
 {
+#ifdef WQ_FAULT_INJECTION
+    uint64_t fake = atomic_load_explicit(&wq__test_clock, memory_order_relaxed);
+    if (fake)
+        return fake;
+#endif
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;

@@ -27,14 +27,21 @@
  * checksum, process table, entries, index, ring, and the file size):
  *   byte 0         flags: bit 0 recompute the geometry checksum after
  *                  patching (so geometry fields are explored beyond the
- *                  checksum), bit 1 a file size follows;
+ *                  checksum), bit 1 a file size follows, bit 2 the region
+ *                  lock is left by a process that died holding it (the
+ *                  first locker gets EOWNERDEAD and repairs), bit 3
+ *                  wq_shutdown() before the other calls;
  *   [2 bytes LE]   file size (bit 1): the object is truncated/extended to it;
  *   records        off(2, LE, modulo the image size) ctl(1) data:
- *                  n = (ctl & 31) + 1, op = ctl >> 5:
+ *                  n = (ctl & 31) + 1, op = (ctl >> 5) & 3:
  *                  0 write n bytes, 1 xor n bytes, 2 fill n*8 bytes with
- *                  one byte, 3 add a LE u32 (4 data bytes) at off.
+ *                  one byte, 3 add a LE u32 (4 data bytes) at off;
+ *                  ctl bit 7: a "late" record, applied to the live region
+ *                  after wq_open attached it (corruption behind the back
+ *                  of an attached handle, e.g. of the header geometry it
+ *                  validated), never to mutex bytes.
  * The mutated image is written to /dev/shm/wq.fuzz-<pid> and opened
- * (attach only). wq_open must return 0 or a negative errno. If it opened:
+ * (attach only), then the late records are applied. wq_open must return 0 or a negative errno. If it opened:
  * wq_check_report(q, 0), then wq_add, wq_add_many, wq_get, wq_done,
  * wq_done_get, wq_len, wq_stats, wq_dump (all non-blocking) must return
  * a value or a negative errno without crashing (ASan/UBSan watch every
@@ -71,6 +78,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
@@ -91,6 +99,7 @@ static size_t valid_size;
 static struct wq_geom vgeom;        /* its geometry */
 static wq *live_holder;             /* slot 2: kept open forever */
 static unsigned char unlocked_mutex[sizeof(pthread_mutex_t)];
+static unsigned char dead_lock[sizeof(pthread_mutex_t)];   /* owner died */
 static char name[64], path[128];
 static const uint8_t *cur_data;     /* the input being run, for findings */
 static size_t cur_size;
@@ -269,7 +278,32 @@ static void build_valid_image(void)
     if (!valid || pread(fd, valid, valid_size, 0) != (ssize_t)valid_size)
         die("read %s", seedpath);
     close(fd);
-    wq_unlink(seedname);   /* live_holder keeps its mapping */
+
+    /* A process that dies holding the region lock: its bytes (owner-died
+       word, set by the kernel) are the template for flag bit 2. */
+    pid = fork();
+    if (pid < 0)
+        die("fork");
+    if (pid == 0) {
+        int f = open(seedpath, O_RDWR | O_CLOEXEC);
+        if (f < 0)
+            _exit(1);
+        struct wq_hdr *h = mmap(NULL, valid_size, PROT_READ | PROT_WRITE, MAP_SHARED, f, 0);
+        if (h == MAP_FAILED || pthread_mutex_lock(&h->lock) != 0)
+            _exit(2);
+        _exit(0);
+    }
+    if (waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
+        die("lock-holder child failed (status 0x%x)", st);
+    fd = open(seedpath, O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || pread(fd, dead_lock, sizeof dead_lock, offsetof(struct wq_hdr, lock)) !=
+                      (ssize_t)sizeof dead_lock)
+        die("read lock");
+    close(fd);
+    memcpy(&st, dead_lock, 4);
+    if (!((unsigned)st & FUTEX_OWNER_DIED_BIT))
+        die("dead lock template is not owner-died (0x%x)", st);
+    wq_unlink(seedname);
 
     memcpy(&vgeom, valid, sizeof vgeom);
     if (vgeom.max_procs != MAX_PROCS || vgeom.total_size != valid_size)
@@ -317,55 +351,99 @@ static uint64_t fnv1a(const void *p, size_t n)
     return h;
 }
 
-/* Apply the patch list; returns the file size to write. */
-static size_t mutate(unsigned char *img, const uint8_t *d, size_t n)
+/* Is byte `off` of the region part of a mutex (out of scope)? */
+static bool in_mutex(size_t off)
 {
-    size_t fsize = valid_size, i = 0;
-    if (n == 0)
-        return fsize;
-    uint8_t flags = d[i++];
-    if ((flags & 2) && i + 2 <= n) {
-        fsize = (size_t)d[i] | (size_t)d[i + 1] << 8;
+    size_t l = offsetof(struct wq_hdr, lock);
+    if (off >= l && off < l + sizeof(pthread_mutex_t))
+        return true;
+    if (off < vgeom.off_procs || off >= vgeom.off_procs + (size_t)vgeom.max_procs *
+                                                            sizeof(struct wq_proc))
+        return false;
+    size_t rel = (off - vgeom.off_procs) % sizeof(struct wq_proc);
+    return rel >= offsetof(struct wq_proc, lease) &&
+           rel < offsetof(struct wq_proc, lease) + sizeof(pthread_mutex_t);
+}
+
+static void put(unsigned char *img, size_t size, size_t off, unsigned char v, int op, bool late)
+{
+    if (off >= size || (late && in_mutex(off)))
+        return;
+    if (op == 1)
+        img[off] ^= v;
+    else
+        img[off] = v;
+}
+
+/* Apply the early (late == false) or late records of the patch list to
+   img (size bytes). */
+static void apply_records(unsigned char *img, size_t size, const uint8_t *d, size_t n,
+                          bool late)
+{
+    size_t i = 1;
+    if (n > 0 && (d[0] & 2))
         i += 2;
-    }
     while (i + 3 <= n) {
         size_t off = ((size_t)d[i] | (size_t)d[i + 1] << 8) % valid_size;
         uint8_t ctl = d[i + 2];
         i += 3;
         size_t len = (size_t)(ctl & 31) + 1;
-        switch (ctl >> 5) {
+        int op = (ctl >> 5) & 3;
+        bool mine = ((ctl & 0x80) != 0) == late;
+        switch (op) {
         case 0:
-        case 4:
-            for (size_t k = 0; k < len && i < n; k++, i++)
-                img[(off + k) % valid_size] = d[i];
-            break;
         case 1:
-        case 5:
             for (size_t k = 0; k < len && i < n; k++, i++)
-                img[(off + k) % valid_size] ^= d[i];
+                if (mine)
+                    put(img, size, (off + k) % valid_size, d[i], op, late);
             break;
         case 2:
-        case 6:
             if (i < n) {
-                for (size_t k = 0; k < len * 8; k++)
-                    img[(off + k) % valid_size] = d[i];
+                for (size_t k = 0; k < len * 8 && mine; k++)
+                    put(img, size, (off + k) % valid_size, d[i], op, late);
                 i++;
             }
             break;
         default:
-            if (i + 4 <= n && off + 4 <= valid_size) {
+            if (mine && i + 4 <= n && off + 4 <= size) {
                 uint32_t v, a;
                 memcpy(&v, img + off, 4);
                 memcpy(&a, d + i, 4);
                 v += a;
-                memcpy(img + off, &v, 4);
+                for (int b = 0; b < 4; b++)
+                    put(img, size, off + (size_t)b, (unsigned char)(v >> (8 * b)), 0, late);
             }
             i += 4;
             break;
         }
     }
+}
+
+static bool has_late(const uint8_t *d, size_t n)
+{
+    size_t i = (n > 0 && (d[0] & 2)) ? 3 : 1;
+    while (i + 3 <= n) {
+        uint8_t ctl = d[i + 2];
+        if (ctl & 0x80)
+            return true;
+        i += 3;
+        int op = (ctl >> 5) & 3;
+        i += op == 3 ? 4 : op == 2 ? 1 : (size_t)(ctl & 31) + 1;
+    }
+    return false;
+}
+
+/* Apply the early records to the image; returns the file size to write. */
+static size_t mutate(unsigned char *img, const uint8_t *d, size_t n)
+{
+    size_t fsize = valid_size;
+    uint8_t flags = n > 0 ? d[0] : 0;
+    if ((flags & 2) && n >= 3)
+        fsize = (size_t)d[1] | (size_t)d[2] << 8;
+    apply_records(img, valid_size, d, n, false);
     /* Mutex words are out of scope (see the top of the file). */
-    memcpy(img + offsetof(struct wq_hdr, lock), valid + offsetof(struct wq_hdr, lock),
+    memcpy(img + offsetof(struct wq_hdr, lock),
+           (flags & 4) ? dead_lock : valid + offsetof(struct wq_hdr, lock),
            sizeof(pthread_mutex_t));
     struct wq_proc *pr = (struct wq_proc *)(img + vgeom.off_procs);
     const struct wq_proc *vp = (const struct wq_proc *)(valid + vgeom.off_procs);
@@ -520,6 +598,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     }
 
+    /* Late records: corrupt the region behind the attached handle. */
+    if (has_late(data, size) && fsize >= valid_size) {
+        int fd = open(path, O_RDWR | O_CLOEXEC);
+        if (fd >= 0) {
+            void *m = mmap(NULL, valid_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+            if (m != MAP_FAILED) {
+                apply_records(m, valid_size, data, size, true);
+                munmap(m, valid_size);
+            }
+            close(fd);
+        }
+    }
+    if (size > 0 && (data[0] & 8)) {
+        rc = wq_shutdown(q);
+        check_errno("wq_shutdown", rc);
+    }
     int reported = 0;
     int found = wq_check_report(q, 0, count_line, &reported);
     check_errno("wq_check_report", found);

@@ -11,6 +11,9 @@
  *     setup, before any fork, so children and threads write to the same
  *     one.
  */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* pthread_timedjoin_np, setgroups */
+#endif
 #include "helpers.h"
 
 #include <dirent.h>
@@ -228,10 +231,27 @@ void th_fatal(const char *fmt, ...)
 /* Fixtures                                                            */
 /* ------------------------------------------------------------------ */
 
+static void on_term(int sig)
+{
+    write_str("\n*** terminated by a signal: killing children, removing "
+              "queues\n");
+    emergency_cleanup();
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
 int th_group_setup(void **state)
 {
+    static const int sigs[] = { SIGTERM, SIGINT, SIGHUP };
+    struct sigaction sa;
+
     (void)state;
     ensure_board();
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_term;
+    sigemptyset(&sa.sa_mask);
+    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
+        sigaction(sigs[i], &sa, NULL);
     return board == NULL ? -1 : 0;
 }
 
@@ -255,7 +275,7 @@ int th_setup(void **state)
     (void)state;
     ensure_board();
     th_failures_reset();
-    th_watchdog(TH_DEFAULT_WATCHDOG_S);
+    th_watchdog(TH_DEFAULT_WATCHDOG_S * th_scale());
     return 0;
 }
 
@@ -324,6 +344,22 @@ void th_shared_free(void *p, size_t size)
 {
     if (p != NULL)
         munmap(p, size);
+}
+
+unsigned th_scale(void)
+{
+    static unsigned scale;
+    if (scale == 0) {
+        const char *e = getenv("WQ_TEST_TIMEOUT_SCALE");
+        const char *pre = getenv("LD_PRELOAD");
+        unsigned v = 1;
+        if (e != NULL && atoi(e) >= 1 && atoi(e) <= 100)
+            v = (unsigned)atoi(e);
+        else if (pre != NULL && strstr(pre, "vgpreload") != NULL)
+            v = 10;
+        scale = v;
+    }
+    return scale;
 }
 
 uint64_t th_now_ns(void)
@@ -412,11 +448,12 @@ pid_t th_fork(unsigned alarm_s)
         th_fatal("fork: %s", strerror(errno));
     if (pid == 0) {
         static const int sigs[] = { SIGSEGV, SIGILL, SIGFPE, SIGBUS,
-                                    SIGSYS, SIGABRT, SIGALRM, SIGTERM };
+                                    SIGSYS, SIGABRT, SIGALRM, SIGTERM,
+                                    SIGINT, SIGHUP };
         for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
             signal(sigs[i], SIG_DFL);
         nkids = 0;
-        alarm(alarm_s);
+        alarm(alarm_s * th_scale());
         return 0;
     }
     pthread_mutex_lock(&reg_lock);
@@ -430,7 +467,8 @@ pid_t th_fork(unsigned alarm_s)
 
 int th_wait(pid_t pid, int timeout_ms)
 {
-    uint64_t deadline = th_now_ns() + (uint64_t)timeout_ms * 1000000u;
+    uint64_t deadline = th_now_ns() +
+                        (uint64_t)timeout_ms * th_scale() * 1000000u;
     int st;
 
     for (;;) {
@@ -553,7 +591,7 @@ struct th_team *th_team_start(enum th_mode mode, const char *qname, wq *mainq,
     t->started = calloc((size_t)n, sizeof *t->started);
     t->rc = calloc((size_t)n, sizeof *t->rc);
     t->pids = calloc((size_t)n, sizeof *t->pids);
-    t->alarm_s = 25;
+    t->alarm_s = 25 * th_scale();
     if (!t->actors || !t->threads || !t->started || !t->rc || !t->pids)
         th_fatal("calloc");
     for (int i = 0; i < n; i++) {
@@ -593,7 +631,8 @@ struct th_team *th_team_start(enum th_mode mode, const char *qname, wq *mainq,
 
 int th_team_wait(struct th_team *t, int timeout_ms)
 {
-    uint64_t deadline = th_now_ns() + (uint64_t)timeout_ms * 1000000u;
+    uint64_t deadline = th_now_ns() +
+                        (uint64_t)timeout_ms * th_scale() * 1000000u;
     int failed = 0;
 
     for (int i = 0; i < t->n; i++) {
@@ -603,7 +642,8 @@ int th_team_wait(struct th_team *t, int timeout_ms)
         if ((int64_t)(deadline - th_now_ns()) < 0)
             left_ms = 0;
         if (TH_MODE_IS_PROC(t->mode)) {
-            int rc = th_wait(t->pids[i], (int)left_ms);
+            /* th_wait scales its timeout; left_ms is already scaled. */
+            int rc = th_wait(t->pids[i], (int)(left_ms / th_scale()) + 1);
             if (rc != 0) {
                 th_failf(__FILE__, __LINE__,
                          "%s actor %d (pid %ld): %s %d",

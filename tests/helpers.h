@@ -83,6 +83,10 @@ void th_fatal(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2
 void *th_shared_alloc(size_t size); /* zeroed MAP_SHARED|MAP_ANONYMOUS */
 void th_shared_free(void *p, size_t size);
 
+/* Multiplier for deadlines (never for minimum durations): the value of
+   WQ_TEST_TIMEOUT_SCALE if set (1..100), else 10 under valgrind, else 1. */
+unsigned th_scale(void);
+
 uint64_t th_now_ns(void);     /* CLOCK_MONOTONIC */
 void th_sleep_ms(unsigned ms);
 
@@ -132,6 +136,8 @@ void th_failures_reset(void);
 /* fork(); in the child: default signal dispositions for what cmocka and
    the watchdog trap, alarm(alarm_s) as a hard limit, no cleanup at exit.
    In the parent: the child is remembered so teardown can SIGKILL it.
+   alarm_s, and the timeouts of th_wait and th_team_wait, are multiplied by
+   th_scale().
    Children must leave with _exit(). */
 pid_t th_fork(unsigned alarm_s);
 

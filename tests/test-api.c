@@ -8,6 +8,9 @@
  * Everything here is single-threaded in the test process, plus forked
  * children that report through exit codes and a shared mapping.
  */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* pthread_timedjoin_np, setgroups */
+#endif
 #include "helpers.h"
 
 #include <errno.h>
@@ -316,7 +319,7 @@ static void get_enobufs(void **state)
     /* Checked first: on an empty queue it must not block. */
     uint64_t t0 = th_now_ns();
     assert_int_equal(wq_get(q, buf, 255, TH_S), -ENOBUFS);
-    assert_true(th_now_ns() - t0 < 200 * 1000000ull);
+    assert_true(th_now_ns() - t0 < 200 * 1000000ull * th_scale());
 
     assert_int_equal(ADDS(q, "foo"), 0);
     assert_int_equal(wq_get(q, buf, 255, 0), -ENOBUFS);
@@ -344,7 +347,7 @@ static void get_timeouts(void **state)
     uint64_t t0 = th_now_ns();
     assert_int_equal(wq_get(q, buf, sizeof buf, 50 * TH_MS), -ETIMEDOUT);
     uint64_t el = th_now_ns() - t0;
-    if (el < 50 * 1000000ull || el > 1000 * 1000000ull)
+    if (el < 50 * 1000000ull || el > 1000 * 1000000ull * th_scale())
         fail_msg("wq_get(50 ms) returned after %.1f ms", (double)el / 1e6);
 
     assert_int_equal(wq_get(q, buf, sizeof buf, -2), -EINVAL);
@@ -644,18 +647,55 @@ static void options_notsup(void **state)
                    -ENOTSUP);
     expect_open_rc("result_capacity", OPT(result_capacity, 10), -ENOTSUP);
     expect_open_rc("WQ_FAIR", OPT(flags, WQ_FAIR), -ENOTSUP);
+    /* Control: the same call with nothing unsupported works. */
+    expect_open_rc("valid", CAP(16), 0);
+}
+
+/* The rate limiter parameters are implemented (wq.h): valid ones are
+   accepted, inconsistent ones refused with -EINVAL. */
+static void options_limiter(void **state)
+{
+    (void)state;
     {
         struct wq_options o = { .capacity = 16,
                                 .rl_base_delay_ns = 1000000,
                                 .rl_max_delay_ns = 1000000000 };
-        expect_open_rc("rl_base/max_delay", o, -ENOTSUP);
+        expect_open_rc("rl_base/max_delay", o, 0);
     }
-    expect_open_rc("rl_max_delay", OPT(rl_max_delay_ns, 1000000000),
-                   -ENOTSUP);
-    expect_open_rc("rl_qps 5", OPT(rl_qps, 5.0), -ENOTSUP);
-    expect_open_rc("rl_burst 10", OPT(rl_burst, 10), -ENOTSUP);
-    /* Control: the same call with nothing unsupported works. */
-    expect_open_rc("valid", CAP(16), 0);
+    expect_open_rc("rl_base == rl_max",
+                   ((struct wq_options){ .capacity = 16,
+                                         .rl_base_delay_ns = 7000000,
+                                         .rl_max_delay_ns = 7000000 }), 0);
+    expect_open_rc("rl_max_delay", OPT(rl_max_delay_ns, 1000000000), 0);
+    /* A zero rl_max_delay_ns means the default (1000 s), not 0. */
+    expect_open_rc("rl_base_delay alone", OPT(rl_base_delay_ns, 1000000), 0);
+    expect_open_rc("rl_qps 5", OPT(rl_qps, 5.0), 0);
+    expect_open_rc("rl_burst 10", OPT(rl_burst, 10), 0);
+    expect_open_rc("rl_limiters exp|bucket", OPT(rl_limiters, WQ_RL_EXPONENTIAL |
+                                                       WQ_RL_BUCKET), 0);
+    expect_open_rc("rl_limiters 1<<3", OPT(rl_limiters, 1u << 3), -EINVAL);
+    expect_open_rc("rl_limiters 1<<31", OPT(rl_limiters, 1u << 31), -EINVAL);
+    expect_open_rc("FAST_SLOW without parameters",
+                   OPT(rl_limiters, WQ_RL_FAST_SLOW), -EINVAL);
+    expect_open_rc("FAST_SLOW without attempts",
+                   ((struct wq_options){ .capacity = 16,
+                                         .rl_limiters = WQ_RL_FAST_SLOW,
+                                         .rl_fast_delay_ns = 1000000,
+                                         .rl_slow_delay_ns = 9000000 }),
+                   -EINVAL);
+    expect_open_rc("FAST_SLOW fast > slow",
+                   ((struct wq_options){ .capacity = 16,
+                                         .rl_limiters = WQ_RL_FAST_SLOW,
+                                         .rl_fast_delay_ns = 9000000,
+                                         .rl_slow_delay_ns = 1000000,
+                                         .rl_max_fast_attempts = 3 }),
+                   -EINVAL);
+    expect_open_rc("FAST_SLOW complete",
+                   ((struct wq_options){ .capacity = 16,
+                                         .rl_limiters = WQ_RL_FAST_SLOW,
+                                         .rl_fast_delay_ns = 1000000,
+                                         .rl_slow_delay_ns = 9000000,
+                                         .rl_max_fast_attempts = 3 }), 0);
 }
 
 static void options_mode(void **state)
@@ -1167,7 +1207,7 @@ static void shutdown_basics(void **state)
     uint64_t t0 = th_now_ns();
     assert_int_equal(get_rc(q, -1), -ESHUTDOWN);
     assert_int_equal(get_rc(q, TH_S), -ESHUTDOWN);
-    assert_true(th_now_ns() - t0 < 200 * 1000000ull);
+    assert_true(th_now_ns() - t0 < 200 * 1000000ull * th_scale());
 
     /* The flag lives in the region. */
     assert_int_equal(wq_open(name, NULL, &q2), 0);
@@ -1226,12 +1266,12 @@ static void fork_child_exits_holding(void **state)
 
     uint64_t t0 = th_now_ns();
     unsigned char buf[256];
-    int n = wq_get(q, buf, sizeof buf, 2 * TH_S);
+    int n = wq_get(q, buf, sizeof buf, 2 * TH_S * th_scale());
     uint64_t el = th_now_ns() - t0;
     if (n != 1 || buf[0] != 'k')
         fail_msg("dead child's key not requeued: wq_get = %d (%s) after "
                  "%.0f ms", n, n < 0 ? wq_strerror(n) : "?", (double)el / 1e6);
-    if (el > 1500 * 1000000ull)
+    if (el > 1500 * 1000000ull * th_scale())
         fail_msg("requeue took %.0f ms", (double)el / 1e6);
     struct wq_stats st = stats(q);
     assert_int_equal(st.crash_requeues_total, 1);
@@ -1273,7 +1313,7 @@ static void fork_child_stopped_then_killed(void **state)
         for (;;)
             pause();
     }
-    uint64_t deadline = th_now_ns() + 5 * 1000000000ull;
+    uint64_t deadline = th_now_ns() + 5 * 1000000000ull * th_scale();
     while (shared[0] == 0 && th_now_ns() < deadline)
         th_sleep_ms(1);
     assert_int_equal(shared[0], 1);
@@ -1298,12 +1338,12 @@ static void fork_child_stopped_then_killed(void **state)
 
     uint64_t t0 = th_now_ns();
     unsigned char buf[256];
-    int n = wq_get(q, buf, sizeof buf, 2 * TH_S);
+    int n = wq_get(q, buf, sizeof buf, 2 * TH_S * th_scale());
     uint64_t el = th_now_ns() - t0;
     if (n != 1 || buf[0] != 'k')
         fail_msg("killed child's key not requeued: wq_get = %d after %.0f ms",
                  n, (double)el / 1e6);
-    if (el > 1500 * 1000000ull)
+    if (el > 1500 * 1000000ull * th_scale())
         fail_msg("requeue took %.0f ms", (double)el / 1e6);
     assert_int_equal(stats(q).crash_requeues_total, 1);
     assert_int_equal(DONES(q, "k"), 0);
@@ -1446,6 +1486,7 @@ int main(void)
         T(max_procs),
         T(options_invalid),
         T(options_notsup),
+        T(options_limiter),
         T(options_mode),
         T(eproto_garbage),
         T(eproto_tampered),

@@ -37,7 +37,7 @@
 /* The victim's script                                               */
 /* ---------------------------------------------------------------- */
 
-enum op { OP_OPEN, OP_ADD, OP_GET, OP_DONE, OP_CLOSE };
+enum op { OP_OPEN, OP_ADD, OP_GET, OP_DONE, OP_CLOSE, OP_AFTER, OP_RL, OP_FORGET };
 struct step {
     enum op op;
     const char *key;   /* ADD: the key; DONE: the key (must be held) */
@@ -62,7 +62,16 @@ static const struct step script[] = {
     { OP_DONE, "q2" },
     { OP_GET, NULL },  /* s0 */
     { OP_DONE, "s0" },
-    { OP_GET, NULL },  /* s1, held at close */
+    { OP_AFTER, "w1" }, { OP_AFTER, "w2" },   /* new waits */
+    { OP_ADD, "w1" },                         /* a wait ends early: queued */
+    { OP_RL, "s2" },                          /* queued: count rises, merged */
+    { OP_GET, NULL },  /* s1 */
+    { OP_RL, "s1" },                          /* processing: waits as well */
+    { OP_DONE, "s1" },                        /* done: still waiting */
+    { OP_GET, NULL },  /* s2 */
+    { OP_DONE, "s2" },                        /* failure count kept */
+    { OP_FORGET, "s2" },                      /* and dropped */
+    { OP_GET, NULL },  /* s3, held at close */
     { OP_CLOSE, NULL },
 };
 #define NSTEPS (int)(sizeof script / sizeof script[0])
@@ -78,7 +87,7 @@ static const struct step script[] = {
 enum { OWN_NONE, OWN_US, OWN_BYSTANDER, OWN_VICTIM };
 struct mkey {
     char k[KEYLEN];
-    int dirty, processing, owner;
+    int dirty, processing, owner, waiting, failures;
 };
 struct model {
     struct mkey keys[MAXK];
@@ -101,21 +110,38 @@ static void m_push(struct model *m, struct mkey *e)
     m->fifo[m->nfifo++] = (int)(e - m->keys);
 }
 
+static struct mkey *m_new(struct model *m, const char *k)
+{
+    struct mkey *e = &m->keys[m->nkeys++];
+    memset(e, 0, sizeof *e);
+    snprintf(e->k, sizeof e->k, "%s", k);
+    return e;
+}
+
 static void m_add(struct model *m, const char *k)
 {
     struct mkey *e = m_find(m, k);
     if (e && e->dirty)
         return;
     m->adds++;
-    if (e) {   /* processing */
-        e->dirty = 1;
-        return;
-    }
-    e = &m->keys[m->nkeys++];
-    memset(e, 0, sizeof *e);
-    snprintf(e->k, sizeof e->k, "%s", k);
+    if (!e)
+        e = m_new(m, k);
+    e->waiting = 0;
     e->dirty = 1;
-    m_push(m, e);
+    if (!e->processing)
+        m_push(m, e);
+}
+
+/* add_after with one long delay for every key (nothing fires). */
+static void m_after(struct model *m, const char *k, bool limited)
+{
+    struct mkey *e = m_find(m, k);
+    if (!e)
+        e = m_new(m, k);
+    if (limited)
+        e->failures++;
+    if (!e->dirty)
+        e->waiting = 1;
 }
 
 static const char *m_get(struct model *m, int owner)
@@ -144,12 +170,23 @@ static void m_done(struct model *m, const char *k)
     e->owner = OWN_NONE;
     if (e->dirty)
         m_push(m, e);
-    else
+    else if (!e->waiting && !e->failures)
         m_del(m, e);
 }
 
-/* The victim is gone: what it held goes to the back. Returns how many. */
-static int m_requeue(struct model *m, int owner)
+static void m_forget(struct model *m, const char *k)
+{
+    struct mkey *e = m_find(m, k);
+    if (!e)
+        return;
+    e->failures = 0;
+    if (!e->dirty && !e->processing && !e->waiting)
+        m_del(m, e);
+}
+
+/* What `owner` held is given back: on close to the back of the queue, after
+   a crash through the rate limiter (a long delay here). Returns how many. */
+static int m_requeue(struct model *m, int owner, bool crash)
 {
     int n = 0;
     for (int i = 0; i < m->nkeys; i++) {
@@ -157,8 +194,15 @@ static int m_requeue(struct model *m, int owner)
         if (e->processing && e->owner == owner) {
             e->processing = 0;
             e->owner = OWN_NONE;
-            e->dirty = 1;
-            m_push(m, e);
+            if (crash) {
+                e->failures++;
+                e->dirty = 0;
+                e->waiting = 1;
+            } else {
+                e->waiting = 0;
+                e->dirty = 1;
+                m_push(m, e);
+            }
             n++;
         }
     }
@@ -171,21 +215,28 @@ static void m_step(struct model *m, const struct step *s)
     case OP_ADD: m_add(m, s->key); break;
     case OP_GET: m_get(m, OWN_VICTIM); break;
     case OP_DONE: m_done(m, s->key); break;
-    case OP_CLOSE: m_requeue(m, OWN_VICTIM); break;
+    case OP_CLOSE: m_requeue(m, OWN_VICTIM, false); break;
+    case OP_AFTER: m_after(m, s->key, false); break;
+    case OP_RL: m_after(m, s->key, true); break;
+    case OP_FORGET: m_forget(m, s->key); break;
     case OP_OPEN: break;
     }
 }
 
 /* Points that precede the commit store of their operation: dying there
-   leaves the operation unapplied. Every other point follows it. */
-static bool before_commit(const char *p)
+   leaves the operation unapplied. Every other point follows it. A delayed
+   add of a new key writes its failure count into an entry that is not
+   live yet, so there "counted" is still before the commit. */
+static bool before_commit(const char *p, const struct step *s, struct model *m)
 {
+    if (strcmp(p, "delay.counted") == 0 && (s->op == OP_AFTER || s->op == OP_RL))
+        return m_find(m, s->key) == NULL;
     static const char *const suffixes[] = { ".busy", ".alloc", ".key", ".owner",
-                                            ".fields" };
+                                            ".fields", "heap.remove" };
     size_t n = strlen(p);
     for (size_t i = 0; i < sizeof suffixes / sizeof suffixes[0]; i++) {
-        size_t m = strlen(suffixes[i]);
-        if (n >= m && strcmp(p + n - m, suffixes[i]) == 0)
+        size_t len = strlen(suffixes[i]);
+        if (n >= len && strcmp(p + n - len, suffixes[i]) == 0)
             return true;
     }
     return false;
@@ -216,6 +267,9 @@ static int run_script(const char *name, struct shared *sh)
         case OP_GET: rc = wq_get(q, buf, sizeof buf, 0); break;
         case OP_DONE: rc = wq_done(q, s->key, strlen(s->key)); break;
         case OP_CLOSE: wq_close(q); break;
+        case OP_AFTER: rc = wq_add_after(q, s->key, strlen(s->key), 3600 * TH_S); break;
+        case OP_RL: rc = wq_add_rate_limited(q, s->key, strlen(s->key)); break;
+        case OP_FORGET: rc = wq_forget(q, s->key, strlen(s->key)); break;
         }
         if (rc < 0) {
             fprintf(stderr, "victim: step %d failed: %s\n", i, wq_strerror(rc));
@@ -229,7 +283,11 @@ static int run_script(const char *name, struct shared *sh)
 /* A fresh queue: q1 q2 q3 queued, "a" held by us, "b" by a bystander. */
 static wq *setup_queue(const char *name, struct shared *sh, pid_t *bystander)
 {
+    /* Rate limited adds and crash requeues wait at least an hour: nothing
+       fires while a trial looks at the queue. */
     struct wq_options o = { .capacity = CAP, .max_key_len = KEYLEN,
+                            .rl_base_delay_ns = 3600 * TH_S,
+                            .rl_max_delay_ns = 100 * 3600 * TH_S,
                             .flags = WQ_CREATE | WQ_EXCL };
     wq *q;
     char buf[KEYLEN];
@@ -276,6 +334,7 @@ struct seen_key {
     unsigned state;
     pid_t owner;
     uint64_t pos;
+    uint32_t failures;
 };
 struct seen {
     struct seen_key keys[MAXK];
@@ -293,6 +352,7 @@ static int collect(const struct wq_key_info *ki, void *arg)
     k->state = ki->state;
     k->owner = ki->owner_pid;
     k->pos = ki->position;
+    k->failures = ki->failures;
     return 0;
 }
 
@@ -312,6 +372,9 @@ static void expect_model(wq *q, struct model *m, pid_t bystander, const char *ct
         struct mkey *e = m_find(m, k->k);
         if (!e)
             fail_msg("%s: key %s present, model has no such key", ctx, k->k);
+        if (k->failures != (uint32_t)e->failures)
+            fail_msg("%s: %s has %u failures, model %d", ctx, k->k, k->failures,
+                     e->failures);
         if (k->state & WQ_KEY_QUEUED) {
             if ((int)k->pos != queued || queued >= m->nfifo ||
                 strcmp(m->keys[m->fifo[queued]].k, k->k) != 0)
@@ -321,16 +384,21 @@ static void expect_model(wq *q, struct model *m, pid_t bystander, const char *ct
                 fail_msg("%s: %s queued, model says processing", ctx, k->k);
             queued++;
         } else {
-            if (!(k->state & WQ_KEY_PROCESSING) || !e->processing)
-                fail_msg("%s: %s state 0x%x, model dirty=%d processing=%d", ctx, k->k,
-                         k->state, e->dirty, e->processing);
-            if (!!(k->state & WQ_KEY_DIRTY) != e->dirty)
-                fail_msg("%s: %s dirty=%d, model %d", ctx, k->k,
-                         !!(k->state & WQ_KEY_DIRTY), e->dirty);
-            pid_t want = e->owner == OWN_US ? getpid() : bystander;
-            if (e->owner == OWN_VICTIM || k->owner != want)
-                fail_msg("%s: %s owned by %d, model owner %d", ctx, k->k, (int)k->owner,
-                         e->owner);
+            unsigned want_st = (e->dirty ? WQ_KEY_DIRTY : 0) |
+                               (e->processing ? WQ_KEY_PROCESSING : 0) |
+                               (e->waiting ? WQ_KEY_WAITING : 0) |
+                               (!e->dirty && !e->processing && !e->waiting && e->failures
+                                    ? WQ_KEY_FAILING : 0);
+            if (k->state != want_st || (e->dirty && !e->processing))
+                fail_msg("%s: %s state 0x%x, model 0x%x (dirty=%d processing=%d "
+                         "waiting=%d failures=%d)", ctx, k->k, k->state, want_st,
+                         e->dirty, e->processing, e->waiting, e->failures);
+            if (e->processing) {
+                pid_t want = e->owner == OWN_US ? getpid() : bystander;
+                if (e->owner == OWN_VICTIM || k->owner != want)
+                    fail_msg("%s: %s owned by %d, model owner %d", ctx, k->k,
+                             (int)k->owner, e->owner);
+            }
         }
     }
     if (s.n != m->nkeys || queued != m->nfifo)
@@ -376,9 +444,9 @@ static void trial(struct shared *sh, const char *point, unsigned nth, int how)
     model_setup(&m);
     for (int i = 0; i < died_in; i++)
         m_step(&m, &script[i]);
-    if (!before_commit(point))
+    if (!before_commit(point, &script[died_in], &m))
         m_step(&m, &script[died_in]);
-    int held = m_requeue(&m, OWN_VICTIM);
+    int held = m_requeue(&m, OWN_VICTIM, true);
 
     /* The next lock repairs and reaps the victim. */
     int found = wq_check_report(q, 0, report, ctx);
@@ -401,10 +469,18 @@ static void trial(struct shared *sh, const char *point, unsigned nth, int how)
     if (after.processes != 2)
         fail_msg("%s: %llu processes attached, expected 2 (victim reclaimed)", ctx,
                  (unsigned long long)after.processes);
-    if (after.live != (uint64_t)m.nkeys || after.queued != (uint64_t)m.nfifo)
-        fail_msg("%s: live %llu queued %llu, model %d %d", ctx,
-                 (unsigned long long)after.live, (unsigned long long)after.queued,
-                 m.nkeys, m.nfifo);
+    int idle = 0, waiting = 0;
+    for (int i = 0; i < m.nkeys; i++) {
+        struct mkey *e = &m.keys[i];
+        idle += !e->dirty && !e->processing && !e->waiting;
+        waiting += e->waiting;
+    }
+    if (after.live != (uint64_t)(m.nkeys - idle) || after.queued != (uint64_t)m.nfifo ||
+        after.failing != (uint64_t)idle || after.waiting != (uint64_t)waiting)
+        fail_msg("%s: live %llu queued %llu waiting %llu failing %llu, model %d %d %d %d",
+                 ctx, (unsigned long long)after.live, (unsigned long long)after.queued,
+                 (unsigned long long)after.waiting, (unsigned long long)after.failing,
+                 m.nkeys - idle, m.nfifo, waiting, idle);
 
     /* The queue keeps working: drain it and check again. */
     char buf[KEYLEN];
@@ -501,9 +577,11 @@ static void test_every_point(void **state)
         "add.key", "add.state", "table.insert.hash", "add.index", "ring.push.slot",
         "add.ring", "add.counters", "mark.busy", "add.mark", "mark.counters", "get.busy", "get.owner", "get.state",
         "get.ring", "get.counters", "done.busy", "done.state", "done.ring",
-        "done.index", "table.remove.shift", "table.free.link", "done.free",
-        "done.counters", "requeue.busy", "requeue.state", "requeue.ring",
-        "requeue.counters", "procs.unregister.lease",
+        "release.state", "release.index", "table.remove.shift", "table.free.link",
+        "release.free", "done.counters", "requeue.busy", "requeue.state",
+        "requeue.ring", "requeue.counters", "procs.unregister.lease",
+        "delay.busy", "delay.counted", "delay.heap", "heap.push", "heap.remove",
+        "mark.ring", "wait.ready", "wait.state",
     };
     for (size_t r = 0; r < sizeof required / sizeof required[0]; r++) {
         int i;
@@ -609,7 +687,7 @@ static void test_die_while_reaping(void **state)
         struct model m;
         model_setup(&m);
         m_get(&m, OWN_VICTIM);   /* the dead process's q1 ... */
-        m_requeue(&m, OWN_VICTIM);   /* ... requeued exactly once */
+        m_requeue(&m, OWN_VICTIM, true);   /* ... requeued exactly once */
         assert_int_equal(wq_check_report(q, 0, report, (void *)points[p]), 0);
         expect_model(q, &m, bystander, points[p]);
         struct wq_stats s;

@@ -1,0 +1,298 @@
+/*
+ * delay.c - client-go's DelayingInterface: waiting keys and wq_add_after,
+ * wq_add_rate_limited.
+ *
+ * Waiting entries (WQ_ST_WAITING) form a binary min-heap in the region,
+ * ordered by (ready time, add sequence): heap[] holds entry indices and
+ * each waiting entry's link holds its heap position, so removal and
+ * "ready earlier" are O(log n). Ready times are CLOCK_MONOTONIC, which is
+ * one clock for every process on the machine.
+ *
+ * No daemon: wq__promote() moves ready keys to the queue and is called by
+ * every lock holder that is about to hand out keys (wq_get and friends,
+ * wq_stats); sleepers bound their sleep by the earliest ready time, and an
+ * add that becomes the new earliest wakes one of them to re-arm.
+ *
+ * Crash safety: the entry's WAITING bit and ready time are the truth; the
+ * heap is a cache of them. Every heap mutation runs with hdr->busy set,
+ * and repair rebuilds the heap from the entries (wq__heap_build).
+ */
+#include <errno.h>
+
+#include "internal.h"
+
+static inline bool before(const wq *q, uint32_t a, uint32_t b)
+{
+    const struct wq_entry *ea = wq__entry(q, a), *eb = wq__entry(q, b);
+    if (ea->t_b != eb->t_b)
+        return ea->t_b < eb->t_b;
+    return (int32_t)(ea->seq - eb->seq) < 0;
+}
+
+static inline void place(wq *q, uint32_t pos, uint32_t idx)
+{
+    q->heap[pos] = idx;
+    wq__entry(q, idx)->link = pos;
+}
+
+static void sift_up(wq *q, uint32_t pos)
+{
+    uint32_t idx = q->heap[pos];
+    while (pos > 0) {
+        uint32_t parent = (pos - 1) / 2;
+        if (!before(q, idx, q->heap[parent]))
+            break;
+        place(q, pos, q->heap[parent]);
+        WQ_STEP("heap.up");
+        pos = parent;
+    }
+    place(q, pos, idx);
+}
+
+static void sift_down(wq *q, uint32_t pos)
+{
+    uint32_t n = q->hdr->heap_count, idx = q->heap[pos];
+    for (;;) {
+        uint32_t c = 2 * pos + 1;
+        if (c >= n)
+            break;
+        if (c + 1 < n && before(q, q->heap[c + 1], q->heap[c]))
+            c++;
+        if (!before(q, q->heap[c], idx))
+            break;
+        place(q, pos, q->heap[c]);
+        WQ_STEP("heap.down");
+        pos = c;
+    }
+    place(q, pos, idx);
+}
+
+/* Lock and busy held; the entry is WAITING with its ready time set. */
+int wq__heap_push(wq *q, uint32_t idx)
+{
+    uint32_t n = q->hdr->heap_count;
+    if (WQ_UNLIKELY(n >= q->capacity))
+        return -EBADMSG;
+    place(q, n, idx);
+    WQ_STEP("heap.push");
+    q->hdr->heap_count = n + 1;
+    sift_up(q, n);
+    return 0;
+}
+
+/* Lock and busy held: take a waiting entry out of the heap. */
+int wq__heap_remove(wq *q, uint32_t idx)
+{
+    uint32_t n = q->hdr->heap_count, pos = wq__entry(q, idx)->link;
+    if (WQ_UNLIKELY(n == 0 || n > q->capacity || pos >= n || q->heap[pos] != idx))
+        return -EBADMSG;
+    uint32_t last = q->heap[n - 1];
+    q->hdr->heap_count = n - 1;
+    WQ_STEP("heap.remove");
+    if (pos != n - 1) {
+        place(q, pos, last);
+        sift_down(q, pos);
+        sift_up(q, wq__entry(q, last)->link);
+    }
+    return 0;
+}
+
+/* Lock and busy held: the entry's ready time moved earlier. */
+void wq__heap_earlier(wq *q, uint32_t idx)
+{
+    sift_up(q, wq__entry(q, idx)->link);
+}
+
+/* Repair: heap[0..heap_count) already lists the waiting entries. */
+void wq__heap_build(wq *q)
+{
+    uint32_t n = q->hdr->heap_count;
+    for (uint32_t i = 0; i < n; i++)
+        wq__entry(q, q->heap[i])->link = i;
+    for (uint32_t i = n / 2; i-- > 0;)
+        sift_down(q, i);
+}
+
+uint64_t wq__next_ready(const wq *q)
+{
+    uint32_t n = q->hdr->heap_count;
+    if (n == 0 || n > q->capacity || q->heap[0] >= q->capacity)
+        return 0;
+    return wq__entry(q, q->heap[0])->t_b;
+}
+
+/* Lock held: move every key whose ready time has come to the queue (or
+   mark it dirty if it is processing). Returns how many were queued. */
+uint32_t wq__promote(wq *q, uint64_t now)
+{
+    struct wq_hdr *h = q->hdr;
+    uint32_t queued = 0;
+    while (h->heap_count > 0 && h->heap_count <= q->capacity) {
+        uint32_t idx = q->heap[0];
+        if (WQ_UNLIKELY(idx >= q->capacity))
+            break;   /* corrupt: left to wq_check */
+        struct wq_entry *e = wq__entry(q, idx);
+        if (e->t_b > now)
+            break;
+        bool in_ring = false;
+        if (wq__activate(q, idx, now, &in_ring) < 0)
+            break;
+        queued += in_ring;
+    }
+    return queued;
+}
+
+/* Lock held, at shutdown: client-go's waiting loop stops, so waiting keys
+   never fire. They leave the queue; a key that is also processing stays
+   processing, and a failure count keeps its slot (RETAINED). */
+void wq__drop_waiting(wq *q)
+{
+    struct wq_hdr *h = q->hdr;
+    while (h->heap_count > 0 && h->heap_count <= q->capacity) {
+        uint32_t idx = q->heap[h->heap_count - 1];
+        if (idx >= q->capacity)
+            break;
+        struct wq_entry *e = wq__entry(q, idx);
+        h->busy = 1;
+        WQ_STEP("drop.busy");
+        if (e->state & WQ_ST_PROCESSING) {
+            e->state = WQ_ST_PROCESSING;   /* commit */
+            WQ_STEP("drop.state");
+            h->heap_count--;
+        } else {
+            h->heap_count--;
+            WQ_STEP("drop.heap");
+            if (wq__release(q, idx) < 0)
+                return;
+        }
+        h->busy = 0;
+    }
+}
+
+/*
+ * Lock and busy held. Make a live entry that is not dirty wait until
+ * `ready` (keeping an earlier ready time it already has). Returns 1 when
+ * merged into an existing wait, 0 when a new wait started.
+ */
+int wq__delay_entry(wq *q, uint32_t idx, uint64_t ready)
+{
+    struct wq_hdr *h = q->hdr;
+    struct wq_entry *e = wq__entry(q, idx);
+    uint16_t st = e->state;
+    if (st & WQ_ST_WAITING) {
+        if (ready < e->t_b) {
+            e->t_b = ready;
+            WQ_STEP("wait.earlier");
+            wq__heap_earlier(q, idx);
+        }
+        return 1;
+    }
+    e->t_b = ready;
+    e->seq = h->seq_next++;
+    WQ_STEP("wait.ready");
+    if (st == WQ_ST_RETAINED) {
+        e->state = WQ_ST_WAITING;   /* commit */
+        WQ_STEP("wait.state");
+        h->failing--;
+        atomic_fetch_add_explicit(&h->live, 1, memory_order_relaxed);
+    } else {
+        e->state = st | WQ_ST_WAITING;   /* commit: new, or processing */
+        WQ_STEP("wait.state");
+    }
+    return wq__heap_push(q, idx);
+}
+
+/*
+ * The body of wq_add_after and wq_add_rate_limited. Lock held.
+ * *wake: a key was queued, or the earliest ready time changed.
+ */
+static int add_delayed(wq *q, const void *key, size_t len, uint32_t hash, bool limited,
+                       uint64_t delay, bool *wake)
+{
+    struct wq_hdr *h = q->hdr;
+    if (h->shutdown)
+        return -ESHUTDOWN;
+    uint64_t now = wq__now_mono();
+    uint32_t idx = wq__table_lookup(q, key, len, hash);
+    if (idx == WQ_LOOKUP_CORRUPT)
+        return -EBADMSG;
+    int err = 0, rc;
+    h->busy = 1;
+    WQ_STEP("delay.busy");
+    bool fresh = idx == WQ_NIL;
+    if (fresh && (idx = wq__new_entry(q, key, len, hash, &err)) == WQ_NIL) {
+        h->busy = 0;
+        return err;
+    }
+    struct wq_entry *e = wq__entry(q, idx);
+    if (limited)
+        delay = wq__limiter_when(q, e, now);
+    h->retries_total++;
+    WQ_STEP("delay.counted");
+    uint16_t st = e->state;
+    if (st & WQ_ST_DIRTY) {   /* already going to be handed out */
+        h->coalesced_total++;
+        h->busy = 0;
+        return 1;
+    }
+    if (delay == 0) {   /* client-go: AddAfter(0) is Add */
+        bool queued = false;
+        if (fresh) {
+            e->t_b = now;
+            rc = wq__commit_new(q, idx, WQ_ST_DIRTY | WQ_ST_QUEUED);
+            queued = true;
+        } else {
+            rc = wq__activate(q, idx, now, &queued);
+        }
+        if (rc < 0)
+            return rc;   /* busy stays set: the next locker repairs */
+        h->busy = 0;
+        *wake = queued;
+        return 0;
+    }
+    uint64_t ready = now + delay < now ? UINT64_MAX : now + delay;
+    uint64_t top = wq__next_ready(q);
+    if (fresh) {
+        e->t_b = ready;
+        e->seq = h->seq_next++;
+        if ((rc = wq__commit_new(q, idx, WQ_ST_WAITING)) < 0 ||
+            (rc = wq__heap_push(q, idx)) < 0)
+            return rc;
+    } else if ((rc = wq__delay_entry(q, idx, ready)) < 0) {
+        return rc;
+    }
+    WQ_STEP("delay.heap");
+    h->busy = 0;
+    *wake = top == 0 || ready < top;
+    if (rc == 1)
+        h->coalesced_total++;
+    return rc;
+}
+
+static int delayed_call(wq *q, const void *key, size_t len, bool limited, uint64_t delay)
+{
+    if (!q)
+        return -EINVAL;
+    int rc = wq__key_ok(q, key, len);
+    if (rc < 0)
+        return rc;
+    uint32_t hash = wq__hash(q->seed, key, len);
+    if ((rc = wq__lock(q)) < 0)
+        return rc;
+    bool wake = false;
+    rc = add_delayed(q, key, len, hash, limited, delay, &wake);
+    if (wake)
+        wq__wake_getters(q, 1);
+    wq__unlock(q);
+    return rc;
+}
+
+int wq_add_after(wq *q, const void *key, size_t len, uint64_t delay_ns)
+{
+    return delayed_call(q, key, len, false, delay_ns);
+}
+
+int wq_add_rate_limited(wq *q, const void *key, size_t len)
+{
+    return delayed_call(q, key, len, true, 0);
+}

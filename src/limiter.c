@@ -1,0 +1,164 @@
+/*
+ * limiter.c - client-go's rate limiters, shared by all processes:
+ * wq_add_rate_limited's delay, wq_forget, wq_num_requeues.
+ *
+ * Parameters are resolved at creation and stored in the immutable header
+ * (checksummed), so every process computes the same delays. State:
+ *   - per key: entry->failures (one counter serves both per-item limiters:
+ *     client-go's exponential and fast-slow limiters each count every
+ *     When(), so their counts are always equal);
+ *   - shared: the token bucket (hdr->bucket_tokens, bucket_last_ns).
+ * All under the region lock.
+ *
+ * Semantics, as client-go and golang.org/x/time/rate:
+ *   exponential  base * 2^failures (failures before this call), capped at
+ *                max; any overflow gives max.
+ *   fast-slow    fast while failures (after this call) <= max_fast, then slow.
+ *   bucket       tokens refill at qps up to burst (starting full); every
+ *                call takes one token, even into debt; delay = debt / qps.
+ *   max-of       the largest delay of the selected limiters; each of them
+ *                is consulted (so the bucket is charged) on every call.
+ */
+#include <errno.h>
+#include <math.h>
+
+#include "internal.h"
+
+#define DEF_BASE  (5ull * 1000 * 1000)             /* 5 ms */
+#define DEF_MAX   (1000ull * 1000 * 1000 * 1000)   /* 1000 s */
+#define DEF_QPS   10.0
+#define DEF_BURST 100u
+
+int wq__limiter_options(const struct wq_options *o, struct wq_geom *g)
+{
+    unsigned lim = o->rl_limiters ? o->rl_limiters : WQ_RL_EXPONENTIAL | WQ_RL_BUCKET;
+    if (lim & ~WQ_RL_ALL)
+        return -EINVAL;
+    if (!(o->rl_qps >= 0) || isinf(o->rl_qps))   /* negative, NaN, inf */
+        return -EINVAL;
+    uint64_t base = o->rl_base_delay_ns ? o->rl_base_delay_ns : DEF_BASE;
+    uint64_t max = o->rl_max_delay_ns ? o->rl_max_delay_ns : DEF_MAX;
+    if (o->rl_base_delay_ns > o->rl_max_delay_ns && o->rl_max_delay_ns != 0)
+        return -EINVAL;
+    if (base > max)   /* a base above the default max */
+        return -EINVAL;
+    if (lim & WQ_RL_FAST_SLOW) {
+        if (!o->rl_fast_delay_ns || !o->rl_slow_delay_ns || !o->rl_max_fast_attempts ||
+            o->rl_fast_delay_ns > o->rl_slow_delay_ns)
+            return -EINVAL;
+    } else if (o->rl_fast_delay_ns || o->rl_slow_delay_ns || o->rl_max_fast_attempts) {
+        return -EINVAL;   /* parameters for a limiter that is not selected */
+    }
+    g->rl_limiters = lim;
+    g->rl_base_delay_ns = base;
+    g->rl_max_delay_ns = max;
+    g->rl_qps = o->rl_qps > 0 ? o->rl_qps : DEF_QPS;
+    g->rl_burst = o->rl_burst ? o->rl_burst : DEF_BURST;
+    g->rl_fast_delay_ns = o->rl_fast_delay_ns;
+    g->rl_slow_delay_ns = o->rl_slow_delay_ns;
+    g->rl_max_fast_attempts = o->rl_max_fast_attempts;
+    return 0;
+}
+
+void wq__limiter_init(struct wq_hdr *h)
+{
+    h->bucket_tokens = h->g.rl_burst;
+    h->bucket_last_ns = wq__now_mono();
+}
+
+static uint64_t exponential(const struct wq_geom *g, uint32_t failures)
+{
+    if (failures >= 64 || g->rl_base_delay_ns > (UINT64_MAX >> failures))
+        return g->rl_max_delay_ns;
+    uint64_t d = g->rl_base_delay_ns << failures;
+    return d > g->rl_max_delay_ns ? g->rl_max_delay_ns : d;
+}
+
+/* golang.org/x/time/rate Reserve().Delay() for one token. */
+static uint64_t bucket(struct wq_hdr *h, uint64_t now)
+{
+    const struct wq_geom *g = &h->g;
+    uint64_t last = h->bucket_last_ns < now ? h->bucket_last_ns : now;
+    uint64_t el = now - last;
+    double tokens = h->bucket_tokens + (double)(el / 1000000000ull) * g->rl_qps +
+                    (double)(el % 1000000000ull) * g->rl_qps / 1e9;
+    if (tokens > g->rl_burst)
+        tokens = g->rl_burst;
+    tokens -= 1;
+    h->bucket_tokens = tokens;
+    h->bucket_last_ns = now;
+    if (tokens >= 0)
+        return 0;
+    double ns = -tokens / g->rl_qps * 1e9;
+    return ns >= 9.2e18 ? INT64_MAX : (uint64_t)ns;
+}
+
+/* Lock held: client-go's When(key). Raises the failure count. */
+uint64_t wq__limiter_when(wq *q, struct wq_entry *e, uint64_t now)
+{
+    struct wq_hdr *h = q->hdr;
+    const struct wq_geom *g = &q->g;
+    uint32_t f = e->failures;
+    uint64_t d = 0, x;
+    if (f < UINT32_MAX)
+        e->failures = f + 1;
+    if (g->rl_limiters & WQ_RL_EXPONENTIAL)
+        d = exponential(g, f);
+    if (g->rl_limiters & WQ_RL_FAST_SLOW) {
+        x = (uint64_t)f + 1 <= g->rl_max_fast_attempts ? g->rl_fast_delay_ns
+                                                        : g->rl_slow_delay_ns;
+        d = x > d ? x : d;
+    }
+    if (g->rl_limiters & WQ_RL_BUCKET) {
+        x = bucket(h, now);
+        d = x > d ? x : d;
+    }
+    return d;
+}
+
+int wq_forget(wq *q, const void *key, size_t len)
+{
+    if (!q)
+        return -EINVAL;
+    int rc = wq__key_ok(q, key, len);
+    if (rc < 0)
+        return rc;
+    uint32_t hash = wq__hash(q->seed, key, len);
+    if ((rc = wq__lock(q)) < 0)
+        return rc;
+    uint32_t idx = wq__table_lookup(q, key, len, hash);
+    if (idx == WQ_LOOKUP_CORRUPT) {
+        rc = -EBADMSG;
+    } else if (idx != WQ_NIL) {
+        struct wq_entry *e = wq__entry(q, idx);
+        e->failures = 0;
+        if (e->state == WQ_ST_RETAINED) {
+            q->hdr->busy = 1;
+            WQ_STEP("forget.reset");   /* the reset is the commit */
+            if ((rc = wq__release(q, idx)) == 0)
+                q->hdr->busy = 0;
+        }
+    }
+    wq__unlock(q);
+    return rc;
+}
+
+int wq_num_requeues(wq *q, const void *key, size_t len)
+{
+    if (!q)
+        return -EINVAL;
+    int rc = wq__key_ok(q, key, len);
+    if (rc < 0)
+        return rc;
+    uint32_t hash = wq__hash(q->seed, key, len);
+    if ((rc = wq__lock(q)) < 0)
+        return rc;
+    uint32_t idx = wq__table_lookup(q, key, len, hash);
+    if (idx == WQ_LOOKUP_CORRUPT)
+        rc = -EBADMSG;
+    else if (idx != WQ_NIL)
+        rc = (int)(wq__entry(q, idx)->failures > INT32_MAX ? INT32_MAX
+                                                            : wq__entry(q, idx)->failures);
+    wq__unlock(q);
+    return rc;
+}

@@ -1,0 +1,77 @@
+/*
+ * metrics.c - client-go's workqueue metrics, kept in the region so that
+ * every process reports the same numbers: wq_metrics.
+ *
+ * Histograms (queue duration: add -> get, work duration: get -> done) use
+ * client-go's buckets, 10 ns to 10 s by powers of ten. They are stored
+ * non-cumulative with relaxed atomics, written under the lock, and made
+ * cumulative when read. The two gauges come from the processing entries:
+ * unfinished work = processing * now - sum of their start times
+ * (hdr->sum_start, kept exact by get/done and rebuilt by repair), and the
+ * longest running processor needs the oldest start time, found by a pass
+ * over the entries (O(capacity); scrape-time only, never on a hot path).
+ */
+#include <errno.h>
+
+#include "internal.h"
+
+void wq__observe(struct wq_hist *h, uint64_t ns)
+{
+    uint64_t bound = 10;   /* 1e-8 s */
+    int b = 0;
+    while (b < WQ_HIST_BUCKETS && ns > bound) {
+        bound *= 10;
+        b++;
+    }
+    atomic_fetch_add_explicit(&h->bucket[b], 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&h->count, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&h->sum_ns, ns, memory_order_relaxed);
+}
+
+static void read_hist(struct wq_hist *h, struct wq_histogram *out)
+{
+    uint64_t acc = 0;
+    for (int b = 0; b <= WQ_HIST_BUCKETS; b++) {
+        acc += atomic_load_explicit(&h->bucket[b], memory_order_relaxed);
+        out->bucket[b] = acc;
+    }
+    out->count = atomic_load_explicit(&h->count, memory_order_relaxed);
+    out->sum_seconds = (double)atomic_load_explicit(&h->sum_ns, memory_order_relaxed) / 1e9;
+}
+
+int wq_metrics(wq *q, struct wq_metrics *out)
+{
+    if (!q || !out)
+        return -EINVAL;
+    int rc = wq__lock(q);
+    if (rc < 0)
+        return rc;
+    struct wq_hdr *h = q->hdr;
+    uint64_t now = wq__now_mono();
+    wq__promote(q, now);
+    struct wq_metrics m = {0};
+    m.depth = wq__ring_count(q);
+    m.adds_total = h->adds_total;
+    read_hist(&h->qdur, &m.queue_duration);
+    read_hist(&h->wdur, &m.work_duration);
+    m.retries_total = h->retries_total;
+    m.coalesced_total = h->coalesced_total;
+    m.crash_requeues_total = h->crash_requeues_total;
+    m.waiting = h->heap_count;
+    m.processing = atomic_load_explicit(&h->processing, memory_order_relaxed);
+    if (q->metrics && m.processing > 0) {
+        uint64_t oldest = now;
+        for (uint32_t i = 0; i < q->capacity; i++) {
+            const struct wq_entry *e = wq__entry(q, i);
+            if ((e->state & WQ_ST_PROCESSING) && e->t_start < oldest)
+                oldest = e->t_start;
+        }
+        /* Modular arithmetic: the sums may wrap, their difference (the
+           total age) does not. */
+        m.unfinished_work_seconds = (double)(m.processing * now - h->sum_start) / 1e9;
+        m.longest_running_processor_seconds = (double)(now - oldest) / 1e9;
+    }
+    wq__unlock(q);
+    *out = m;
+    return 0;
+}

@@ -1,0 +1,745 @@
+/*
+ * test-delay.c - the delaying queue (wq_add_after) against Kubernetes
+ * client-go's util/workqueue/delaying_queue_test.go, plus the libwq
+ * specifics of the contract (wq.h "Delaying and rate limiting", API.md
+ * "Semantics in detail").
+ *
+ * Clock: client-go's tests drive a fake clock. Here the test build of the
+ * library (libwq-fault.a) offers wq_test_clock_set(): every CLOCK_MONOTONIC
+ * reading libwq makes in this process returns the value we set. It is set
+ * before the queue is created and stays at T0 (1000 s, so that no
+ * arithmetic can underflow) until a test steps it. Blocking waits would
+ * still sleep in real time, so every wq_get here uses timeout 0.
+ *
+ * Observing the queue: libwq has no timer goroutine. Waiting keys move to
+ * the queue when a lock holder notices they are ready (every wq_get before
+ * it pops, and wq_stats). So where client-go polls q.Len() after
+ * fakeClock.Step() (waitForAdded), we read wq_stats().queued, which does
+ * the move first; wq_len() alone may still show the count from before the
+ * step. client-go's waitForWaitingQueueToFill (waiting for its goroutine
+ * to take the entry from a channel) has no counterpart: wq_add_after has
+ * put the key in the region's heap when it returns.
+ */
+#include "helpers.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fault-api.h"
+
+#define KEYBUF 256 /* default max_key_len */
+#define NS  ((uint64_t)1)
+#define MS  ((uint64_t)1000000)
+#define SEC ((uint64_t)1000000000)
+#define MIN (60 * SEC)
+#define T0  (1000 * SEC)
+
+#define KS(s) (s), strlen(s)
+
+/* ------------------------------------------------------------------ */
+/* Fake clock and fixtures                                             */
+/* ------------------------------------------------------------------ */
+
+static uint64_t fake_now;
+
+static void clock_at(uint64_t t)
+{
+    fake_now = t;
+    wq_test_clock_set(t);
+}
+
+static void clock_step(uint64_t d)
+{
+    clock_at(fake_now + d);
+}
+
+static int setup(void **state)
+{
+    clock_at(T0);
+    return th_setup(state);
+}
+
+static int teardown(void **state)
+{
+    wq_test_clock_set(0);
+    fake_now = 0;
+    return th_teardown(state);
+}
+
+/* ------------------------------------------------------------------ */
+/* Helpers                                                             */
+/* ------------------------------------------------------------------ */
+
+static wq *open_q(const char *tag, uint32_t capacity)
+{
+    struct wq_options o = { .capacity = capacity,
+                            .flags = WQ_CREATE | WQ_EXCL };
+    const char *name = th_qname(tag);
+    wq *q = NULL;
+    int rc = wq_open(name, &o, &q);
+
+    if (rc != 0)
+        fail_msg("wq_open(%s) = %d (%s)", name, rc, wq_strerror(rc));
+    assert_non_null(q);
+    return q;
+}
+
+static struct wq_stats stats_of(wq *q)
+{
+    struct wq_stats s;
+    int rc = wq_stats(q, &s);
+
+    assert_int_equal(rc, 0);
+    return s;
+}
+
+/* Queued keys, after the lock holder moved the ready ones (see top). */
+static uint64_t queued(wq *q)
+{
+    return stats_of(q).queued;
+}
+
+static uint64_t waiting(wq *q)
+{
+    return stats_of(q).waiting;
+}
+
+struct find {
+    const char *key;
+    size_t len;
+    int found;
+    struct wq_key_info info;
+};
+
+static int find_cb(const struct wq_key_info *i, void *arg)
+{
+    struct find *f = arg;
+
+    if (i->len == f->len && memcmp(i->key, f->key, f->len) == 0) {
+        f->found = 1;
+        f->info = *i;
+        f->info.key = NULL;
+        return 1;
+    }
+    return 0;
+}
+
+/* wq_dump entry of `key`; returns 0 when the key is not in the dump. */
+static int key_info(wq *q, const char *key, struct wq_key_info *out)
+{
+    struct find f = { .key = key, .len = strlen(key) };
+    int rc = wq_dump(q, find_cb, &f);
+
+    assert_true(rc == 0 || rc == 1);
+    if (f.found && out != NULL)
+        *out = f.info;
+    return f.found;
+}
+
+/* State bits of `key` in wq_dump, 0 when absent. */
+static unsigned key_state(wq *q, const char *key)
+{
+    struct wq_key_info ki;
+
+    return key_info(q, key, &ki) ? ki.state : 0;
+}
+
+/* Ready time of a waiting key minus the fake now. */
+#define ready_in(q, k) ready_in_((q), (k), __LINE__)
+static uint64_t ready_in_(wq *q, const char *key, int line)
+{
+    struct wq_key_info ki;
+
+    if (!key_info(q, key, &ki))
+        fail_msg("line %d: \"%s\" is not in the dump", line, key);
+    if (!(ki.state & WQ_KEY_WAITING))
+        fail_msg("line %d: \"%s\" is not waiting (state 0x%x)", line, key,
+                 ki.state);
+    if (ki.ready_ns < fake_now)
+        fail_msg("line %d: \"%s\" ready_ns %" PRIu64 " before now %" PRIu64,
+                 line, key, ki.ready_ns, fake_now);
+    return ki.ready_ns - fake_now;
+}
+
+#define expect_get(q, k) expect_get_((q), (k), __LINE__)
+static void expect_get_(wq *q, const char *key, int line)
+{
+    char buf[KEYBUF];
+    int n = wq_get(q, buf, sizeof buf, 0);
+
+    if (n < 0)
+        fail_msg("line %d: wq_get = %d (%s), expected \"%s\"", line, n,
+                 wq_strerror(n), key);
+    if ((size_t)n != strlen(key) || memcmp(buf, key, (size_t)n) != 0)
+        fail_msg("line %d: wq_get = \"%.*s\", expected \"%s\"", line, n, buf,
+                 key);
+}
+
+#define expect_get_rc(q, e) expect_get_rc_((q), (e), __LINE__)
+static void expect_get_rc_(wq *q, int expect, int line)
+{
+    char buf[KEYBUF];
+    int n = wq_get(q, buf, sizeof buf, 0);
+
+    if (n != expect)
+        fail_msg("line %d: wq_get = %d (%s \"%.*s\"), expected %d (%s)", line,
+                 n, n < 0 ? wq_strerror(n) : "got key", n > 0 ? n : 0, buf,
+                 expect, wq_strerror(expect));
+}
+
+#define expect_done(q, k) assert_int_equal(wq_done((q), KS(k)), 0)
+
+/* ================================================================== */
+/* client-go delaying_queue_test.go                                    */
+/* ================================================================== */
+
+/* TestSimpleQueue */
+static void simple_queue(void **state)
+{
+    (void)state;
+    th_watchdog(10);
+    wq *q = open_q("simple", 0);
+
+    assert_int_equal(wq_add_after(q, KS("foo"), 50 * MS), 0);
+    assert_int_equal(wq_len(q), 0); /* "should not have added" */
+    assert_int_equal(queued(q), 0);
+    assert_int_equal(waiting(q), 1);
+
+    clock_step(60 * MS);
+    assert_int_equal(queued(q), 1); /* waitForAdded(q, 1) */
+    assert_int_equal(wq_len(q), 1); /* the stats call moved it */
+    expect_get(q, "foo");
+    expect_done(q, "foo");
+
+    /* "step past the next heartbeat": nothing may be added again. Go polls
+       Len() for 30 ms; with a fake clock one look is deterministic. */
+    clock_step(10 * SEC);
+    assert_int_equal(queued(q), 0);
+    assert_int_equal(wq_len(q), 0);
+    assert_int_equal(waiting(q), 0);
+    expect_get_rc(q, -EAGAIN);
+    wq_close(q);
+}
+
+/* TestDeduping */
+static void deduping(void **state)
+{
+    (void)state;
+    th_watchdog(10);
+    wq *q = open_q("dedup", 0);
+
+    assert_int_equal(wq_add_after(q, KS("foo"), 50 * MS), 0);
+    /* merged into the waiting key, which keeps the earlier ready time */
+    assert_int_equal(wq_add_after(q, KS("foo"), 70 * MS), 1);
+    assert_int_equal(ready_in(q, "foo"), 50 * MS);
+    assert_int_equal(queued(q), 0);
+    assert_int_equal(waiting(q), 1);
+
+    /* step past the first block, we should receive now */
+    clock_step(60 * MS);
+    assert_int_equal(queued(q), 1);
+    expect_get(q, "foo");
+    expect_done(q, "foo");
+
+    /* step past the second add: it must not fire */
+    clock_step(20 * MS);
+    assert_int_equal(queued(q), 0);
+    assert_int_equal(waiting(q), 0);
+    expect_get_rc(q, -EAGAIN);
+
+    /* test again, but this time the earlier should override */
+    assert_int_equal(wq_add_after(q, KS("foo"), 50 * MS), 0);
+    assert_int_equal(wq_add_after(q, KS("foo"), 30 * MS), 1);
+    assert_int_equal(ready_in(q, "foo"), 30 * MS);
+    assert_int_equal(queued(q), 0);
+
+    clock_step(40 * MS);
+    assert_int_equal(queued(q), 1);
+    expect_get(q, "foo");
+    expect_done(q, "foo");
+
+    /* step past the second add */
+    clock_step(20 * MS);
+    assert_int_equal(queued(q), 0);
+    assert_int_equal(waiting(q), 0);
+    expect_get_rc(q, -EAGAIN);
+    wq_close(q);
+}
+
+/*
+ * Older versions of TestDeduping end with "test again, but this time item
+ * is being processed in FIFO": Add, Get, AddAfter(5ms) of the processing
+ * item, which must then still be known to the queue. libwq's contract for
+ * that case: a processing key that is not dirty waits, is marked dirty
+ * when ready, and is queued again at its wq_done.
+ */
+static void deduping_while_processing(void **state)
+{
+    (void)state;
+    th_watchdog(10);
+    wq *q = open_q("dedup-proc", 0);
+
+    assert_int_equal(wq_add(q, KS("foo")), 0);
+    expect_get(q, "foo");
+    assert_int_equal(wq_add_after(q, KS("foo"), 5 * MS), 0); /* new wait */
+    unsigned st = key_state(q, "foo");
+    assert_true(st & WQ_KEY_PROCESSING);
+    assert_true(st & WQ_KEY_WAITING);
+    assert_false(st & WQ_KEY_DIRTY);
+    assert_int_equal(ready_in(q, "foo"), 5 * MS);
+    struct wq_stats s = stats_of(q);
+    assert_int_equal(s.processing, 1);
+    assert_int_equal(s.waiting, 1);
+    assert_int_equal(s.queued, 0);
+
+    /* ready while processing: marked dirty, not handed out */
+    clock_step(5 * MS);
+    s = stats_of(q);
+    assert_int_equal(s.waiting, 0);
+    assert_int_equal(s.queued, 0);
+    assert_int_equal(s.processing, 1);
+    st = key_state(q, "foo");
+    assert_true(st & WQ_KEY_PROCESSING);
+    assert_true(st & WQ_KEY_DIRTY);
+    assert_false(st & WQ_KEY_WAITING);
+    expect_get_rc(q, -EAGAIN);
+
+    /* queued again at its Done */
+    expect_done(q, "foo");
+    assert_int_equal(queued(q), 1);
+    expect_get(q, "foo");
+    expect_done(q, "foo");
+    clock_step(1 * SEC);
+    expect_get_rc(q, -EAGAIN);
+    assert_int_equal(stats_of(q).live, 0);
+    wq_close(q);
+}
+
+/* TestAddTwoFireEarly */
+static void add_two_fire_early(void **state)
+{
+    (void)state;
+    th_watchdog(10);
+    wq *q = open_q("fire-early", 0);
+
+    assert_int_equal(wq_add_after(q, KS("foo"), 1 * SEC), 0);
+    assert_int_equal(wq_add_after(q, KS("bar"), 50 * MS), 0);
+    assert_int_equal(queued(q), 0);
+
+    clock_step(60 * MS);
+    assert_int_equal(queued(q), 1);
+    expect_get(q, "bar");
+
+    assert_int_equal(wq_add_after(q, KS("baz"), 2 * SEC), 0);
+
+    clock_step(1 * SEC);
+    assert_int_equal(queued(q), 1);
+    expect_get(q, "foo");
+
+    clock_step(2 * SEC);
+    assert_int_equal(queued(q), 1);
+    expect_get(q, "baz");
+    wq_close(q);
+}
+
+/* TestCopyShifting */
+static void copy_shifting(void **state)
+{
+    (void)state;
+    th_watchdog(10);
+    wq *q = open_q("copy-shift", 0);
+
+    assert_int_equal(wq_add_after(q, KS("foo"), 1 * SEC), 0);
+    assert_int_equal(wq_add_after(q, KS("bar"), 500 * MS), 0);
+    assert_int_equal(wq_add_after(q, KS("baz"), 250 * MS), 0);
+    assert_int_equal(queued(q), 0);
+
+    clock_step(2 * SEC);
+    assert_int_equal(queued(q), 3);
+    expect_get(q, "baz");
+    expect_get(q, "bar");
+    expect_get(q, "foo");
+    wq_close(q);
+}
+
+/*
+ * BenchmarkDelayingQueue_AddAfter, as a test: N keys with random delays
+ * below 10 minutes, step 11 minutes, get all N. The delays are drawn from
+ * a coarse grid so that many keys share a ready time; the expected order is
+ * by ready time, ties in the order of their add (wq.h), i.e. a stable sort.
+ */
+#define RAND_N 2000
+struct rkey {
+    uint64_t delay;
+    int idx;
+};
+
+static int rkey_cmp(const void *a, const void *b)
+{
+    const struct rkey *x = a, *y = b;
+
+    if (x->delay != y->delay)
+        return x->delay < y->delay ? -1 : 1;
+    return x->idx - y->idx;
+}
+
+static void add_after_random(void **state)
+{
+    (void)state;
+    th_watchdog(15);
+    wq *q = open_q("random", 4096);
+    static struct rkey keys[RAND_N];
+    uint64_t seed = 0x9e3779b97f4a7c15ull;
+    char k[32];
+
+    for (int i = 0; i < RAND_N; i++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        /* 1 .. 1000 steps of 600 ms: below 10 minutes, never 0 */
+        keys[i].delay = ((seed >> 33) % 1000 + 1) * 600 * MS - 1;
+        keys[i].idx = i;
+        snprintf(k, sizeof k, "%d", i);
+        int rc = wq_add_after(q, KS(k), keys[i].delay);
+        if (rc != 0)
+            fail_msg("wq_add_after(%s) = %d", k, rc);
+    }
+    struct wq_stats s = stats_of(q);
+    assert_int_equal(s.waiting, RAND_N);
+    assert_int_equal(s.queued, 0);
+    assert_int_equal(s.live, RAND_N);
+    qsort(keys, RAND_N, sizeof keys[0], rkey_cmp);
+    assert_int_equal(s.next_ready_ns, T0 + keys[0].delay);
+
+    clock_step(11 * MIN);
+    assert_int_equal(queued(q), RAND_N);
+    for (int i = 0; i < RAND_N; i++) {
+        snprintf(k, sizeof k, "%d", keys[i].idx);
+        expect_get(q, k);
+    }
+    expect_get_rc(q, -EAGAIN);
+    assert_int_equal(wq_check(q, 0), 0);
+    wq_close(q);
+}
+
+/* ================================================================== */
+/* libwq specifics                                                     */
+/* ================================================================== */
+
+/* client-go adds an entry when !readyAt.After(now): ready exactly at now. */
+static void ready_time_boundary(void **state)
+{
+    (void)state;
+    th_watchdog(10);
+    wq *q = open_q("boundary", 0);
+
+    assert_int_equal(wq_add_after(q, KS("a"), 50 * MS), 0);
+    assert_int_equal(stats_of(q).next_ready_ns, T0 + 50 * MS);
+    clock_step(50 * MS - NS);
+    assert_int_equal(queued(q), 0);
+    expect_get_rc(q, -EAGAIN);
+    assert_int_equal(waiting(q), 1);
+    clock_step(NS);
+    expect_get(q, "a"); /* the get itself moves it */
+    assert_int_equal(stats_of(q).next_ready_ns, 0);
+    expect_done(q, "a");
+
+    /* a 1 ns delay */
+    assert_int_equal(wq_add_after(q, KS("b"), 1), 0);
+    assert_int_equal(ready_in(q, "b"), 1);
+    expect_get_rc(q, -EAGAIN);
+    clock_step(NS);
+    expect_get(q, "b");
+    wq_close(q);
+}
+
+/* wq_add_after with delay 0 is wq_add, return values included. */
+static void zero_delay_is_add(void **state)
+{
+    (void)state;
+    th_watchdog(10);
+    wq *q = open_q("zero", 0);
+
+    assert_int_equal(wq_add_after(q, KS("a"), 0), 0); /* newly queued */
+    assert_int_equal(wq_len(q), 1);                   /* at once */
+    assert_int_equal(waiting(q), 0);
+    assert_int_equal(wq_add_after(q, KS("a"), 0), 1); /* coalesced */
+    assert_int_equal(wq_len(q), 1);
+    expect_get(q, "a");
+    assert_int_equal(wq_add_after(q, KS("a"), 0), 0); /* marked dirty */
+    assert_int_equal(wq_add_after(q, KS("a"), 0), 1);
+    assert_int_equal(wq_len(q), 0);
+    expect_done(q, "a");
+    assert_int_equal(wq_len(q), 1);
+    expect_get(q, "a");
+    expect_done(q, "a");
+    struct wq_stats s = stats_of(q);
+    assert_int_equal(s.adds_total, 2);
+    assert_int_equal(s.coalesced_total, 2);
+    assert_int_equal(s.retries_total, 4); /* every wq_add_after call */
+    wq_close(q);
+}
+
+/* A direct wq_add of a waiting key queues it at once, ends the wait, and
+   the key does not fire a second time (client-go would). */
+static void direct_add_of_waiting_key(void **state)
+{
+    (void)state;
+    th_watchdog(10);
+    wq *q = open_q("direct", 0);
+
+    assert_int_equal(wq_add_after(q, KS("a"), 50 * MS), 0);
+    assert_int_equal(wq_add_after(q, KS("b"), 60 * MS), 0);
+    assert_int_equal(waiting(q), 2);
+    assert_int_equal(wq_add(q, KS("a")), 0); /* newly queued */
+    struct wq_stats s = stats_of(q);
+    assert_int_equal(s.waiting, 1);
+    assert_int_equal(s.queued, 1);
+    assert_int_equal(s.live, 2);
+    assert_int_equal(s.next_ready_ns, T0 + 60 * MS);
+    unsigned st = key_state(q, "a");
+    assert_true(st & WQ_KEY_QUEUED);
+    assert_false(st & WQ_KEY_WAITING);
+    assert_int_equal(wq_add(q, KS("a")), 1); /* now simply dirty */
+    expect_get(q, "a");
+    expect_done(q, "a");
+
+    clock_step(100 * MS);
+    assert_int_equal(queued(q), 1); /* only b */
+    expect_get(q, "b");
+    expect_done(q, "b");
+    expect_get_rc(q, -EAGAIN);
+    s = stats_of(q);
+    assert_int_equal(s.waiting, 0);
+    assert_int_equal(s.live, 0);
+    wq_close(q);
+}
+
+/* wq_add_after of a key already dirty merges (returns 1) and creates no
+   wait; the key is not handed out a second time later. */
+static void add_after_of_dirty_key(void **state)
+{
+    (void)state;
+    th_watchdog(10);
+    wq *q = open_q("dirty", 0);
+
+    /* queued */
+    assert_int_equal(wq_add(q, KS("a")), 0);
+    assert_int_equal(wq_add_after(q, KS("a"), 10 * MS), 1);
+    assert_int_equal(waiting(q), 0);
+    assert_int_equal(key_state(q, "a") & WQ_KEY_WAITING, 0);
+    expect_get(q, "a");
+    expect_done(q, "a");
+    clock_step(20 * MS);
+    expect_get_rc(q, -EAGAIN);
+
+    /* processing and re-added (dirty) */
+    assert_int_equal(wq_add(q, KS("b")), 0);
+    expect_get(q, "b");
+    assert_int_equal(wq_add(q, KS("b")), 0);
+    assert_int_equal(wq_add_after(q, KS("b"), 10 * MS), 1);
+    assert_int_equal(waiting(q), 0);
+    expect_done(q, "b");
+    expect_get(q, "b");
+    expect_done(q, "b");
+    clock_step(20 * MS);
+    expect_get_rc(q, -EAGAIN);
+    assert_int_equal(stats_of(q).live, 0);
+    wq_close(q);
+}
+
+/* A processing key given a delay: done before it is ready, it just waits;
+   re-added directly while processing+waiting, the wait ends. */
+static void processing_key_delayed(void **state)
+{
+    (void)state;
+    th_watchdog(10);
+    wq *q = open_q("proc-delay", 0);
+
+    /* done before ready */
+    assert_int_equal(wq_add(q, KS("a")), 0);
+    expect_get(q, "a");
+    assert_int_equal(wq_add_after(q, KS("a"), 10 * MS), 0);
+    assert_int_equal(wq_add_after(q, KS("a"), 20 * MS), 1); /* merged */
+    expect_done(q, "a");
+    struct wq_stats s = stats_of(q);
+    assert_int_equal(s.processing, 0);
+    assert_int_equal(s.waiting, 1);
+    assert_int_equal(s.queued, 0);
+    assert_int_equal(key_state(q, "a"), WQ_KEY_WAITING);
+    assert_int_equal(ready_in(q, "a"), 10 * MS);
+    clock_step(10 * MS);
+    assert_int_equal(queued(q), 1);
+    expect_get(q, "a");
+    expect_done(q, "a");
+
+    /* processing + waiting, then a direct add: dirty now, no wait left */
+    assert_int_equal(wq_add(q, KS("b")), 0);
+    expect_get(q, "b");
+    assert_int_equal(wq_add_after(q, KS("b"), 10 * MS), 0);
+    assert_int_equal(wq_add(q, KS("b")), 0);
+    s = stats_of(q);
+    assert_int_equal(s.waiting, 0);
+    unsigned st = key_state(q, "b");
+    assert_true(st & WQ_KEY_PROCESSING);
+    assert_true(st & WQ_KEY_DIRTY);
+    assert_false(st & WQ_KEY_WAITING);
+    expect_done(q, "b");
+    expect_get(q, "b");
+    expect_done(q, "b");
+    clock_step(50 * MS);
+    expect_get_rc(q, -EAGAIN);
+    assert_int_equal(stats_of(q).live, 0);
+    wq_close(q);
+}
+
+/* Shutdown drops waiting keys (client-go's waiting loop stops). */
+static void shutdown_drops_waiting(void **state)
+{
+    (void)state;
+    th_watchdog(10);
+    wq *q = open_q("shutdown", 0);
+
+    assert_int_equal(wq_add_after(q, KS("w1"), 1 * SEC), 0);
+    assert_int_equal(wq_add_after(q, KS("w2"), 2 * SEC), 0);
+    assert_int_equal(wq_add(q, KS("c")), 0);
+    assert_int_equal(waiting(q), 2);
+    assert_int_equal(wq_shutdown(q), 0);
+
+    struct wq_stats s = stats_of(q);
+    assert_int_equal(s.waiting, 0);
+    assert_int_equal(s.queued, 1);
+    assert_int_equal(s.live, 1);
+    assert_int_equal(s.next_ready_ns, 0);
+    assert_int_equal(key_state(q, "w1"), 0);
+    assert_int_equal(key_state(q, "w2"), 0);
+    expect_get(q, "c"); /* queued keys are still handed out */
+    expect_done(q, "c");
+    expect_get_rc(q, -ESHUTDOWN);
+
+    clock_step(3 * SEC);
+    expect_get_rc(q, -ESHUTDOWN);
+    s = stats_of(q);
+    assert_int_equal(s.queued, 0);
+    assert_int_equal(s.waiting, 0);
+    assert_int_equal(s.live, 0);
+    assert_int_equal(wq_add_after(q, KS("w3"), 1 * SEC), -ESHUTDOWN);
+    assert_int_equal(wq_add_after(q, KS("w3"), 0), -ESHUTDOWN);
+    assert_int_equal(waiting(q), 0);
+    assert_int_equal(wq_check(q, 0), 0);
+    wq_close(q);
+}
+
+/* Keys with the same ready time fire in the order they were added, also
+   when they were added among other keys and after a merge. */
+static void same_ready_time_in_add_order(void **state)
+{
+    (void)state;
+    th_watchdog(10);
+    wq *q = open_q("ties", 0);
+    static const char *const order[] = { "e", "b", "d", "a", "c", "f" };
+
+    assert_int_equal(wq_add_after(q, KS("late"), 200 * MS), 0);
+    for (size_t i = 0; i < 6; i++) {
+        assert_int_equal(wq_add_after(q, KS(order[i]), 100 * MS), 0);
+        if (i == 2) /* a later wait merged into d keeps d's time */
+            assert_int_equal(wq_add_after(q, KS("d"), 150 * MS), 1);
+    }
+    assert_int_equal(wq_add_after(q, KS("early"), 50 * MS), 0);
+    clock_step(1 * SEC);
+    assert_int_equal(queued(q), 8);
+    expect_get(q, "early");
+    for (size_t i = 0; i < 6; i++)
+        expect_get(q, order[i]);
+    expect_get(q, "late");
+    expect_get_rc(q, -EAGAIN);
+    wq_close(q);
+}
+
+/* stats.next_ready_ns follows the earliest waiting key. */
+static void next_ready(void **state)
+{
+    (void)state;
+    th_watchdog(10);
+    wq *q = open_q("next-ready", 0);
+
+    assert_int_equal(stats_of(q).next_ready_ns, 0);
+    assert_int_equal(stats_of(q).now_ns, T0);
+    assert_int_equal(wq_add_after(q, KS("a"), 300 * MS), 0);
+    assert_int_equal(stats_of(q).next_ready_ns, T0 + 300 * MS);
+    assert_int_equal(wq_add_after(q, KS("b"), 100 * MS), 0);
+    assert_int_equal(stats_of(q).next_ready_ns, T0 + 100 * MS);
+    assert_int_equal(wq_add_after(q, KS("a"), 50 * MS), 1); /* earlier */
+    assert_int_equal(stats_of(q).next_ready_ns, T0 + 50 * MS);
+    clock_step(60 * MS);
+    struct wq_stats s = stats_of(q);
+    assert_int_equal(s.now_ns, T0 + 60 * MS);
+    assert_int_equal(s.next_ready_ns, T0 + 100 * MS);
+    assert_int_equal(s.queued, 1);
+    clock_step(40 * MS);
+    s = stats_of(q);
+    assert_int_equal(s.next_ready_ns, 0);
+    assert_int_equal(s.queued, 2);
+    wq_close(q);
+}
+
+/* Waiting keys use slots (-ENOSPC), and the argument checks. */
+static void waiting_keys_are_live(void **state)
+{
+    (void)state;
+    th_watchdog(10);
+    wq *q = open_q("capacity", 2);
+    char longkey[KEYBUF + 2];
+
+    assert_int_equal(wq_add_after(q, KS("a"), 10 * MS), 0);
+    assert_int_equal(wq_add_after(q, KS("b"), 20 * MS), 0);
+    struct wq_stats s = stats_of(q);
+    assert_int_equal(s.live, 2);
+    assert_int_equal(s.waiting, 2);
+    assert_int_equal(wq_add_after(q, KS("c"), 10 * MS), -ENOSPC);
+    assert_int_equal(wq_add(q, KS("c")), -ENOSPC);
+    assert_int_equal(wq_add_after(q, KS("a"), 5 * MS), 1); /* no slot needed */
+    assert_int_equal(waiting(q), 2);
+
+    memset(longkey, 'x', sizeof longkey);
+    assert_int_equal(wq_add_after(q, longkey, KEYBUF + 1, 10 * MS), -EMSGSIZE);
+    assert_int_equal(wq_add_after(q, "x", 0, 10 * MS), -EINVAL);
+    assert_int_equal(wq_add_after(q, NULL, 1, 10 * MS), -EINVAL);
+    assert_int_equal(wq_add_after(NULL, "x", 1, 10 * MS), -EINVAL);
+
+    clock_step(20 * MS);
+    expect_get(q, "a");
+    expect_get(q, "b");
+    assert_int_equal(wq_add_after(q, KS("c"), 10 * MS), -ENOSPC);
+    expect_done(q, "a");
+    assert_int_equal(wq_add_after(q, KS("c"), 10 * MS), 0);
+    assert_int_equal(wq_check(q, 0), 0);
+    wq_close(q);
+}
+
+#define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        T(simple_queue),
+        T(deduping),
+        T(deduping_while_processing),
+        T(add_two_fire_early),
+        T(copy_shifting),
+        T(add_after_random),
+        T(ready_time_boundary),
+        T(zero_delay_is_add),
+        T(direct_add_of_waiting_key),
+        T(add_after_of_dirty_key),
+        T(processing_key_delayed),
+        T(shutdown_drops_waiting),
+        T(same_ready_time_in_add_order),
+        T(next_ready),
+        T(waiting_keys_are_live),
+        cmocka_unit_test(th_test_no_leftovers),
+    };
+    int rc = cmocka_run_group_tests(tests, th_group_setup, th_group_teardown);
+    return rc | th_final_check();
+}

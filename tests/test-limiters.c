@@ -1,0 +1,610 @@
+/*
+ * test-limiters.c - the rate limiters against Kubernetes client-go's
+ * util/workqueue/default_rate_limiters_test.go, plus the token bucket
+ * (client-go's BucketRateLimiter over golang.org/x/time/rate) that
+ * default_rate_limiters_test.go does not cover, and the option checks.
+ *
+ * client-go calls limiter.When(item), NumRequeues(item) and Forget(item)
+ * directly. libwq has its limiters only behind the queue:
+ *   When(k)        = wq_add_rate_limited(q, k): the failure count of k rises
+ *                    and k waits for the limiter's delay. We read the delay
+ *                    as wq_dump's ready_ns minus the (fake) now: with the
+ *                    test clock it is exact. A delay of 0 is a plain
+ *                    wq_add: the key is queued at once.
+ *                    The key is then taken out of the waiting set without
+ *                    moving the clock (a direct wq_add of a waiting key
+ *                    queues it at once and ends the wait), got and done, so
+ *                    the next When(k) starts a new wait; the failure count
+ *                    survives wq_done. Keeping the clock still matters for
+ *                    the token bucket, which refills with time, and keeps
+ *                    the 1000-call overflow loops far from any overflow of
+ *                    the clock itself.
+ *   NumRequeues(k) = wq_num_requeues(q, k);   Forget(k) = wq_forget(q, k).
+ * The limiters are chosen at creation with wq_options.rl_limiters; the
+ * delay is the maximum of the selected ones (client-go's MaxOfRateLimiter).
+ *
+ * Clock: wq_test_clock_set() (see test-delay.c), set to T0 before every
+ * queue is created, so the bucket starts full at T0.
+ */
+#include "helpers.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fault-api.h"
+
+#define KEYBUF 256 /* default max_key_len */
+#define NS   ((uint64_t)1)
+#define MS   ((uint64_t)1000000)
+#define SEC  ((uint64_t)1000000000)
+#define MIN  (60 * SEC)
+#define HOUR (60 * MIN)
+#define T0   (1000 * SEC)
+
+#define KS(s) (s), strlen(s)
+
+/* ------------------------------------------------------------------ */
+/* Fake clock and fixtures                                             */
+/* ------------------------------------------------------------------ */
+
+static uint64_t fake_now;
+
+static void clock_at(uint64_t t)
+{
+    fake_now = t;
+    wq_test_clock_set(t);
+}
+
+static void clock_step(uint64_t d)
+{
+    clock_at(fake_now + d);
+}
+
+static int setup(void **state)
+{
+    clock_at(T0);
+    return th_setup(state);
+}
+
+static int teardown(void **state)
+{
+    wq_test_clock_set(0);
+    fake_now = 0;
+    return th_teardown(state);
+}
+
+/* ------------------------------------------------------------------ */
+/* Helpers                                                             */
+/* ------------------------------------------------------------------ */
+
+/* Create a queue; o may be NULL (all defaults). */
+static wq *open_q(const char *tag, const struct wq_options *o)
+{
+    struct wq_options opt = { 0 };
+    const char *name = th_qname(tag);
+    wq *q = NULL;
+    int rc;
+
+    if (o != NULL)
+        opt = *o;
+    opt.flags |= WQ_CREATE | WQ_EXCL;
+    rc = wq_open(name, &opt, &q);
+    if (rc != 0)
+        fail_msg("wq_open(%s) = %d (%s)", name, rc, wq_strerror(rc));
+    assert_non_null(q);
+    return q;
+}
+
+static struct wq_stats stats_of(wq *q)
+{
+    struct wq_stats s;
+    int rc = wq_stats(q, &s);
+
+    assert_int_equal(rc, 0);
+    return s;
+}
+
+struct find {
+    const char *key;
+    size_t len;
+    int found;
+    struct wq_key_info info;
+};
+
+static int find_cb(const struct wq_key_info *i, void *arg)
+{
+    struct find *f = arg;
+
+    if (i->len == f->len && memcmp(i->key, f->key, f->len) == 0) {
+        f->found = 1;
+        f->info = *i;
+        f->info.key = NULL;
+        return 1;
+    }
+    return 0;
+}
+
+/* wq_dump entry of `key`; returns 0 when the key is not in the dump. */
+static int key_info(wq *q, const char *key, struct wq_key_info *out)
+{
+    struct find f = { .key = key, .len = strlen(key) };
+    int rc = wq_dump(q, find_cb, &f);
+
+    assert_true(rc == 0 || rc == 1);
+    if (f.found && out != NULL)
+        *out = f.info;
+    return f.found;
+}
+
+#define expect_get(q, k) expect_get_((q), (k), __LINE__)
+static void expect_get_(wq *q, const char *key, int line)
+{
+    char buf[KEYBUF];
+    int n = wq_get(q, buf, sizeof buf, 0);
+
+    if (n < 0)
+        fail_msg("line %d: wq_get = %d (%s), expected \"%s\"", line, n,
+                 wq_strerror(n), key);
+    if ((size_t)n != strlen(key) || memcmp(buf, key, (size_t)n) != 0)
+        fail_msg("line %d: wq_get = \"%.*s\", expected \"%s\"", line, n, buf,
+                 key);
+}
+
+
+/* ------------------------------------------------------------------ */
+/* When() through the queue                                            */
+/* ------------------------------------------------------------------ */
+
+/* One client-go When(key): the delay the limiter gave. The key is left
+   neither waiting nor queued, and the clock does not move (see top). */
+static uint64_t when_(wq *q, const char *key, int line)
+{
+    struct wq_key_info ki;
+    uint64_t d = 0;
+    int rc = wq_add_rate_limited(q, KS(key));
+
+    if (rc != 0)
+        fail_msg("line %d: wq_add_rate_limited(%s) = %d (%s), expected 0",
+                 line, key, rc, wq_strerror(rc));
+    if (!key_info(q, key, &ki))
+        fail_msg("line %d: \"%s\" is not in the dump", line, key);
+    if (ki.state & WQ_KEY_WAITING) {
+        if (ki.ready_ns <= fake_now)
+            fail_msg("line %d: \"%s\" waits with ready_ns %" PRIu64
+                     " <= now %" PRIu64, line, key, ki.ready_ns, fake_now);
+        d = ki.ready_ns - fake_now;
+        rc = wq_add(q, KS(key)); /* pull it forward: queued at once */
+        if (rc != 0)
+            fail_msg("line %d: wq_add(%s) of a waiting key = %d", line, key,
+                     rc);
+    } else if (ki.state == (WQ_KEY_QUEUED | WQ_KEY_DIRTY)) {
+        d = 0; /* delay 0: wq_add */
+    } else {
+        fail_msg("line %d: \"%s\" state 0x%x after wq_add_rate_limited", line,
+                 key, ki.state);
+    }
+    expect_get_(q, key, line);
+    rc = wq_done(q, KS(key));
+    if (rc != 0)
+        fail_msg("line %d: wq_done(%s) = %d", line, key, rc);
+    return d;
+}
+
+#define expect_when(q, k, e) expect_when_((q), (k), (e), __LINE__)
+static void expect_when_(wq *q, const char *key, uint64_t expect, int line)
+{
+    uint64_t got = when_(q, key, line);
+
+    if (got != expect)
+        fail_msg("line %d: When(%s) = %" PRIu64 " ns, expected %" PRIu64
+                 " ns", line, key, got, expect);
+}
+
+#define expect_requeues(q, k, e) \
+    assert_int_equal(wq_num_requeues((q), KS(k)), (e))
+
+static wq *limiter_q(const char *tag, unsigned limiters, uint64_t base,
+                     uint64_t max, uint64_t fast, uint64_t slow,
+                     uint32_t attempts)
+{
+    struct wq_options o = { .rl_limiters = limiters,
+                            .rl_base_delay_ns = base,
+                            .rl_max_delay_ns = max,
+                            .rl_fast_delay_ns = fast,
+                            .rl_slow_delay_ns = slow,
+                            .rl_max_fast_attempts = attempts };
+    return open_q(tag, &o);
+}
+
+static wq *bucket_q(const char *tag, double qps, uint32_t burst)
+{
+    struct wq_options o = { .rl_limiters = WQ_RL_BUCKET,
+                            .rl_qps = qps,
+                            .rl_burst = burst };
+    return open_q(tag, &o);
+}
+
+/* ================================================================== */
+/* client-go default_rate_limiters_test.go                             */
+/* ================================================================== */
+
+/* TestItemExponentialFailureRateLimiter */
+static void item_exponential(void **state)
+{
+    (void)state;
+    th_watchdog(10);
+    wq *q = limiter_q("exp", WQ_RL_EXPONENTIAL, 1 * MS, 1 * SEC, 0, 0, 0);
+
+    expect_when(q, "one", 1 * MS);
+    expect_when(q, "one", 2 * MS);
+    expect_when(q, "one", 4 * MS);
+    expect_when(q, "one", 8 * MS);
+    expect_when(q, "one", 16 * MS);
+    expect_requeues(q, "one", 5);
+
+    expect_when(q, "two", 1 * MS);
+    expect_when(q, "two", 2 * MS);
+    expect_requeues(q, "two", 2);
+
+    assert_int_equal(wq_forget(q, KS("one")), 0);
+    expect_requeues(q, "one", 0);
+    expect_when(q, "one", 1 * MS);
+    wq_close(q);
+}
+
+/* min(base * 2^i, max) without overflow. */
+static uint64_t exp_delay(uint64_t base, uint64_t max, unsigned i)
+{
+    if (i >= 64 || base > (UINT64_MAX >> i))
+        return max;
+    return (base << i) > max ? max : base << i;
+}
+
+/* TestItemExponentialFailureRateLimiterOverFlow; every one of the 1000
+   calls is checked too, not only the last. */
+static void item_exponential_overflow(void **state)
+{
+    (void)state;
+    th_watchdog(15);
+    wq *q = limiter_q("exp-of1", WQ_RL_EXPONENTIAL, 1 * MS, 1000 * SEC, 0,
+                      0, 0);
+
+    for (int i = 0; i < 5; i++)
+        (void)when_(q, "one", __LINE__);
+    expect_when(q, "one", 32 * MS);
+
+    for (unsigned i = 0; i < 1000; i++)
+        expect_when(q, "overflow1", exp_delay(1 * MS, 1000 * SEC, i));
+    expect_when(q, "overflow1", 1000 * SEC);
+    expect_requeues(q, "overflow1", 1001);
+    wq_close(q);
+
+    q = limiter_q("exp-of2", WQ_RL_EXPONENTIAL, 1 * MIN, 1000 * HOUR, 0, 0,
+                  0);
+    for (int i = 0; i < 2; i++)
+        (void)when_(q, "two", __LINE__);
+    expect_when(q, "two", 4 * MIN);
+
+    for (unsigned i = 0; i < 1000; i++)
+        expect_when(q, "overflow2", exp_delay(1 * MIN, 1000 * HOUR, i));
+    expect_when(q, "overflow2", 1000 * HOUR);
+    expect_requeues(q, "overflow2", 1001);
+    wq_close(q);
+}
+
+/* TestItemFastSlowRateLimiter */
+static void item_fast_slow(void **state)
+{
+    (void)state;
+    th_watchdog(10);
+    wq *q = limiter_q("fastslow", WQ_RL_FAST_SLOW, 0, 0, 5 * MS, 10 * SEC,
+                      3);
+
+    expect_when(q, "one", 5 * MS);
+    expect_when(q, "one", 5 * MS);
+    expect_when(q, "one", 5 * MS);
+    expect_when(q, "one", 10 * SEC);
+    expect_when(q, "one", 10 * SEC);
+    expect_requeues(q, "one", 5);
+
+    expect_when(q, "two", 5 * MS);
+    expect_when(q, "two", 5 * MS);
+    expect_requeues(q, "two", 2);
+
+    assert_int_equal(wq_forget(q, KS("one")), 0);
+    expect_requeues(q, "one", 0);
+    expect_when(q, "one", 5 * MS);
+    wq_close(q);
+}
+
+/* TestMaxOfRateLimiter: MaxOf(FastSlow(5ms, 3s, 3), Exponential(1ms, 1s)) */
+static void max_of(void **state)
+{
+    (void)state;
+    th_watchdog(10);
+    wq *q = limiter_q("maxof", WQ_RL_FAST_SLOW | WQ_RL_EXPONENTIAL, 1 * MS,
+                      1 * SEC, 5 * MS, 3 * SEC, 3);
+
+    expect_when(q, "one", 5 * MS);
+    expect_when(q, "one", 5 * MS);
+    expect_when(q, "one", 5 * MS);
+    expect_when(q, "one", 3 * SEC);
+    expect_when(q, "one", 3 * SEC);
+    expect_requeues(q, "one", 5);
+
+    expect_when(q, "two", 5 * MS);
+    expect_when(q, "two", 5 * MS);
+    expect_requeues(q, "two", 2);
+
+    assert_int_equal(wq_forget(q, KS("one")), 0);
+    expect_requeues(q, "one", 0);
+    expect_when(q, "one", 5 * MS);
+
+    /* long past the fast attempts: the exponential one is capped at its
+       max (1 s), so the slow delay (3 s) stays the maximum */
+    for (int i = 0; i < 15; i++)
+        (void)when_(q, "three", __LINE__);
+    expect_when(q, "three", 3 * SEC);
+    wq_close(q);
+}
+
+/*
+ * TestWithMaxWaitRateLimiter wraps a custom StepRateLimiter (a count shared
+ * by all items: 5 ms for the first 100 calls, then 1000 s) in
+ * NewWithMaxWaitRateLimiter(..., 500 s), and expects 5 ms x 100 then
+ * 500 s x 100. libwq has neither user-supplied limiters nor a max-wait
+ * wrapper: the limiter set is fixed at creation (exponential, bucket,
+ * fast/slow), so nothing of this test maps. The closest libwq notion, the
+ * per-key cap rl_max_delay_ns of the exponential limiter, is tested by
+ * exponential_max_cap below.
+ */
+static void with_max_wait_rate_limiter(void **state)
+{
+    (void)state;
+    skip(); /* no custom limiters and no WithMaxWait wrapper in libwq */
+}
+
+/* The per-key cap: base 5 ms, max 500 s: 5 ms * 2^i until 2^17 * 5 ms
+   (655.36 s) would pass 500 s, then exactly 500 s for ever. */
+static void exponential_max_cap(void **state)
+{
+    (void)state;
+    th_watchdog(10);
+    wq *q = limiter_q("expcap", WQ_RL_EXPONENTIAL, 5 * MS, 500 * SEC, 0, 0,
+                      0);
+
+    for (unsigned i = 0; i < 17; i++)
+        expect_when(q, "k", (5 * MS) << i);
+    for (unsigned i = 17; i < 100; i++)
+        expect_when(q, "k", 500 * SEC);
+    expect_requeues(q, "k", 100);
+    wq_close(q);
+}
+
+/* ================================================================== */
+/* The token bucket (client-go BucketRateLimiter, x/time/rate)         */
+/* ================================================================== */
+
+/*
+ * rate.Limiter semantics: tokens refill at qps per second up to burst;
+ * every reservation takes one token even if the count goes negative, and
+ * waits deficit / qps. The bucket starts full and is shared by all keys.
+ * Defaults (zero qps and burst): 10 qps, burst 100.
+ */
+static void bucket_burst_then_rate(void **state)
+{
+    (void)state;
+    th_watchdog(10);
+    wq *q = bucket_q("bucket", 0, 0);
+    char k[16];
+
+    for (int i = 0; i < 100; i++) {
+        snprintf(k, sizeof k, "b%d", i);
+        expect_when(q, k, 0);
+    }
+    expect_when(q, "b100", 100 * MS);
+    expect_when(q, "b101", 200 * MS);
+    expect_when(q, "b0", 300 * MS); /* the same key takes tokens too */
+    expect_requeues(q, "b0", 2);
+    expect_requeues(q, "b101", 1);
+    struct wq_stats s = stats_of(q);
+    assert_int_equal(s.retries_total, 103);
+    assert_int_equal(s.failing, 102);
+    wq_close(q);
+}
+
+/* Refill with time, capped at burst; fractions of a token. qps 4 keeps
+   the arithmetic exact in binary floating point (1/4 s per token). */
+static void bucket_refill(void **state)
+{
+    (void)state;
+    th_watchdog(10);
+    wq *q = bucket_q("refill", 4, 2);
+
+    expect_when(q, "k1", 0);
+    expect_when(q, "k2", 0);
+    expect_when(q, "k3", 250 * MS); /* tokens -1 */
+    clock_step(125 * MS);           /* -0.5 */
+    expect_when(q, "k4", 375 * MS); /* -1.5 */
+    clock_step(1 * SEC);            /* 2.5, capped at 2 */
+    expect_when(q, "k5", 0);
+    expect_when(q, "k6", 0);
+    expect_when(q, "k7", 250 * MS); /* -1 */
+    clock_step(250 * MS);           /* 0 */
+    expect_when(q, "k8", 250 * MS); /* -1 */
+    clock_step(375 * MS);           /* 0.5 */
+    expect_when(q, "k9", 125 * MS); /* -0.5 */
+    clock_step(3600 * SEC);         /* a long idle time: 2 */
+    expect_when(q, "k10", 0);
+    expect_when(q, "k11", 0);
+    expect_when(q, "k12", 250 * MS);
+    expect_when(q, "k13", 500 * MS);
+    wq_close(q);
+}
+
+/* client-go's DefaultControllerRateLimiter, libwq's default (zero
+   options): MaxOf(Exponential(5ms, 1000s), Bucket(10 qps, burst 100)). */
+static void default_controller_rate_limiter(void **state)
+{
+    (void)state;
+    th_watchdog(10);
+    wq *q = open_q("default", NULL);
+    char k[16];
+
+    for (int i = 0; i < 100; i++) {
+        snprintf(k, sizeof k, "k%d", i);
+        expect_when(q, k, 5 * MS);
+    }
+    expect_when(q, "k100", 100 * MS); /* bucket: 1 token short */
+    expect_when(q, "k0", 200 * MS);   /* exp 10 ms, bucket 200 ms */
+    clock_step(1 * SEC);              /* tokens -2 + 10 = 8 */
+    expect_when(q, "k0", 20 * MS);    /* exp 20 ms, bucket 0 */
+    expect_requeues(q, "k0", 3);
+    assert_int_equal(wq_forget(q, KS("k0")), 0);
+    expect_when(q, "k0", 5 * MS);
+
+    /* the same through explicit options */
+    struct wq_options o = { .rl_limiters = WQ_RL_EXPONENTIAL | WQ_RL_BUCKET,
+                            .rl_base_delay_ns = 5 * MS,
+                            .rl_max_delay_ns = 1000 * SEC,
+                            .rl_qps = 10,
+                            .rl_burst = 100 };
+    wq *q2 = open_q("explicit", &o);
+    for (int i = 0; i < 100; i++) {
+        snprintf(k, sizeof k, "k%d", i);
+        expect_when(q2, k, 5 * MS);
+    }
+    expect_when(q2, "k100", 100 * MS);
+    expect_when(q2, "k0", 200 * MS);
+    wq_close(q2);
+    wq_close(q);
+}
+
+/* ================================================================== */
+/* Options                                                             */
+/* ================================================================== */
+
+static int try_open(const struct wq_options *o)
+{
+    struct wq_options opt = *o;
+    wq *q = NULL;
+    int rc;
+
+    opt.flags |= WQ_CREATE | WQ_EXCL;
+    rc = wq_open(th_qname("opts"), &opt, &q);
+    if (rc == 0)
+        wq_close(q);
+    return rc;
+}
+
+static void limiter_options(void **state)
+{
+    (void)state;
+    th_watchdog(10);
+    struct wq_options o;
+
+#define TRY(expect, ...)                                                     \
+    do {                                                                     \
+        o = (struct wq_options){ __VA_ARGS__ };                              \
+        int rc_ = try_open(&o);                                              \
+        if (rc_ != (expect))                                                 \
+            fail_msg("wq_open(%s) = %d (%s), expected %d", #__VA_ARGS__,    \
+                     rc_, wq_strerror(rc_), (expect));                       \
+    } while (0)
+
+    TRY(-EINVAL, .rl_limiters = 1u << 3);
+    TRY(-EINVAL, .rl_limiters = 1u << 31);
+    TRY(-EINVAL, .rl_limiters = WQ_RL_FAST_SLOW);
+    TRY(-EINVAL, .rl_limiters = WQ_RL_FAST_SLOW, .rl_fast_delay_ns = MS,
+        .rl_slow_delay_ns = SEC);
+    TRY(-EINVAL, .rl_limiters = WQ_RL_FAST_SLOW, .rl_fast_delay_ns = MS,
+        .rl_max_fast_attempts = 3);
+    TRY(-EINVAL, .rl_limiters = WQ_RL_FAST_SLOW, .rl_slow_delay_ns = SEC,
+        .rl_max_fast_attempts = 3);
+    TRY(-EINVAL, .rl_limiters = WQ_RL_FAST_SLOW, .rl_fast_delay_ns = 2 * SEC,
+        .rl_slow_delay_ns = SEC, .rl_max_fast_attempts = 3);
+    TRY(-EINVAL, .rl_base_delay_ns = 2 * SEC, .rl_max_delay_ns = SEC);
+    TRY(-EINVAL, .rl_qps = -1);
+    TRY(0, .rl_limiters = WQ_RL_FAST_SLOW, .rl_fast_delay_ns = SEC,
+        .rl_slow_delay_ns = SEC, .rl_max_fast_attempts = 1);
+    TRY(0, .rl_limiters = WQ_RL_EXPONENTIAL | WQ_RL_BUCKET | WQ_RL_FAST_SLOW,
+        .rl_fast_delay_ns = MS, .rl_slow_delay_ns = SEC,
+        .rl_max_fast_attempts = 1);
+    TRY(0, .rl_base_delay_ns = SEC, .rl_max_delay_ns = SEC);
+    TRY(0, .rl_qps = 0.5, .rl_burst = 1);
+#undef TRY
+}
+
+/* Zero limiter fields are the defaults; options of an attach are ignored. */
+static void limiter_defaults_and_attach(void **state)
+{
+    (void)state;
+    th_watchdog(10);
+
+    /* exponential alone, zero fields: 5 ms .. 1000 s */
+    wq *q = limiter_q("expdef", WQ_RL_EXPONENTIAL, 0, 0, 0, 0, 0);
+    expect_when(q, "k", 5 * MS);
+    expect_when(q, "k", 10 * MS);
+    for (int i = 0; i < 60; i++)
+        (void)when_(q, "k", __LINE__);
+    expect_when(q, "k", 1000 * SEC);
+    wq_close(q);
+
+    /* bucket alone with a burst of 1: 0, then 1 / 10 qps */
+    q = bucket_q("burst1", 0, 1);
+    expect_when(q, "a", 0);
+    expect_when(q, "b", 100 * MS);
+    wq_close(q);
+
+    /* bucket with qps 2, default burst 100 */
+    q = bucket_q("qps2", 2, 0);
+    for (int i = 0; i < 100; i++)
+        (void)when_(q, "a", __LINE__);
+    expect_when(q, "b", 500 * MS);
+    wq_close(q);
+
+    /* attaching with other limiter options keeps the creator's */
+    const char *name = th_qname("attach");
+    struct wq_options c = { .flags = WQ_CREATE | WQ_EXCL,
+                            .rl_limiters = WQ_RL_EXPONENTIAL,
+                            .rl_base_delay_ns = 1 * MS,
+                            .rl_max_delay_ns = 1 * SEC };
+    struct wq_options a = { .flags = WQ_CREATE,
+                            .rl_limiters = WQ_RL_FAST_SLOW,
+                            .rl_fast_delay_ns = 7 * MS,
+                            .rl_slow_delay_ns = 9 * SEC,
+                            .rl_max_fast_attempts = 1 };
+    wq *q1 = NULL, *q2 = NULL;
+    assert_int_equal(wq_open(name, &c, &q1), 0);
+    assert_int_equal(wq_open(name, &a, &q2), 0);
+    expect_when(q2, "k", 1 * MS);
+    expect_when(q2, "k", 2 * MS);
+    expect_when(q1, "k", 4 * MS);
+    wq_close(q2);
+    wq_close(q1);
+}
+
+#define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        T(item_exponential),
+        T(item_exponential_overflow),
+        T(item_fast_slow),
+        T(max_of),
+        T(with_max_wait_rate_limiter),
+        T(exponential_max_cap),
+        T(bucket_burst_then_rate),
+        T(bucket_refill),
+        T(default_controller_rate_limiter),
+        T(limiter_options),
+        T(limiter_defaults_and_attach),
+        cmocka_unit_test(th_test_no_leftovers),
+    };
+    int rc = cmocka_run_group_tests(tests, th_group_setup, th_group_teardown);
+    return rc | th_final_check();
+}

@@ -1,0 +1,578 @@
+/*
+ * test-ratelimit.c - the rate limiting queue (wq_add_rate_limited,
+ * wq_num_requeues, wq_forget) against Kubernetes client-go's
+ * util/workqueue/rate_limiting_queue_test.go, plus the libwq specifics of
+ * the contract: where failure counts live (a key's slot, state
+ * WQ_KEY_FAILING, stats.failing), merging, and eviction of idle failure
+ * counts when the table is full.
+ *
+ * Clock: see test-delay.c. wq_test_clock_set() fakes libwq's
+ * CLOCK_MONOTONIC in this process; it is set to T0 before each queue is
+ * created (so the token bucket starts at T0 too) and only moves when a
+ * test steps it. Every wq_get uses timeout 0.
+ *
+ * client-go's TestRateLimitingQueue reads each AddRateLimited's wait entry
+ * from the delaying queue's channel: every call makes its own entry with
+ * its own readyAt. In libwq a key already waiting keeps the earlier ready
+ * time (one entry per key), so to see each delay the key is taken out of
+ * the waiting set between the calls: the clock is stepped to its ready
+ * time, it is got and done (its failure count survives wq_done). The
+ * delay is read as wq_dump's ready_ns minus the fake now.
+ */
+#include "helpers.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fault-api.h"
+
+#define KEYBUF 256 /* default max_key_len */
+#define NS  ((uint64_t)1)
+#define MS  ((uint64_t)1000000)
+#define SEC ((uint64_t)1000000000)
+#define T0  (1000 * SEC)
+
+#define KS(s) (s), strlen(s)
+
+/* ------------------------------------------------------------------ */
+/* Fake clock and fixtures                                             */
+/* ------------------------------------------------------------------ */
+
+static uint64_t fake_now;
+
+static void clock_at(uint64_t t)
+{
+    fake_now = t;
+    wq_test_clock_set(t);
+}
+
+static void clock_step(uint64_t d)
+{
+    clock_at(fake_now + d);
+}
+
+static int setup(void **state)
+{
+    clock_at(T0);
+    return th_setup(state);
+}
+
+static int teardown(void **state)
+{
+    wq_test_clock_set(0);
+    fake_now = 0;
+    return th_teardown(state);
+}
+
+/* ------------------------------------------------------------------ */
+/* Helpers                                                             */
+/* ------------------------------------------------------------------ */
+
+/* Create a queue; o may be NULL (all defaults). */
+static wq *open_q(const char *tag, const struct wq_options *o)
+{
+    struct wq_options opt = { 0 };
+    const char *name = th_qname(tag);
+    wq *q = NULL;
+    int rc;
+
+    if (o != NULL)
+        opt = *o;
+    opt.flags |= WQ_CREATE | WQ_EXCL;
+    rc = wq_open(name, &opt, &q);
+    if (rc != 0)
+        fail_msg("wq_open(%s) = %d (%s)", name, rc, wq_strerror(rc));
+    assert_non_null(q);
+    return q;
+}
+
+static struct wq_stats stats_of(wq *q)
+{
+    struct wq_stats s;
+    int rc = wq_stats(q, &s);
+
+    assert_int_equal(rc, 0);
+    return s;
+}
+
+/* Queued keys, after the lock holder moved the ready ones (see top). */
+static uint64_t queued(wq *q)
+{
+    return stats_of(q).queued;
+}
+
+static uint64_t waiting(wq *q)
+{
+    return stats_of(q).waiting;
+}
+
+struct find {
+    const char *key;
+    size_t len;
+    int found;
+    struct wq_key_info info;
+};
+
+static int find_cb(const struct wq_key_info *i, void *arg)
+{
+    struct find *f = arg;
+
+    if (i->len == f->len && memcmp(i->key, f->key, f->len) == 0) {
+        f->found = 1;
+        f->info = *i;
+        f->info.key = NULL;
+        return 1;
+    }
+    return 0;
+}
+
+/* wq_dump entry of `key`; returns 0 when the key is not in the dump. */
+static int key_info(wq *q, const char *key, struct wq_key_info *out)
+{
+    struct find f = { .key = key, .len = strlen(key) };
+    int rc = wq_dump(q, find_cb, &f);
+
+    assert_true(rc == 0 || rc == 1);
+    if (f.found && out != NULL)
+        *out = f.info;
+    return f.found;
+}
+
+/* State bits of `key` in wq_dump, 0 when absent. */
+static unsigned key_state(wq *q, const char *key)
+{
+    struct wq_key_info ki;
+
+    return key_info(q, key, &ki) ? ki.state : 0;
+}
+
+/* Ready time of a waiting key minus the fake now. */
+#define ready_in(q, k) ready_in_((q), (k), __LINE__)
+static uint64_t ready_in_(wq *q, const char *key, int line)
+{
+    struct wq_key_info ki;
+
+    if (!key_info(q, key, &ki))
+        fail_msg("line %d: \"%s\" is not in the dump", line, key);
+    if (!(ki.state & WQ_KEY_WAITING))
+        fail_msg("line %d: \"%s\" is not waiting (state 0x%x)", line, key,
+                 ki.state);
+    if (ki.ready_ns < fake_now)
+        fail_msg("line %d: \"%s\" ready_ns %" PRIu64 " before now %" PRIu64,
+                 line, key, ki.ready_ns, fake_now);
+    return ki.ready_ns - fake_now;
+}
+
+#define expect_get(q, k) expect_get_((q), (k), __LINE__)
+static void expect_get_(wq *q, const char *key, int line)
+{
+    char buf[KEYBUF];
+    int n = wq_get(q, buf, sizeof buf, 0);
+
+    if (n < 0)
+        fail_msg("line %d: wq_get = %d (%s), expected \"%s\"", line, n,
+                 wq_strerror(n), key);
+    if ((size_t)n != strlen(key) || memcmp(buf, key, (size_t)n) != 0)
+        fail_msg("line %d: wq_get = \"%.*s\", expected \"%s\"", line, n, buf,
+                 key);
+}
+
+#define expect_get_rc(q, e) expect_get_rc_((q), (e), __LINE__)
+static void expect_get_rc_(wq *q, int expect, int line)
+{
+    char buf[KEYBUF];
+    int n = wq_get(q, buf, sizeof buf, 0);
+
+    if (n != expect)
+        fail_msg("line %d: wq_get = %d (%s \"%.*s\"), expected %d (%s)", line,
+                 n, n < 0 ? wq_strerror(n) : "got key", n > 0 ? n : 0, buf,
+                 expect, wq_strerror(expect));
+}
+
+#define expect_done(q, k) assert_int_equal(wq_done((q), KS(k)), 0)
+
+/* num_requeues with a check of the return value. */
+#define requeues(q, k) wq_num_requeues((q), KS(k))
+
+/* A queue with client-go's NewItemExponentialFailureRateLimiter(base, max)
+   as its only limiter. */
+static wq *exp_q(const char *tag, uint64_t base, uint64_t max, uint32_t cap)
+{
+    struct wq_options o = { .capacity = cap,
+                            .rl_limiters = WQ_RL_EXPONENTIAL,
+                            .rl_base_delay_ns = base,
+                            .rl_max_delay_ns = max };
+    return open_q(tag, &o);
+}
+
+/* Step the fake clock to `key`'s ready time, get it (it must be the front
+   key) and mark it done: the key leaves the waiting set, and keeps its
+   failure count. */
+#define step_out(q, k) step_out_((q), (k), __LINE__)
+static void step_out_(wq *q, const char *key, int line)
+{
+    clock_step(ready_in_(q, key, line));
+    expect_get_(q, key, line);
+    if (wq_done(q, KS(key)) != 0)
+        fail_msg("line %d: wq_done(%s) failed", line, key);
+}
+
+/* ================================================================== */
+/* client-go rate_limiting_queue_test.go                               */
+/* ================================================================== */
+
+/* TestRateLimitingQueue */
+static void rate_limiting_queue(void **state)
+{
+    (void)state;
+    th_watchdog(10);
+    wq *q = exp_q("rlq", 1 * MS, 1 * SEC, 0);
+
+    assert_int_equal(wq_add_rate_limited(q, KS("one")), 0);
+    assert_int_equal(ready_in(q, "one"), 1 * MS);
+    step_out(q, "one");
+    assert_int_equal(wq_add_rate_limited(q, KS("one")), 0);
+    assert_int_equal(ready_in(q, "one"), 2 * MS);
+    assert_int_equal(requeues(q, "one"), 2);
+
+    assert_int_equal(wq_add_rate_limited(q, KS("two")), 0);
+    assert_int_equal(ready_in(q, "two"), 1 * MS);
+    step_out(q, "two"); /* one is still waiting, 1 ms later */
+    assert_int_equal(wq_add_rate_limited(q, KS("two")), 0);
+    assert_int_equal(ready_in(q, "two"), 2 * MS);
+
+    /* Forget while "one" waits: the count goes, the wait stays. */
+    assert_int_equal(wq_forget(q, KS("one")), 0);
+    assert_int_equal(requeues(q, "one"), 0);
+    assert_true(key_state(q, "one") & WQ_KEY_WAITING);
+    assert_int_equal(requeues(q, "two"), 2);
+
+    /* Let both fire, in ready order, then the first When of "one" again. */
+    clock_step(2 * MS);
+    assert_int_equal(queued(q), 2);
+    expect_get(q, "one");
+    expect_get(q, "two");
+    expect_done(q, "one");
+    expect_done(q, "two");
+    assert_int_equal(wq_add_rate_limited(q, KS("one")), 0);
+    assert_int_equal(ready_in(q, "one"), 1 * MS);
+    assert_int_equal(requeues(q, "one"), 1);
+    assert_int_equal(requeues(q, "two"), 2);
+    wq_close(q);
+}
+
+/*
+ * TestNewNamedRateLimitingWithCustomQueue (in some versions of the file):
+ * DefaultControllerRateLimiter over a custom (priority) queue; one
+ * AddRateLimited, then Get returns the key. libwq has no pluggable inner
+ * queue, so the default queue stands in; the first default delay is
+ * max(5 ms exponential, 0 from a full bucket) = 5 ms.
+ */
+static void named_custom_queue(void **state)
+{
+    (void)state;
+    th_watchdog(10);
+    wq *q = open_q("named", NULL);
+
+    assert_int_equal(wq_add_rate_limited(q, KS("one")), 0);
+    assert_int_equal(ready_in(q, "one"), 5 * MS);
+    expect_get_rc(q, -EAGAIN);
+    clock_step(5 * MS);
+    expect_get(q, "one");
+    expect_done(q, "one");
+    wq_close(q);
+}
+
+/* ================================================================== */
+/* libwq specifics                                                     */
+/* ================================================================== */
+
+/* AddRateLimited of a waiting key: When() still counts the failure (it is
+   called before AddAfter in client-go), the add is merged (1) and the key
+   keeps the earlier ready time. */
+static void merged_while_waiting(void **state)
+{
+    (void)state;
+    th_watchdog(10);
+    wq *q = exp_q("merge-wait", 1 * MS, 1 * SEC, 0);
+
+    assert_int_equal(wq_add_rate_limited(q, KS("k")), 0);
+    assert_int_equal(wq_add_rate_limited(q, KS("k")), 1);
+    assert_int_equal(wq_add_rate_limited(q, KS("k")), 1);
+    assert_int_equal(requeues(q, "k"), 3);
+    assert_int_equal(ready_in(q, "k"), 1 * MS);
+    assert_int_equal(waiting(q), 1);
+    step_out(q, "k");
+    assert_int_equal(wq_add_rate_limited(q, KS("k")), 0);
+    assert_int_equal(ready_in(q, "k"), 8 * MS); /* 1 ms * 2^3 */
+    assert_int_equal(requeues(q, "k"), 4);
+
+    /* a plain delayed add merged with a rate limited one: earlier wins */
+    assert_int_equal(wq_add_after(q, KS("w"), 1 * SEC), 0);
+    assert_int_equal(wq_add_rate_limited(q, KS("w")), 1);
+    assert_int_equal(ready_in(q, "w"), 1 * MS);
+    assert_int_equal(requeues(q, "w"), 1);
+    assert_int_equal(stats_of(q).retries_total, 6);
+    wq_close(q);
+}
+
+/* AddRateLimited of a dirty key: merged (1), no wait, the count rises. */
+static void rate_limited_dirty_key(void **state)
+{
+    (void)state;
+    th_watchdog(10);
+    wq *q = exp_q("dirty", 1 * MS, 1 * SEC, 0);
+
+    assert_int_equal(wq_add(q, KS("k")), 0);
+    assert_int_equal(wq_add_rate_limited(q, KS("k")), 1);
+    assert_int_equal(requeues(q, "k"), 1);
+    struct wq_stats s = stats_of(q);
+    assert_int_equal(s.waiting, 0);
+    assert_int_equal(s.queued, 1);
+    assert_int_equal(key_state(q, "k") & WQ_KEY_WAITING, 0);
+
+    /* processing and dirty */
+    expect_get(q, "k");
+    assert_int_equal(wq_add(q, KS("k")), 0);
+    assert_int_equal(wq_add_rate_limited(q, KS("k")), 1);
+    assert_int_equal(requeues(q, "k"), 2);
+    assert_int_equal(waiting(q), 0);
+    expect_done(q, "k");
+    expect_get(q, "k");
+    expect_done(q, "k");
+    clock_step(1 * SEC);
+    expect_get_rc(q, -EAGAIN);
+    assert_int_equal(requeues(q, "k"), 2);
+    wq_close(q);
+}
+
+/* The controller loop: get, fail -> AddRateLimited, Done; later succeed
+   -> Forget, Done. Default limiter (5 ms, 10 ms, ...). */
+static void controller_loop(void **state)
+{
+    (void)state;
+    th_watchdog(10);
+    wq *q = open_q("loop", NULL);
+
+    assert_int_equal(wq_add(q, KS("k")), 0);
+    for (int i = 0; i < 3; i++) {
+        expect_get(q, "k");
+        /* processing and not dirty: a new wait starts */
+        assert_int_equal(wq_add_rate_limited(q, KS("k")), 0);
+        unsigned st = key_state(q, "k");
+        assert_true(st & WQ_KEY_PROCESSING);
+        assert_true(st & WQ_KEY_WAITING);
+        assert_int_equal(ready_in(q, "k"), (5 * MS) << i);
+        expect_done(q, "k");
+        assert_int_equal(key_state(q, "k"), WQ_KEY_WAITING);
+        assert_int_equal(requeues(q, "k"), i + 1);
+        clock_step((5 * MS) << i);
+    }
+    expect_get(q, "k");
+    assert_int_equal(wq_forget(q, KS("k")), 0);
+    assert_int_equal(requeues(q, "k"), 0);
+    expect_done(q, "k");
+    struct wq_stats s = stats_of(q);
+    assert_int_equal(s.live, 0);
+    assert_int_equal(s.failing, 0);
+    assert_int_equal(key_state(q, "k"), 0);
+    assert_int_equal(s.retries_total, 3);
+    wq_close(q);
+}
+
+/* A key with failures and no other state is kept as WQ_KEY_FAILING until
+   wq_forget; it is not live. */
+static void failing_state(void **state)
+{
+    (void)state;
+    th_watchdog(10);
+    wq *q = exp_q("failing", 1 * MS, 1 * SEC, 0);
+    struct wq_key_info ki;
+
+    assert_int_equal(wq_add_rate_limited(q, KS("k")), 0);
+    step_out(q, "k");
+    assert_true(key_info(q, "k", &ki));
+    assert_int_equal(ki.state, WQ_KEY_FAILING);
+    assert_int_equal(ki.failures, 1);
+    assert_int_equal(ki.ready_ns, 0);
+    assert_int_equal(ki.owner_pid, 0);
+    assert_true(ki.position == UINT64_MAX);
+    struct wq_stats s = stats_of(q);
+    assert_int_equal(s.failing, 1);
+    assert_int_equal(s.live, 0);
+    assert_int_equal(s.queued + s.processing + s.waiting, 0);
+    assert_int_equal(requeues(q, "k"), 1);
+    expect_get_rc(q, -EAGAIN);
+
+    /* added again: live, no longer failing-only, count kept */
+    assert_int_equal(wq_add(q, KS("k")), 0);
+    s = stats_of(q);
+    assert_int_equal(s.failing, 0);
+    assert_int_equal(s.live, 1);
+    assert_true(key_info(q, "k", &ki));
+    assert_int_equal(ki.state, WQ_KEY_DIRTY | WQ_KEY_QUEUED);
+    assert_int_equal(ki.failures, 1);
+    expect_get(q, "k");
+    expect_done(q, "k");
+    assert_int_equal(stats_of(q).failing, 1);
+
+    /* Forget frees it */
+    assert_int_equal(wq_forget(q, KS("k")), 0);
+    s = stats_of(q);
+    assert_int_equal(s.failing, 0);
+    assert_int_equal(s.live, 0);
+    assert_false(key_info(q, "k", NULL));
+    assert_int_equal(wq_forget(q, KS("k")), 0);
+    assert_int_equal(requeues(q, "k"), 0);
+
+    /* Forget of a queued key resets the count, keeps it queued */
+    assert_int_equal(wq_add_rate_limited(q, KS("k")), 0);
+    assert_int_equal(wq_add(q, KS("k")), 0); /* pulled forward */
+    assert_int_equal(wq_forget(q, KS("k")), 0);
+    assert_int_equal(requeues(q, "k"), 0);
+    assert_int_equal(queued(q), 1);
+    expect_get(q, "k");
+    expect_done(q, "k");
+    s = stats_of(q);
+    assert_int_equal(s.failing, 0);
+    assert_int_equal(s.live, 0);
+    assert_int_equal(wq_check(q, 0), 0);
+    wq_close(q);
+}
+
+/* Forget of an unknown key, and the argument checks. */
+static void forget_unknown_and_errors(void **state)
+{
+    (void)state;
+    th_watchdog(10);
+    wq *q = open_q("errors", NULL);
+    char longkey[KEYBUF + 1];
+
+    assert_int_equal(wq_forget(q, KS("nope")), 0);
+    assert_int_equal(requeues(q, "nope"), 0);
+    struct wq_stats s = stats_of(q);
+    assert_int_equal(s.live, 0);
+    assert_int_equal(s.failing, 0);
+    assert_false(key_info(q, "nope", NULL));
+
+    memset(longkey, 'x', sizeof longkey);
+    assert_int_equal(wq_add_rate_limited(q, longkey, sizeof longkey),
+                     -EMSGSIZE);
+    assert_int_equal(wq_forget(q, longkey, sizeof longkey), -EMSGSIZE);
+    assert_int_equal(wq_num_requeues(q, longkey, sizeof longkey), -EMSGSIZE);
+    assert_int_equal(wq_add_rate_limited(q, "x", 0), -EINVAL);
+    assert_int_equal(wq_forget(q, "x", 0), -EINVAL);
+    assert_int_equal(wq_num_requeues(q, "x", 0), -EINVAL);
+    assert_int_equal(wq_add_rate_limited(q, NULL, 1), -EINVAL);
+    assert_int_equal(wq_forget(q, NULL, 1), -EINVAL);
+    assert_int_equal(wq_num_requeues(q, NULL, 1), -EINVAL);
+    assert_int_equal(wq_add_rate_limited(NULL, "x", 1), -EINVAL);
+    assert_int_equal(wq_forget(NULL, "x", 1), -EINVAL);
+    assert_int_equal(wq_num_requeues(NULL, "x", 1), -EINVAL);
+
+    /* key of exactly max_key_len is fine */
+    assert_int_equal(wq_add_rate_limited(q, longkey, KEYBUF), 0);
+    assert_int_equal(wq_num_requeues(q, longkey, KEYBUF), 1);
+    assert_int_equal(wq_forget(q, longkey, KEYBUF), 0);
+    assert_int_equal(wq_num_requeues(q, longkey, KEYBUF), 0);
+
+    assert_int_equal(wq_shutdown(q), 0);
+    assert_int_equal(wq_add_rate_limited(q, KS("k")), -ESHUTDOWN);
+    assert_int_equal(waiting(q), 0);
+    wq_close(q);
+}
+
+/* A full table of idle failure counts never makes an add fail: an idle
+   count is dropped for the new key. Live keys are never dropped. */
+static void failing_keys_evicted_when_full(void **state)
+{
+    (void)state;
+    th_watchdog(10);
+    wq *q = exp_q("evict", 1 * MS, 1 * SEC, 4);
+    static const char *const f[] = { "f0", "f1", "f2", "f3" };
+    static const char *const n[] = { "n0", "n1", "n2", "n3" };
+
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(wq_add_rate_limited(q, KS(f[i])), 0);
+    clock_step(1 * MS);
+    for (int i = 0; i < 4; i++)
+        expect_get(q, f[i]);
+    for (int i = 0; i < 4; i++)
+        expect_done(q, f[i]);
+    struct wq_stats s = stats_of(q);
+    assert_int_equal(s.failing, 4);
+    assert_int_equal(s.live, 0);
+
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(wq_add(q, KS(n[i])), 0);
+        s = stats_of(q);
+        assert_int_equal(s.failing, (uint64_t)(3 - i));
+        assert_int_equal(s.live, (uint64_t)(i + 1));
+        int left = 0;
+        for (int j = 0; j < 4; j++) {
+            int r = requeues(q, f[j]);
+            assert_true(r == 0 || r == 1);
+            left += r;
+        }
+        assert_int_equal(left, 3 - i);
+    }
+    /* capacity live keys: -ENOSPC, whatever the kind of add */
+    assert_int_equal(wq_add(q, KS("x")), -ENOSPC);
+    assert_int_equal(wq_add_after(q, KS("x"), 1 * MS), -ENOSPC);
+    assert_int_equal(wq_add_rate_limited(q, KS("x")), -ENOSPC);
+    assert_int_equal(requeues(q, "x"), 0);
+    s = stats_of(q);
+    assert_int_equal(s.live, 4);
+    assert_int_equal(s.failing, 0);
+    assert_int_equal(wq_check(q, 0), 0);
+    wq_close(q);
+}
+
+/* A live key with a failure count keeps it when the table is full; only
+   idle failing keys are dropped. */
+static void live_failures_not_evicted(void **state)
+{
+    (void)state;
+    th_watchdog(10);
+    wq *q = exp_q("evict-live", 1 * MS, 1 * SEC, 2);
+
+    assert_int_equal(wq_add_rate_limited(q, KS("b")), 0);
+    step_out(q, "b"); /* b: idle, failing */
+    assert_int_equal(wq_add_rate_limited(q, KS("a")), 0); /* a: waiting */
+    struct wq_stats s = stats_of(q);
+    assert_int_equal(s.failing, 1);
+    assert_int_equal(s.live, 1);
+    assert_int_equal(wq_add(q, KS("c")), 0); /* drops b's count */
+    assert_int_equal(requeues(q, "b"), 0);
+    assert_int_equal(requeues(q, "a"), 1);
+    assert_int_equal(wq_add(q, KS("d")), -ENOSPC);
+    assert_int_equal(requeues(q, "a"), 1);
+    s = stats_of(q);
+    assert_int_equal(s.failing, 0);
+    assert_int_equal(s.live, 2);
+    assert_int_equal(s.waiting, 1);
+    wq_close(q);
+}
+
+#define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        T(rate_limiting_queue),
+        T(named_custom_queue),
+        T(merged_while_waiting),
+        T(rate_limited_dirty_key),
+        T(controller_loop),
+        T(failing_state),
+        T(forget_unknown_and_errors),
+        T(failing_keys_evicted_when_full),
+        T(live_failures_not_evicted),
+        cmocka_unit_test(th_test_no_leftovers),
+    };
+    int rc = cmocka_run_group_tests(tests, th_group_setup, th_group_teardown);
+    return rc | th_final_check();
+}

@@ -1,0 +1,431 @@
+/*
+ * wqbench-mp.c - the multi-process workloads: drain, mpmc, starve.
+ *
+ * Workers are forked and attach to the queue by name (wq_open without
+ * options), as unrelated processes would; the parent's creating handle
+ * stays idle. Workers check in at a start barrier in a shared anonymous
+ * mapping; the parent stamps t0 (CLOCK_MONOTONIC) and releases them, so
+ * fork and attach costs are not timed. Workers write their results into
+ * the mapping and _exit(0).
+ *
+ * drain   N keys queued beforehand; C consumers get + done until wq_get(0)
+ *         says -EAGAIN. keys/s = N / (last consumer's end - t0).
+ * mpmc    P producers add `adds` keys drawn uniformly from K = 1000 hot keys
+ *         (flat out, or paced at 50k adds/s by sleeping to absolute deadlines);
+ *         C consumers get + done until
+ *         -ESHUTDOWN (the last producer shuts the queue down). adds/s is
+ *         measured over the producers' span. Latency is sampled per key: a
+ *         producer stamps stamp[k] (CAS 0 -> now) before wq_add, a consumer
+ *         swaps it back to 0 at wq_get and records now - stamp: the time
+ *         from the first add not yet served to the get that serves it.
+ * starve  One worker. Key A's processing takes 10 ms; while it runs the
+ *         parent re-adds A and then adds 10,000 other keys (whose
+ *         processing is empty). At wq_done, A goes behind all of them;
+ *         figure: time from A's re-add to A being handed out again
+ *         (after_done_ns: from A's wq_done, i.e. the queueing part alone;
+ *         ahead: keys handed out in between).
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include "wqbench.h"
+
+#define GET_TIMEOUT_NS (10ll * 1000 * 1000 * 1000)
+
+/* ------------------------------------------------------------------ */
+/* drain                                                               */
+/* ------------------------------------------------------------------ */
+
+#define DRAIN_MAX_C 4
+
+struct drain_shared {
+    struct wqb_gate gate;
+    uint64_t end[DRAIN_MAX_C];
+    uint64_t got[DRAIN_MAX_C];
+};
+
+static void drain_worker(const char *name, struct drain_shared *sh, int id)
+{
+    wq *q = wqb_attach(name);
+    char buf[WQB_BUF_LEN];
+    uint64_t got = 0;
+    int len;
+    wqb_gate_arrive(&sh->gate);
+    while ((len = wq_get(q, buf, sizeof buf, 0)) > 0) {
+        wqb_check(wq_done(q, buf, (size_t)len), "drain: wq_done");
+        got++;
+    }
+    if (len != -EAGAIN)
+        wqb_die("drain: wq_get: %s", wq_strerror(len));
+    sh->end[id] = wqb_now();
+    sh->got[id] = got;
+    wq_close(q);
+    _exit(0);
+}
+
+/* One repetition: fill, release C consumers, keys/s. */
+static double drain_rep(wq *q, const char *name, int consumers, uint64_t n)
+{
+    struct drain_shared *sh = wqb_shared_alloc(sizeof *sh);
+    pid_t pid[DRAIN_MAX_C];
+    wqb_fill(q, 0, n);
+    for (int i = 0; i < consumers; i++)
+        if ((pid[i] = wqb_fork()) == 0)
+            drain_worker(name, sh, i);
+    uint64_t t0 = wqb_gate_release(&sh->gate, (uint32_t)consumers);
+    uint64_t end = t0, got = 0;
+    for (int i = 0; i < consumers; i++) {
+        wqb_wait_child(pid[i]);
+        end = sh->end[i] > end ? sh->end[i] : end;
+        got += sh->got[i];
+    }
+    wqb_shared_free(sh, sizeof *sh);
+    if (got != n)
+        wqb_die("drain: consumers got %llu keys of %llu", (unsigned long long)got,
+                (unsigned long long)n);
+    return (double)n * 1e9 / (double)(end - t0);
+}
+
+void wqb_run_drain(const struct wqb_cfg *c)
+{
+    uint64_t n = wqb_size(c, 200000, 1000000);
+    for (int consumers = 1; consumers <= DRAIN_MAX_C; consumers *= 2) {
+        wq *q;
+        char name[64], variant[16];
+        struct wqb_result r;
+        snprintf(variant, sizeof variant, "C=%d", consumers);
+        wqb_queue_create("drain", (uint32_t)n, &q, name);
+        wqb_result_init(&r, "drain", variant, "keys/s");
+        for (int rep = 0; rep < wqb_reps(c); rep++)
+            wqb_result_add(&r, drain_rep(q, name, consumers, n));
+        wqb_result_extra(&r, "n", (double)n, WQB_X_INT);
+        wqb_emit(c, &r);
+        wqb_queue_destroy(q, name);
+    }
+}
+
+/* ------------------------------------------------------------------ */
+/* mpmc                                                                */
+/* ------------------------------------------------------------------ */
+
+#define HOT_KEYS 1000
+#define MPMC_MAX 2
+
+struct mpmc_params {
+    const char *variant;
+    int producers, consumers;
+    uint64_t adds;
+    uint64_t pace_ns;   /* 0: flat out */
+};
+
+struct mpmc_shared {
+    struct wqb_gate gate;
+    _Atomic uint32_t producers_left;
+    _Atomic uint64_t prod_end;
+    uint64_t coalesced[MPMC_MAX];
+    uint64_t processed[MPMC_MAX];
+    uint64_t nsamples[MPMC_MAX];
+    _Atomic uint64_t stamp[HOT_KEYS];   /* oldest unserved add, 0 = none */
+    uint32_t samples[];                 /* [consumer][adds] latencies, ns */
+};
+
+struct mpmc_rep {
+    double adds_per_s, p50, p99, processed, coalesced;
+};
+
+static size_t mpmc_size(const struct mpmc_params *p)
+{
+    return sizeof(struct mpmc_shared) + MPMC_MAX * p->adds * sizeof(uint32_t);
+}
+
+static uint64_t xorshift(uint64_t *s)
+{
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+static void atomic_max(_Atomic uint64_t *a, uint64_t v)
+{
+    uint64_t cur = atomic_load(a);
+    while (cur < v && !atomic_compare_exchange_weak(a, &cur, v))
+        ;
+}
+
+static void mpmc_producer(const char *name, const struct mpmc_params *p,
+                          struct mpmc_shared *sh, int id)
+{
+    wq *q = wqb_attach(name);
+    uint64_t rng = 0x9e3779b97f4a7c15ull * (uint64_t)(id + 1), coalesced = 0;
+    uint64_t mine = p->adds / (uint64_t)p->producers;
+    static char keys[HOT_KEYS][WQB_KEY_LEN];   /* formatted once */
+    for (uint64_t k = 0; k < HOT_KEYS; k++)
+        wqb_key(keys[k], k);
+    if (id == 0)
+        mine += p->adds % (uint64_t)p->producers;
+    if (p->pace_ns)
+        prctl(PR_SET_TIMERSLACK, 1ul);   /* precise sleeps, see wqb_sleep_until */
+    wqb_gate_arrive(&sh->gate);
+    uint64_t t0 = sh->gate.t0;
+    for (uint64_t i = 0; i < mine; i++) {
+        uint64_t k = (xorshift(&rng) >> 32) % HOT_KEYS, none = 0;
+        if (p->pace_ns)
+            wqb_sleep_until(t0 + i * p->pace_ns * (uint64_t)p->producers);
+        atomic_compare_exchange_strong(&sh->stamp[k], &none, wqb_now());
+        int rc = wq_add(q, keys[k], WQB_KEY_LEN);
+        wqb_check(rc, "mpmc: wq_add");
+        coalesced += rc == 1;
+    }
+    atomic_max(&sh->prod_end, wqb_now());
+    sh->coalesced[id] = coalesced;
+    if (atomic_fetch_sub(&sh->producers_left, 1) == 1)
+        wqb_check(wq_shutdown(q), "mpmc: wq_shutdown");
+    wq_close(q);
+    _exit(0);
+}
+
+static void mpmc_consumer(const char *name, const struct mpmc_params *p,
+                          struct mpmc_shared *sh, int id)
+{
+    wq *q = wqb_attach(name);
+    uint32_t *samples = sh->samples + (size_t)id * p->adds;
+    uint64_t processed = 0, ns = 0;
+    char buf[WQB_BUF_LEN];
+    int len;
+    wqb_gate_arrive(&sh->gate);
+    while ((len = wq_get(q, buf, sizeof buf, GET_TIMEOUT_NS)) > 0) {
+        uint64_t now = wqb_now();
+        uint64_t s = atomic_exchange(&sh->stamp[wqb_key_index(buf) % HOT_KEYS], 0);
+        if (s != 0 && ns < p->adds)
+            samples[ns++] = now > s ? (uint32_t)(now - s < UINT32_MAX ? now - s : UINT32_MAX)
+                                    : 0;
+        processed++;
+        wqb_check(wq_done(q, buf, (size_t)len), "mpmc: wq_done");
+    }
+    if (len != -ESHUTDOWN)
+        wqb_die("mpmc: wq_get: %s", wq_strerror(len));
+    sh->processed[id] = processed;
+    sh->nsamples[id] = ns;
+    wq_close(q);
+    _exit(0);
+}
+
+static int cmp_u32(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Percentiles over all consumers' samples (sorted in place). */
+static void mpmc_latency(const struct mpmc_params *p, struct mpmc_shared *sh,
+                         struct mpmc_rep *out)
+{
+    uint64_t n = 0;
+    for (int i = 0; i < p->consumers; i++) {   /* compact into consumer 0's area */
+        memmove(sh->samples + n, sh->samples + (size_t)i * p->adds,
+                sh->nsamples[i] * sizeof(uint32_t));
+        n += sh->nsamples[i];
+    }
+    qsort(sh->samples, n, sizeof(uint32_t), cmp_u32);
+    out->p50 = n ? sh->samples[n / 2] : 0;
+    out->p99 = n ? sh->samples[n * 99 / 100] : 0;
+}
+
+static void mpmc_rep(const struct mpmc_params *p, struct mpmc_rep *out)
+{
+    wq *q;
+    char name[64];
+    pid_t pid[2 * MPMC_MAX];
+    int np = 0;
+    size_t size = mpmc_size(p);
+    struct mpmc_shared *sh = wqb_shared_alloc(size);
+    sh->producers_left = (uint32_t)p->producers;
+    wqb_queue_create("mpmc", 1024, &q, name);
+    for (int i = 0; i < p->consumers; i++)
+        if ((pid[np++] = wqb_fork()) == 0)
+            mpmc_consumer(name, p, sh, i);
+    for (int i = 0; i < p->producers; i++)
+        if ((pid[np++] = wqb_fork()) == 0)
+            mpmc_producer(name, p, sh, i);
+    uint64_t t0 = wqb_gate_release(&sh->gate, (uint32_t)np);
+    for (int i = 0; i < np; i++)
+        wqb_wait_child(pid[i]);
+    out->adds_per_s = (double)p->adds * 1e9 / (double)(sh->prod_end - t0);
+    out->processed = out->coalesced = 0;
+    for (int i = 0; i < MPMC_MAX; i++) {
+        out->processed += (double)sh->processed[i];
+        out->coalesced += (double)sh->coalesced[i];
+    }
+    out->coalesced /= (double)p->adds;
+    mpmc_latency(p, sh, out);
+    wqb_shared_free(sh, size);
+    wqb_queue_destroy(q, name);
+}
+
+static void mpmc_variant(const struct wqb_cfg *c, const struct mpmc_params *p)
+{
+    struct wqb_result r;
+    double p50[WQB_MAX_REPS], p99[WQB_MAX_REPS], proc[WQB_MAX_REPS], coal[WQB_MAX_REPS];
+    int reps = wqb_reps(c) < 3 ? wqb_reps(c) : 3;   /* costly: 3 are enough */
+    wqb_result_init(&r, "mpmc", p->variant, "adds/s");
+    for (int i = 0; i < reps; i++) {
+        struct mpmc_rep one;
+        mpmc_rep(p, &one);
+        wqb_result_add(&r, one.adds_per_s);
+        p50[i] = one.p50;
+        p99[i] = one.p99;
+        proc[i] = one.processed;
+        coal[i] = one.coalesced;
+    }
+    wqb_result_extra(&r, "adds", (double)p->adds, WQB_X_INT);
+    wqb_result_extra(&r, "processed", wqb_median(proc, reps), WQB_X_INT);
+    wqb_result_extra(&r, "coalesced", wqb_median(coal, reps), WQB_X_FRAC);
+    wqb_result_extra(&r, "p50_ns", wqb_median(p50, reps), WQB_X_NS);
+    wqb_result_extra(&r, "p99_ns", wqb_median(p99, reps), WQB_X_NS);
+    wqb_emit(c, &r);
+}
+
+void wqb_run_mpmc(const struct wqb_cfg *c)
+{
+    uint64_t adds = wqb_size(c, 200000, 1000000);
+    uint64_t paced = c->mode == WQB_QUICK ? 12500 : 50000;   /* 0.25 s or 1 s */
+    const struct mpmc_params v[] = {
+        { "p1c1", 1, 1, adds, 0 },
+        { "p1c2", 1, 2, adds, 0 },
+        { "p2c1", 2, 1, adds, 0 },
+        { "p2c2", 2, 2, adds, 0 },
+        { "paced50k-p1c1", 1, 1, paced, 20000 },
+    };
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
+        mpmc_variant(c, &v[i]);
+}
+
+/* ------------------------------------------------------------------ */
+/* starve                                                              */
+/* ------------------------------------------------------------------ */
+
+#define STARVE_OTHERS 10000
+#define STARVE_WORK_NS (10ull * 1000 * 1000)
+#define STARVE_A 90000000000ull   /* key index of A, apart from k0.. */
+
+struct starve_shared {
+    _Atomic uint32_t a_started;
+    _Atomic uint64_t handed;      /* keys handed to the worker so far */
+    _Atomic uint64_t a2_handed;   /* `handed` when A came back */
+    _Atomic uint64_t a2_time;
+    _Atomic uint64_t a1_done;     /* when A's first run called wq_done */
+};
+
+static void starve_worker(const char *name, struct starve_shared *sh)
+{
+    wq *q = wqb_attach(name);
+    char buf[WQB_BUF_LEN];
+    int len;
+    while ((len = wq_get(q, buf, sizeof buf, GET_TIMEOUT_NS)) > 0) {
+        uint64_t n = atomic_fetch_add(&sh->handed, 1) + 1;
+        if (wqb_key_index(buf) == STARVE_A) {
+            if (!atomic_load(&sh->a_started)) {
+                atomic_store(&sh->a_started, 1);
+                wqb_sleep_ns(STARVE_WORK_NS);   /* A's slow reconcile */
+                wqb_check(wq_done(q, buf, (size_t)len), "starve: wq_done");
+                atomic_store(&sh->a1_done, wqb_now());
+                continue;
+            } else {
+                atomic_store(&sh->a2_handed, n);
+                atomic_store(&sh->a2_time, wqb_now());
+            }
+        }
+        wqb_check(wq_done(q, buf, (size_t)len), "starve: wq_done");
+    }
+    if (len != -ESHUTDOWN)
+        wqb_die("starve: wq_get: %s", wq_strerror(len));
+    wq_close(q);
+    _exit(0);
+}
+
+/* Poll a shared word until non-zero (20 s at most). */
+static uint64_t await_nonzero(_Atomic uint64_t *w, _Atomic uint32_t *w32)
+{
+    uint64_t limit = wqb_now() + 20ull * 1000000000u;
+    for (;;) {
+        uint64_t v = w ? atomic_load(w) : atomic_load(w32);
+        if (v)
+            return v;
+        if (wqb_now() > limit)
+            wqb_die("starve: the worker made no progress");
+        wqb_sleep_ns(20 * 1000);
+    }
+}
+
+struct starve_rep {
+    double wait, ahead, add_ns, after_done;
+};
+
+/* One repetition: A's wait from re-add to get, and the details. */
+static void starve_once(wq *q, const char *name, struct starve_rep *out)
+{
+    struct starve_shared *sh = wqb_shared_alloc(sizeof *sh);
+    char key[WQB_KEY_LEN];
+    pid_t pid = wqb_fork();
+    if (pid == 0)
+        starve_worker(name, sh);
+    wqb_key(key, STARVE_A);
+    wqb_check(wq_add(q, key, WQB_KEY_LEN), "starve: wq_add A");
+    await_nonzero(NULL, &sh->a_started);
+    uint64_t t_readd = wqb_now();
+    if (wq_add(q, key, WQB_KEY_LEN) != 0)
+        wqb_die("starve: re-adding A while processing did not mark it dirty");
+    wqb_fill(q, 0, STARVE_OTHERS);
+    out->add_ns = (double)(wqb_now() - t_readd);
+    uint64_t t_a2 = await_nonzero(&sh->a2_time, NULL);
+    out->ahead = (double)(atomic_load(&sh->a2_handed) - 2);   /* minus A's two gets */
+    out->after_done = (double)(t_a2 - atomic_load(&sh->a1_done));
+    out->wait = (double)(t_a2 - t_readd);
+    wqb_check(wq_shutdown(q), "starve: wq_shutdown");
+    wqb_wait_child(pid);
+    wqb_shared_free(sh, sizeof *sh);
+}
+
+static void starve_variant(const struct wqb_cfg *c, const char *variant, unsigned flags)
+{
+    struct wqb_result r;
+    double ahead[WQB_MAX_REPS], add_ns[WQB_MAX_REPS], after[WQB_MAX_REPS];
+    int reps = wqb_reps(c);
+    wqb_result_init(&r, "starve", variant, "ns");
+    for (int i = 0; i < reps; i++) {
+        wq *q;
+        char name[64], why[128];
+        struct wq_options o = { .capacity = 2 * STARVE_OTHERS, .flags = flags };
+        int rc = wqb_open_new("starve", &o, &q, name);
+        if (rc < 0 && i == 0 && flags) {
+            snprintf(why, sizeof why, "wq_open with WQ_FAIR says %s", wq_strerror(rc));
+            wqb_skip(c, "starve", variant, why);
+            return;
+        }
+        wqb_check(rc, "starve: wq_open");
+        struct starve_rep one;
+        starve_once(q, name, &one);
+        wqb_result_add(&r, one.wait);
+        ahead[i] = one.ahead;
+        add_ns[i] = one.add_ns;
+        after[i] = one.after_done;
+        wqb_queue_destroy(q, name);
+    }
+    wqb_result_extra(&r, "others", STARVE_OTHERS, WQB_X_INT);
+    wqb_result_extra(&r, "work_ns", (double)STARVE_WORK_NS, WQB_X_NS);
+    wqb_result_extra(&r, "ahead", wqb_median(ahead, reps), WQB_X_INT);
+    wqb_result_extra(&r, "after_done_ns", wqb_median(after, reps), WQB_X_NS);
+    wqb_result_extra(&r, "add_others_ns", wqb_median(add_ns, reps), WQB_X_NS);
+    wqb_emit(c, &r);
+}
+
+void wqb_run_starve(const struct wqb_cfg *c)
+{
+    starve_variant(c, "default", 0);
+    starve_variant(c, "fair", WQ_FAIR);
+}

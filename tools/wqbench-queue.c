@@ -1,0 +1,238 @@
+/*
+ * wqbench-queue.c - the single-process workloads: cycle, scale, durable.
+ *
+ * cycle   One process, distinct keys k0..kN-1, one key live at a time:
+ *         add, get, done. "memory" uses the three plain calls (three lock
+ *         acquisitions per key), "done_get" the wq_done_get fast path (two),
+ *         "add_many" adds batches of 64 with wq_add_many and then gets and
+ *         dones them one by one (2 + 1/64). Figure: cycles/s.
+ * scale   L keys queued (capacity = L, max_key_len = 12), then rotate:
+ *         get the front key, done it, add it back. A rotation touches the
+ *         front entry, its index slot and the ring tail, so for large L it
+ *         shows what cache and TLB misses cost. Figures: cycles/s and
+ *         region_bytes / L.
+ * durable The cycle loop against a queue with an LMDB store, per
+ *         durability level; skipped while wq_open answers -ENOTSUP.
+ *
+ * Loops are separate noinline functions so that callgrind can count just
+ * them (--toggle-collect=loop_memory).
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "wqbench.h"
+
+#define NOINLINE __attribute__((noinline))
+
+/* ------------------------------------------------------------------ */
+/* cycle                                                               */
+/* ------------------------------------------------------------------ */
+
+static NOINLINE void loop_memory(wq *q, uint64_t first, uint64_t n)
+{
+    char key[WQB_KEY_LEN], buf[WQB_BUF_LEN];
+    wqb_key(key, first);
+    for (uint64_t i = 0; i < n; i++, wqb_key_next(key)) {
+        if (wq_add(q, key, WQB_KEY_LEN) != 0)
+            wqb_die("cycle: wq_add did not queue a new key");
+        int len = wq_get(q, buf, sizeof buf, 0);
+        if (len != WQB_KEY_LEN)
+            wqb_die("cycle: wq_get returned %d", len);
+        wqb_check(wq_done(q, buf, (size_t)len), "cycle: wq_done");
+    }
+}
+
+static NOINLINE void loop_done_get(wq *q, uint64_t first, uint64_t n)
+{
+    char key[WQB_KEY_LEN], buf[2][WQB_BUF_LEN];
+    int cur = 0, len;
+    wqb_key(key, first);
+    wqb_check(wq_add(q, key, WQB_KEY_LEN), "cycle: wq_add");
+    if ((len = wq_get(q, buf[cur], WQB_BUF_LEN, 0)) != WQB_KEY_LEN)
+        wqb_die("cycle: wq_get returned %d", len);
+    for (uint64_t i = 1; i < n; i++) {
+        wqb_key_next(key);
+        wqb_check(wq_add(q, key, WQB_KEY_LEN), "cycle: wq_add");
+        len = wq_done_get(q, buf[cur], WQB_KEY_LEN, buf[!cur], WQB_BUF_LEN, 0);
+        if (len != WQB_KEY_LEN)
+            wqb_die("cycle: wq_done_get returned %d", len);
+        cur = !cur;
+    }
+    wqb_check(wq_done(q, buf[cur], WQB_KEY_LEN), "cycle: wq_done");
+}
+
+static NOINLINE void loop_add_many(wq *q, uint64_t first, uint64_t n)
+{
+    char keys[64][WQB_KEY_LEN], key[WQB_KEY_LEN], buf[WQB_BUF_LEN];
+    struct iovec iov[64];
+    wqb_key(key, first);
+    for (uint64_t i = 0; i < n;) {
+        size_t b = 0;
+        for (; b < 64 && i < n; b++, i++, wqb_key_next(key)) {
+            memcpy(keys[b], key, WQB_KEY_LEN);
+            iov[b] = (struct iovec){ keys[b], WQB_KEY_LEN };
+        }
+        if (wq_add_many(q, iov, b) != 0)
+            wqb_die("cycle: wq_add_many coalesced distinct keys");
+        for (size_t j = 0; j < b; j++) {
+            int len = wq_get(q, buf, sizeof buf, 0);
+            if (len != WQB_KEY_LEN)
+                wqb_die("cycle: wq_get returned %d", len);
+            wqb_check(wq_done(q, buf, (size_t)len), "cycle: wq_done");
+        }
+    }
+}
+
+typedef void (*loop_fn)(wq *q, uint64_t first, uint64_t n);
+
+static void cycle_variant(const struct wqb_cfg *c, const char *variant, loop_fn fn,
+                          uint64_t n)
+{
+    wq *q;
+    char name[64];
+    struct wqb_result r;
+    wqb_queue_create("cycle", 1024, &q, name);
+    wqb_result_init(&r, "cycle", variant, "cycles/s");
+    fn(q, 0, n < 1000 ? n : 1000);   /* warm up: fault in, settle caches */
+    for (int rep = 0; rep < wqb_reps(c); rep++) {
+        uint64_t t0 = wqb_now();
+        fn(q, (uint64_t)rep * n, n);   /* new keys each rep, as k0..kN-1 */
+        uint64_t t1 = wqb_now();
+        wqb_result_add(&r, (double)n * 1e9 / (double)(t1 - t0));
+    }
+    struct wq_stats st;
+    wqb_check(wq_stats(q, &st), "wq_stats");
+    if (st.live != 0)
+        wqb_die("cycle: %llu keys left live", (unsigned long long)st.live);
+    wqb_result_extra(&r, "n", (double)n, WQB_X_INT);
+    wqb_result_extra(&r, "ns_per_cycle", 1e9 / wqb_median(r.v, r.reps), WQB_X_NUM);
+    wqb_emit(c, &r);
+    wqb_queue_destroy(q, name);
+}
+
+void wqb_run_cycle(const struct wqb_cfg *c)
+{
+    uint64_t n = wqb_size(c, 200000, 1000000);
+    cycle_variant(c, "memory", loop_memory, n);
+    cycle_variant(c, "done_get", loop_done_get, n);
+    cycle_variant(c, "add_many", loop_add_many, n);
+}
+
+/* ------------------------------------------------------------------ */
+/* scale                                                               */
+/* ------------------------------------------------------------------ */
+
+static NOINLINE void loop_rotate(wq *q, uint64_t n)
+{
+    char buf[WQB_BUF_LEN];
+    for (uint64_t i = 0; i < n; i++) {
+        int len = wq_get(q, buf, sizeof buf, 0);
+        if (len != WQB_KEY_LEN)
+            wqb_die("scale: wq_get returned %d", len);
+        wqb_check(wq_done(q, buf, (size_t)len), "scale: wq_done");
+        if (wq_add(q, buf, (size_t)len) != 0)
+            wqb_die("scale: re-add did not queue the key");
+    }
+}
+
+static void scale_one(const struct wqb_cfg *c, uint64_t live, uint64_t rotations)
+{
+    wq *q;
+    char name[64], variant[32];
+    struct wqb_result r;
+    struct wq_stats st;
+    snprintf(variant, sizeof variant, "L=1e%d", (int)(0.5 + log10((double)live)));
+    wqb_queue_create("scale", (uint32_t)live, &q, name);
+    uint64_t t0 = wqb_now();
+    wqb_fill(q, 0, live);
+    uint64_t fill_ns = wqb_now() - t0;
+    wqb_check(wq_stats(q, &st), "wq_stats");
+    wqb_result_init(&r, "scale", variant, "cycles/s");
+    loop_rotate(q, rotations < 1000 ? rotations : 1000);   /* warm up */
+    for (int rep = 0; rep < wqb_reps(c); rep++) {
+        t0 = wqb_now();
+        loop_rotate(q, rotations);
+        uint64_t t1 = wqb_now();
+        wqb_result_add(&r, (double)rotations * 1e9 / (double)(t1 - t0));
+    }
+    wqb_result_extra(&r, "live", (double)live, WQB_X_INT);
+    wqb_result_extra(&r, "rotations", (double)rotations, WQB_X_INT);
+    wqb_result_extra(&r, "bytes_per_key", (double)st.region_bytes / (double)live, WQB_X_NUM);
+    wqb_result_extra(&r, "region_bytes", (double)st.region_bytes, WQB_X_INT);
+    wqb_result_extra(&r, "fill_ns_per_key", (double)fill_ns / (double)live, WQB_X_NUM);
+    wqb_emit(c, &r);
+    wqb_queue_destroy(q, name);
+}
+
+void wqb_run_scale(const struct wqb_cfg *c)
+{
+    uint64_t rotations = wqb_size(c, 200000, 1000000);
+    uint64_t top = c->mode == WQB_FULL ? 10000000 : 1000000;
+    for (uint64_t live = 1000; live <= top; live *= 10)
+        scale_one(c, live, rotations);
+}
+
+/* ------------------------------------------------------------------ */
+/* durable                                                             */
+/* ------------------------------------------------------------------ */
+
+static const struct {
+    const char *variant;
+    int durability;
+    uint64_t quick, dflt;   /* fsync commits are slow: fewer keys */
+} durable_variants[] = {
+    { "process", WQ_DURABLE_PROCESS, 20000, 100000 },
+    { "fsync", WQ_DURABLE_FSYNC, 500, 2000 },
+    { "none", WQ_DURABLE_NONE, 20000, 100000 },
+};
+
+/* Open a store-backed queue in a fresh directory; rc < 0 means skip. */
+static int durable_open(int durability, char dir[64], char name[64], wq **q)
+{
+    snprintf(dir, 64, "/tmp/wqbench-store.%d.XXXXXX", (int)getpid());
+    if (!mkdtemp(dir))
+        return -errno;
+    wqb_register_path(dir);
+    struct wq_options o = { .capacity = 1024, .store_path = dir,
+                            .durability = durability };
+    int rc = wqb_open_new("durable", &o, q, name);
+    if (rc < 0)
+        wqb_unregister_path(dir);
+    return rc;
+}
+
+static void durable_variant(const struct wqb_cfg *c, int i)
+{
+    char dir[64], name[64], why[160];
+    wq *q;
+    int rc = durable_open(durable_variants[i].durability, dir, name, &q);
+    if (rc < 0) {
+        snprintf(why, sizeof why, "LMDB store not built: wq_open with store_path says %s",
+                 wq_strerror(rc));
+        wqb_skip(c, "durable", durable_variants[i].variant, why);
+        return;
+    }
+    uint64_t n = wqb_size(c, durable_variants[i].quick, durable_variants[i].dflt);
+    struct wqb_result r;
+    wqb_result_init(&r, "durable", durable_variants[i].variant, "cycles/s");
+    for (int rep = 0; rep < wqb_reps(c); rep++) {
+        uint64_t t0 = wqb_now();
+        loop_memory(q, (uint64_t)rep * n, n);
+        wqb_result_add(&r, (double)n * 1e9 / (double)(wqb_now() - t0));
+    }
+    wqb_result_extra(&r, "n", (double)n, WQB_X_INT);
+    wqb_emit(c, &r);
+    wqb_queue_destroy(q, name);
+    wqb_unregister_path(dir);
+}
+
+void wqb_run_durable(const struct wqb_cfg *c)
+{
+    for (size_t i = 0; i < sizeof durable_variants / sizeof durable_variants[0]; i++)
+        durable_variant(c, (int)i);
+}
