@@ -214,16 +214,16 @@ static int add_locked(wq *q, const void *key, size_t len, uint32_t hash, uint64_
 }
 
 /* Lock held. Pop the front into buf: its length, or -EAGAIN if empty.
-   Ready waiting keys are queued first. */
-static int get_locked(wq *q, void *buf)
+   Ready waiting keys are queued first. `now` is a clock reading the
+   caller already made (before locking, to keep it out of the critical
+   section), or 0. */
+static int get_locked(wq *q, void *buf, uint64_t now)
 {
     struct wq_hdr *h = q->hdr;
-    uint64_t now = 0;
-    if (q->metrics || h->heap_count > 0) {
+    if (now == 0 && (q->metrics || h->heap_count > 0))
         now = wq__now_mono();
-        if (h->heap_count > 0)
-            wq__promote(q, now);
-    }
+    if (h->heap_count > 0)
+        wq__promote(q, now);
     uint32_t idx = wq__ring_front(q);
     if (idx == WQ_NIL)
         return -EAGAIN;
@@ -256,7 +256,8 @@ static int get_locked(wq *q, void *buf)
 }
 
 /* Lock held. *queued when a re-added key went back into the ring. */
-static int done_locked(wq *q, const void *key, size_t len, uint32_t hash, bool *queued)
+static int done_locked(wq *q, const void *key, size_t len, uint32_t hash, uint64_t now,
+                       bool *queued)
 {
     struct wq_hdr *h = q->hdr;
     uint32_t idx = wq__table_lookup(q, key, len, hash);
@@ -269,7 +270,6 @@ static int done_locked(wq *q, const void *key, size_t len, uint32_t hash, bool *
     if (!(st & WQ_ST_PROCESSING))
         return -ENOENT;
     int rc = 0;
-    uint64_t now = wq__metrics_now(q);
     h->busy = 1;
     WQ_STEP("done.busy");
     if (st & WQ_ST_DIRTY) {
@@ -305,11 +305,11 @@ static int done_locked(wq *q, const void *key, size_t len, uint32_t hash, bool *
 }
 
 /* Lock held on entry, released on return: hand out a key or sleep. */
-static int get_wait(wq *q, void *buf, uint64_t deadline)
+static int get_wait(wq *q, void *buf, uint64_t deadline, uint64_t now)
 {
     struct wq_hdr *h = q->hdr;
-    for (;;) {
-        int n = get_locked(q, buf);
+    for (;; now = 0) {
+        int n = get_locked(q, buf, now);
         if (n > 0) {
             bool more = wq__ring_count(q) > 0 && note_wake(q);
             wq__unlock(q);
@@ -325,7 +325,7 @@ static int get_wait(wq *q, void *buf, uint64_t deadline)
             wq__unlock(q);
             return n;
         }
-        uint64_t now = wq__now_mono();
+        now = wq__now_mono();
         if (now >= deadline) {
             wq__unlock(q);
             return -ETIMEDOUT;
@@ -385,10 +385,11 @@ int wq_get(wq *q, void *buf, size_t cap, int64_t timeout_ns)
 {
     uint64_t deadline;
     int rc = get_args(q, buf, cap, timeout_ns, &deadline);
+    uint64_t now = wq__metrics_now(q);
     if (rc < 0 || (rc = wq__lock(q)) < 0)
         return rc;
     wq__procs_maybe_reap(q);
-    return get_wait(q, buf, deadline);
+    return get_wait(q, buf, deadline, now);
 }
 
 int wq_done(wq *q, const void *key, size_t len)
@@ -399,10 +400,11 @@ int wq_done(wq *q, const void *key, size_t len)
     if (rc < 0)
         return rc;
     uint32_t hash = wq__hash(q->seed, key, len);
+    uint64_t now = wq__metrics_now(q);
     if ((rc = wq__lock(q)) < 0)
         return rc;
     bool queued = false;
-    rc = done_locked(q, key, len, hash, &queued);
+    rc = done_locked(q, key, len, hash, now, &queued);
     bool wake = queued && note_wake(q);
     wq__unlock(q);
     if (wake)
@@ -418,10 +420,11 @@ int wq_done_get(wq *q, const void *done_key, size_t done_len, void *buf, size_t 
     if (rc < 0 || (rc = key_ok(q, done_key, done_len)) < 0)
         return rc;
     uint32_t hash = wq__hash(q->seed, done_key, done_len);
+    uint64_t now = wq__metrics_now(q);   /* one reading serves both halves */
     if ((rc = wq__lock(q)) < 0)
         return rc;
     bool queued = false;
-    rc = done_locked(q, done_key, done_len, hash, &queued);
+    rc = done_locked(q, done_key, done_len, hash, now, &queued);
     if (rc < 0) {
         wq__unlock(q);
         return rc;
@@ -429,7 +432,7 @@ int wq_done_get(wq *q, const void *done_key, size_t done_len, void *buf, size_t 
     /* A key we just requeued may be handed straight back to us; any
        sleeper is woken by get_wait's pass-on if more remain. */
     wq__procs_maybe_reap(q);
-    return get_wait(q, buf, deadline);
+    return get_wait(q, buf, deadline, now);
 }
 
 /* Exact number of distinct keys in the batch that have no entry yet. */
