@@ -394,7 +394,9 @@ struct wq_histogram {
 };
 
 struct wq_metrics {
-    uint64_t depth;                 /* client-go depth: queued keys */
+    uint64_t depth;                 /* client-go depth: adds not yet handed
+                                       out (queued, plus keys re-added while
+                                       processing) */
     uint64_t adds_total;            /* client-go adds_total */
     struct wq_histogram queue_duration; /* add -> get (seconds) */
     struct wq_histogram work_duration;  /* get -> done (seconds) */

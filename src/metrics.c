@@ -59,13 +59,20 @@ int wq_metrics(wq *q, struct wq_metrics *out)
     m.crash_requeues_total = h->crash_requeues_total;
     m.waiting = h->heap_count;
     m.processing = atomic_load_explicit(&h->processing, memory_order_relaxed);
-    if (q->metrics && m.processing > 0) {
-        uint64_t oldest = now;
+    uint64_t oldest = now;
+    if (m.processing > 0) {
+        /* client-go's depth counts every add not yet handed out, so a key
+           re-added while processing is in it (it is not in the ring). */
         for (uint32_t i = 0; i < q->capacity; i++) {
             const struct wq_entry *e = wq__entry(q, i);
-            if ((e->state & WQ_ST_PROCESSING) && e->t_start < oldest)
+            if (!(e->state & WQ_ST_PROCESSING))
+                continue;
+            m.depth += (e->state & WQ_ST_DIRTY) != 0;
+            if (e->t_start < oldest)
                 oldest = e->t_start;
         }
+    }
+    if (q->metrics && m.processing > 0) {
         /* Modular arithmetic: the sums may wrap, their difference (the
            total age) does not. */
         m.unfinished_work_seconds = (double)(m.processing * now - h->sum_start) / 1e9;

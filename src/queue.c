@@ -131,6 +131,10 @@ int wq__activate(wq *q, uint32_t idx, uint64_t now, bool *queued)
         return rc;
     wq__pend(q, WQ_PEND_MARK, idx);
     WQ_STEP("mark.busy");
+    /* client-go's waiting loop adds a key at its ready time: queue
+       duration counts from then, however late we noticed it. */
+    if ((st & WQ_ST_WAITING) && e->t_b < now)
+        now = e->t_b;
     e->t_b = now;
     if (st & WQ_ST_PROCESSING) {
         e->state = WQ_ST_PROCESSING | WQ_ST_DIRTY;   /* commit */
@@ -385,8 +389,10 @@ int wq_get(wq *q, void *buf, size_t cap, int64_t timeout_ns)
 {
     uint64_t deadline;
     int rc = get_args(q, buf, cap, timeout_ns, &deadline);
+    if (rc < 0)
+        return rc;
     uint64_t now = wq__metrics_now(q);
-    if (rc < 0 || (rc = wq__lock(q)) < 0)
+    if ((rc = wq__lock(q)) < 0)
         return rc;
     wq__procs_maybe_reap(q);
     return get_wait(q, buf, deadline, now);

@@ -54,6 +54,11 @@
  * input saved to $FUZZ_FINDINGS (default /tmp/fuzz-findings) without
  * stopping the run; FUZZ_STRICT=1 makes them traps as well.
  *
+ * FUZZ_SKIP_OWN_SLOT=1 keeps late records away from the state and gen
+ * words of the harness's own process slot. Corrupting those behind a live
+ * handle is a known way to make repair free or orphan a live slot (see
+ * the report of this harness); the knob lets a run look for other bugs.
+ *
  * Out of scope: the bytes of the region lock (hdr->lock) and of every
  * lease mutex (procs[i].lease) are restored from the valid image after
  * patching. Mutex words belong to glibc and the kernel (robust futex
@@ -103,7 +108,8 @@ static unsigned char dead_lock[sizeof(pthread_mutex_t)];   /* owner died */
 static char name[64], path[128];
 static const uint8_t *cur_data;     /* the input being run, for findings */
 static size_t cur_size;
-static bool strict;
+static bool strict, skip_own_slot;
+static size_t own_lo, own_hi;       /* late records skip [own_lo, own_hi) */
 
 static void die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
 static void die(const char *fmt, ...)
@@ -330,6 +336,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     (void)argv;
     const char *s = getenv("FUZZ_STRICT");
     strict = s && *s && strcmp(s, "0") != 0;
+    s = getenv("FUZZ_SKIP_OWN_SLOT");
+    skip_own_slot = s && *s && strcmp(s, "0") != 0;
     snprintf(name, sizeof name, "fuzz-%d", (int)getpid());
     snprintf(path, sizeof path, "/dev/shm/wq.%s", name);
     build_valid_image();
@@ -367,7 +375,7 @@ static bool in_mutex(size_t off)
 
 static void put(unsigned char *img, size_t size, size_t off, unsigned char v, int op, bool late)
 {
-    if (off >= size || (late && in_mutex(off)))
+    if (off >= size || (late && (in_mutex(off) || (off >= own_lo && off < own_hi))))
         return;
     if (op == 1)
         img[off] ^= v;
@@ -579,6 +587,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     memcpy(img, valid, valid_size);
     size_t fsize = mutate(img, data, size);
+    bool free_before[MAX_PROCS];
+    const struct wq_proc *ipr = (const struct wq_proc *)(img + vgeom.off_procs);
+    for (uint32_t i = 0; i < MAX_PROCS; i++)
+        free_before[i] = ipr[i].state == WQ_PROC_FREE;
     if (write_image(img, fsize) < 0) {
         free(img);
         unlink(path);
@@ -599,11 +611,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
 
     /* Late records: corrupt the region behind the attached handle. */
+    own_lo = own_hi = 0;
     if (has_late(data, size) && fsize >= valid_size) {
         int fd = open(path, O_RDWR | O_CLOEXEC);
         if (fd >= 0) {
-            void *m = mmap(NULL, valid_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+            unsigned char *m = mmap(NULL, valid_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
             if (m != MAP_FAILED) {
+                /* Our slot: FREE in the image, LIVE with our pid now. */
+                const struct wq_proc *pr = (const struct wq_proc *)(m + vgeom.off_procs);
+                for (uint32_t i = 0; skip_own_slot && i < vgeom.max_procs; i++)
+                    if (free_before[i] && pr[i].state == WQ_PROC_LIVE &&
+                        pr[i].pid == (int32_t)getpid()) {
+                        own_lo = vgeom.off_procs + i * sizeof(struct wq_proc) +
+                                 offsetof(struct wq_proc, state);
+                        own_hi = vgeom.off_procs + i * sizeof(struct wq_proc) +
+                                 offsetof(struct wq_proc, gen) + 4;
+                        break;
+                    }
                 apply_records(m, valid_size, data, size, true);
                 munmap(m, valid_size);
             }

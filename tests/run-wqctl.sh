@@ -2,11 +2,39 @@
 # wqctl end to end: exact outputs and exit codes.
 set -u
 WQCTL="${top_builddir:-.}/tools/wqctl"
-Q="t-wqctl-$$"
-fail() { echo "FAIL: $*"; "$WQCTL" rm "$Q" >/dev/null 2>&1; exit 1; }
-expect_rc() { want=$1; shift; "$@" >/tmp/wqctl.out.$$ 2>&1; rc=$?; [ "$rc" = "$want" ] || { cat /tmp/wqctl.out.$$; fail "'$*' exited $rc, want $want"; }; }
-trap 'rm -f /tmp/wqctl.out.$$; "$WQCTL" rm "$Q" >/dev/null 2>&1' EXIT
+Q="t-wqctl-$$"        # basic commands
+D="t-wqctl-d-$$"      # delays
+R="t-wqctl-r-$$"      # rate limiter (exponential, 1h base: keys stay waiting)
+F="t-wqctl-f-$$"      # fast-slow limiter (1ms, then 1h): failing keys
+M="t-wqctl-m-$$"      # metrics
+N="t-wqctl-n-$$"      # metrics with --no-metrics
+OUT="/tmp/wqctl.out.$$"
+cleanup() {
+    rm -f "$OUT"
+    for q in "$Q" "$D" "$R" "$F" "$M" "$N"; do
+        "$WQCTL" rm "$q" >/dev/null 2>&1
+    done
+}
+fail() { echo "FAIL: $*"; cleanup; trap - EXIT; exit 1; }
+trap cleanup EXIT
 
+# expect_rc RC CMD...: CMD exits with RC.
+expect_rc() { want=$1; shift; "$@" >"$OUT" 2>&1; rc=$?; [ "$rc" = "$want" ] || { cat "$OUT"; fail "'$*' exited $rc, want $want"; }; }
+# expect_out WANT CMD...: CMD exits 0 and prints exactly WANT.
+expect_out() {
+    want=$1; shift
+    got=$("$@" 2>&1) || fail "'$*' exited $?: $got"
+    [ "$got" = "$want" ] || fail "'$*' printed '$got', want '$want'"
+}
+# run CMD...: CMD exits 0; its output goes to $out.
+run() { out=$("$@" 2>&1) || fail "'$*' exited $?: $out"; }
+# has_line LINE: $out has exactly this line.  has_re RE: a line matching RE.
+has_line() { printf '%s\n' "$out" | grep -Fxq -- "$1" || fail "no line '$1' in:
+$out"; }
+has_re() { printf '%s\n' "$out" | grep -xq -- "$1" || fail "no line matching '$1' in:
+$out"; }
+
+# ---- basics ----------------------------------------------------------
 expect_rc 0 "$WQCTL" create "$Q" --capacity 100 --max-key-len 32
 expect_rc 1 "$WQCTL" create "$Q" --capacity 100
 expect_rc 2 "$WQCTL" create
@@ -15,9 +43,13 @@ expect_rc 1 "$WQCTL" stat "bad/name"
 expect_rc 1 "$WQCTL" stat "missing-$$"
 expect_rc 0 "$WQCTL" add "$Q" a b a c
 printf 'd\ne\na\n' | "$WQCTL" add "$Q" - >/dev/null || fail "add from stdin"
-out=$("$WQCTL" stat "$Q" --json) || fail "stat"
-echo "$out" | grep -q '"queued": *5' || fail "stat queued: $out"
-echo "$out" | grep -q '"coalesced_total": *2' || fail "stat coalesced: $out"
+run "$WQCTL" stat "$Q" --json
+has_re '.*"queued":5,.*'
+has_re '.*"coalesced_total":2,.*'
+has_re '.*"waiting":0,"failing":0,"next_ready_in_ns":null,.*'
+run "$WQCTL" stat "$Q"
+has_re 'next_ready  *-'
+has_re 'failing  *0'
 expect_rc 0 "$WQCTL" dump "$Q"
 first=$("$WQCTL" dump "$Q" | sed -n 2p)   # line 1 is the column header
 echo "$first" | grep -q 'a' || fail "dump order: $first"
@@ -25,6 +57,171 @@ got=$("$WQCTL" get "$Q") || fail "get"
 [ "$got" = "a" ] || fail "get returned '$got', want a"
 expect_rc 0 "$WQCTL" check "$Q"
 expect_rc 0 "$WQCTL" ls
+
+# ---- add --after -----------------------------------------------------
+expect_rc 0 "$WQCTL" create "$D" --capacity 10
+expect_out "added 1, coalesced 0" "$WQCTL" add "$D" --after 1h w
+expect_out "added 0, coalesced 1" "$WQCTL" add "$D" --after=2h w
+run "$WQCTL" stat "$D"
+has_re 'queued  *0'
+has_re 'waiting  *1'
+has_re 'live  *1'
+has_re 'retries_total  *2'
+has_re 'next_ready  *in 3[5-9][0-9][0-9]\.[0-9][0-9][0-9]s'
+run "$WQCTL" stat "$D" --json
+has_re '.*"waiting":1,"failing":0,"next_ready_in_ns":3[5-9][0-9]\{11\},.*'
+run "$WQCTL" dump "$D"
+has_line 'POSITION   STATE              OWNER    READY        FAILURES KEY'
+has_re '-  *waiting  *-  *in 3[5-9][0-9][0-9]\.[0-9]\{3\}s  *0  *w'
+run "$WQCTL" dump "$D" --json
+has_re '{"name":"'"$D"'","keys":\[{"key":"w","state":\["waiting"\],"position":null,"owner_pid":null,"ready_in_ns":3[5-9][0-9]\{11\},"failures":0}\]}'
+expect_rc 1 "$WQCTL" get "$D"                 # nothing ready
+expect_out "added 1, coalesced 0" "$WQCTL" add "$D" --after 0 now
+expect_out "now" "$WQCTL" get "$D"
+expect_out "added 1, coalesced 0" "$WQCTL" add "$D" --after 10ms soon
+expect_out "soon" "$WQCTL" get "$D" --timeout 5s
+printf 'x\ny\n' | "$WQCTL" add "$D" --after 1h - >"$OUT" 2>&1 ||
+    fail "add --after from stdin"
+[ "$(cat "$OUT")" = "added 2, coalesced 0" ] || fail "add --after -: $(cat "$OUT")"
+run "$WQCTL" stat "$D"
+has_re 'waiting  *3'
+
+# ---- add --rate-limited, requeues, forget ----------------------------
+expect_rc 0 "$WQCTL" create "$R" --rl-limiters exponential --rl-base 1h --rl-max 2h
+expect_out "added 1, coalesced 0" "$WQCTL" add "$R" --rate-limited r
+expect_out "1" "$WQCTL" requeues "$R" r
+expect_out "added 0, coalesced 1" "$WQCTL" add "$R" --rate-limited r
+expect_out "2" "$WQCTL" requeues "$R" r
+expect_out "0" "$WQCTL" requeues "$R" unknown
+run "$WQCTL" dump "$R"
+has_re '-  *waiting  *-  *in 3[5-9][0-9][0-9]\.[0-9]\{3\}s  *2  *r'
+run "$WQCTL" stat "$R"
+has_re 'retries_total  *2'
+expect_out "" "$WQCTL" forget "$R" r unknown
+expect_out "0" "$WQCTL" requeues "$R" r
+run "$WQCTL" stat "$R"
+has_re 'waiting  *1'                          # forget does not dequeue
+expect_rc 1 "$WQCTL" requeues "$R" "$(printf '%0300d' 0)"   # > max_key_len
+
+# ---- failing keys (fast-slow: first failure 1ms, then 1h) ------------
+expect_rc 0 "$WQCTL" create "$F" --rl-limiters fast-slow --rl-fast 1ms \
+    --rl-slow 1h --rl-max-fast 1
+expect_out "added 1, coalesced 0" "$WQCTL" add "$F" --rate-limited x
+expect_out "x" "$WQCTL" get "$F" --timeout 5s
+run "$WQCTL" stat "$F"
+has_re 'failing  *1'
+has_re 'live  *0'
+has_re 'next_ready  *-'
+run "$WQCTL" dump "$F"
+has_re '-  *failing  *-  *-  *1  *x'
+run "$WQCTL" dump "$F" --json
+has_line '{"name":"'"$F"'","keys":[{"key":"x","state":["failing"],"position":null,"owner_pid":null,"ready_in_ns":null,"failures":1}]}'
+expect_out "added 1, coalesced 0" "$WQCTL" add "$F" --rate-limited x
+run "$WQCTL" dump "$F"
+has_re '-  *waiting  *-  *in 3[5-9][0-9][0-9]\.[0-9]\{3\}s  *2  *x'
+expect_out "" "$WQCTL" forget "$F" x
+run "$WQCTL" stat "$F" --json
+has_re '.*"waiting":1,"failing":0,.*'
+
+# ---- metrics ---------------------------------------------------------
+expect_rc 0 "$WQCTL" create "$M"
+expect_out "added 2, coalesced 1" "$WQCTL" add "$M" a b a
+expect_out "a" "$WQCTL" get "$M"
+run "$WQCTL" metrics "$M"
+metrics=$out
+has_line "workqueue_depth{name=\"$M\"} 1"
+has_line "workqueue_adds_total{name=\"$M\"} 2"
+has_line "workqueue_queue_duration_seconds_count{name=\"$M\"} 1"
+has_line "workqueue_work_duration_seconds_count{name=\"$M\"} 1"
+has_line "workqueue_work_duration_seconds_bucket{name=\"$M\",le=\"+Inf\"} 1"
+has_line "workqueue_queue_duration_seconds_bucket{name=\"$M\",le=\"+Inf\"} 1"
+has_line "workqueue_unfinished_work_seconds{name=\"$M\"} 0"
+has_line "workqueue_longest_running_processor_seconds{name=\"$M\"} 0"
+has_line "workqueue_retries_total{name=\"$M\"} 0"
+has_line "workqueue_coalesced_adds_total{name=\"$M\"} 1"
+has_line "workqueue_crash_requeues_total{name=\"$M\"} 0"
+has_line "workqueue_waiting{name=\"$M\"} 0"
+has_line "workqueue_processing{name=\"$M\"} 0"
+for t in "depth gauge" "adds_total counter" \
+         "queue_duration_seconds histogram" "work_duration_seconds histogram" \
+         "unfinished_work_seconds gauge" \
+         "longest_running_processor_seconds gauge" "retries_total counter" \
+         "coalesced_adds_total counter" "crash_requeues_total counter" \
+         "waiting gauge" "processing gauge"; do
+    has_line "# TYPE workqueue_$t"
+    has_re "# HELP workqueue_${t% *} .*"
+done
+[ "$(printf '%s\n' "$out" | grep -c '^# TYPE ')" = 11 ] || fail "TYPE count"
+[ "$(printf '%s\n' "$out" | grep -c '^# HELP ')" = 11 ] || fail "HELP count"
+# Every sample is NAME{name="Q"[,le="X"]} VALUE with a float VALUE.
+printf '%s\n' "$out" | grep -v '^# ' |
+    grep -vx 'workqueue_[a-z_]*{name="'"$M"'"\(,le="[^"]*"\)\{0,1\}} [0-9][0-9.e+-]*' &&
+    fail "malformed sample lines"
+# Each histogram: client-go's le values in order, cumulative, +Inf == count.
+for h in queue_duration_seconds work_duration_seconds; do
+    les=$(printf '%s\n' "$out" | sed -n "s/^workqueue_${h}_bucket{.*,le=\"\([^\"]*\)\"} .*/\1/p" | tr '\n' ' ')
+    [ "$les" = "1e-08 1e-07 1e-06 1e-05 0.0001 0.001 0.01 0.1 1 10 +Inf " ] ||
+        fail "$h le values: $les"
+    printf '%s\n' "$out" | sed -n "s/^workqueue_${h}_bucket{.*} //p" |
+        awk 'NR > 1 && $1 < prev { exit 1 } { prev = $1 }' ||
+        fail "$h buckets not cumulative"
+    inf=$(printf '%s\n' "$out" | sed -n "s/^workqueue_${h}_bucket{.*le=\"+Inf\"} //p")
+    cnt=$(printf '%s\n' "$out" | sed -n "s/^workqueue_${h}_count{.*} //p")
+    [ -n "$inf" ] && [ "$inf" = "$cnt" ] || fail "$h +Inf bucket '$inf' != count '$cnt'"
+    has_re "workqueue_${h}_sum{name=\"$M\"} [0-9][0-9.e+-]*"
+done
+# A strict parser, where installed (Debian: apt-get install prometheus).
+if command -v promtool >/dev/null 2>&1; then
+    printf '%s\n' "$metrics" | promtool check metrics >"$OUT" 2>&1 ||
+        { cat "$OUT"; fail "promtool check metrics"; }
+else
+    echo "note: promtool not installed; strict parser check skipped"
+fi
+# --no-metrics: counters still count, durations are not measured.
+expect_rc 0 "$WQCTL" create "$N" --no-metrics
+expect_out "added 1, coalesced 0" "$WQCTL" add "$N" k
+expect_out "k" "$WQCTL" get "$N"
+run "$WQCTL" metrics "$N"
+has_line "workqueue_adds_total{name=\"$N\"} 1"
+has_line "workqueue_work_duration_seconds_count{name=\"$N\"} 0"
+# Several queues: one HELP/TYPE per family, one sample per queue.
+run "$WQCTL" metrics "$M" "$N"
+[ "$(printf '%s\n' "$out" | grep -c '^# TYPE workqueue_adds_total ')" = 1 ] ||
+    fail "metrics of two queues repeat a family"
+has_line "workqueue_adds_total{name=\"$M\"} 2"
+has_line "workqueue_adds_total{name=\"$N\"} 1"
+if command -v promtool >/dev/null 2>&1; then
+    printf '%s\n' "$out" | promtool check metrics >"$OUT" 2>&1 ||
+        { cat "$OUT"; fail "promtool check metrics (two queues)"; }
+fi
+expect_rc 1 "$WQCTL" metrics "$M" "missing-$$"
+[ -z "$("$WQCTL" metrics "$M" "missing-$$" 2>/dev/null)" ] ||
+    fail "metrics printed a partial scrape"
+
+# ---- usage errors ----------------------------------------------------
+expect_rc 2 "$WQCTL" add "$D" --after
+expect_rc 2 "$WQCTL" add "$D" --after bogus k
+expect_rc 2 "$WQCTL" add "$D" --after forever k
+expect_rc 2 "$WQCTL" add "$D" --after -1s k
+expect_rc 2 "$WQCTL" add "$D" --after 1s --rate-limited k
+expect_rc 2 "$WQCTL" add "$D" --rate-limited=yes k
+expect_rc 2 "$WQCTL" forget "$D"
+expect_rc 2 "$WQCTL" requeues "$D"
+expect_rc 2 "$WQCTL" requeues "$D" a b
+expect_rc 2 "$WQCTL" metrics
+expect_rc 2 "$WQCTL" metrics "$M" "$M"
+expect_rc 2 "$WQCTL" metrics "$M" --json
+expect_rc 2 "$WQCTL" create "x-$$" --rl-limiters bogus
+expect_rc 2 "$WQCTL" create "x-$$" --rl-limiters exponential,
+expect_rc 2 "$WQCTL" create "x-$$" --rl-limiters fast-slow
+expect_rc 2 "$WQCTL" create "x-$$" --rl-fast 1s
+expect_rc 2 "$WQCTL" create "x-$$" --rl-qps 5 --rl-limiters exponential
+expect_rc 2 "$WQCTL" create "x-$$" --rl-qps -1
+expect_rc 2 "$WQCTL" create "x-$$" --rl-qps inf
+expect_rc 2 "$WQCTL" create "x-$$" --rl-base 2s --rl-max 1s
+expect_rc 2 "$WQCTL" create "x-$$" --rl-burst many
+expect_rc 1 "$WQCTL" stat "x-$$"              # none of those created it
+
 expect_rc 0 "$WQCTL" rm "$Q"
 expect_rc 1 "$WQCTL" rm "$Q"
 echo "wqctl: 1 passed, 0 failed"

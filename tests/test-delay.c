@@ -27,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/uio.h>
 
 #include "fault-api.h"
 
@@ -38,6 +39,41 @@
 #define T0  (1000 * SEC)
 
 #define KS(s) (s), strlen(s)
+
+/* Handles opened by the test process; teardown closes what a failed test
+   left open (cmocka leaves a failing test by longjmp). */
+#define MAX_OPEN 16
+static wq *opened[MAX_OPEN];
+
+static wq *track(wq *q)
+{
+    for (int i = 0; i < MAX_OPEN; i++) {
+        if (opened[i] == NULL) {
+            opened[i] = q;
+            return q;
+        }
+    }
+    fail_msg("too many open handles");
+    return q;
+}
+
+static void close_q(wq *q)
+{
+    for (int i = 0; i < MAX_OPEN; i++)
+        if (opened[i] == q)
+            opened[i] = NULL;
+    wq_close(q);
+}
+
+static void close_all(void)
+{
+    for (int i = 0; i < MAX_OPEN; i++) {
+        if (opened[i] != NULL) {
+            wq_close(opened[i]);
+            opened[i] = NULL;
+        }
+    }
+}
 
 /* ------------------------------------------------------------------ */
 /* Fake clock and fixtures                                             */
@@ -64,6 +100,7 @@ static int setup(void **state)
 
 static int teardown(void **state)
 {
+    close_all();
     wq_test_clock_set(0);
     fake_now = 0;
     return th_teardown(state);
@@ -84,7 +121,7 @@ static wq *open_q(const char *tag, uint32_t capacity)
     if (rc != 0)
         fail_msg("wq_open(%s) = %d (%s)", name, rc, wq_strerror(rc));
     assert_non_null(q);
-    return q;
+    return track(q);
 }
 
 static struct wq_stats stats_of(wq *q)
@@ -142,7 +179,7 @@ static int key_info(wq *q, const char *key, struct wq_key_info *out)
 /* State bits of `key` in wq_dump, 0 when absent. */
 static unsigned key_state(wq *q, const char *key)
 {
-    struct wq_key_info ki;
+    struct wq_key_info ki = { 0 };
 
     return key_info(q, key, &ki) ? ki.state : 0;
 }
@@ -151,7 +188,7 @@ static unsigned key_state(wq *q, const char *key)
 #define ready_in(q, k) ready_in_((q), (k), __LINE__)
 static uint64_t ready_in_(wq *q, const char *key, int line)
 {
-    struct wq_key_info ki;
+    struct wq_key_info ki = { 0 };
 
     if (!key_info(q, key, &ki))
         fail_msg("line %d: \"%s\" is not in the dump", line, key);
@@ -221,7 +258,7 @@ static void simple_queue(void **state)
     assert_int_equal(wq_len(q), 0);
     assert_int_equal(waiting(q), 0);
     expect_get_rc(q, -EAGAIN);
-    wq_close(q);
+    close_q(q);
 }
 
 /* TestDeduping */
@@ -266,7 +303,7 @@ static void deduping(void **state)
     assert_int_equal(queued(q), 0);
     assert_int_equal(waiting(q), 0);
     expect_get_rc(q, -EAGAIN);
-    wq_close(q);
+    close_q(q);
 }
 
 /*
@@ -315,7 +352,7 @@ static void deduping_while_processing(void **state)
     clock_step(1 * SEC);
     expect_get_rc(q, -EAGAIN);
     assert_int_equal(stats_of(q).live, 0);
-    wq_close(q);
+    close_q(q);
 }
 
 /* TestAddTwoFireEarly */
@@ -342,7 +379,7 @@ static void add_two_fire_early(void **state)
     clock_step(2 * SEC);
     assert_int_equal(queued(q), 1);
     expect_get(q, "baz");
-    wq_close(q);
+    close_q(q);
 }
 
 /* TestCopyShifting */
@@ -362,7 +399,7 @@ static void copy_shifting(void **state)
     expect_get(q, "baz");
     expect_get(q, "bar");
     expect_get(q, "foo");
-    wq_close(q);
+    close_q(q);
 }
 
 /*
@@ -411,7 +448,49 @@ static void add_after_random(void **state)
     assert_int_equal(s.live, RAND_N);
     qsort(keys, RAND_N, sizeof keys[0], rkey_cmp);
     assert_int_equal(s.next_ready_ns, T0 + keys[0].delay);
+    clock_step(11 * MIN);
+    assert_int_equal(queued(q), RAND_N);
+    for (int i = 0; i < RAND_N; i++) {
+        snprintf(k, sizeof k, "%d", keys[i].idx);
+        expect_get(q, k);
+    }
+    expect_get_rc(q, -EAGAIN);
+    for (int i = 0; i < RAND_N; i++) {
+        snprintf(k, sizeof k, "%d", i);
+        expect_done(q, k);
+    }
 
+    /* Again, then take keys out of the middle of the heap (a direct add
+       queues every 7th key at once) and move others earlier (every 5th
+       gets a shorter delay, off the grid so that it ties with nothing).
+       Expected: the direct adds first in their order, then the rest by
+       ready time, ties in add order. */
+    for (int i = 0; i < RAND_N; i++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        keys[i].delay = ((seed >> 33) % 1000 + 1) * 600 * MS - 1;
+        keys[i].idx = i;
+        snprintf(k, sizeof k, "%d", i);
+        assert_int_equal(wq_add_after(q, KS(k), keys[i].delay), 0);
+    }
+    for (int i = 0; i < RAND_N; i += 5) {
+        uint64_t d = keys[i].delay / 2 + 1 + (uint64_t)i;
+        snprintf(k, sizeof k, "%d", i);
+        assert_int_equal(wq_add_after(q, KS(k), d), 1);
+        keys[i].delay = d;
+    }
+    int ndirect = 0;
+    for (int i = 3; i < RAND_N; i += 7) {
+        snprintf(k, sizeof k, "%d", i);
+        assert_int_equal(wq_add(q, KS(k)), 0);
+        keys[i].delay = 0; /* sorts first, by index = direct add order */
+        ndirect++;
+    }
+    s = stats_of(q);
+    assert_int_equal(s.queued, ndirect);
+    assert_int_equal(s.waiting, RAND_N - ndirect);
+    assert_int_equal(wq_check(q, 0), 0);
+    qsort(keys, RAND_N, sizeof keys[0], rkey_cmp);
+    assert_int_equal(s.next_ready_ns, fake_now + keys[ndirect].delay);
     clock_step(11 * MIN);
     assert_int_equal(queued(q), RAND_N);
     for (int i = 0; i < RAND_N; i++) {
@@ -420,7 +499,7 @@ static void add_after_random(void **state)
     }
     expect_get_rc(q, -EAGAIN);
     assert_int_equal(wq_check(q, 0), 0);
-    wq_close(q);
+    close_q(q);
 }
 
 /* ================================================================== */
@@ -451,7 +530,7 @@ static void ready_time_boundary(void **state)
     expect_get_rc(q, -EAGAIN);
     clock_step(NS);
     expect_get(q, "b");
-    wq_close(q);
+    close_q(q);
 }
 
 /* wq_add_after with delay 0 is wq_add, return values included. */
@@ -478,7 +557,7 @@ static void zero_delay_is_add(void **state)
     assert_int_equal(s.adds_total, 2);
     assert_int_equal(s.coalesced_total, 2);
     assert_int_equal(s.retries_total, 4); /* every wq_add_after call */
-    wq_close(q);
+    close_q(q);
 }
 
 /* A direct wq_add of a waiting key queues it at once, ends the wait, and
@@ -513,7 +592,7 @@ static void direct_add_of_waiting_key(void **state)
     s = stats_of(q);
     assert_int_equal(s.waiting, 0);
     assert_int_equal(s.live, 0);
-    wq_close(q);
+    close_q(q);
 }
 
 /* wq_add_after of a key already dirty merges (returns 1) and creates no
@@ -546,7 +625,7 @@ static void add_after_of_dirty_key(void **state)
     clock_step(20 * MS);
     expect_get_rc(q, -EAGAIN);
     assert_int_equal(stats_of(q).live, 0);
-    wq_close(q);
+    close_q(q);
 }
 
 /* A processing key given a delay: done before it is ready, it just waits;
@@ -591,7 +670,7 @@ static void processing_key_delayed(void **state)
     clock_step(50 * MS);
     expect_get_rc(q, -EAGAIN);
     assert_int_equal(stats_of(q).live, 0);
-    wq_close(q);
+    close_q(q);
 }
 
 /* Shutdown drops waiting keys (client-go's waiting loop stops). */
@@ -628,7 +707,109 @@ static void shutdown_drops_waiting(void **state)
     assert_int_equal(wq_add_after(q, KS("w3"), 0), -ESHUTDOWN);
     assert_int_equal(waiting(q), 0);
     assert_int_equal(wq_check(q, 0), 0);
-    wq_close(q);
+    close_q(q);
+}
+
+/* Shutdown and keys that are processing: a pending wait is dropped (the
+   key is not queued again at its Done); a wait that already fired made
+   the key dirty, and a dirty key is queued again at Done and handed out
+   (client-go: Get returns queued items after ShutDown). */
+static void shutdown_processing_waiting(void **state)
+{
+    (void)state;
+    th_watchdog(10);
+    wq *q = open_q("shutdown-proc", 0);
+
+    assert_int_equal(wq_add(q, KS("p")), 0);
+    assert_int_equal(wq_add(q, KS("r")), 0);
+    expect_get(q, "p");
+    expect_get(q, "r");
+    assert_int_equal(wq_add_after(q, KS("p"), 1 * SEC), 0);
+    assert_int_equal(wq_add_after(q, KS("r"), 10 * MS), 0);
+    clock_step(10 * MS);
+    assert_int_equal(waiting(q), 1); /* r fired: processing + dirty */
+    assert_int_equal(wq_shutdown(q), 0);
+    struct wq_stats s = stats_of(q);
+    assert_int_equal(s.waiting, 0);
+    assert_int_equal(s.processing, 2);
+    assert_int_equal(key_state(q, "p"), WQ_KEY_PROCESSING);
+    expect_done(q, "p");
+    expect_get_rc(q, -ESHUTDOWN);
+    expect_done(q, "r");
+    expect_get(q, "r");
+    expect_done(q, "r");
+    clock_step(2 * SEC);
+    expect_get_rc(q, -ESHUTDOWN);
+    s = stats_of(q);
+    assert_int_equal(s.live, 0);
+    assert_int_equal(wq_check(q, 0), 0);
+    close_q(q);
+}
+
+/* The fast paths see waiting keys like wq_add / wq_get do. */
+static void fast_paths(void **state)
+{
+    (void)state;
+    th_watchdog(10);
+    wq *q = open_q("fast-paths", 0);
+    char buf[KEYBUF];
+    struct iovec v[2] = { { (void *)"a", 1 }, { (void *)"b", 1 } };
+
+    /* wq_add_many of a waiting key queues it at once and ends the wait */
+    assert_int_equal(wq_add_after(q, KS("a"), 10 * MS), 0);
+    assert_int_equal(wq_add_many(q, v, 2), 0);
+    struct wq_stats s = stats_of(q);
+    assert_int_equal(s.waiting, 0);
+    assert_int_equal(s.queued, 2);
+    expect_get(q, "a");
+
+    /* wq_done_get moves ready keys before it pops */
+    assert_int_equal(wq_add_after(q, KS("c"), 10 * MS), 0);
+    clock_step(10 * MS);
+    int n = wq_done_get(q, KS("a"), buf, sizeof buf, 0);
+    assert_int_equal(n, 1);
+    assert_int_equal(buf[0], 'b');
+    n = wq_done_get(q, KS("b"), buf, sizeof buf, 0);
+    assert_int_equal(n, 1);
+    assert_int_equal(buf[0], 'c');
+    n = wq_done_get(q, KS("c"), buf, sizeof buf, 0);
+    assert_int_equal(n, -EAGAIN);
+    clock_step(1 * SEC);
+    expect_get_rc(q, -EAGAIN);
+    assert_int_equal(stats_of(q).live, 0);
+    close_q(q);
+}
+
+/* Delays so long that now + delay does not fit: the key waits (it must
+   not wrap around into the past and fire at once). */
+static void huge_delay(void **state)
+{
+    (void)state;
+    th_watchdog(10);
+    wq *q = open_q("huge", 0);
+
+    assert_int_equal(wq_add_after(q, KS("a"), UINT64_MAX), 0);
+    assert_int_equal(wq_add_after(q, KS("b"), UINT64_MAX - T0 + 1), 0);
+    assert_int_equal(wq_add_after(q, KS("c"), (uint64_t)INT64_MAX + 1), 0);
+    assert_int_equal(wq_add_after(q, KS("d"), 1 * SEC), 0);
+    struct wq_stats s = stats_of(q);
+    assert_int_equal(s.waiting, 4);
+    assert_int_equal(s.queued, 0);
+    assert_int_equal(s.next_ready_ns, T0 + 1 * SEC);
+    assert_true(ready_in(q, "a") > (uint64_t)INT64_MAX);
+    assert_true(ready_in(q, "b") > (uint64_t)INT64_MAX);
+    assert_true(ready_in(q, "c") > (uint64_t)INT64_MAX - T0);
+    clock_step(1000 * SEC);
+    assert_int_equal(queued(q), 1);
+    expect_get(q, "d");
+    expect_get_rc(q, -EAGAIN);
+    assert_int_equal(waiting(q), 3);
+    /* an earlier ready time still wins */
+    assert_int_equal(wq_add_after(q, KS("a"), 1 * SEC), 1);
+    clock_step(1 * SEC);
+    expect_get(q, "a");
+    assert_int_equal(wq_check(q, 0), 0);
+    close_q(q);
 }
 
 /* Keys with the same ready time fire in the order they were added, also
@@ -654,7 +835,7 @@ static void same_ready_time_in_add_order(void **state)
         expect_get(q, order[i]);
     expect_get(q, "late");
     expect_get_rc(q, -EAGAIN);
-    wq_close(q);
+    close_q(q);
 }
 
 /* stats.next_ready_ns follows the earliest waiting key. */
@@ -681,7 +862,7 @@ static void next_ready(void **state)
     s = stats_of(q);
     assert_int_equal(s.next_ready_ns, 0);
     assert_int_equal(s.queued, 2);
-    wq_close(q);
+    close_q(q);
 }
 
 /* Waiting keys use slots (-ENOSPC), and the argument checks. */
@@ -715,7 +896,7 @@ static void waiting_keys_are_live(void **state)
     expect_done(q, "a");
     assert_int_equal(wq_add_after(q, KS("c"), 10 * MS), 0);
     assert_int_equal(wq_check(q, 0), 0);
-    wq_close(q);
+    close_q(q);
 }
 
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
@@ -735,6 +916,9 @@ int main(void)
         T(add_after_of_dirty_key),
         T(processing_key_delayed),
         T(shutdown_drops_waiting),
+        T(shutdown_processing_waiting),
+        T(fast_paths),
+        T(huge_delay),
         T(same_ready_time_in_add_order),
         T(next_ready),
         T(waiting_keys_are_live),

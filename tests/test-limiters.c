@@ -46,6 +46,41 @@
 
 #define KS(s) (s), strlen(s)
 
+/* Handles opened by the test process; teardown closes what a failed test
+   left open (cmocka leaves a failing test by longjmp). */
+#define MAX_OPEN 16
+static wq *opened[MAX_OPEN];
+
+static wq *track(wq *q)
+{
+    for (int i = 0; i < MAX_OPEN; i++) {
+        if (opened[i] == NULL) {
+            opened[i] = q;
+            return q;
+        }
+    }
+    fail_msg("too many open handles");
+    return q;
+}
+
+static void close_q(wq *q)
+{
+    for (int i = 0; i < MAX_OPEN; i++)
+        if (opened[i] == q)
+            opened[i] = NULL;
+    wq_close(q);
+}
+
+static void close_all(void)
+{
+    for (int i = 0; i < MAX_OPEN; i++) {
+        if (opened[i] != NULL) {
+            wq_close(opened[i]);
+            opened[i] = NULL;
+        }
+    }
+}
+
 /* ------------------------------------------------------------------ */
 /* Fake clock and fixtures                                             */
 /* ------------------------------------------------------------------ */
@@ -71,6 +106,7 @@ static int setup(void **state)
 
 static int teardown(void **state)
 {
+    close_all();
     wq_test_clock_set(0);
     fake_now = 0;
     return th_teardown(state);
@@ -95,7 +131,7 @@ static wq *open_q(const char *tag, const struct wq_options *o)
     if (rc != 0)
         fail_msg("wq_open(%s) = %d (%s)", name, rc, wq_strerror(rc));
     assert_non_null(q);
-    return q;
+    return track(q);
 }
 
 static struct wq_stats stats_of(wq *q)
@@ -162,7 +198,7 @@ static void expect_get_(wq *q, const char *key, int line)
    neither waiting nor queued, and the clock does not move (see top). */
 static uint64_t when_(wq *q, const char *key, int line)
 {
-    struct wq_key_info ki;
+    struct wq_key_info ki = { 0 };
     uint64_t d = 0;
     int rc = wq_add_rate_limited(q, KS(key));
 
@@ -252,7 +288,7 @@ static void item_exponential(void **state)
     assert_int_equal(wq_forget(q, KS("one")), 0);
     expect_requeues(q, "one", 0);
     expect_when(q, "one", 1 * MS);
-    wq_close(q);
+    close_q(q);
 }
 
 /* min(base * 2^i, max) without overflow. */
@@ -280,7 +316,7 @@ static void item_exponential_overflow(void **state)
         expect_when(q, "overflow1", exp_delay(1 * MS, 1000 * SEC, i));
     expect_when(q, "overflow1", 1000 * SEC);
     expect_requeues(q, "overflow1", 1001);
-    wq_close(q);
+    close_q(q);
 
     q = limiter_q("exp-of2", WQ_RL_EXPONENTIAL, 1 * MIN, 1000 * HOUR, 0, 0,
                   0);
@@ -292,7 +328,7 @@ static void item_exponential_overflow(void **state)
         expect_when(q, "overflow2", exp_delay(1 * MIN, 1000 * HOUR, i));
     expect_when(q, "overflow2", 1000 * HOUR);
     expect_requeues(q, "overflow2", 1001);
-    wq_close(q);
+    close_q(q);
 }
 
 /* TestItemFastSlowRateLimiter */
@@ -317,7 +353,7 @@ static void item_fast_slow(void **state)
     assert_int_equal(wq_forget(q, KS("one")), 0);
     expect_requeues(q, "one", 0);
     expect_when(q, "one", 5 * MS);
-    wq_close(q);
+    close_q(q);
 }
 
 /* TestMaxOfRateLimiter: MaxOf(FastSlow(5ms, 3s, 3), Exponential(1ms, 1s)) */
@@ -348,7 +384,7 @@ static void max_of(void **state)
     for (int i = 0; i < 15; i++)
         (void)when_(q, "three", __LINE__);
     expect_when(q, "three", 3 * SEC);
-    wq_close(q);
+    close_q(q);
 }
 
 /*
@@ -381,7 +417,7 @@ static void exponential_max_cap(void **state)
     for (unsigned i = 17; i < 100; i++)
         expect_when(q, "k", 500 * SEC);
     expect_requeues(q, "k", 100);
-    wq_close(q);
+    close_q(q);
 }
 
 /* ================================================================== */
@@ -413,7 +449,7 @@ static void bucket_burst_then_rate(void **state)
     struct wq_stats s = stats_of(q);
     assert_int_equal(s.retries_total, 103);
     assert_int_equal(s.failing, 102);
-    wq_close(q);
+    close_q(q);
 }
 
 /* Refill with time, capped at burst; fractions of a token. qps 4 keeps
@@ -442,7 +478,7 @@ static void bucket_refill(void **state)
     expect_when(q, "k11", 0);
     expect_when(q, "k12", 250 * MS);
     expect_when(q, "k13", 500 * MS);
-    wq_close(q);
+    close_q(q);
 }
 
 /* client-go's DefaultControllerRateLimiter, libwq's default (zero
@@ -479,8 +515,8 @@ static void default_controller_rate_limiter(void **state)
     }
     expect_when(q2, "k100", 100 * MS);
     expect_when(q2, "k0", 200 * MS);
-    wq_close(q2);
-    wq_close(q);
+    close_q(q2);
+    close_q(q);
 }
 
 /* ================================================================== */
@@ -551,20 +587,20 @@ static void limiter_defaults_and_attach(void **state)
     for (int i = 0; i < 60; i++)
         (void)when_(q, "k", __LINE__);
     expect_when(q, "k", 1000 * SEC);
-    wq_close(q);
+    close_q(q);
 
     /* bucket alone with a burst of 1: 0, then 1 / 10 qps */
     q = bucket_q("burst1", 0, 1);
     expect_when(q, "a", 0);
     expect_when(q, "b", 100 * MS);
-    wq_close(q);
+    close_q(q);
 
     /* bucket with qps 2, default burst 100 */
     q = bucket_q("qps2", 2, 0);
     for (int i = 0; i < 100; i++)
         (void)when_(q, "a", __LINE__);
     expect_when(q, "b", 500 * MS);
-    wq_close(q);
+    close_q(q);
 
     /* attaching with other limiter options keeps the creator's */
     const char *name = th_qname("attach");
@@ -579,12 +615,14 @@ static void limiter_defaults_and_attach(void **state)
                             .rl_max_fast_attempts = 1 };
     wq *q1 = NULL, *q2 = NULL;
     assert_int_equal(wq_open(name, &c, &q1), 0);
+    track(q1);
     assert_int_equal(wq_open(name, &a, &q2), 0);
+    track(q2);
     expect_when(q2, "k", 1 * MS);
     expect_when(q2, "k", 2 * MS);
     expect_when(q1, "k", 4 * MS);
-    wq_close(q2);
-    wq_close(q1);
+    close_q(q2);
+    close_q(q1);
 }
 
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)

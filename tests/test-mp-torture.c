@@ -6,8 +6,11 @@
  * supervisor and the killer: every 1-20 ms it SIGKILLs a random producer
  * or worker (whatever that process is doing, including holding the region
  * lock mid-mutation) and starts a replacement. Producers wq_add (and
- * wq_add_many) keys drawn from K hot keys; workers wq_get -> work (mostly
- * short, sometimes long) -> wq_done (or wq_done_get).
+ * wq_add_many) keys drawn from K hot keys, and now and then a "burst": a
+ * fresh key added 2-4 times in quick succession and never again, so an
+ * add that lands while the key is processing and is then lost cannot be
+ * masked by a later add. Workers wq_get -> work (mostly short, sometimes
+ * long) -> wq_done (or wq_done_get).
  *
  * Nothing libwq says is trusted for the verdict. An independent witness
  * lives in a MAP_SHARED|MAP_ANONYMOUS mapping made before any fork:
@@ -39,7 +42,8 @@
  *
  * Hard limits: every child runs under alarm(); a round that takes longer
  * than max(3 x its duration, duration + 10 s) is a failure (every child is
- * killed); a global alarm ends the program in any case.
+ * killed); a per-round alarm() ends the program if a call made by the
+ * supervisor itself never returns.
  *
  * Usage: test-mp-torture [--seconds S] [--rounds R] [--producers P]
  *                        [--workers W] [--keys K] [--seed N] [--verbose]
@@ -69,7 +73,9 @@
 
 #include <wq.h>
 
-#define MAX_KEYS     4096
+#define MAX_HOT      4096           /* --keys limit */
+#define MAX_BURST    32768          /* burst keys per round */
+#define MAX_KEYS     (MAX_HOT + MAX_BURST)
 #define MAX_ROLES    256            /* producers + workers */
 #define MAX_RECS     65536          /* spawned processes per round */
 #define MAX_DIAG     64
@@ -104,6 +110,8 @@ struct witness {
     _Atomic uint64_t adds_announced, adds_acked, adds_coalesced, adds_many;
     _Atomic uint64_t processed, long_jobs, claim_waits;
     _Atomic uint64_t overlaps, errors;
+    _Atomic uint32_t nburst;             /* burst keys handed out */
+    _Atomic uint64_t burst_adds;
     _Atomic uint32_t ndiag;
     char diag[MAX_DIAG][DIAG_LEN];
     _Atomic uint32_t nrecs;
@@ -200,22 +208,40 @@ static void diag(bool is_error, const char *fmt, ...)
     va_end(ap);
 }
 
+/* Witness index k: hot keys "key-NNNN" are 0 .. O.keys-1, burst keys
+   "b-NNNNNN" follow (burst n is O.keys + n). */
 static int key_name(char *buf, int k)
 {
-    return snprintf(buf, KEYBUF, "key-%04d", k);
+    if (k < O.keys)
+        return snprintf(buf, KEYBUF, "key-%04d", k);
+    return snprintf(buf, KEYBUF, "b-%06d", k - O.keys);
 }
 
 static int key_parse(const char *buf, int n)
 {
-    if (n != 8 || memcmp(buf, "key-", 4) != 0)
+    int first, base;
+    if (n == 8 && memcmp(buf, "key-", 4) == 0)
+        first = 4, base = 0;
+    else if (n == 8 && memcmp(buf, "b-", 2) == 0)
+        first = 2, base = O.keys;
+    else
         return -1;
     int k = 0;
-    for (int i = 4; i < 8; i++) {
+    for (int i = first; i < 8; i++) {
         if (buf[i] < '0' || buf[i] > '9')
             return -1;
         k = k * 10 + (buf[i] - '0');
     }
-    return k < O.keys ? k : -1;
+    if (base == 0)
+        return k < O.keys ? k : -1;
+    return k < (int)atomic_load(&W->nburst) && k < MAX_BURST ? base + k : -1;
+}
+
+/* Keys in use this round (hot + burst). */
+static int nkeys_used(void)
+{
+    uint32_t b = atomic_load(&W->nburst);
+    return O.keys + (int)(b < MAX_BURST ? b : MAX_BURST);
 }
 
 /* Process state from /proc/<pid>/stat: 'R', 'S', 'Z', ... or 0 if gone. */
@@ -264,6 +290,52 @@ static wq *child_open(const char *role)
     return q;
 }
 
+/* A burst: one fresh key added 2-4 times a few microseconds to 2 ms
+   apart or as soon as a worker claimed it, then never again this round. A later add usually lands while
+   the key is processing, so it must be queued again at wq_done; with no
+   later add to mask it, losing such an add leaves the key unprocessed
+   after an acknowledged add (hot keys are re-added so often that a lost
+   add is covered by the next one). */
+static void burst(wq *q)
+{
+    uint32_t n = atomic_fetch_add(&W->nburst, 1);
+    if (n >= MAX_BURST)
+        return;
+    int k = O.keys + (int)n;
+    char name[KEYBUF];
+    int len = key_name(name, k);
+    int reps = 2 + (int)rnd_below(3);
+    for (int r = 0; r < reps && !atomic_load(&W->stop_producers); r++) {
+        uint64_t seq = atomic_fetch_add(&W->seq, 1) + 1;
+        amax(&W->keys[k].last_add_seq, seq);
+        atomic_fetch_add(&W->adds_announced, 1);
+        int rc = wq_add(q, name, (size_t)len);
+        if (rc == -ESHUTDOWN)
+            return;
+        if (rc < 0) {
+            diag(true, "producer: wq_add(%s): %s", name, wq_strerror(rc));
+            _exit(3);
+        }
+        amax(&W->keys[k].last_ack_seq, seq);
+        atomic_fetch_add(&W->adds_acked, 1);
+        atomic_fetch_add(&W->burst_adds, 1);
+        uint64_t gap = rnd_below(6);
+        if (gap == 0)
+            spin_ns(rnd_below(20000));
+        else if (gap < 2)
+            spin_ns(20000 + rnd_below(200000));
+        else if (gap < 3)
+            sleep_ns(rnd_below(2000000));
+        else {
+            /* Aim the next add at the processing window: wait (at most
+               3 ms) until a worker has claimed the key. */
+            uint64_t until = now_ns() + 3000000;
+            while (atomic_load(&W->keys[k].holder) == 0 && now_ns() < until)
+                ;
+        }
+    }
+}
+
 static void producer_main(void)
 {
     wq *q = child_open("producer");
@@ -271,6 +343,10 @@ static void producer_main(void)
     char names[8][KEYBUF];
     struct iovec iov[8];
     while (!atomic_load(&W->stop_producers)) {
+        if (rnd_below(24) == 0) {
+            burst(q);
+            continue;
+        }
         int many = rnd_below(8) == 0 ? 2 + (int)rnd_below(6) : 1;
         int ks[8];
         uint64_t seqs[8];
@@ -401,8 +477,10 @@ static void worker_main(void)
                  n > 0 && n < KEYBUF ? n : 0, key);
             _exit(3);
         }
-        uint64_t me = claim(k, key, n, &gen);
+        /* Read before claiming: an add announced after the claim (a burst
+           aims at that) is then certainly not counted as seen here. */
         uint64_t seen = atomic_load(&W->keys[k].last_add_seq);
+        uint64_t me = claim(k, key, n, &gen);
         uint64_t r = rnd_below(1000);
         if (r < 300)
             ;
@@ -461,7 +539,15 @@ static void emergency(int sig)
             kill((pid_t)emergency_pids[i], SIGKILL);
     if (shm_path_buf[0])
         unlink(shm_path_buf);
-    static const char msg[] = "torture: global timeout, everything killed\n"
+    /* The diagnostics children wrote (plain bytes in shared memory). */
+    uint32_t nd = atomic_load(&W->ndiag);
+    for (uint32_t i = 0; i < nd && i < MAX_DIAG; i++) {
+        ssize_t w = write(2, W->diag[i], strnlen(W->diag[i], DIAG_LEN));
+        w = write(2, "\n", 1);
+        (void)w;
+    }
+    static const char msg[] = "torture: round timed out (a libwq call in the supervisor "
+                              "blocked?), every child killed\n"
                               "torture: 0 passed, 1 failed\n";
     ssize_t w = write(2, msg, sizeof msg - 1);
     (void)w;
@@ -515,7 +601,8 @@ static void reaped(int slot, int status, struct round_stats *rs, bool stopping)
     int32_t st = atomic_load(&W->recs[c->rec].state);
     bool killed = st == PS_KILLED;
     atomic_store(&W->recs[c->rec].state, PS_DEAD);
-    for (int k = 0; k < O.keys; k++) {
+    int used = nkeys_used();
+    for (int k = 0; k < used; k++) {
         uint64_t h = atomic_load(&W->keys[k].holder);
         if (h && (pid_t)(h >> 32) == c->pid &&
             atomic_compare_exchange_strong(&W->keys[k].holder, &h, 0))
@@ -644,6 +731,8 @@ static int run_round(int r, uint64_t round_seed)
     uint64_t dur = (uint64_t)(O.seconds * 1e9);
     uint64_t limit = 3 * dur > dur + 10000000000ull ? 3 * dur : dur + 10000000000ull;
     uint64_t hard_deadline = t0 + limit;
+    /* Last resort if a call of the supervisor itself never returns. */
+    alarm((unsigned)(limit / 1000000000ull) + 15);
 
     memset(W, 0, sizeof *W);
     snprintf(qname, sizeof qname, "torture-%d-%d", (int)getpid(), r);
@@ -651,7 +740,7 @@ static int run_round(int r, uint64_t round_seed)
     seed_rng(round_seed);
 
     struct wq_options o = { 0 };
-    o.capacity = (uint32_t)(O.keys * 2 < 64 ? 64 : O.keys * 2);
+    o.capacity = (uint32_t)(O.keys * 2 < 64 ? 64 : O.keys * 2) + 1024;   /* + bursts */
     o.max_key_len = KEY_LEN;
     /* Few spare slots: registration must reap dead processes' slots. */
     o.max_procs = (uint32_t)(O.producers + O.workers + 4);
@@ -774,20 +863,26 @@ static int run_round(int r, uint64_t round_seed)
 
     /* Verdict. */
     uint64_t lost = 0;
-    for (int k = 0; k < O.keys; k++) {
+    int used = nkeys_used();
+    for (int k = 0; k < used; k++) {
         uint64_t ack = atomic_load(&W->keys[k].last_ack_seq);
         uint64_t done = atomic_load(&W->keys[k].last_processed_seq);
         if (ack > done) {
             if (lost < 20)
-                fprintf(stderr, "round %d: LOST: key-%04d acknowledged add #%" PRIu64
-                        " never processed (last processed #%" PRIu64 ", announced #%"
-                        PRIu64 ")\n", r, k, ack, done,
-                        (uint64_t)atomic_load(&W->keys[k].last_add_seq));
+            {
+                char kn[KEYBUF];
+                key_name(kn, k);
+                fprintf(stderr, "round %d: LOST: %s acknowledged add #%" PRIu64
+                        " never processed after it (last processed #%" PRIu64
+                        ", announced #%" PRIu64 ", processed %" PRIu64 " times)\n", r, kn,
+                        ack, done, (uint64_t)atomic_load(&W->keys[k].last_add_seq),
+                        (uint64_t)atomic_load(&W->keys[k].processed));
+            }
             lost++;
         }
         if (atomic_load(&W->keys[k].holder) != 0) {
             uint64_t h = atomic_load(&W->keys[k].holder);
-            fprintf(stderr, "round %d: witness: key-%04d still claimed by %d/%u\n", r, k,
+            fprintf(stderr, "round %d: witness: key #%d still claimed by %d/%u\n", r, k,
                     (int)(h >> 32), (unsigned)(h & 0xffffffffu));
             fail = 1;
         }
@@ -829,13 +924,14 @@ static int run_round(int r, uint64_t round_seed)
     double secs = (double)(now_ns() - t0) / 1e9;
     printf("round %d/%d: %.1fs kills %" PRIu64 " (producers %" PRIu64 ", workers %" PRIu64
            ") adds announced %" PRIu64 " acked %" PRIu64 " (coalesced %" PRIu64
-           ", batches %" PRIu64 ") processed %" PRIu64 " (final drain %" PRIu64
+           ", batches %" PRIu64 ", burst keys %u adds %" PRIu64 ") processed %" PRIu64 " (final drain %" PRIu64
            ", long %" PRIu64 ") crash_requeues %" PRIu64 " repairs %" PRIu64
            " claim_waits %" PRIu64 " overlaps %" PRIu64 " lost %" PRIu64 " errors %" PRIu64
            " check %d -> %s\n",
            r, O.rounds, secs, rs.kills_p + rs.kills_w, rs.kills_p, rs.kills_w,
            (uint64_t)atomic_load(&W->adds_announced), (uint64_t)atomic_load(&W->adds_acked),
            (uint64_t)atomic_load(&W->adds_coalesced), (uint64_t)atomic_load(&W->adds_many),
+           (unsigned)atomic_load(&W->nburst), (uint64_t)atomic_load(&W->burst_adds),
            (uint64_t)atomic_load(&W->processed) + drained, drained,
            (uint64_t)atomic_load(&W->long_jobs), s.crash_requeues_total, s.repairs_total,
            (uint64_t)atomic_load(&W->claim_waits), overlaps, lost, errors, viol,
@@ -867,6 +963,7 @@ static int run_round(int r, uint64_t round_seed)
         fail = 1;
     }
     shm_path_buf[0] = 0;
+    alarm(0);
     return fail;
 }
 
@@ -913,7 +1010,7 @@ int main(int argc, char **argv)
             O.producers = (int)n;
         else if (!strcmp(a, "--workers") && n > 0 && n < MAX_ROLES / 2)
             O.workers = (int)n;
-        else if (!strcmp(a, "--keys") && n > 0 && n <= MAX_KEYS)
+        else if (!strcmp(a, "--keys") && n > 0 && n <= MAX_HOT)
             O.keys = (int)n;
         else if (!strcmp(a, "--seed")) {
             O.seed = strtoull(v, NULL, 0);
@@ -936,15 +1033,12 @@ int main(int argc, char **argv)
     sa.sa_handler = emergency;
     sigaction(SIGALRM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
-    double limit = O.seconds * 3 > O.seconds + 10 ? O.seconds * 3 : O.seconds + 10;
-    alarm((unsigned)(O.rounds * (limit + 5)) + 30);
 
     printf("torture: %d round(s) of %.1f s, %d producers, %d workers, %d keys, seed %" PRIu64
            "\n", O.rounds, O.seconds, O.producers, O.workers, O.keys, O.seed);
     int failed = 0;
     for (int r = 1; r <= O.rounds && !failed; r++)
         failed = run_round(r, O.seed + (uint64_t)r * 0x100000001b3ull);
-    alarm(0);
 
     printf("torture totals: rounds %" PRIu64 " kills %" PRIu64 " (producers %" PRIu64
            ", workers %" PRIu64 ") adds announced %" PRIu64 " acked %" PRIu64

@@ -37,6 +37,41 @@
 
 #define KS(s) (s), strlen(s)
 
+/* Handles opened by the test process; teardown closes what a failed test
+   left open (cmocka leaves a failing test by longjmp). */
+#define MAX_OPEN 16
+static wq *opened[MAX_OPEN];
+
+static wq *track(wq *q)
+{
+    for (int i = 0; i < MAX_OPEN; i++) {
+        if (opened[i] == NULL) {
+            opened[i] = q;
+            return q;
+        }
+    }
+    fail_msg("too many open handles");
+    return q;
+}
+
+static void close_q(wq *q)
+{
+    for (int i = 0; i < MAX_OPEN; i++)
+        if (opened[i] == q)
+            opened[i] = NULL;
+    wq_close(q);
+}
+
+static void close_all(void)
+{
+    for (int i = 0; i < MAX_OPEN; i++) {
+        if (opened[i] != NULL) {
+            wq_close(opened[i]);
+            opened[i] = NULL;
+        }
+    }
+}
+
 /* ------------------------------------------------------------------ */
 /* Fake clock and fixtures                                             */
 /* ------------------------------------------------------------------ */
@@ -62,6 +97,7 @@ static int setup(void **state)
 
 static int teardown(void **state)
 {
+    close_all();
     wq_test_clock_set(0);
     fake_now = 0;
     return th_teardown(state);
@@ -86,7 +122,7 @@ static wq *open_q(const char *tag, const struct wq_options *o)
     if (rc != 0)
         fail_msg("wq_open(%s) = %d (%s)", name, rc, wq_strerror(rc));
     assert_non_null(q);
-    return q;
+    return track(q);
 }
 
 static struct wq_stats stats_of(wq *q)
@@ -144,7 +180,7 @@ static int key_info(wq *q, const char *key, struct wq_key_info *out)
 /* State bits of `key` in wq_dump, 0 when absent. */
 static unsigned key_state(wq *q, const char *key)
 {
-    struct wq_key_info ki;
+    struct wq_key_info ki = { 0 };
 
     return key_info(q, key, &ki) ? ki.state : 0;
 }
@@ -153,7 +189,7 @@ static unsigned key_state(wq *q, const char *key)
 #define ready_in(q, k) ready_in_((q), (k), __LINE__)
 static uint64_t ready_in_(wq *q, const char *key, int line)
 {
-    struct wq_key_info ki;
+    struct wq_key_info ki = { 0 };
 
     if (!key_info(q, key, &ki))
         fail_msg("line %d: \"%s\" is not in the dump", line, key);
@@ -261,7 +297,7 @@ static void rate_limiting_queue(void **state)
     assert_int_equal(ready_in(q, "one"), 1 * MS);
     assert_int_equal(requeues(q, "one"), 1);
     assert_int_equal(requeues(q, "two"), 2);
-    wq_close(q);
+    close_q(q);
 }
 
 /*
@@ -283,7 +319,7 @@ static void named_custom_queue(void **state)
     clock_step(5 * MS);
     expect_get(q, "one");
     expect_done(q, "one");
-    wq_close(q);
+    close_q(q);
 }
 
 /* ================================================================== */
@@ -316,7 +352,7 @@ static void merged_while_waiting(void **state)
     assert_int_equal(ready_in(q, "w"), 1 * MS);
     assert_int_equal(requeues(q, "w"), 1);
     assert_int_equal(stats_of(q).retries_total, 6);
-    wq_close(q);
+    close_q(q);
 }
 
 /* AddRateLimited of a dirty key: merged (1), no wait, the count rises. */
@@ -346,7 +382,7 @@ static void rate_limited_dirty_key(void **state)
     clock_step(1 * SEC);
     expect_get_rc(q, -EAGAIN);
     assert_int_equal(requeues(q, "k"), 2);
-    wq_close(q);
+    close_q(q);
 }
 
 /* The controller loop: get, fail -> AddRateLimited, Done; later succeed
@@ -380,7 +416,7 @@ static void controller_loop(void **state)
     assert_int_equal(s.failing, 0);
     assert_int_equal(key_state(q, "k"), 0);
     assert_int_equal(s.retries_total, 3);
-    wq_close(q);
+    close_q(q);
 }
 
 /* A key with failures and no other state is kept as WQ_KEY_FAILING until
@@ -390,7 +426,7 @@ static void failing_state(void **state)
     (void)state;
     th_watchdog(10);
     wq *q = exp_q("failing", 1 * MS, 1 * SEC, 0);
-    struct wq_key_info ki;
+    struct wq_key_info ki = { 0 };
 
     assert_int_equal(wq_add_rate_limited(q, KS("k")), 0);
     step_out(q, "k");
@@ -440,7 +476,7 @@ static void failing_state(void **state)
     assert_int_equal(s.failing, 0);
     assert_int_equal(s.live, 0);
     assert_int_equal(wq_check(q, 0), 0);
-    wq_close(q);
+    close_q(q);
 }
 
 /* Forget of an unknown key, and the argument checks. */
@@ -482,7 +518,7 @@ static void forget_unknown_and_errors(void **state)
     assert_int_equal(wq_shutdown(q), 0);
     assert_int_equal(wq_add_rate_limited(q, KS("k")), -ESHUTDOWN);
     assert_int_equal(waiting(q), 0);
-    wq_close(q);
+    close_q(q);
 }
 
 /* A full table of idle failure counts never makes an add fail: an idle
@@ -528,7 +564,7 @@ static void failing_keys_evicted_when_full(void **state)
     assert_int_equal(s.live, 4);
     assert_int_equal(s.failing, 0);
     assert_int_equal(wq_check(q, 0), 0);
-    wq_close(q);
+    close_q(q);
 }
 
 /* A live key with a failure count keeps it when the table is full; only
@@ -554,7 +590,52 @@ static void live_failures_not_evicted(void **state)
     assert_int_equal(s.failing, 0);
     assert_int_equal(s.live, 2);
     assert_int_equal(s.waiting, 1);
-    wq_close(q);
+    close_q(q);
+}
+
+/* A failing key reuses its own slot: it can be delayed or rate limited
+   again even when every other slot is live; a plain delayed add of a
+   failing key starts a new wait and keeps the count. */
+static void failing_key_reuses_its_slot(void **state)
+{
+    (void)state;
+    th_watchdog(10);
+    wq *q = exp_q("reuse", 1 * MS, 1 * SEC, 2);
+
+    assert_int_equal(wq_add_rate_limited(q, KS("k")), 0);
+    step_out(q, "k");
+    assert_int_equal(wq_add(q, KS("x")), 0);
+    struct wq_stats s = stats_of(q);
+    assert_int_equal(s.live, 1);
+    assert_int_equal(s.failing, 1);
+
+    /* delayed add of the failing key: new wait, count kept */
+    assert_int_equal(wq_add_after(q, KS("k"), 50 * MS), 0);
+    assert_int_equal(ready_in(q, "k"), 50 * MS);
+    assert_int_equal(requeues(q, "k"), 1);
+    s = stats_of(q);
+    assert_int_equal(s.live, 2);
+    assert_int_equal(s.failing, 0);
+    assert_int_equal(s.waiting, 1);
+    assert_int_equal(wq_add(q, KS("y")), -ENOSPC);
+    clock_step(50 * MS);
+    expect_get(q, "x");
+    expect_get(q, "k");
+    expect_done(q, "k");
+    assert_int_equal(stats_of(q).failing, 1);
+
+    /* table full of live keys (x processing, y queued) but k has a slot */
+    assert_int_equal(wq_add(q, KS("y")), 0); /* drops k's count */
+    assert_int_equal(requeues(q, "k"), 0);
+    assert_int_equal(wq_add_rate_limited(q, KS("k")), -ENOSPC);
+    expect_done(q, "x");
+    assert_int_equal(wq_add_rate_limited(q, KS("k")), 0);
+    assert_int_equal(ready_in(q, "k"), 1 * MS);
+    clock_step(1 * MS);
+    expect_get(q, "y");
+    expect_get(q, "k");
+    assert_int_equal(wq_check(q, 0), 0);
+    close_q(q);
 }
 
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
@@ -571,6 +652,7 @@ int main(void)
         T(forget_unknown_and_errors),
         T(failing_keys_evicted_when_full),
         T(live_failures_not_evicted),
+        T(failing_key_reuses_its_slot),
         cmocka_unit_test(th_test_no_leftovers),
     };
     int rc = cmocka_run_group_tests(tests, th_group_setup, th_group_teardown);
