@@ -156,10 +156,13 @@ typedef struct wq wq;
  * mode bits outside 0777, rl_base_delay_ns > rl_max_delay_ns, negative
  * rl_qps, capacity > 2^31, max_key_len > 4096, max_procs > 4096, an
  * unknown durability value, unknown rl_limiters bits, WQ_RL_FAST_SLOW
- * without its three parameters or with rl_fast_delay_ns > rl_slow_delay_ns.
+ * without its three parameters or with rl_fast_delay_ns > rl_slow_delay_ns,
+ * fast-slow parameters without WQ_RL_FAST_SLOW, a NaN or infinite rl_qps,
+ * rl_base_delay_ns above the default maximum when rl_max_delay_ns is 0,
+ * result_capacity > 2^31.
  * Zero limiter fields mean the defaults below.
  * Not implemented yet (-ENOTSUP, never silently ignored): store_path,
- * durability, snapshot_interval_ms, result_capacity, WQ_FAIR.
+ * durability, snapshot_interval_ms, WQ_FAIR.
  *
  * Rate limiter defaults (client-go's): rl_base_delay_ns 5 ms,
  * rl_max_delay_ns 1000 s, rl_qps 10, rl_burst 100.
@@ -379,6 +382,99 @@ WQ_API int wq_forget(wq *q, const void *key, size_t len);
 WQ_API int wq_num_requeues(wq *q, const void *key, size_t len);
 
 /* ------------------------------------------------------------------ */
+/* Results (long-running tasks, as in Sveltos' deployer)               */
+/* ------------------------------------------------------------------ */
+
+enum wq_state {
+    WQ_STATE_NONE,      /* nothing known about the key */
+    WQ_STATE_PENDING,   /* queued, or waiting for a delay */
+    WQ_STATE_RUNNING,   /* processing (even if re-added meanwhile) */
+    WQ_STATE_SUCCEEDED, /* last wq_finish had code 0 */
+    WQ_STATE_FAILED     /* last wq_finish had code != 0 */
+};
+
+struct wq_result {
+    enum wq_state state;
+    int code;              /* the code given to wq_finish (0 if none yet) */
+    uint64_t updated_ns;   /* CLOCK_REALTIME of that wq_finish (0 if none) */
+    char message[256];     /* its message, NUL-terminated, possibly cut */
+};
+
+/*
+ * wq_finish - wq_done that also records an outcome: code 0 is success
+ * (SUCCEEDED), anything else FAILED; message may be NULL (recorded as "")
+ * and is cut to 255 bytes. Both happen under one lock acquisition: other
+ * processes never see the key done without its outcome. Returns as
+ * wq_done (-ENOENT if the key is not processing: nothing is recorded).
+ *
+ * Where results live: in a table of `result_capacity` slots in the region
+ * (wq_options; 0 -> capacity). A result is kept while its key is idle,
+ * until wq_forget, until result_capacity newer results push it out (least
+ * recently updated first), or until its key's slot is needed for a new
+ * live key (as failure counts, see wq_forget). Re-adding the key makes it
+ * PENDING, then RUNNING; the next wq_finish replaces the result.
+ */
+WQ_API int wq_finish(wq *q, const void *key, size_t len, int code, const char *message);
+
+/*
+ * wq_result - the key's state: RUNNING while processing (even if also
+ * dirty), PENDING while queued or waiting, else the last recorded outcome,
+ * else NONE. code, updated_ns and message are those of the last outcome
+ * still kept (so a RUNNING key shows how its previous run ended), or zero
+ * and "". Returns 0, -EINVAL, -EMSGSIZE.
+ */
+WQ_API int wq_result(wq *q, const void *key, size_t len, struct wq_result *out);
+
+/* ------------------------------------------------------------------ */
+/* Worker pool (controller-runtime's MaxConcurrentReconciles)          */
+/* ------------------------------------------------------------------ */
+
+struct wq_reconcile {
+    int64_t requeue_after_ns; /* > 0: forget, record success, re-add after it */
+    int code;                 /* failure code to record (0: use the return) */
+    char message[256];        /* recorded with the outcome */
+};
+
+/*
+ * A reconciler, called in a worker process for one key. The key is
+ * NUL-terminated (not counted in len); *out is zeroed before the call.
+ * Return 0 for success, a negative value for failure; positive values are
+ * reserved (recorded as FAILED with -EINVAL).
+ */
+typedef int (*wq_reconcile_fn)(wq *q, const void *key, size_t len,
+                               struct wq_reconcile *out, void *arg);
+
+/*
+ * wq_run_workers - fork `workers` processes that loop get -> fn -> finish,
+ * and supervise them until the queue is shut down and they have exited.
+ * Outcomes map like controller-runtime's:
+ *   fn returns 0, requeue_after_ns == 0: wq_forget + SUCCEEDED(message);
+ *   fn returns 0, requeue_after_ns > 0: wq_forget, re-added after that
+ *     delay, SUCCEEDED recorded;
+ *   fn returns < 0: FAILED(out->code, or the return value) and the key is
+ *     re-added rate limited (its failure count rises).
+ * The re-add is made while the key is still processing, so a worker that
+ * dies between the two steps loses nothing.
+ * Supervision: a worker that dies (signal, or exit status other than 0)
+ * is replaced after a restart backoff (100 ms doubling to 10 s per worker
+ * slot, reset once a worker has lived 10 s), so a crash-looping reconciler
+ * does not spin; the key it held is requeued by the crash machinery, never
+ * processed twice at once. The supervisor waits only for its own workers
+ * (waitpid on their pids), never for other children of the caller.
+ * Signals: while it runs, SIGTERM and SIGINT are handled by the
+ * supervisor: the first shuts the queue down (wq_shutdown) and lets the
+ * workers finish what is queued and exit (drain); a second one SIGKILLs
+ * the workers and returns at once (-EINTR). Workers ignore SIGINT and
+ * SIGTERM (a terminal ^C reaches the whole process group) and die with
+ * the supervisor (PR_SET_PDEATHSIG). The caller's signal mask and
+ * dispositions are restored on return.
+ * Returns 0 when the queue was shut down and every worker exited, -EINTR
+ * after a second signal, -EINVAL (workers == 0 or > 1024, NULL fn), or an
+ * error from fork.
+ */
+WQ_API int wq_run_workers(wq *q, unsigned workers, wq_reconcile_fn fn, void *arg);
+
+/* ------------------------------------------------------------------ */
 /* Metrics (client-go's workqueue metrics, shared by all processes)    */
 /* ------------------------------------------------------------------ */
 
@@ -439,7 +535,9 @@ struct wq_stats {
     uint64_t region_bytes;  /* size of the shared-memory object */
     uint64_t repairs_total; /* times the region was repaired after a dead lock holder */
     uint64_t shutting_down; /* 1 once shut down */
-    uint64_t failing;       /* idle keys kept only for their failure count */
+    uint64_t failing;       /* idle keys kept for a failure count or a result */
+    uint64_t results;       /* results kept (wq_finish) */
+    uint64_t result_capacity;
     uint64_t next_ready_ns; /* CLOCK_MONOTONIC time the first waiting key is
                                ready; 0 when none waits */
     uint64_t now_ns;        /* CLOCK_MONOTONIC time of this snapshot */
@@ -457,7 +555,7 @@ WQ_API int wq_stats(wq *q, struct wq_stats *out);
 #define WQ_KEY_QUEUED     (1u << 1) /* in the FIFO */
 #define WQ_KEY_PROCESSING (1u << 2) /* handed out, wq_done not called */
 #define WQ_KEY_WAITING    (1u << 3) /* added with a delay, not yet ready */
-#define WQ_KEY_FAILING    (1u << 4) /* idle, kept only for its failure count */
+#define WQ_KEY_FAILING    (1u << 4) /* idle, kept for a failure count or result */
 
 struct wq_key_info {
     const void *key;        /* valid only during the callback */
@@ -467,11 +565,15 @@ struct wq_key_info {
     uint64_t position;      /* 0-based FIFO position while queued, else UINT64_MAX */
     uint64_t ready_ns;      /* WAITING: CLOCK_MONOTONIC ready time, else 0 */
     uint32_t failures;      /* rate limiter failure count (wq_num_requeues) */
+    enum wq_state result;   /* as wq_result reports it */
+    int result_code;
+    const char *result_message; /* valid only during the callback; "" if none */
 };
 
 /*
- * wq_dump - call fn once per live key: queued keys first in FIFO order,
- * then the others. Runs under the region lock: fn must not call libwq on
+ * wq_dump - call fn once per key the queue holds (live keys, and idle
+ * keys kept for a failure count or a result): queued keys first in FIFO
+ * order, then the others. Keys whose delay is over are queued first. Runs under the region lock: fn must not call libwq on
  * the same queue and should be quick. If fn returns non-zero, the walk
  * stops and that value is returned. Returns 0 when all keys were visited.
  */

@@ -159,6 +159,12 @@ void wq__drop_waiting(wq *q)
             e->state = WQ_ST_PROCESSING;   /* commit */
             WQ_STEP("drop.state");
             h->heap_count--;
+        } else if (e->failures > 0 || wq__has_result(q, e)) {
+            e->state = WQ_ST_RETAINED;   /* commit: idle, keeps count/result */
+            WQ_STEP("drop.state");
+            h->heap_count--;
+            h->failing++;
+            atomic_fetch_sub_explicit(&h->live, 1, memory_order_relaxed);
         } else {
             h->heap_count--;
             WQ_STEP("drop.heap");

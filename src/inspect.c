@@ -1,7 +1,9 @@
 /*
- * inspect.c - read-only views for tools: wq_stats and wq_dump.
+ * inspect.c - views for tools: wq_stats and wq_dump.
  * Both run under the region lock so what they report is one consistent
- * moment, and both bounds-check every index they follow.
+ * moment, and both bounds-check every index they follow. Both first move
+ * keys whose delay is over to the queue (as any lock holder may), so they
+ * never report a key as waiting after its ready time.
  */
 #include <errno.h>
 
@@ -23,6 +25,8 @@ int wq_stats(wq *q, struct wq_stats *out)
     s.live = atomic_load_explicit(&h->live, memory_order_relaxed);
     s.waiting = h->heap_count;
     s.failing = h->failing;
+    s.results = h->r_count;
+    s.result_capacity = q->result_capacity;
     s.next_ready_ns = wq__next_ready(q);
     s.capacity = q->capacity;
     for (uint32_t i = 0; i < q->max_procs; i++)
@@ -58,6 +62,19 @@ static void fill(const wq *q, const struct wq_entry *e, struct wq_key_info *ki)
         ki->state |= WQ_KEY_FAILING;
     ki->ready_ns = (e->state & WQ_ST_WAITING) ? e->t_b : 0;
     ki->failures = e->failures;
+    ki->result = WQ_STATE_NONE;
+    ki->result_code = 0;
+    ki->result_message = "";
+    if (wq__has_result(q, e)) {
+        const struct wq_rslot *r = &q->rslots[e->rslot];
+        ki->result = r->code == 0 ? WQ_STATE_SUCCEEDED : WQ_STATE_FAILED;
+        ki->result_code = r->code;
+        ki->result_message = r->message;   /* NUL-terminated by snprintf */
+    }
+    if (e->state & WQ_ST_PROCESSING)
+        ki->result = WQ_STATE_RUNNING;
+    else if (e->state & (WQ_ST_QUEUED | WQ_ST_DIRTY | WQ_ST_WAITING))
+        ki->result = WQ_STATE_PENDING;
     ki->owner_pid = 0;
     if ((e->state & WQ_ST_PROCESSING) && e->owner < q->max_procs)
         ki->owner_pid = q->procs[e->owner].pid;
@@ -72,6 +89,7 @@ int wq_dump(wq *q, wq_dump_fn fn, void *arg)
     if (rc < 0)
         return rc;
     struct wq_key_info ki;
+    wq__promote(q, wq__now_mono());
     uint64_t pos = atomic_load_explicit(&q->hdr->ring_pos, memory_order_relaxed);
     uint32_t head = (uint32_t)pos, count = (uint32_t)(pos >> 32);
     if (head >= q->capacity || count > q->capacity) {

@@ -57,6 +57,8 @@ struct wq {
     uint32_t capacity, max_key_len, max_procs, entry_size, index_slots;
     uint64_t seed;
     uint32_t *heap;                /* delay heap (layout.h) */
+    struct wq_rslot *rslots;       /* result slots (layout.h) */
+    uint32_t result_capacity;
     bool metrics;                  /* duration metrics on (no WQ_NO_METRICS) */
 
     /* Registration: written under the region lock. */
@@ -67,6 +69,7 @@ struct wq {
 
     uint64_t *scratch;             /* 2 x capacity bits, check/repair; lock */
     uint32_t *held;                /* max_procs counters, check/repair; lock */
+    uint32_t *rscratch;            /* result_capacity slots, repair; lock */
 };
 
 /* util.c */
@@ -81,7 +84,7 @@ int wq__deadline(int64_t timeout_ns, uint64_t *deadline);
 
 /* region.c */
 int wq__geometry(struct wq_geom *g, uint32_t capacity, uint32_t max_key_len,
-                 uint32_t max_procs);
+                 uint32_t max_procs, uint32_t result_capacity);
 int wq__region_validate(const struct wq_geom *g, uint64_t file_size);
 
 /* lock.c */
@@ -107,6 +110,16 @@ int wq__delay_entry(wq *q, uint32_t idx, uint64_t ready);
 uint64_t wq__limiter_when(wq *q, struct wq_entry *e, uint64_t now);
 void wq__limiter_init(struct wq_hdr *h);
 int wq__limiter_options(const struct wq_options *o, struct wq_geom *g);
+
+/* results.c */
+int wq__result_record(wq *q, uint32_t idx, int code, const char *message);
+void wq__result_drop(wq *q, uint32_t idx);
+void wq__results_rebuild(wq *q);
+int wq__results_verify(wq *q, void (*violation)(void *c, const char *what), void *c);
+static inline bool wq__has_result(const wq *q, const struct wq_entry *e)
+{
+    return e->rslot < q->result_capacity;
+}
 
 /* metrics.c */
 void wq__observe(struct wq_hist *h, uint64_t ns);

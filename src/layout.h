@@ -4,6 +4,7 @@
  * One shm object per queue, laid out as
  *
  *   [struct wq_hdr][proc table][entries][hash index][ring][delay heap]
+ *   [result slots]
  *
  * Every section starts on a 64-byte boundary. Offsets and sizes are
  * computed by wq__geometry() from (capacity, max_key_len, max_procs) and
@@ -36,7 +37,7 @@
 #include <stdint.h>
 
 #define WQ_MAGIC        0x31515762696c0a57ull /* "W\nlibWQ1" little-endian */
-#define WQ_LAYOUT_VER   2u
+#define WQ_LAYOUT_VER   3u
 #define WQ_ALIGN        64u
 #define WQ_NIL          0xffffffffu          /* "no entry" */
 
@@ -45,11 +46,12 @@
 #define WQ_ST_QUEUED     (1u << 1)  /* in the ring; implies DIRTY */
 #define WQ_ST_PROCESSING (1u << 2)  /* handed out; owner fields valid */
 #define WQ_ST_WAITING    (1u << 3)  /* in the delay heap; never with DIRTY */
-#define WQ_ST_RETAINED   (1u << 4)  /* alone: idle, kept for its failure count */
+#define WQ_ST_RETAINED   (1u << 4)  /* alone: idle, kept for a failure count
+                                       or a result */
 #define WQ_ST_ALL        (WQ_ST_DIRTY | WQ_ST_QUEUED | WQ_ST_PROCESSING | \
                           WQ_ST_WAITING | WQ_ST_RETAINED)
 /* Legal states: DIRTY|QUEUED, PROCESSING, PROCESSING|DIRTY,
-   PROCESSING|WAITING, WAITING, RETAINED (with failures > 0). */
+   PROCESSING|WAITING, WAITING, RETAINED (with failures > 0 or a result). */
 
 /* hdr->pend_kind */
 #define WQ_PEND_NONE     0u
@@ -77,7 +79,9 @@ struct wq_geom {
     uint32_t index_slots;     /* hash index slots (>= capacity * 5 / 4) */
     uint32_t flags;           /* creation flags kept: WQ_NO_METRICS */
     uint64_t hash_seed;       /* random per region: no cross-queue flooding */
-    uint64_t off_procs, off_entries, off_index, off_ring, off_heap;
+    uint64_t off_procs, off_entries, off_index, off_ring, off_heap, off_results;
+    uint32_t result_capacity;
+    uint32_t reserved2;
     uint64_t total_size;      /* the shm object's size */
     uint32_t mode;            /* creation mode, informative */
     uint32_t reserved0;
@@ -170,6 +174,11 @@ struct wq_hdr {
         _Atomic uint64_t count;
         _Atomic uint64_t sum_ns;
     } qdur, wdur;
+    /* Results (results.c): lock. Used slots form a list in update order
+       (least recently updated at the head, evicted first); free slots a
+       list through next. */
+    uint32_t r_free, r_head, r_tail, r_count;
+    uint64_t r_seq;                       /* next result update sequence */
     uint64_t reserved[8];                 /* room for later counters */
 };
 
@@ -209,8 +218,12 @@ struct wq_proc {
  *   t_start   PROCESSING: CLOCK_MONOTONIC of the get (work duration).
  *   t_b       DIRTY: time of the add (queue duration); WAITING: ready time.
  *             DIRTY and WAITING never coexist, so one field serves both.
+ *   rslot     the key's result slot (results.c), whose `owner` points
+ *             back at this entry; both directions must agree.
  */
 struct wq_entry {
+    uint64_t t_start;
+    uint64_t t_b;
     uint16_t state;
     uint16_t keylen;
     uint32_t hash;
@@ -219,8 +232,7 @@ struct wq_entry {
     uint32_t link;
     uint32_t failures;
     uint32_t seq;
-    uint64_t t_start;
-    uint64_t t_b;
+    uint32_t rslot;           /* its result slot, WQ_NIL if none */
     unsigned char key[];
 };
 #define WQ_OWNER_NONE 0xffffu
@@ -235,7 +247,24 @@ struct wq_islot {
     uint32_t hash;
 };
 
-_Static_assert(sizeof(struct wq_entry) == 40, "entry header is 40 bytes");
+_Static_assert(offsetof(struct wq_entry, key) == 44, "entry header is 44 bytes");
+
+/*
+ * A result slot (results.c). All fields: lock.
+ *   owner     entry index + 1 of the key it belongs to, 0 when free; the
+ *             store that sets it commits a new result.
+ *   prev/next the update-order list (used) or the free list (next only).
+ *   seq       update sequence: repair rebuilds the list by sorting on it.
+ */
+struct wq_rslot {
+    uint32_t owner;
+    int32_t code;
+    uint32_t prev, next;
+    uint64_t seq;
+    uint64_t updated_ns;      /* CLOCK_REALTIME of the wq_finish */
+    char message[256];
+};
+_Static_assert(sizeof(struct wq_rslot) == 288, "result slot is 288 bytes");
 _Static_assert(sizeof(struct wq_islot) == 8, "index slot is 8 bytes");
 _Static_assert(offsetof(struct wq_hdr, lock) % WQ_ALIGN == 0, "lock on its own line");
 _Static_assert(offsetof(struct wq_hdr, wake_seq) % 4 == 0, "futex word aligned");

@@ -100,7 +100,9 @@ uint64_t wq__limiter_when(wq *q, struct wq_entry *e, uint64_t now)
     const struct wq_geom *g = &q->g;
     uint32_t f = e->failures;
     uint64_t d = 0, x;
-    if (f < UINT32_MAX)
+    /* Only the per-key limiters count failures (client-go's bucket limiter
+       has no per-key state: its NumRequeues is 0). */
+    if (f < UINT32_MAX && (g->rl_limiters & (WQ_RL_EXPONENTIAL | WQ_RL_FAST_SLOW)))
         e->failures = f + 1;
     if (g->rl_limiters & WQ_RL_EXPONENTIAL)
         d = exponential(g, f);
@@ -131,13 +133,15 @@ int wq_forget(wq *q, const void *key, size_t len)
         rc = -EBADMSG;
     } else if (idx != WQ_NIL) {
         struct wq_entry *e = wq__entry(q, idx);
-        e->failures = 0;
-        if (e->state == WQ_ST_RETAINED) {
-            q->hdr->busy = 1;
-            WQ_STEP("forget.reset");   /* the reset is the commit */
-            if ((rc = wq__release(q, idx)) == 0)
-                q->hdr->busy = 0;
-        }
+        q->hdr->busy = 1;
+        WQ_STEP("forget.busy");
+        e->failures = 0;   /* commit: an idle entry with nothing left is free */
+        WQ_STEP("forget.reset");
+        wq__result_drop(q, idx);
+        if (e->state == WQ_ST_RETAINED)
+            rc = wq__release(q, idx);
+        if (rc == 0)
+            q->hdr->busy = 0;
     }
     wq__unlock(q);
     return rc;

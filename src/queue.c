@@ -81,6 +81,7 @@ uint32_t wq__new_entry(wq *q, const void *key, size_t len, uint32_t hash, int *e
     e->hash = hash;
     e->owner = WQ_OWNER_NONE;
     e->failures = 0;
+    e->rslot = WQ_NIL;
     e->seq = q->hdr->seq_next++;
     WQ_STEP("add.key");
     return idx;
@@ -164,6 +165,7 @@ int wq__release(wq *q, uint32_t idx)
     struct wq_hdr *h = q->hdr;
     struct wq_entry *e = wq__entry(q, idx);
     uint16_t st = e->state;
+    wq__result_drop(q, idx);
     e->state = 0;   /* commit: forgotten */
     WQ_STEP("release.state");
     int rc = wq__table_remove(q, idx, e->hash);
@@ -260,8 +262,16 @@ static int get_locked(wq *q, void *buf, uint64_t now)
 }
 
 /* Lock held. *queued when a re-added key went back into the ring. */
+/* An outcome to record with a done (wq_finish), or none (wq_done). */
+struct outcome {
+    bool record;
+    int code;
+    const char *message;
+};
+static const struct outcome NO_OUTCOME = { false, 0, NULL };
+
 static int done_locked(wq *q, const void *key, size_t len, uint32_t hash, uint64_t now,
-                       bool *queued)
+                       struct outcome out, bool *queued)
 {
     struct wq_hdr *h = q->hdr;
     uint32_t idx = wq__table_lookup(q, key, len, hash);
@@ -276,6 +286,10 @@ static int done_locked(wq *q, const void *key, size_t len, uint32_t hash, uint64
     int rc = 0;
     h->busy = 1;
     WQ_STEP("done.busy");
+    /* The outcome first: a holder killed before the state commit leaves
+       the key processing (requeued as a crash) with its outcome kept. */
+    if (out.record && (rc = wq__result_record(q, idx, out.code, out.message)) < 0)
+        return rc;
     if (st & WQ_ST_DIRTY) {
         e->seq = h->seq_next++;
         e->state = WQ_ST_DIRTY | WQ_ST_QUEUED;   /* commit: back of the queue */
@@ -287,8 +301,8 @@ static int done_locked(wq *q, const void *key, size_t len, uint32_t hash, uint64
     } else if (st & WQ_ST_WAITING) {
         e->state = WQ_ST_WAITING;   /* commit: still waiting for its delay */
         WQ_STEP("done.state");
-    } else if (e->failures > 0) {
-        e->state = WQ_ST_RETAINED;   /* commit: idle, keeps its failure count */
+    } else if (e->failures > 0 || wq__has_result(q, e)) {
+        e->state = WQ_ST_RETAINED;   /* commit: idle, keeps its count or result */
         WQ_STEP("done.state");
         h->failing++;
         atomic_fetch_sub_explicit(&h->live, 1, memory_order_relaxed);
@@ -398,7 +412,7 @@ int wq_get(wq *q, void *buf, size_t cap, int64_t timeout_ns)
     return get_wait(q, buf, deadline, now);
 }
 
-int wq_done(wq *q, const void *key, size_t len)
+static int done_call(wq *q, const void *key, size_t len, struct outcome out)
 {
     if (!q)
         return -EINVAL;
@@ -410,12 +424,23 @@ int wq_done(wq *q, const void *key, size_t len)
     if ((rc = wq__lock(q)) < 0)
         return rc;
     bool queued = false;
-    rc = done_locked(q, key, len, hash, now, &queued);
+    rc = done_locked(q, key, len, hash, now, out, &queued);
     bool wake = queued && note_wake(q);
     wq__unlock(q);
     if (wake)
         wq__futex_wake(&q->hdr->wake_seq, 1);
     return rc;
+}
+
+int wq_done(wq *q, const void *key, size_t len)
+{
+    return done_call(q, key, len, NO_OUTCOME);
+}
+
+int wq_finish(wq *q, const void *key, size_t len, int code, const char *message)
+{
+    struct outcome out = { true, code, message };
+    return done_call(q, key, len, out);
 }
 
 int wq_done_get(wq *q, const void *done_key, size_t done_len, void *buf, size_t cap,
@@ -430,7 +455,7 @@ int wq_done_get(wq *q, const void *done_key, size_t done_len, void *buf, size_t 
     if ((rc = wq__lock(q)) < 0)
         return rc;
     bool queued = false;
-    rc = done_locked(q, done_key, done_len, hash, now, &queued);
+    rc = done_locked(q, done_key, done_len, hash, now, NO_OUTCOME, &queued);
     if (rc < 0) {
         wq__unlock(q);
         return rc;

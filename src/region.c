@@ -41,10 +41,11 @@ static uint64_t align_up(uint64_t v, uint64_t a)
 }
 
 int wq__geometry(struct wq_geom *g, uint32_t capacity, uint32_t max_key_len,
-                 uint32_t max_procs)
+                 uint32_t max_procs, uint32_t result_capacity)
 {
     if (capacity == 0 || capacity > WQ_MAX_CAPACITY || max_key_len == 0 ||
-        max_key_len > WQ_MAX_KEY_LEN || max_procs == 0 || max_procs > WQ_MAX_PROCS)
+        max_key_len > WQ_MAX_KEY_LEN || max_procs == 0 || max_procs > WQ_MAX_PROCS ||
+        result_capacity == 0 || result_capacity > WQ_MAX_CAPACITY)
         return -EINVAL;
     memset(g, 0, sizeof *g);
     g->magic = WQ_MAGIC;
@@ -53,7 +54,7 @@ int wq__geometry(struct wq_geom *g, uint32_t capacity, uint32_t max_key_len,
     g->capacity = capacity;
     g->max_key_len = max_key_len;
     g->max_procs = max_procs;
-    g->entry_size = (uint32_t)align_up(sizeof(struct wq_entry) + max_key_len, 8);
+    g->entry_size = (uint32_t)align_up(offsetof(struct wq_entry, key) + max_key_len, 8);
     /* Load factor at most 0.8 keeps linear probing short; +1 so a full
        table always has an empty slot to end probes. */
     uint64_t slots = (uint64_t)capacity + capacity / 4 + 1;
@@ -70,7 +71,10 @@ int wq__geometry(struct wq_geom *g, uint32_t capacity, uint32_t max_key_len,
     g->off_ring = off;
     off = align_up(off + (uint64_t)capacity * sizeof(uint32_t), WQ_ALIGN);
     g->off_heap = off;
-    off = align_up(off + (uint64_t)capacity * sizeof(uint32_t), 4096);
+    off = align_up(off + (uint64_t)capacity * sizeof(uint32_t), WQ_ALIGN);
+    g->off_results = off;
+    g->result_capacity = result_capacity;
+    off = align_up(off + (uint64_t)result_capacity * sizeof(struct wq_rslot), 4096);
     g->total_size = off;
     return 0;
 }
@@ -83,12 +87,14 @@ int wq__region_validate(const struct wq_geom *g, uint64_t file_size)
         return -EPROTO;
     if (g->checksum != wq__fnv1a(g, offsetof(struct wq_geom, checksum)))
         return -EPROTO;
-    if (wq__geometry(&want, g->capacity, g->max_key_len, g->max_procs) < 0)
+    if (wq__geometry(&want, g->capacity, g->max_key_len, g->max_procs,
+                     g->result_capacity) < 0)
         return -EPROTO;
     if (g->entry_size != want.entry_size || g->index_slots != want.index_slots ||
         g->off_procs != want.off_procs || g->off_entries != want.off_entries ||
         g->off_index != want.off_index || g->off_ring != want.off_ring ||
-        g->off_heap != want.off_heap || g->total_size != want.total_size ||
+        g->off_heap != want.off_heap || g->off_results != want.off_results ||
+        g->total_size != want.total_size ||
         g->total_size != file_size)
         return -EPROTO;
     if (g->flags & ~WQ_NO_METRICS)
@@ -115,7 +121,7 @@ static int check_options(const struct wq_options *o)
     if (o->mode & ~(mode_t)0777)
         return -EINVAL;
     if (o->capacity > WQ_MAX_CAPACITY || o->max_key_len > WQ_MAX_KEY_LEN ||
-        o->max_procs > WQ_MAX_PROCS)
+        o->max_procs > WQ_MAX_PROCS || o->result_capacity > WQ_MAX_CAPACITY)
         return -EINVAL;
     if (o->durability != WQ_DURABLE_PROCESS && o->durability != WQ_DURABLE_FSYNC &&
         o->durability != WQ_DURABLE_NONE)
@@ -126,7 +132,7 @@ static int check_options(const struct wq_options *o)
         return rc;
     /* Valid, but not built yet: refuse rather than ignore. */
     if (o->store_path || o->durability || o->snapshot_interval_ms ||
-        o->result_capacity || (o->flags & WQ_FAIR))
+        (o->flags & WQ_FAIR))
         return -ENOTSUP;
     return 0;
 }
@@ -144,7 +150,13 @@ static void init_region(unsigned char *base, const struct wq_geom *g)
                                                  (size_t)i * g->entry_size);
         e->link = i + 1 < g->capacity ? i + 1 : WQ_NIL;
         e->owner = WQ_OWNER_NONE;
+        e->rslot = WQ_NIL;
     }
+    struct wq_rslot *rs = (struct wq_rslot *)(base + g->off_results);
+    for (uint32_t i = 0; i < g->result_capacity; i++)
+        rs[i].next = i + 1 < g->result_capacity ? i + 1 : WQ_NIL;
+    h->r_free = 0;
+    h->r_head = h->r_tail = WQ_NIL;
     h->free_head = 0;
     h->last_reap_ns = wq__now_mono();
     wq__limiter_init(h);
@@ -203,9 +215,10 @@ static int create_region(const char *path, const struct wq_options *o)
     struct wq_geom g;
     char tmpname[128];
     mode_t mode = o->mode ? o->mode : 0600;
-    int rc = wq__geometry(&g, o->capacity ? o->capacity : DEF_CAPACITY,
-                          o->max_key_len ? o->max_key_len : DEF_KEY_LEN,
-                          o->max_procs ? o->max_procs : DEF_PROCS);
+    uint32_t cap = o->capacity ? o->capacity : DEF_CAPACITY;
+    int rc = wq__geometry(&g, cap, o->max_key_len ? o->max_key_len : DEF_KEY_LEN,
+                          o->max_procs ? o->max_procs : DEF_PROCS,
+                          o->result_capacity ? o->result_capacity : cap);
     if (rc < 0)
         return rc;
     if (getrandom(&g.hash_seed, sizeof g.hash_seed, 0) != sizeof g.hash_seed)
@@ -280,6 +293,8 @@ static int attach(wq *q, const char *path)
     q->index = (struct wq_islot *)(q->base + g.off_index);
     q->ring = (uint32_t *)(q->base + g.off_ring);
     q->heap = (uint32_t *)(q->base + g.off_heap);
+    q->rslots = (struct wq_rslot *)(q->base + g.off_results);
+    q->result_capacity = g.result_capacity;
     q->metrics = !(g.flags & WQ_NO_METRICS);
     q->g = g;
     q->capacity = g.capacity;
@@ -331,7 +346,8 @@ int wq_open(const char *name, const struct wq_options *opts, wq **out)
         goto fail;
     q->scratch = calloc(2 * ((q->capacity + 63) / 64), sizeof(uint64_t));
     q->held = calloc(q->max_procs, sizeof(uint32_t));
-    if (!q->scratch || !q->held) {
+    q->rscratch = calloc(q->result_capacity, sizeof(uint32_t));
+    if (!q->scratch || !q->held || !q->rscratch) {
         rc = -ENOMEM;
         goto fail;
     }
@@ -346,6 +362,7 @@ fail:
         munmap(q->base, q->size);
     free(q->scratch);
     free(q->held);
+    free(q->rscratch);
     free(q);
     return rc;
 }
@@ -358,6 +375,7 @@ void wq_close(wq *q)
     munmap(q->base, q->size);
     free(q->scratch);
     free(q->held);
+    free(q->rscratch);
     free(q);
 }
 

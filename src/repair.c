@@ -56,6 +56,11 @@ static void violation(struct ctx *c, const char *fmt, ...)
     c->report(buf, c->arg);
 }
 
+static void report_cb(void *c, const char *what)
+{
+    violation(c, "%s", what);
+}
+
 static inline bool bit_get(const uint64_t *b, uint32_t i)
 {
     return b[i >> 6] >> (i & 63) & 1;
@@ -74,15 +79,18 @@ static bool owner_valid(const wq *q, const struct wq_entry *e)
 
 /* The legal state an entry should have (layout.h lists them). Pure: used
    by check and repair alike. */
-static uint16_t norm_state(const wq *q, const struct wq_entry *e)
+static uint16_t norm_state(const wq *q, uint32_t idx)
 {
+    const struct wq_entry *e = wq__entry(q, idx);
     uint16_t st = e->state & WQ_ST_ALL;
     if (st == 0 || e->keylen == 0 || e->keylen > q->max_key_len)
         return 0;
     if (st & WQ_ST_RETAINED) {
         st &= (uint16_t)~WQ_ST_RETAINED;
+        bool result = e->rslot < q->result_capacity &&
+                      q->rslots[e->rslot].owner == idx + 1;
         if (st == 0)
-            return e->failures ? WQ_ST_RETAINED : 0;
+            return e->failures || result ? WQ_ST_RETAINED : 0;
     }
     if (st & WQ_ST_PROCESSING) {
         if (!owner_valid(q, e))
@@ -148,13 +156,15 @@ static void check_entries(struct ctx *c)
     wq *q = c->q;
     for (uint32_t idx = 0; idx < q->capacity; idx++) {
         struct wq_entry *e = wq__entry(q, idx);
-        uint16_t st = e->state, want = norm_state(q, e);
+        uint16_t st = e->state, want = norm_state(q, idx);
         if (st == want)
             goto hash;
         if (st & ~WQ_ST_ALL)
             violation(c, "entry %u: unknown state bits 0x%x", idx, st);
-        else if (want == 0)
+        else if (want == 0 && (e->keylen == 0 || e->keylen > q->max_key_len))
             violation(c, "entry %u: bad key length %u", idx, e->keylen);
+        else if (want == 0)
+            violation(c, "entry %u: idle with neither failures nor a result", idx);
         else if ((st & WQ_ST_PROCESSING) && !(want & WQ_ST_PROCESSING))
             violation(c, "entry %u: processing with invalid owner %u/%u", idx,
                       e->owner, e->owner_gen);
@@ -234,7 +244,7 @@ static void verify_index(struct ctx *c)
             continue;
         }
         const struct wq_entry *e = wq__entry(q, idx);
-        if (norm_state(q, e) == 0)
+        if (norm_state(q, idx) == 0)
             violation(c, "index slot %u: entry %u is free", i, idx);
         else if (s.hash != e->hash)
             violation(c, "index slot %u: hash differs from entry %u", i, idx);
@@ -247,8 +257,7 @@ static void verify_index(struct ctx *c)
         bit_set(c->in_index, idx);
     }
     for (uint32_t idx = 0; idx < q->capacity; idx++) {
-        const struct wq_entry *e = wq__entry(q, idx);
-        if (norm_state(q, e) != 0 && !bit_get(c->in_index, idx))
+        if (norm_state(q, idx) != 0 && !bit_get(c->in_index, idx))
             violation(c, "entry %u: live but not in the index", idx);
     }
 }
@@ -278,7 +287,7 @@ static uint32_t check_ring(struct ctx *c)
             violation(c, "ring position %u: entry %u out of range", k, idx);
             continue;
         }
-        if (!(norm_state(q, wq__entry(q, idx)) & WQ_ST_QUEUED)) {
+        if (!(norm_state(q, idx) & WQ_ST_QUEUED)) {
             violation(c, "ring position %u: entry %u is not queued", k, idx);
             continue;
         }
@@ -317,7 +326,7 @@ static void verify_heap(struct ctx *c)
             continue;
         }
         const struct wq_entry *e = wq__entry(q, idx);
-        if (!(norm_state(q, e) & WQ_ST_WAITING))
+        if (!(norm_state(q, idx) & WQ_ST_WAITING))
             violation(c, "heap position %u: entry %u is not waiting", i, idx);
         if (e->link != i)
             violation(c, "heap position %u: entry %u says position %u", i, idx, e->link);
@@ -344,7 +353,7 @@ static void finish(struct ctx *c, uint32_t queued)
         h->heap_count = 0;
     for (uint32_t idx = 0; idx < q->capacity; idx++) {
         struct wq_entry *e = wq__entry(q, idx);
-        uint16_t st = norm_state(q, e);
+        uint16_t st = norm_state(q, idx);
         if (st == 0) {
             if (c->apply) {
                 e->state = 0;
@@ -462,6 +471,10 @@ int wq__repair(wq *q, bool apply, bool thorough, wq_report_fn report, void *arg)
     if (!apply)
         verify_heap(&c);
     finish(&c, queued);
+    if (apply)
+        wq__results_rebuild(q);
+    else
+        wq__results_verify(q, report_cb, &c);
     if (apply) {
         WQ_STEP("repair.done");
         q->hdr->busy = 0;

@@ -108,6 +108,7 @@ static uint32_t evict_retained(wq *q)
         struct wq_entry *e = wq__entry(q, i);
         if (e->state != WQ_ST_RETAINED)
             continue;
+        wq__result_drop(q, i);
         e->state = 0;   /* commit: its failure count is gone */
         WQ_STEP("evict.state");
         if (wq__table_remove(q, i, e->hash) < 0)

@@ -270,10 +270,46 @@ static void build_valid_image(void)
     n = get_key(live_holder, buf);                /* key-06 */
     add_key(live_holder, buf, (size_t)n);         /* dirty + processing */
     add_key(p, "late-1", 6);
-    wq_close(p);                                  /* key-01 requeued, slot 0 free */
+    /* Delays and failure counts: a key waiting an hour (wq_add_after), one
+       kept idle only for its failure count (retained after its wq_done),
+       and one rate limited with 12 failures (waiting 5 ms * 2^12). */
+    if (wq_add_after(p, "delayed-1", 9, 3600ull * 1000000000ull) < 0 ||
+        wq_add_rate_limited(p, "ret-1", 5) < 0)
+        die("delayed adds");
+    for (int i = 0; i < 12; i++)
+        if (wq_add_rate_limited(p, "limited-1", 9) < 0)   /* merged: failures 12 */
+            die("wq_add_rate_limited");
+    for (int i = 0; i < 200; i++) {   /* both are ready after 5 ms */
+        usleep(1000);
+        struct wq_stats ws;
+        if (wq_stats(p, &ws) == 0 && ws.waiting <= 1)
+            break;
+    }
+    for (int todo = 2; todo > 0;) {   /* hand out the queue until both came */
+        n = wq_get(p, buf, sizeof buf, 0);
+        if (n <= 0)
+            die("ret-1/limited-1 never became ready: %s", wq_strerror(n));
+        if ((n == 5 && memcmp(buf, "ret-1", 5) == 0) ||
+            (n == 9 && memcmp(buf, "limited-1", 9) == 0)) {
+            if (wq_done(p, buf, (size_t)n) != 0)
+                die("wq_done(%.*s)", n, buf);
+            if (n == 9 && wq_add_rate_limited(p, buf, 9) < 0)
+                die("wq_add_rate_limited(limited-1)");
+            todo--;
+            continue;
+        }
+        add_key(p, buf, (size_t)n);   /* keep it live: dirty, requeued at close */
+    }
+    wq_close(p);                                  /* its keys requeued, slot 0 free */
 
     if (wq_check(live_holder, 0) != 0)
         die("the valid image does not check clean");
+    struct wq_stats vs;
+    if (wq_stats(live_holder, &vs) != 0 || vs.waiting < 2 || vs.processing < 5 ||
+        vs.queued < 10)
+        die("the valid image lacks state: queued %llu processing %llu waiting %llu",
+            (unsigned long long)vs.queued, (unsigned long long)vs.processing,
+            (unsigned long long)vs.waiting);
 
     int fd = open(seedpath, O_RDONLY | O_CLOEXEC);
     struct stat sb;

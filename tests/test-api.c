@@ -645,7 +645,6 @@ static void options_notsup(void **state)
                    -ENOTSUP);
     expect_open_rc("snapshot_interval_ms", OPT(snapshot_interval_ms, 100),
                    -ENOTSUP);
-    expect_open_rc("result_capacity", OPT(result_capacity, 10), -ENOTSUP);
     expect_open_rc("WQ_FAIR", OPT(flags, WQ_FAIR), -ENOTSUP);
     /* Control: the same call with nothing unsupported works. */
     expect_open_rc("valid", CAP(16), 0);

@@ -444,11 +444,13 @@ static void bucket_burst_then_rate(void **state)
     expect_when(q, "b100", 100 * MS);
     expect_when(q, "b101", 200 * MS);
     expect_when(q, "b0", 300 * MS); /* the same key takes tokens too */
-    expect_requeues(q, "b0", 2);
-    expect_requeues(q, "b101", 1);
+    /* client-go's BucketRateLimiter keeps no per-key state: its
+       NumRequeues is always 0, and so is libwq's with the bucket alone. */
+    expect_requeues(q, "b0", 0);
+    expect_requeues(q, "b101", 0);
     struct wq_stats s = stats_of(q);
     assert_int_equal(s.retries_total, 103);
-    assert_int_equal(s.failing, 102);
+    assert_int_equal(s.failing, 0);   /* no per-key counts: no idle slots */
     close_q(q);
 }
 

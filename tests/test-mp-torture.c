@@ -501,6 +501,13 @@ static void worker_main(void)
                 diag(true, "witness: our claim on %.*s vanished (now %d/%u)", n, key,
                      (int)(h >> 32), (unsigned)(h & 0xffffffffu));
         }
+        /* Success, as a controller reports it: reset the failure count
+           (a crash requeue raised it), then done. */
+        int frc = wq_forget(q, key, (size_t)n);
+        if (frc != 0) {
+            diag(true, "worker: wq_forget(%.*s): %s", n, key, wq_strerror(frc));
+            _exit(3);
+        }
         memcpy(prev, key, (size_t)n);
         prevn = n;
     }
@@ -745,6 +752,12 @@ static int run_round(int r, uint64_t round_seed)
     /* Few spare slots: registration must reap dead processes' slots. */
     o.max_procs = (uint32_t)(O.producers + O.workers + 4);
     o.flags = WQ_CREATE | WQ_EXCL;
+    /* Crash requeues go through the rate limiter: keep its delays short
+       (per key 200 us doubling to 20 ms, no shared token bucket) so the
+       keys of killed workers come back within the round. */
+    o.rl_limiters = WQ_RL_EXPONENTIAL;
+    o.rl_base_delay_ns = 200000;
+    o.rl_max_delay_ns = 20000000;
     wq *q = NULL;
     int rc = wq_open(qname, &o, &q);
     if (rc < 0) {
@@ -797,11 +810,14 @@ static int run_round(int r, uint64_t round_seed)
             fail = 1;
             break;
         }
-        if (s.queued == 0 && s.processing == 0)
+        /* Waiting keys too: shutdown drops them (client-go), and a killed
+           worker's key waits for the limiter's delay before coming back. */
+        if (s.queued == 0 && s.processing == 0 && s.waiting == 0)
             break;
         if (now_ns() > hard_deadline) {
             fprintf(stderr, "round %d: queue did not drain in time: queued %" PRIu64
-                    " processing %" PRIu64 "\n", r, s.queued, s.processing);
+                    " processing %" PRIu64 " waiting %" PRIu64 "\n", r, s.queued,
+                    s.processing, s.waiting);
             fail = 1;
             break;
         }
@@ -849,6 +865,7 @@ static int run_round(int r, uint64_t round_seed)
         amax(&W->keys[k].last_processed_seq, atomic_load(&W->keys[k].last_add_seq));
         atomic_fetch_add(&W->keys[k].processed, 1);
         drained++;
+        (void)wq_forget(q, key, (size_t)n);
         if ((rc = wq_done(q, key, (size_t)n)) != 0) {
             fprintf(stderr, "round %d: final wq_done: %s\n", r, wq_strerror(rc));
             fail = 1;
@@ -898,10 +915,10 @@ static int run_round(int r, uint64_t round_seed)
         fprintf(stderr, "round %d: wq_stats: %s\n", r, wq_strerror(rc));
         fail = 1;
         memset(&s, 0, sizeof s);
-    } else if (s.queued || s.processing || s.live) {
+    } else if (s.queued || s.processing || s.waiting || s.live) {
         fprintf(stderr, "round %d: stats after drain: queued %" PRIu64 " processing %"
-                PRIu64 " live %" PRIu64 " (all must be 0)\n", r, s.queued, s.processing,
-                s.live);
+                PRIu64 " waiting %" PRIu64 " live %" PRIu64 " (all must be 0)\n", r,
+                s.queued, s.processing, s.waiting, s.live);
         fail = 1;
     }
     uint64_t overlaps = atomic_load(&W->overlaps);
@@ -926,15 +943,15 @@ static int run_round(int r, uint64_t round_seed)
            ") adds announced %" PRIu64 " acked %" PRIu64 " (coalesced %" PRIu64
            ", batches %" PRIu64 ", burst keys %u adds %" PRIu64 ") processed %" PRIu64 " (final drain %" PRIu64
            ", long %" PRIu64 ") crash_requeues %" PRIu64 " repairs %" PRIu64
-           " claim_waits %" PRIu64 " overlaps %" PRIu64 " lost %" PRIu64 " errors %" PRIu64
-           " check %d -> %s\n",
+           " claim_waits %" PRIu64 " failing %" PRIu64 " overlaps %" PRIu64 " lost %" PRIu64
+           " errors %" PRIu64 " check %d -> %s\n",
            r, O.rounds, secs, rs.kills_p + rs.kills_w, rs.kills_p, rs.kills_w,
            (uint64_t)atomic_load(&W->adds_announced), (uint64_t)atomic_load(&W->adds_acked),
            (uint64_t)atomic_load(&W->adds_coalesced), (uint64_t)atomic_load(&W->adds_many),
            (unsigned)atomic_load(&W->nburst), (uint64_t)atomic_load(&W->burst_adds),
            (uint64_t)atomic_load(&W->processed) + drained, drained,
            (uint64_t)atomic_load(&W->long_jobs), s.crash_requeues_total, s.repairs_total,
-           (uint64_t)atomic_load(&W->claim_waits), overlaps, lost, errors, viol,
+           (uint64_t)atomic_load(&W->claim_waits), s.failing, overlaps, lost, errors, viol,
            fail ? "FAIL" : "ok");
     fflush(stdout);
 

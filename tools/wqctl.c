@@ -4,7 +4,9 @@
  * Design note. One small function per command, dispatched from the
  * `commands` table; a table-driven argument parser (`parse_args`) checks
  * options and positional counts before a command runs, so every command
- * body starts from validated input. The tool uses nothing but <wq.h>.
+ * body starts from validated input. The tool uses nothing but <wq.h>
+ * (and the C library: CLOCK_MONOTONIC, the clock of wq_key_info.ready_ns,
+ * to show how soon a waiting key is ready).
  *
  * Two rules shape the code:
  *   - Callbacks that run under the region lock (wq_dump, wq_check_report)
@@ -31,6 +33,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -40,6 +43,7 @@
 #include <string.h>
 #include <sys/types.h>
 #include <sys/uio.h>
+#include <time.h>
 
 #include <wq.h>
 
@@ -62,9 +66,22 @@ enum opt_id {
     O_TIMEOUT,
     O_REPAIR,
     O_DRAIN,
+    O_AFTER,
+    O_RATE_LIMITED,
+    O_NO_METRICS,
+    O_RL_BASE,
+    O_RL_MAX,
+    O_RL_QPS,
+    O_RL_BURST,
+    O_RL_LIMITERS,
+    O_RL_FAST,
+    O_RL_SLOW,
+    O_RL_MAX_FAST,
     O_HELP,
     O_COUNT
 };
+
+_Static_assert(O_COUNT <= 32, "command option masks are 32 bits");
 
 #define OPT(id) (1u << (id))
 
@@ -83,8 +100,24 @@ static const struct opt_def opt_defs[O_COUNT] = {
     [O_TIMEOUT]     = { "timeout", true },
     [O_REPAIR]      = { "repair", false },
     [O_DRAIN]       = { "drain", false },
+    [O_AFTER]       = { "after", true },
+    [O_RATE_LIMITED] = { "rate-limited", false },
+    [O_NO_METRICS]  = { "no-metrics", false },
+    [O_RL_BASE]     = { "rl-base", true },
+    [O_RL_MAX]      = { "rl-max", true },
+    [O_RL_QPS]      = { "rl-qps", true },
+    [O_RL_BURST]    = { "rl-burst", true },
+    [O_RL_LIMITERS] = { "rl-limiters", true },
+    [O_RL_FAST]     = { "rl-fast", true },
+    [O_RL_SLOW]     = { "rl-slow", true },
+    [O_RL_MAX_FAST] = { "rl-max-fast", true },
     [O_HELP]        = { "help", false },
 };
+
+/* The rate limiter options of `create`. */
+#define RL_OPTS (OPT(O_RL_BASE) | OPT(O_RL_MAX) | OPT(O_RL_QPS) |           \
+                 OPT(O_RL_BURST) | OPT(O_RL_LIMITERS) | OPT(O_RL_FAST) |    \
+                 OPT(O_RL_SLOW) | OPT(O_RL_MAX_FAST))
 
 struct command;
 
@@ -109,8 +142,11 @@ static int cmd_create(const struct args *a);
 static int cmd_ls(const struct args *a);
 static int cmd_stat(const struct args *a);
 static int cmd_add(const struct args *a);
+static int cmd_forget(const struct args *a);
+static int cmd_requeues(const struct args *a);
 static int cmd_get(const struct args *a);
 static int cmd_dump(const struct args *a);
+static int cmd_metrics(const struct args *a);
 static int cmd_check(const struct args *a);
 static int cmd_shutdown(const struct args *a);
 static int cmd_rm(const struct args *a);
@@ -119,8 +155,12 @@ static int cmd_help(const struct args *a);
 static const struct command commands[] = {
     { "create", cmd_create,
       OPT(O_CAPACITY) | OPT(O_MAX_KEY_LEN) | OPT(O_MAX_PROCS) | OPT(O_MODE) |
-      OPT(O_EXIST_OK), 1, 1,
-      "NAME [--capacity N] [--max-key-len N] [--max-procs N] [--mode OCTAL] [--exist-ok]",
+      OPT(O_EXIST_OK) | OPT(O_NO_METRICS) | RL_OPTS, 1, 1,
+      "NAME [--capacity N] [--max-key-len N] [--max-procs N]\n"
+      "                    [--mode OCTAL] [--exist-ok] [--no-metrics]\n"
+      "                    [--rl-limiters LIST] [--rl-base DUR] [--rl-max DUR]\n"
+      "                    [--rl-qps X] [--rl-burst N]\n"
+      "                    [--rl-fast DUR] [--rl-slow DUR] [--rl-max-fast N]",
       "create a queue" },
     { "ls", cmd_ls, OPT(O_JSON), 0, 0,
       "[--json]",
@@ -128,15 +168,24 @@ static const struct command commands[] = {
     { "stat", cmd_stat, OPT(O_JSON), 1, 1,
       "NAME [--json]",
       "show a queue's counters" },
-    { "add", cmd_add, 0, 2, SIZE_MAX,
-      "NAME [--] KEY... | NAME -",
+    { "add", cmd_add, OPT(O_AFTER) | OPT(O_RATE_LIMITED), 2, SIZE_MAX,
+      "NAME [--after DUR | --rate-limited] {[--] KEY... | -}",
       "add keys (\"-\": one key per line from stdin)" },
+    { "forget", cmd_forget, 0, 2, SIZE_MAX,
+      "NAME [--] KEY...",
+      "reset the keys' rate limiter failure counts" },
+    { "requeues", cmd_requeues, 0, 2, 2,
+      "NAME [--] KEY",
+      "print a key's rate limiter failure count" },
     { "get", cmd_get, OPT(O_TIMEOUT), 1, 1,
       "NAME [--timeout DUR]",
       "take one key, print it and mark it done" },
     { "dump", cmd_dump, OPT(O_JSON), 1, 1,
       "NAME [--json]",
-      "list every live key with its state" },
+      "list every key with its state" },
+    { "metrics", cmd_metrics, 0, 1, SIZE_MAX,
+      "NAME...",
+      "print metrics in the Prometheus text format" },
     { "check", cmd_check, OPT(O_REPAIR) | OPT(O_JSON), 1, 1,
       "NAME [--repair] [--json]",
       "verify (and repair) a queue's invariants" },
@@ -174,7 +223,7 @@ static void print_usage(FILE *f)
     for (size_t i = 0; i < N_COMMANDS; i++)
         fprintf(f, "  %-9s %s\n", commands[i].name, commands[i].summary);
     fprintf(f, "\nDUR is a duration: 0, 100ms, 2s, 1m, ... (units ns, us, ms, s,"
-               " m, h;\nno unit means seconds) or \"forever\".\n"
+               " m, h;\nno unit means seconds), or \"forever\" for a timeout.\n"
                "Run 'wqctl help COMMAND' for a command's arguments.\n");
 }
 
@@ -354,17 +403,112 @@ static bool opt_u32(const struct args *a, enum opt_id o, int base,
     return true;
 }
 
+/*
+ * Option o as a duration in nanoseconds; def when absent. "forever" (-1)
+ * is accepted only for timeouts (allow_forever).
+ */
+static bool opt_duration(const struct args *a, enum opt_id o,
+                         bool allow_forever, int64_t def, int64_t *out)
+{
+    const char *s = a->val[o];
+
+    *out = def;
+    if (s && (!parse_duration(s, out) || (*out < 0 && !allow_forever))) {
+        usage_error(a->cmd, "bad duration '%s' for --%s (e.g. 0, 100ms, 2s, "
+                    "1m%s)", s, opt_defs[o].name,
+                    allow_forever ? ", forever" : "");
+        return false;
+    }
+    return true;
+}
+
 /* Option --timeout as nanoseconds; def when absent. */
 static bool opt_timeout(const struct args *a, int64_t def, int64_t *out)
 {
-    const char *s = a->val[O_TIMEOUT];
+    return opt_duration(a, O_TIMEOUT, true, def, out);
+}
 
-    *out = def;
-    if (s && !parse_duration(s, out)) {
-        usage_error(a->cmd, "bad duration '%s' for --timeout "
-                    "(e.g. 0, 100ms, 2s, 1m, forever)", s);
+/* A delay option (not "forever") into *out; an absent one leaves it. */
+static bool opt_delay(const struct args *a, enum opt_id o, uint64_t *out)
+{
+    int64_t v;
+
+    if (!opt_duration(a, o, false, 0, &v))
+        return false;
+    if (a->val[o])
+        *out = (uint64_t)v;
+    return true;
+}
+
+/*
+ * Option --rl-qps: a finite decimal number >= 0 (0: the default), as
+ * "10", "0.5", ".5" or "2e3"; no sign, hex, "inf" or "nan". An absent
+ * option leaves *out as is. wqctl never calls setlocale(), so the
+ * decimal point is always '.'.
+ */
+static bool opt_qps(const struct args *a, double *out)
+{
+    const char *s = a->val[O_RL_QPS];
+    char *end = NULL;
+    double v = 0;
+    bool ok;
+
+    if (!s)
+        return true;
+    ok = ((s[0] >= '0' && s[0] <= '9') || s[0] == '.') &&
+         s[strspn(s, "0123456789.eE+-")] == '\0';
+    if (ok) {
+        errno = 0;
+        v = strtod(s, &end);
+        ok = end != s && *end == '\0' && errno != ERANGE && isfinite(v);
+    }
+    if (!ok) {
+        usage_error(a->cmd, "bad value '%s' for --rl-qps (a number >= 0, "
+                    "e.g. 10, 0.5)", s);
         return false;
     }
+    *out = v;
+    return true;
+}
+
+static const struct {
+    const char *name;
+    unsigned bit;
+} limiter_names[] = {
+    { "exponential", WQ_RL_EXPONENTIAL },
+    { "bucket", WQ_RL_BUCKET },
+    { "fast-slow", WQ_RL_FAST_SLOW },
+};
+
+#define N_LIMITERS (sizeof limiter_names / sizeof limiter_names[0])
+
+/* Option --rl-limiters: a comma-separated list of limiter names. */
+static bool opt_limiters(const struct args *a, unsigned *out)
+{
+    const char *s = a->val[O_RL_LIMITERS];
+    unsigned bits = 0;
+
+    if (!s)
+        return true;
+    for (const char *p = s;; p++) {
+        size_t n = strcspn(p, ","), i;
+
+        for (i = 0; i < N_LIMITERS; i++)
+            if (strlen(limiter_names[i].name) == n &&
+                strncmp(limiter_names[i].name, p, n) == 0)
+                break;
+        if (i == N_LIMITERS) {
+            usage_error(a->cmd, "bad limiter '%.*s' in --rl-limiters "
+                        "(a list of exponential, bucket, fast-slow)",
+                        (int)n, p);
+            return false;
+        }
+        bits |= limiter_names[i].bit;
+        p += n;
+        if (*p == '\0')
+            break;
+    }
+    *out = bits;
     return true;
 }
 
@@ -468,6 +612,70 @@ static int queue_stats(wq *q, const char *name, struct wq_stats *st)
     return EXIT_OK;
 }
 
+/* Attach and read max_key_len; on failure print why and return EXIT_FAIL. */
+static int open_queue_keys(const char *name, wq **q, uint64_t *max_key_len)
+{
+    struct wq_stats st;
+    int rc;
+
+    if ((rc = open_queue(name, q)) != EXIT_OK)
+        return rc;
+    if ((rc = queue_stats(*q, name, &st)) != EXIT_OK)
+        return rc;
+    *max_key_len = st.max_key_len;
+    return EXIT_OK;
+}
+
+/*
+ * Check a key's length before sending it, to say which key is wrong
+ * ("key 2: empty key", "line 7: key of ... bytes is longer ...").
+ */
+static int check_key(uint64_t max_key_len, size_t len, const char *where,
+                     uint64_t index)
+{
+    if (len == 0) {
+        fprintf(stderr, "wqctl: %s %" PRIu64 ": empty key\n", where, index);
+        return EXIT_FAIL;
+    }
+    if (len > max_key_len) {
+        fprintf(stderr, "wqctl: %s %" PRIu64 ": key of %zu bytes is longer "
+                "than max_key_len (%" PRIu64 ")\n", where, index, len,
+                max_key_len);
+        return EXIT_FAIL;
+    }
+    return EXIT_OK;
+}
+
+/* Check every key given as an argument (numbered from 1). */
+static int check_keys(uint64_t max_key_len, char **keys, size_t n)
+{
+    int rc;
+
+    for (size_t i = 0; i < n; i++)
+        if ((rc = check_key(max_key_len, strlen(keys[i]), "key", i + 1)) !=
+            EXIT_OK)
+            return rc;
+    return EXIT_OK;
+}
+
+/*
+ * Remaining time until a CLOCK_MONOTONIC instant, as "in 1.234s"
+ * (rounded up to the millisecond, so it never reads 0 before it is
+ * due) or "now" once it has passed.
+ */
+static const char *format_ready_in(char *buf, size_t cap, uint64_t ready_ns,
+                                   uint64_t now_ns)
+{
+    uint64_t ns, ms;
+
+    if (ready_ns <= now_ns)
+        return "now";
+    ns = ready_ns - now_ns;
+    ms = ns / 1000000 + (ns % 1000000 != 0);
+    snprintf(buf, cap, "in %" PRIu64 ".%03" PRIu64 "s", ms / 1000, ms % 1000);
+    return buf;
+}
+
 /* A growable array of byte strings (names, report lines). */
 struct strv {
     char **v;
@@ -505,6 +713,61 @@ static void strv_free(struct strv *sv)
 /* create                                                              */
 /* ------------------------------------------------------------------ */
 
+/* Which limiter each --rl-* parameter configures. */
+static const struct {
+    enum opt_id opt;
+    unsigned limiter;
+} rl_params[] = {
+    { O_RL_BASE, WQ_RL_EXPONENTIAL }, { O_RL_MAX, WQ_RL_EXPONENTIAL },
+    { O_RL_QPS, WQ_RL_BUCKET },       { O_RL_BURST, WQ_RL_BUCKET },
+    { O_RL_FAST, WQ_RL_FAST_SLOW },   { O_RL_SLOW, WQ_RL_FAST_SLOW },
+    { O_RL_MAX_FAST, WQ_RL_FAST_SLOW },
+};
+
+/*
+ * The --rl-* options of `create` into o. Zero values mean the library's
+ * defaults. A parameter of a limiter that is not selected is an error
+ * rather than silently ignored, and so is fast-slow without its three
+ * parameters.
+ */
+static int create_limiter(const struct args *a, struct wq_options *o)
+{
+    unsigned lim = WQ_RL_EXPONENTIAL | WQ_RL_BUCKET; /* the library's default */
+
+    if (!opt_limiters(a, &o->rl_limiters) ||
+        !opt_delay(a, O_RL_BASE, &o->rl_base_delay_ns) ||
+        !opt_delay(a, O_RL_MAX, &o->rl_max_delay_ns) ||
+        !opt_qps(a, &o->rl_qps) ||
+        !opt_u32(a, O_RL_BURST, 10, UINT32_MAX, &o->rl_burst) ||
+        !opt_delay(a, O_RL_FAST, &o->rl_fast_delay_ns) ||
+        !opt_delay(a, O_RL_SLOW, &o->rl_slow_delay_ns) ||
+        !opt_u32(a, O_RL_MAX_FAST, 10, UINT32_MAX, &o->rl_max_fast_attempts))
+        return EXIT_USAGE;
+    if (o->rl_limiters)
+        lim = o->rl_limiters;
+    for (size_t i = 0; i < sizeof rl_params / sizeof rl_params[0]; i++) {
+        size_t l;
+
+        if (!a->val[rl_params[i].opt] || (lim & rl_params[i].limiter))
+            continue;
+        for (l = 0; limiter_names[l].bit != rl_params[i].limiter; l++)
+            ;
+        return usage_error(a->cmd, "--%s needs %s in --rl-limiters",
+                           opt_defs[rl_params[i].opt].name,
+                           limiter_names[l].name);
+    }
+    if ((lim & WQ_RL_FAST_SLOW) &&
+        (!o->rl_fast_delay_ns || !o->rl_slow_delay_ns ||
+         !o->rl_max_fast_attempts))
+        return usage_error(a->cmd, "the fast-slow limiter needs --rl-fast, "
+                           "--rl-slow and --rl-max-fast, all above 0");
+    if (o->rl_fast_delay_ns > o->rl_slow_delay_ns)
+        return usage_error(a->cmd, "--rl-fast is longer than --rl-slow");
+    if (o->rl_max_delay_ns && o->rl_base_delay_ns > o->rl_max_delay_ns)
+        return usage_error(a->cmd, "--rl-base is longer than --rl-max");
+    return EXIT_OK;
+}
+
 static int cmd_create(const struct args *a)
 {
     const char *name = a->pos[0];
@@ -518,8 +781,11 @@ static int cmd_create(const struct args *a)
         !opt_u32(a, O_MAX_PROCS, 10, WQ_MAX_PROCS, &o.max_procs) ||
         !opt_u32(a, O_MODE, 8, 0777, &mode))
         return EXIT_USAGE;
+    if ((rc = create_limiter(a, &o)) != EXIT_OK)
+        return rc;
     o.mode = (mode_t)mode;
-    o.flags = WQ_CREATE | (a->val[O_EXIST_OK] ? 0 : WQ_EXCL);
+    o.flags = WQ_CREATE | (a->val[O_EXIST_OK] ? 0 : WQ_EXCL) |
+              (a->val[O_NO_METRICS] ? WQ_NO_METRICS : 0);
 
     rc = wq_open(name, &o, &q);
     if (rc < 0)
@@ -532,19 +798,32 @@ static int cmd_create(const struct args *a)
 /* stat                                                                */
 /* ------------------------------------------------------------------ */
 
+enum stat_kind {
+    S_NUM,        /* a counter */
+    S_BOOL,       /* 0 or 1: no/yes, false/true */
+    S_NEXT_READY  /* next_ready_ns relative to now_ns; "-"/null if none */
+};
+
 static const struct {
-    const char *name;
+    const char *name;   /* text output */
+    const char *json;   /* JSON member */
     size_t off;
-    bool is_bool;
+    enum stat_kind kind;
 } stat_fields[] = {
-#define F(f) { #f, offsetof(struct wq_stats, f), false }
-    F(queued), F(processing), F(waiting), F(live), F(capacity),
+#define F(f) { #f, #f, offsetof(struct wq_stats, f), S_NUM }
+    F(queued), F(processing), F(waiting), F(failing),
+    { "next_ready", "next_ready_in_ns", offsetof(struct wq_stats, next_ready_ns),
+      S_NEXT_READY },
+    F(live), F(capacity),
     F(processes), F(adds_total), F(coalesced_total), F(retries_total),
     F(crash_requeues_total), F(repairs_total), F(max_key_len),
     F(max_procs), F(region_bytes),
 #undef F
-    { "shutting_down", offsetof(struct wq_stats, shutting_down), true },
+    { "shutting_down", "shutting_down", offsetof(struct wq_stats, shutting_down),
+      S_BOOL },
 };
+
+#define N_STAT_FIELDS (sizeof stat_fields / sizeof stat_fields[0])
 
 static uint64_t stat_value(const struct wq_stats *st, size_t i)
 {
@@ -556,16 +835,27 @@ static uint64_t stat_value(const struct wq_stats *st, size_t i)
 
 static void print_stats_text(const char *name, const struct wq_stats *st)
 {
+    char buf[32];
+
     printf("%-21s ", "name");
     put_text(stdout, name, strlen(name));
     putchar('\n');
-    for (size_t i = 0; i < sizeof stat_fields / sizeof stat_fields[0]; i++) {
+    for (size_t i = 0; i < N_STAT_FIELDS; i++) {
         uint64_t v = stat_value(st, i);
 
-        if (stat_fields[i].is_bool)
-            printf("%-21s %s\n", stat_fields[i].name, v ? "yes" : "no");
-        else
-            printf("%-21s %" PRIu64 "\n", stat_fields[i].name, v);
+        printf("%-21s ", stat_fields[i].name);
+        switch (stat_fields[i].kind) {
+        case S_NUM:
+            printf("%" PRIu64 "\n", v);
+            break;
+        case S_BOOL:
+            printf("%s\n", v ? "yes" : "no");
+            break;
+        case S_NEXT_READY:
+            printf("%s\n", v ? format_ready_in(buf, sizeof buf, v, st->now_ns)
+                             : "-");
+            break;
+        }
     }
 }
 
@@ -573,14 +863,24 @@ static void print_stats_json(const char *name, const struct wq_stats *st)
 {
     printf("{\"name\":");
     put_json_str(stdout, name);
-    for (size_t i = 0; i < sizeof stat_fields / sizeof stat_fields[0]; i++) {
+    for (size_t i = 0; i < N_STAT_FIELDS; i++) {
         uint64_t v = stat_value(st, i);
 
-        printf(",\"%s\":", stat_fields[i].name);
-        if (stat_fields[i].is_bool)
-            printf("%s", v ? "true" : "false");
-        else
+        printf(",\"%s\":", stat_fields[i].json);
+        switch (stat_fields[i].kind) {
+        case S_NUM:
             printf("%" PRIu64, v);
+            break;
+        case S_BOOL:
+            printf("%s", v ? "true" : "false");
+            break;
+        case S_NEXT_READY:
+            if (v == 0)
+                printf("null");
+            else
+                printf("%" PRIu64, v > st->now_ns ? v - st->now_ns : 0);
+            break;
+        }
     }
     printf("}\n");
 }
@@ -721,56 +1021,67 @@ static int cmd_ls(const struct args *a)
 /* add                                                                 */
 /* ------------------------------------------------------------------ */
 
+enum add_mode {
+    ADD_NOW,          /* wq_add_many, a batch at a time */
+    ADD_AFTER,        /* wq_add_after(delay_ns), a key at a time */
+    ADD_RATE_LIMITED  /* wq_add_rate_limited, a key at a time */
+};
+
 /* Running totals of an `add`. */
 struct add_state {
     wq *q;
     const char *name;
     uint64_t max_key_len;
+    enum add_mode mode;
+    uint64_t delay_ns;
     uint64_t added, coalesced;
 };
 
-/* Add one batch with wq_add_many; EXIT_OK or EXIT_FAIL (reported). */
+/*
+ * Add one batch: with wq_add_many (all or none), or key by key with the
+ * delaying calls (the keys before a failure stay added and are counted).
+ * Returns EXIT_OK or EXIT_FAIL (reported).
+ */
 static int add_batch(struct add_state *s, const struct iovec *keys, size_t n)
 {
     int rc;
 
     if (n == 0)
         return EXIT_OK;
-    rc = wq_add_many(s->q, keys, n);
-    if (rc < 0)
-        return queue_error(s->name, "add", rc);
-    s->coalesced += (uint64_t)rc;
-    s->added += n - (size_t)rc;
+    if (s->mode == ADD_NOW) {
+        rc = wq_add_many(s->q, keys, n);
+        if (rc < 0)
+            return queue_error(s->name, "add", rc);
+        s->coalesced += (uint64_t)rc;
+        s->added += n - (size_t)rc;
+        return EXIT_OK;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (s->mode == ADD_AFTER)
+            rc = wq_add_after(s->q, keys[i].iov_base, keys[i].iov_len,
+                              s->delay_ns);
+        else
+            rc = wq_add_rate_limited(s->q, keys[i].iov_base, keys[i].iov_len);
+        if (rc < 0)
+            return queue_error(s->name, "add", rc);
+        if (rc > 0)
+            s->coalesced++;   /* merged into a dirty or waiting key */
+        else
+            s->added++;
+    }
     return EXIT_OK;
 }
 
-/* Check a key's length before sending it, to say which key is wrong. */
-static int check_key(const struct add_state *s, size_t len, const char *where,
-                     uint64_t index)
-{
-    if (len == 0) {
-        fprintf(stderr, "wqctl: %s %" PRIu64 ": empty key\n", where, index);
-        return EXIT_FAIL;
-    }
-    if (len > s->max_key_len) {
-        fprintf(stderr, "wqctl: %s %" PRIu64 ": key of %zu bytes is longer "
-                "than max_key_len (%" PRIu64 ")\n", where, index, len,
-                s->max_key_len);
-        return EXIT_FAIL;
-    }
-    return EXIT_OK;
-}
-
-/* Keys from the command line: all validated first, so none or all go in. */
+/* Keys from the command line: all validated first, so an invalid key
+   adds none. */
 static int add_from_args(struct add_state *s, char **keys, size_t n)
 {
     struct iovec iov[ADD_BATCH];
     size_t k = 0;
     int rc;
 
-    for (size_t i = 0; i < n; i++)
-        if ((rc = check_key(s, strlen(keys[i]), "key", i + 1)) != EXIT_OK)
-            return rc;
+    if ((rc = check_keys(s->max_key_len, keys, n)) != EXIT_OK)
+        return rc;
     for (size_t i = 0; i < n; i++) {
         iov[k].iov_base = keys[i];
         iov[k].iov_len = strlen(keys[i]);
@@ -811,7 +1122,8 @@ static int add_from_stdin(struct add_state *s)
             free(line);
             continue;
         }
-        if ((rc = check_key(s, (size_t)len, "line", lineno)) != EXIT_OK) {
+        if ((rc = check_key(s->max_key_len, (size_t)len, "line", lineno)) !=
+            EXIT_OK) {
             free(line);
             break;
         }
@@ -836,18 +1148,35 @@ static int add_from_stdin(struct add_state *s)
     return rc;
 }
 
+/* --after / --rate-limited into s->mode and s->delay_ns. */
+static int add_options(const struct args *a, struct add_state *s)
+{
+    int64_t delay;
+
+    if (a->val[O_AFTER] && a->val[O_RATE_LIMITED])
+        return usage_error(a->cmd, "--after and --rate-limited exclude "
+                           "each other");
+    if (!opt_duration(a, O_AFTER, false, 0, &delay))
+        return EXIT_USAGE;
+    if (a->val[O_AFTER]) {
+        s->mode = ADD_AFTER;
+        s->delay_ns = (uint64_t)delay;
+    } else if (a->val[O_RATE_LIMITED]) {
+        s->mode = ADD_RATE_LIMITED;
+    }
+    return EXIT_OK;
+}
+
 static int cmd_add(const struct args *a)
 {
-    struct add_state s = { .name = a->pos[0] };
-    struct wq_stats st;
+    struct add_state s = { .name = a->pos[0], .mode = ADD_NOW };
     bool from_stdin = a->npos == 2 && strcmp(a->pos[1], "-") == 0;
     int rc;
 
-    if ((rc = open_queue(s.name, &s.q)) != EXIT_OK)
+    if ((rc = add_options(a, &s)) != EXIT_OK)
         return rc;
-    if ((rc = queue_stats(s.q, s.name, &st)) != EXIT_OK)
+    if ((rc = open_queue_keys(s.name, &s.q, &s.max_key_len)) != EXIT_OK)
         return rc;
-    s.max_key_len = st.max_key_len;
 
     if (from_stdin)
         rc = add_from_stdin(&s);
@@ -862,13 +1191,58 @@ static int cmd_add(const struct args *a)
 }
 
 /* ------------------------------------------------------------------ */
+/* forget, requeues                                                    */
+/* ------------------------------------------------------------------ */
+
+static int cmd_forget(const struct args *a)
+{
+    const char *name = a->pos[0];
+    uint64_t max_key_len;
+    wq *q;
+    int rc;
+
+    if ((rc = open_queue_keys(name, &q, &max_key_len)) != EXIT_OK)
+        return rc;
+    rc = check_keys(max_key_len, a->pos + 1, a->npos - 1);
+    for (size_t i = 1; rc == EXIT_OK && i < a->npos; i++) {
+        int err = wq_forget(q, a->pos[i], strlen(a->pos[i]));
+
+        if (err < 0)
+            rc = queue_error(name, "forget", err);
+    }
+    wq_close(q);
+    return rc;
+}
+
+static int cmd_requeues(const struct args *a)
+{
+    const char *name = a->pos[0];
+    const char *key = a->pos[1];
+    uint64_t max_key_len;
+    wq *q;
+    int rc, n;
+
+    if ((rc = open_queue_keys(name, &q, &max_key_len)) != EXIT_OK)
+        return rc;
+    if ((rc = check_keys(max_key_len, a->pos + 1, 1)) == EXIT_OK) {
+        n = wq_num_requeues(q, key, strlen(key));
+        if (n < 0)
+            rc = queue_error(name, "requeues", n);
+        else
+            printf("%d\n", n);
+    }
+    wq_close(q);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ */
 /* get                                                                 */
 /* ------------------------------------------------------------------ */
 
 static int cmd_get(const struct args *a)
 {
     const char *name = a->pos[0];
-    struct wq_stats st;
+    uint64_t max_key_len;
     int64_t timeout;
     char *buf;
     wq *q;
@@ -876,17 +1250,15 @@ static int cmd_get(const struct args *a)
 
     if (!opt_timeout(a, 0, &timeout))
         return EXIT_USAGE;
-    if ((rc = open_queue(name, &q)) != EXIT_OK)
+    if ((rc = open_queue_keys(name, &q, &max_key_len)) != EXIT_OK)
         return rc;
-    if ((rc = queue_stats(q, name, &st)) != EXIT_OK)
-        return rc;
-    buf = malloc(st.max_key_len ? st.max_key_len : 1);
+    buf = malloc(max_key_len ? max_key_len : 1);
     if (!buf) {
         wq_close(q);
         return out_of_memory();
     }
 
-    n = wq_get(q, buf, st.max_key_len, timeout);
+    n = wq_get(q, buf, max_key_len, timeout);
     if (n > 0) {
         put_text(stdout, buf, (size_t)n);
         putchar('\n');
@@ -913,6 +1285,8 @@ struct dump_rec {
     unsigned state;
     pid_t owner;
     uint64_t position;
+    uint64_t ready_ns;
+    uint32_t failures;
 };
 
 struct dump_list {
@@ -943,6 +1317,8 @@ static int collect_key(const struct wq_key_info *ki, void *arg)
     r->state = ki->state;
     r->owner = ki->owner_pid;
     r->position = ki->position;
+    r->ready_ns = ki->ready_ns;
+    r->failures = ki->failures;
     l->n++;
     return 0;
 }
@@ -953,17 +1329,29 @@ static const struct {
 } state_names[] = {
     { WQ_KEY_QUEUED, "queued" },
     { WQ_KEY_PROCESSING, "processing" },
+    { WQ_KEY_WAITING, "waiting" },
     { WQ_KEY_DIRTY, "dirty" },
+    { WQ_KEY_FAILING, "failing" },
 };
 
 #define N_STATES (sizeof state_names / sizeof state_names[0])
 
-static void dump_print_text(const struct dump_list *l)
+/* CLOCK_MONOTONIC now, the clock of wq_key_info.ready_ns. */
+static uint64_t now_mono(void)
 {
-    printf("%-10s %-18s %-8s %s\n", "POSITION", "STATE", "OWNER", "KEY");
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void dump_print_text(const struct dump_list *l, uint64_t now)
+{
+    printf("%-10s %-18s %-8s %-12s %-8s %s\n", "POSITION", "STATE", "OWNER",
+           "READY", "FAILURES", "KEY");
     for (size_t i = 0; i < l->n; i++) {
         const struct dump_rec *r = &l->v[i];
-        char state[64] = "";
+        char state[64] = "", ready[32];
 
         for (size_t b = 0; b < N_STATES; b++) {
             if (!(r->state & state_names[b].bit))
@@ -981,12 +1369,16 @@ static void dump_print_text(const struct dump_list *l)
             printf("%-8ld ", (long)r->owner);
         else
             printf("%-8s ", "-");
+        printf("%-12s %-8" PRIu32 " ", (r->state & WQ_KEY_WAITING) ?
+               format_ready_in(ready, sizeof ready, r->ready_ns, now) : "-",
+               r->failures);
         put_text(stdout, r->key, r->len);
         putchar('\n');
     }
 }
 
-static void dump_print_json(const char *name, const struct dump_list *l)
+static void dump_print_json(const char *name, const struct dump_list *l,
+                            uint64_t now)
 {
     printf("{\"name\":");
     put_json_str(stdout, name);
@@ -1014,7 +1406,12 @@ static void dump_print_json(const char *name, const struct dump_list *l)
             printf("%ld", (long)r->owner);
         else
             printf("null");
-        putchar('}');
+        printf(",\"ready_in_ns\":");
+        if (r->state & WQ_KEY_WAITING)
+            printf("%" PRIu64, r->ready_ns > now ? r->ready_ns - now : 0);
+        else
+            printf("null");
+        printf(",\"failures\":%" PRIu32 "}", r->failures);
     }
     printf("]}\n");
 }
@@ -1023,25 +1420,229 @@ static int cmd_dump(const struct args *a)
 {
     const char *name = a->pos[0];
     struct dump_list l = { 0 };
+    uint64_t now;
     wq *q;
     int rc;
 
     if ((rc = open_queue(name, &q)) != EXIT_OK)
         return rc;
     rc = wq_dump(q, collect_key, &l);
+    now = now_mono();
     wq_close(q);
     if (rc < 0) {
         rc = rc == -ENOMEM ? out_of_memory() : queue_error(name, "dump", rc);
     } else {
         if (a->val[O_JSON])
-            dump_print_json(name, &l);
+            dump_print_json(name, &l, now);
         else
-            dump_print_text(&l);
+            dump_print_text(&l, now);
         rc = EXIT_OK;
     }
     for (size_t i = 0; i < l.n; i++)
         free(l.v[i].key);
     free(l.v);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ */
+/* metrics                                                             */
+/* ------------------------------------------------------------------ */
+
+/*
+ * The Prometheus text exposition format, version 0.0.4: for each metric
+ * family a "# HELP" and a "# TYPE" line, then its samples, each labelled
+ * name="<queue>". The names and help texts of the client-go metrics are
+ * client-go's (k8s.io/component-base/metrics/prometheus/workqueue), so
+ * dashboards and alerts written for controllers work unchanged. Several
+ * queues are printed family by family (a family may appear only once).
+ */
+
+enum metric_kind { M_COUNTER, M_GAUGE, M_GAUGE_SECONDS, M_HISTOGRAM };
+
+static const char *const metric_types[] = {
+    [M_COUNTER] = "counter",
+    [M_GAUGE] = "gauge",
+    [M_GAUGE_SECONDS] = "gauge",
+    [M_HISTOGRAM] = "histogram",
+};
+
+static const struct {
+    const char *name;      /* after "workqueue_" */
+    enum metric_kind kind; /* M_COUNTER, M_GAUGE: uint64_t; M_GAUGE_SECONDS:
+                              double; M_HISTOGRAM: struct wq_histogram */
+    size_t off;            /* in struct wq_metrics */
+    const char *help;
+} metric_defs[] = {
+#define M(name, kind, field, help) { name, kind, offsetof(struct wq_metrics, field), help }
+    M("depth", M_GAUGE, depth,
+      "Current depth of workqueue"),
+    M("adds_total", M_COUNTER, adds_total,
+      "Total number of adds handled by workqueue"),
+    M("queue_duration_seconds", M_HISTOGRAM, queue_duration,
+      "How long in seconds an item stays in workqueue before being "
+      "requested."),
+    M("work_duration_seconds", M_HISTOGRAM, work_duration,
+      "How long in seconds processing an item from workqueue takes."),
+    M("unfinished_work_seconds", M_GAUGE_SECONDS, unfinished_work_seconds,
+      "How many seconds of work has done that is in progress and hasn't "
+      "been observed by work_duration. Large values indicate stuck "
+      "threads. One can deduce the number of stuck threads by observing "
+      "the rate at which this increases."),
+    M("longest_running_processor_seconds", M_GAUGE_SECONDS,
+      longest_running_processor_seconds,
+      "How many seconds has the longest running processor for workqueue "
+      "been running."),
+    M("retries_total", M_COUNTER, retries_total,
+      "Total number of retries handled by workqueue"),
+    M("coalesced_adds_total", M_COUNTER, coalesced_total,
+      "Total number of adds merged into a key that was already dirty or "
+      "waiting (libwq)"),
+    M("crash_requeues_total", M_COUNTER, crash_requeues_total,
+      "Total number of keys queued again because the process holding "
+      "them died (libwq)"),
+    M("waiting", M_GAUGE, waiting,
+      "Current number of keys waiting for their delay to pass (libwq)"),
+    M("processing", M_GAUGE, processing,
+      "Current number of keys handed out and not yet done (libwq)"),
+#undef M
+};
+
+#define N_METRICS (sizeof metric_defs / sizeof metric_defs[0])
+
+/* The le label of each wq_histogram bucket, as client_golang prints
+   client-go's ExponentialBuckets(10e-9, 10, 10), then +Inf. */
+static const char *const bucket_le[WQ_HIST_BUCKETS + 1] = {
+    "1e-08", "1e-07", "1e-06", "1e-05", "0.0001", "0.001", "0.01", "0.1",
+    "1", "10", "+Inf",
+};
+
+/* A label value: backslash, double quote and newline escaped. */
+static void put_label_value(FILE *f, const char *s)
+{
+    for (; *s; s++) {
+        if (*s == '\\')
+            fputs("\\\\", f);
+        else if (*s == '"')
+            fputs("\\\"", f);
+        else if (*s == '\n')
+            fputs("\\n", f);
+        else
+            fputc(*s, f);
+    }
+}
+
+/*
+ * A sample value: the shortest %g that reads back as the same double,
+ * or +Inf, -Inf, NaN. (wqctl never calls setlocale(): '.' it is.)
+ */
+static void put_float(FILE *f, double v)
+{
+    char buf[40];
+
+    if (isnan(v)) {
+        fputs("NaN", f);
+        return;
+    }
+    if (isinf(v)) {
+        fputs(v > 0 ? "+Inf" : "-Inf", f);
+        return;
+    }
+    for (int prec = 15; prec <= 17; prec++) {
+        snprintf(buf, sizeof buf, "%.*g", prec, v);
+        if (strtod(buf, NULL) == v)
+            break;
+    }
+    fputs(buf, f);
+}
+
+/* "workqueue_NAME[SUFFIX]{name="QUEUE"[,le="LE"]} " */
+static void put_series(const char *metric, const char *suffix,
+                       const char *queue, const char *le)
+{
+    printf("workqueue_%s%s{name=\"", metric, suffix);
+    put_label_value(stdout, queue);
+    if (le)
+        printf("\",le=\"%s", le);
+    printf("\"} ");
+}
+
+static void put_sample(size_t i, const char *queue, const struct wq_metrics *m)
+{
+    const char *p = (const char *)m + metric_defs[i].off;
+    const char *metric = metric_defs[i].name;
+    struct wq_histogram h;
+    uint64_t u;
+    double d;
+
+    switch (metric_defs[i].kind) {
+    case M_COUNTER:
+    case M_GAUGE:
+        memcpy(&u, p, sizeof u);
+        put_series(metric, "", queue, NULL);
+        printf("%" PRIu64 "\n", u);
+        break;
+    case M_GAUGE_SECONDS:
+        memcpy(&d, p, sizeof d);
+        put_series(metric, "", queue, NULL);
+        put_float(stdout, d);
+        putchar('\n');
+        break;
+    case M_HISTOGRAM:
+        memcpy(&h, p, sizeof h);
+        for (int b = 0; b <= WQ_HIST_BUCKETS; b++) {
+            put_series(metric, "_bucket", queue, bucket_le[b]);
+            printf("%" PRIu64 "\n", h.bucket[b]);
+        }
+        put_series(metric, "_sum", queue, NULL);
+        put_float(stdout, h.sum_seconds);
+        putchar('\n');
+        put_series(metric, "_count", queue, NULL);
+        printf("%" PRIu64 "\n", h.count);
+        break;
+    }
+}
+
+static void print_metrics(char **names, const struct wq_metrics *m, size_t n)
+{
+    for (size_t i = 0; i < N_METRICS; i++) {
+        /* HELP text escapes backslash and newline; ours have neither. */
+        printf("# HELP workqueue_%s %s\n", metric_defs[i].name,
+               metric_defs[i].help);
+        printf("# TYPE workqueue_%s %s\n", metric_defs[i].name,
+               metric_types[metric_defs[i].kind]);
+        for (size_t k = 0; k < n; k++)
+            put_sample(i, names[k], &m[k]);
+    }
+}
+
+/* Read every queue's metrics first: all or nothing is printed. */
+static int cmd_metrics(const struct args *a)
+{
+    struct wq_metrics *m;
+    int rc = EXIT_OK;
+
+    for (size_t i = 0; i < a->npos; i++)
+        for (size_t k = 0; k < i; k++)
+            if (strcmp(a->pos[i], a->pos[k]) == 0)
+                return usage_error(a->cmd, "queue '%s' given twice",
+                                   a->pos[i]);
+    m = calloc(a->npos, sizeof *m);
+    if (!m)
+        return out_of_memory();
+    for (size_t i = 0; rc == EXIT_OK && i < a->npos; i++) {
+        wq *q;
+        int err;
+
+        if ((rc = open_queue(a->pos[i], &q)) != EXIT_OK)
+            break;
+        err = wq_metrics(q, &m[i]);
+        wq_close(q);
+        if (err < 0)
+            rc = queue_error(a->pos[i], "metrics", err);
+    }
+    if (rc == EXIT_OK)
+        print_metrics(a->pos, m, a->npos);
+    free(m);
     return rc;
 }
 

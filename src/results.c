@@ -1,0 +1,258 @@
+/*
+ * results.c - outcomes of finished keys, as Sveltos' deployer keeps them:
+ * wq_finish, wq_result.
+ *
+ * A fixed table of result_capacity slots in the region. A slot belongs to
+ * one entry (slot->owner = entry + 1, entry->rslot = slot; both must
+ * agree). An entry keeps its result while it is re-added and processed
+ * again (so wq_result can show how the previous run ended), and while it
+ * is idle (state RETAINED). Used slots form a doubly linked list in update
+ * order: a full table evicts its head, the least recently updated result.
+ *
+ * Crash safety: a new result commits with the slot's owner store; the
+ * entry's back pointer and the list follow and are rebuilt by repair
+ * (wq__results_rebuild: slots kept when both directions agree, the list
+ * re-sorted by update sequence, O(r log r) for r results). An update in
+ * place may leave a torn message if its writer dies mid-copy; the
+ * structure stays sound.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "internal.h"
+
+static inline struct wq_rslot *slot(const wq *q, uint32_t s)
+{
+    return &q->rslots[s];
+}
+
+static void unlink_slot(wq *q, uint32_t s)
+{
+    struct wq_hdr *h = q->hdr;
+    struct wq_rslot *r = slot(q, s);
+    if (r->prev < q->result_capacity)
+        slot(q, r->prev)->next = r->next;
+    else
+        h->r_head = r->next;
+    if (r->next < q->result_capacity)
+        slot(q, r->next)->prev = r->prev;
+    else
+        h->r_tail = r->prev;
+}
+
+static void append_slot(wq *q, uint32_t s)
+{
+    struct wq_hdr *h = q->hdr;
+    struct wq_rslot *r = slot(q, s);
+    r->prev = h->r_tail;
+    r->next = WQ_NIL;
+    if (h->r_tail < q->result_capacity)
+        slot(q, h->r_tail)->next = s;
+    else
+        h->r_head = s;
+    h->r_tail = s;
+}
+
+/* Lock and busy held: the entry loses its result (if it has one). */
+void wq__result_drop(wq *q, uint32_t idx)
+{
+    struct wq_hdr *h = q->hdr;
+    struct wq_entry *e = wq__entry(q, idx);
+    uint32_t s = e->rslot;
+    if (s >= q->result_capacity)
+        return;
+    e->rslot = WQ_NIL;
+    WQ_STEP("result.detach");
+    slot(q, s)->owner = 0;   /* commit: the result is gone */
+    WQ_STEP("result.free");
+    unlink_slot(q, s);
+    slot(q, s)->next = h->r_free;
+    h->r_free = s;
+    h->r_count--;
+    WQ_STEP("result.freed");
+}
+
+static void fill(wq *q, struct wq_rslot *r, int code, const char *message)
+{
+    r->code = code;
+    r->updated_ns = wq__now_real();
+    r->seq = q->hdr->r_seq++;
+    snprintf(r->message, sizeof r->message, "%s", message ? message : "");
+}
+
+/* Lock and busy held; idx is live. Record (or replace) its result. */
+int wq__result_record(wq *q, uint32_t idx, int code, const char *message)
+{
+    struct wq_hdr *h = q->hdr;
+    struct wq_entry *e = wq__entry(q, idx);
+    uint32_t s = e->rslot;
+    if (s < q->result_capacity) {   /* replace in place, move to the tail */
+        fill(q, slot(q, s), code, message);
+        WQ_STEP("result.update");
+        unlink_slot(q, s);
+        append_slot(q, s);
+        return 0;
+    }
+    if (h->r_free >= q->result_capacity) {   /* full: evict the oldest */
+        uint32_t old = h->r_head;
+        if (old >= q->result_capacity || slot(q, old)->owner == 0 ||
+            slot(q, old)->owner > q->capacity)
+            return -EBADMSG;
+        uint32_t victim = slot(q, old)->owner - 1;
+        wq__result_drop(q, victim);
+        struct wq_entry *v = wq__entry(q, victim);
+        if (v->state == WQ_ST_RETAINED && v->failures == 0) {
+            int rc = wq__release(q, victim);   /* kept for nothing now */
+            if (rc < 0)
+                return rc;
+        }
+    }
+    s = h->r_free;
+    if (s >= q->result_capacity)
+        return -EBADMSG;
+    struct wq_rslot *r = slot(q, s);
+    h->r_free = r->next;
+    fill(q, r, code, message);
+    WQ_STEP("result.fill");
+    r->owner = idx + 1;   /* commit */
+    WQ_STEP("result.owner");
+    e->rslot = s;
+    append_slot(q, s);
+    h->r_count++;
+    WQ_STEP("result.linked");
+    return 0;
+}
+
+static int cmp_seq(const void *a, const void *b, void *arg)
+{
+    const wq *q = arg;
+    uint64_t x = q->rslots[*(const uint32_t *)a].seq, y = q->rslots[*(const uint32_t *)b].seq;
+    return x < y ? -1 : x > y;
+}
+
+/*
+ * Repair, after the entries were normalised: keep the slots whose owner
+ * entry is live (or retained) and points back; free the rest; rebuild the
+ * update-order list (sorted on seq) and the free list. Entries pointing at
+ * a slot that is not theirs lose the pointer.
+ */
+void wq__results_rebuild(wq *q)
+{
+    struct wq_hdr *h = q->hdr;
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < q->capacity; i++) {
+        struct wq_entry *e = wq__entry(q, i);
+        if (e->rslot != WQ_NIL && (e->state == 0 || e->rslot >= q->result_capacity ||
+                                   slot(q, e->rslot)->owner != i + 1))
+            e->rslot = WQ_NIL;
+    }
+    h->r_free = WQ_NIL;
+    for (uint32_t s = q->result_capacity; s-- > 0;) {
+        struct wq_rslot *r = slot(q, s);
+        uint32_t o = r->owner;
+        if (o != 0 && o <= q->capacity && wq__entry(q, o - 1)->rslot == s) {
+            q->rscratch[n++] = s;
+            continue;
+        }
+        r->owner = 0;
+        r->next = h->r_free;
+        h->r_free = s;
+    }
+    qsort_r(q->rscratch, n, sizeof *q->rscratch, cmp_seq, q);
+    h->r_head = h->r_tail = WQ_NIL;
+    for (uint32_t k = 0; k < n; k++)
+        append_slot(q, q->rscratch[k]);
+    h->r_count = n;
+    if (n > 0 && slot(q, h->r_tail)->seq >= h->r_seq)
+        h->r_seq = slot(q, h->r_tail)->seq + 1;
+}
+
+/* Check only: ownership both ways, the list, the free list, the count. */
+int wq__results_verify(wq *q, void (*violation)(void *c, const char *what), void *c)
+{
+    struct wq_hdr *h = q->hdr;
+    char what[128];
+    int found = 0;
+#define BAD(...) do { snprintf(what, sizeof what, __VA_ARGS__); violation(c, what); \
+                      found++; } while (0)
+    uint32_t used = 0;
+    for (uint32_t s = 0; s < q->result_capacity; s++) {
+        uint32_t o = slot(q, s)->owner;
+        if (o == 0)
+            continue;
+        used++;
+        if (o > q->capacity || wq__entry(q, o - 1)->rslot != s ||
+            wq__entry(q, o - 1)->state == 0)
+            BAD("result slot %u: owner entry %u does not point back", s, o - 1);
+    }
+    for (uint32_t i = 0; i < q->capacity; i++) {
+        uint32_t s = wq__entry(q, i)->rslot;
+        if (s != WQ_NIL && (s >= q->result_capacity || slot(q, s)->owner != i + 1))
+            BAD("entry %u: result slot %u is not its own", i, s);
+    }
+    if (used != h->r_count)
+        BAD("results: %u used slots, counter says %u", used, h->r_count);
+    uint32_t n = 0, prev = WQ_NIL;
+    uint64_t seq = 0;
+    for (uint32_t s = h->r_head; s != WQ_NIL; prev = s, s = slot(q, s)->next) {
+        if (s >= q->result_capacity || n++ > q->result_capacity) {
+            BAD("results list: bad link %u", s);
+            break;
+        }
+        struct wq_rslot *r = slot(q, s);
+        if (r->owner == 0 || r->prev != prev || (n > 1 && r->seq < seq))
+            BAD("results list: slot %u out of place", s);
+        seq = r->seq;
+    }
+    if (n != used || h->r_tail != prev)
+        BAD("results list: %u slots listed, %u used", n, used);
+    n = 0;
+    for (uint32_t s = h->r_free; s != WQ_NIL; s = slot(q, s)->next) {
+        if (s >= q->result_capacity || n++ > q->result_capacity ||
+            slot(q, s)->owner != 0) {
+            BAD("results free list: bad slot %u", s);
+            break;
+        }
+    }
+    if (n != q->result_capacity - used)
+        BAD("results free list: %u slots, expected %u", n, q->result_capacity - used);
+#undef BAD
+    return found;
+}
+
+int wq_result(wq *q, const void *key, size_t len, struct wq_result *out)
+{
+    if (!q || !out)
+        return -EINVAL;
+    int rc = wq__key_ok(q, key, len);
+    if (rc < 0)
+        return rc;
+    uint32_t hash = wq__hash(q->seed, key, len);
+    if ((rc = wq__lock(q)) < 0)
+        return rc;
+    struct wq_result res = { .state = WQ_STATE_NONE };
+    uint32_t idx = wq__table_lookup(q, key, len, hash);
+    if (idx == WQ_LOOKUP_CORRUPT) {
+        wq__unlock(q);
+        return -EBADMSG;
+    }
+    if (idx != WQ_NIL) {
+        const struct wq_entry *e = wq__entry(q, idx);
+        if (wq__has_result(q, e)) {
+            const struct wq_rslot *r = slot(q, e->rslot);
+            res.state = r->code == 0 ? WQ_STATE_SUCCEEDED : WQ_STATE_FAILED;
+            res.code = r->code;
+            res.updated_ns = r->updated_ns;
+            memcpy(res.message, r->message, sizeof res.message);
+            res.message[sizeof res.message - 1] = 0;
+        }
+        if (e->state & WQ_ST_PROCESSING)
+            res.state = WQ_STATE_RUNNING;
+        else if (e->state & (WQ_ST_QUEUED | WQ_ST_DIRTY | WQ_ST_WAITING))
+            res.state = WQ_STATE_PENDING;
+    }
+    wq__unlock(q);
+    *out = res;
+    return 0;
+}
