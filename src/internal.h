@@ -115,6 +115,7 @@ int wq__limiter_options(const struct wq_options *o, struct wq_geom *g);
 int wq__result_record(wq *q, uint32_t idx, int code, const char *message);
 void wq__result_drop(wq *q, uint32_t idx);
 void wq__results_rebuild(wq *q);
+bool wq__results_damaged(wq *q);
 int wq__results_verify(wq *q, void (*violation)(void *c, const char *what), void *c);
 static inline bool wq__has_result(const wq *q, const struct wq_entry *e)
 {

@@ -179,6 +179,9 @@ struct wq_hdr {
        list through next. */
     uint32_t r_free, r_head, r_tail, r_count;
     uint64_t r_seq;                       /* next result update sequence */
+    uint32_t r_busy;                      /* lock; 1 while the table changes:
+                                             repair rebuilds it only then */
+    uint32_t pad4;
     uint64_t reserved[8];                 /* room for later counters */
 };
 

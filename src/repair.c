@@ -471,7 +471,7 @@ int wq__repair(wq *q, bool apply, bool thorough, wq_report_fn report, void *arg)
     if (!apply)
         verify_heap(&c);
     finish(&c, queued);
-    if (apply)
+    if (apply && (thorough || wq__results_damaged(q)))
         wq__results_rebuild(q);
     else
         wq__results_verify(q, report_cb, &c);

@@ -11,8 +11,9 @@
  *
  * Crash safety: a new result commits with the slot's owner store; the
  * entry's back pointer and the list follow and are rebuilt by repair
- * (wq__results_rebuild: slots kept when both directions agree, the list
- * re-sorted by update sequence, O(r log r) for r results). An update in
+ * (wq__results_rebuild: a slot is kept when its owner entry is in use and
+ * points back at it or nowhere yet; the list is re-sorted by update
+ * sequence, O(r log r) for r results). An update in
  * place may leave a torn message if its writer dies mid-copy; the
  * structure stays sound.
  */
@@ -62,6 +63,7 @@ void wq__result_drop(wq *q, uint32_t idx)
     uint32_t s = e->rslot;
     if (s >= q->result_capacity)
         return;
+    h->r_busy = 1;
     e->rslot = WQ_NIL;
     WQ_STEP("result.detach");
     slot(q, s)->owner = 0;   /* commit: the result is gone */
@@ -71,6 +73,7 @@ void wq__result_drop(wq *q, uint32_t idx)
     h->r_free = s;
     h->r_count--;
     WQ_STEP("result.freed");
+    h->r_busy = 0;
 }
 
 static void fill(wq *q, struct wq_rslot *r, int code, const char *message)
@@ -88,10 +91,12 @@ int wq__result_record(wq *q, uint32_t idx, int code, const char *message)
     struct wq_entry *e = wq__entry(q, idx);
     uint32_t s = e->rslot;
     if (s < q->result_capacity) {   /* replace in place, move to the tail */
+        h->r_busy = 1;
         fill(q, slot(q, s), code, message);
         WQ_STEP("result.update");
         unlink_slot(q, s);
         append_slot(q, s);
+        h->r_busy = 0;
         return 0;
     }
     if (h->r_free >= q->result_capacity) {   /* full: evict the oldest */
@@ -111,6 +116,7 @@ int wq__result_record(wq *q, uint32_t idx, int code, const char *message)
     s = h->r_free;
     if (s >= q->result_capacity)
         return -EBADMSG;
+    h->r_busy = 1;
     struct wq_rslot *r = slot(q, s);
     h->r_free = r->next;
     fill(q, r, code, message);
@@ -121,6 +127,7 @@ int wq__result_record(wq *q, uint32_t idx, int code, const char *message)
     append_slot(q, s);
     h->r_count++;
     WQ_STEP("result.linked");
+    h->r_busy = 0;
     return 0;
 }
 
@@ -151,7 +158,11 @@ void wq__results_rebuild(wq *q)
     for (uint32_t s = q->result_capacity; s-- > 0;) {
         struct wq_rslot *r = slot(q, s);
         uint32_t o = r->owner;
-        if (o != 0 && o <= q->capacity && wq__entry(q, o - 1)->rslot == s) {
+        struct wq_entry *e = o != 0 && o <= q->capacity ? wq__entry(q, o - 1) : NULL;
+        /* The owner store commits a result: adopt it if the entry's back
+           pointer was not written yet. */
+        if (e && e->state != 0 && (e->rslot == s || e->rslot == WQ_NIL)) {
+            e->rslot = s;
             q->rscratch[n++] = s;
             continue;
         }
@@ -166,6 +177,25 @@ void wq__results_rebuild(wq *q)
     h->r_count = n;
     if (n > 0 && slot(q, h->r_tail)->seq >= h->r_seq)
         h->r_seq = slot(q, h->r_tail)->seq + 1;
+    h->r_busy = 0;
+}
+
+/* Repair: does the table need wq__results_rebuild? Only when a change to
+   it was cut short, or an entry holding a result was freed or lost its
+   back pointer: O(entries with results) otherwise, not O(result_capacity). */
+bool wq__results_damaged(wq *q)
+{
+    if (q->hdr->r_busy)
+        return true;
+    for (uint32_t i = 0; i < q->capacity; i++) {
+        const struct wq_entry *e = wq__entry(q, i);
+        if (e->rslot == WQ_NIL)
+            continue;
+        if (e->state == 0 || e->rslot >= q->result_capacity ||
+            slot(q, e->rslot)->owner != i + 1)
+            return true;
+    }
+    return false;
 }
 
 /* Check only: ownership both ways, the list, the free list, the count. */

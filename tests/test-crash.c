@@ -37,42 +37,49 @@
 /* The victim's script                                               */
 /* ---------------------------------------------------------------- */
 
-enum op { OP_OPEN, OP_ADD, OP_GET, OP_DONE, OP_CLOSE, OP_AFTER, OP_RL, OP_FORGET };
+enum op { OP_OPEN, OP_ADD, OP_GET, OP_DONE, OP_CLOSE, OP_AFTER, OP_RL, OP_FORGET,
+          OP_FINISH };
 struct step {
     enum op op;
     const char *key;   /* ADD: the key; DONE: the key (must be held) */
+    int code;          /* FINISH */
 };
 
 /* Exercises: registration, new adds, coalesced and "mark dirty" adds,
    gets, clean and dirty dones, index deletions with backward shifts (a
    small, crowded index), and a close that gives back a held key. */
 static const struct step script[] = {
-    { OP_OPEN, NULL },
-    { OP_ADD, "v1" },  { OP_ADD, "a" },  { OP_ADD, "v1" },
-    { OP_GET, NULL },  /* q1 */
-    { OP_DONE, "q1" },
-    { OP_GET, NULL },  /* q2 */
-    { OP_ADD, "q2" },  { OP_DONE, "q2" },   /* q2 back at the end */
-    { OP_ADD, "s0" },  { OP_ADD, "s1" },  { OP_ADD, "s2" },  { OP_ADD, "s3" },
-    { OP_GET, NULL },  /* q3 */
-    { OP_DONE, "q3" },
-    { OP_GET, NULL },  /* v1 */
-    { OP_DONE, "v1" },
-    { OP_GET, NULL },  /* q2 */
-    { OP_DONE, "q2" },
-    { OP_GET, NULL },  /* s0 */
-    { OP_DONE, "s0" },
-    { OP_AFTER, "w1" }, { OP_AFTER, "w2" },   /* new waits */
-    { OP_ADD, "w1" },                         /* a wait ends early: queued */
-    { OP_RL, "s2" },                          /* queued: count rises, merged */
-    { OP_GET, NULL },  /* s1 */
-    { OP_RL, "s1" },                          /* processing: waits as well */
-    { OP_DONE, "s1" },                        /* done: still waiting */
-    { OP_GET, NULL },  /* s2 */
-    { OP_DONE, "s2" },                        /* failure count kept */
-    { OP_FORGET, "s2" },                      /* and dropped */
-    { OP_GET, NULL },  /* s3, held at close */
-    { OP_CLOSE, NULL },
+    { OP_OPEN, NULL, 0 },
+    { OP_ADD, "v1", 0 },  { OP_ADD, "a", 0 },  { OP_ADD, "v1", 0 },
+    { OP_GET, NULL, 0 },  /* q1 */
+    { OP_DONE, "q1", 0 },
+    { OP_GET, NULL, 0 },  /* q2 */
+    { OP_ADD, "q2", 0 },  { OP_DONE, "q2", 0 },   /* q2 back at the end */
+    { OP_ADD, "s0", 0 },  { OP_ADD, "s1", 0 },  { OP_ADD, "s2", 0 },  { OP_ADD, "s3", 0 },
+    { OP_GET, NULL, 0 },  /* q3 */
+    { OP_DONE, "q3", 0 },
+    { OP_GET, NULL, 0 },  /* v1 */
+    { OP_DONE, "v1", 0 },
+    { OP_GET, NULL, 0 },  /* q2 */
+    { OP_DONE, "q2", 0 },
+    { OP_GET, NULL, 0 },  /* s0 */
+    { OP_DONE, "s0", 0 },
+    { OP_AFTER, "w1", 0 }, { OP_AFTER, "w2", 0 },   /* new waits */
+    { OP_ADD, "w1", 0 },                         /* a wait ends early: queued */
+    { OP_RL, "s2", 0 },                          /* queued: count rises, merged */
+    { OP_GET, NULL, 0 },  /* s1 */
+    { OP_RL, "s1", 0 },                          /* processing: waits as well */
+    { OP_DONE, "s1", 0 },                        /* done: still waiting */
+    { OP_GET, NULL, 0 },  /* s2 */
+    { OP_DONE, "s2", 0 },                        /* failure count kept */
+    { OP_FORGET, "s2", 0 },                      /* and dropped */
+    { OP_GET, NULL, 0 },  /* s3 */
+    { OP_FINISH, "s3", 0 },                   /* idle with a result */
+    { OP_ADD, "s3", 0 },                         /* pending, result kept */
+    { OP_GET, NULL, 0 },  /* w1 */
+    { OP_FINISH, "w1", 5 },
+    { OP_GET, NULL, 0 },  /* s3, held at close */
+    { OP_CLOSE, NULL, 0 },
 };
 #define NSTEPS (int)(sizeof script / sizeof script[0])
 
@@ -88,6 +95,7 @@ enum { OWN_NONE, OWN_US, OWN_BYSTANDER, OWN_VICTIM };
 struct mkey {
     char k[KEYLEN];
     int dirty, processing, owner, waiting, failures;
+    int has_result, code;
 };
 struct model {
     struct mkey keys[MAXK];
@@ -170,8 +178,15 @@ static void m_done(struct model *m, const char *k)
     e->owner = OWN_NONE;
     if (e->dirty)
         m_push(m, e);
-    else if (!e->waiting && !e->failures)
+    else if (!e->waiting && !e->failures && !e->has_result)
         m_del(m, e);
+}
+
+static void m_result(struct model *m, const char *k, int code)
+{
+    struct mkey *e = m_find(m, k);
+    e->has_result = 1;
+    e->code = code;
 }
 
 static void m_forget(struct model *m, const char *k)
@@ -180,6 +195,7 @@ static void m_forget(struct model *m, const char *k)
     if (!e)
         return;
     e->failures = 0;
+    e->has_result = 0;
     if (!e->dirty && !e->processing && !e->waiting)
         m_del(m, e);
 }
@@ -219,6 +235,7 @@ static void m_step(struct model *m, const struct step *s)
     case OP_AFTER: m_after(m, s->key, false); break;
     case OP_RL: m_after(m, s->key, true); break;
     case OP_FORGET: m_forget(m, s->key); break;
+    case OP_FINISH: m_result(m, s->key, s->code); m_done(m, s->key); break;
     case OP_OPEN: break;
     }
 }
@@ -232,7 +249,7 @@ static bool before_commit(const char *p, const struct step *s, struct model *m)
     if (strcmp(p, "delay.counted") == 0 && (s->op == OP_AFTER || s->op == OP_RL))
         return m_find(m, s->key) == NULL;
     static const char *const suffixes[] = { ".busy", ".alloc", ".key", ".owner",
-                                            ".fields", "heap.remove" };
+                                            ".fields", "heap.remove", "result.fill" };
     size_t n = strlen(p);
     for (size_t i = 0; i < sizeof suffixes / sizeof suffixes[0]; i++) {
         size_t len = strlen(suffixes[i]);
@@ -270,6 +287,9 @@ static int run_script(const char *name, struct shared *sh)
         case OP_AFTER: rc = wq_add_after(q, s->key, strlen(s->key), 3600 * TH_S); break;
         case OP_RL: rc = wq_add_rate_limited(q, s->key, strlen(s->key)); break;
         case OP_FORGET: rc = wq_forget(q, s->key, strlen(s->key)); break;
+        case OP_FINISH:
+            rc = wq_finish(q, s->key, strlen(s->key), s->code, s->code ? "bad" : "ok");
+            break;
         }
         if (rc < 0) {
             fprintf(stderr, "victim: step %d failed: %s\n", i, wq_strerror(rc));
@@ -335,6 +355,8 @@ struct seen_key {
     pid_t owner;
     uint64_t pos;
     uint32_t failures;
+    enum wq_state result;
+    int code;
 };
 struct seen {
     struct seen_key keys[MAXK];
@@ -353,6 +375,8 @@ static int collect(const struct wq_key_info *ki, void *arg)
     k->owner = ki->owner_pid;
     k->pos = ki->position;
     k->failures = ki->failures;
+    k->result = ki->result;
+    k->code = ki->result_code;
     return 0;
 }
 
@@ -375,6 +399,13 @@ static void expect_model(wq *q, struct model *m, pid_t bystander, const char *ct
         if (k->failures != (uint32_t)e->failures)
             fail_msg("%s: %s has %u failures, model %d", ctx, k->k, k->failures,
                      e->failures);
+        enum wq_state want_r = e->processing ? WQ_STATE_RUNNING
+                             : e->dirty || e->waiting ? WQ_STATE_PENDING
+                             : !e->has_result ? WQ_STATE_NONE
+                             : e->code == 0 ? WQ_STATE_SUCCEEDED : WQ_STATE_FAILED;
+        if (k->result != want_r || (e->has_result && k->code != e->code))
+            fail_msg("%s: %s result %d code %d, model %d code %d", ctx, k->k, k->result,
+                     k->code, want_r, e->code);
         if (k->state & WQ_KEY_QUEUED) {
             if ((int)k->pos != queued || queued >= m->nfifo ||
                 strcmp(m->keys[m->fifo[queued]].k, k->k) != 0)
@@ -387,8 +418,8 @@ static void expect_model(wq *q, struct model *m, pid_t bystander, const char *ct
             unsigned want_st = (e->dirty ? WQ_KEY_DIRTY : 0) |
                                (e->processing ? WQ_KEY_PROCESSING : 0) |
                                (e->waiting ? WQ_KEY_WAITING : 0) |
-                               (!e->dirty && !e->processing && !e->waiting && e->failures
-                                    ? WQ_KEY_FAILING : 0);
+                               (!e->dirty && !e->processing && !e->waiting &&
+                                (e->failures || e->has_result) ? WQ_KEY_FAILING : 0);
             if (k->state != want_st || (e->dirty && !e->processing))
                 fail_msg("%s: %s state 0x%x, model 0x%x (dirty=%d processing=%d "
                          "waiting=%d failures=%d)", ctx, k->k, k->state, want_st,
@@ -444,8 +475,12 @@ static void trial(struct shared *sh, const char *point, unsigned nth, int how)
     model_setup(&m);
     for (int i = 0; i < died_in; i++)
         m_step(&m, &script[i]);
-    if (!before_commit(point, &script[died_in], &m))
-        m_step(&m, &script[died_in]);
+    const struct step *fatal = &script[died_in];
+    if (fatal->op == OP_FINISH && (strncmp(point, "result.", 7) == 0 &&
+                                   strcmp(point, "result.fill") != 0))
+        m_result(&m, fatal->key, fatal->code);   /* outcome kept, not done */
+    else if (!before_commit(point, fatal, &m))
+        m_step(&m, fatal);
     int held = m_requeue(&m, OWN_VICTIM, true);
 
     /* The next lock repairs and reaps the victim. */
@@ -581,7 +616,8 @@ static void test_every_point(void **state)
         "release.free", "done.counters", "requeue.busy", "requeue.state",
         "requeue.ring", "requeue.counters", "procs.unregister.lease",
         "delay.busy", "delay.counted", "delay.heap", "heap.push", "heap.remove",
-        "mark.ring", "wait.ready", "wait.state",
+        "mark.ring", "wait.ready", "wait.state", "result.fill", "result.owner",
+        "result.linked",
     };
     for (size_t r = 0; r < sizeof required / sizeof required[0]; r++) {
         int i;
