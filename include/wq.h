@@ -161,8 +161,9 @@ typedef struct wq wq;
  * rl_base_delay_ns above the default maximum when rl_max_delay_ns is 0,
  * result_capacity > 2^31.
  * Zero limiter fields mean the defaults below.
- * Not implemented yet (-ENOTSUP, never silently ignored): store_path,
- * durability, snapshot_interval_ms, WQ_FAIR.
+ * Not implemented yet (-ENOTSUP, never silently ignored): WQ_FAIR.
+ * A durability or snapshot_interval_ms without store_path is -EINVAL, and
+ * snapshot_interval_ms without WQ_DURABLE_NONE too.
  *
  * Rate limiter defaults (client-go's): rl_base_delay_ns 5 ms,
  * rl_max_delay_ns 1000 s, rl_qps 10, rl_burst 100.
@@ -475,6 +476,59 @@ typedef int (*wq_reconcile_fn)(wq *q, const void *key, size_t len,
 WQ_API int wq_run_workers(wq *q, unsigned workers, wq_reconcile_fn fn, void *arg);
 
 /* ------------------------------------------------------------------ */
+/* Persistence (LMDB store)                                            */
+/* ------------------------------------------------------------------ */
+
+/*
+ * With wq_options.store_path, the queue keeps what it needs to come back
+ * after the shared region is lost (reboot, wq_unlink) in an LMDB
+ * environment in that directory (created 0600, or `mode`): every live key
+ * (queued and processing keys come back queued; a key that was processing
+ * when the world stopped is processed again, once), waiting keys with
+ * their remaining delay (a wall-clock ready time is stored), failure
+ * counts and results. Keys done and clean are removed from it.
+ *
+ * The store is a property of the queue: its path and durability are kept
+ * in the region, so every process attached writes to the same store (each
+ * opens its own LMDB environment, lazily, and again after fork).
+ *
+ * Durability of wq_add / wq_add_after / wq_add_rate_limited (of a key the
+ * store did not have yet):
+ *   WQ_DURABLE_PROCESS  when the call returns the key is committed to LMDB
+ *                       (without fsync): killing every process and
+ *                       removing the region loses nothing.
+ *   WQ_DURABLE_FSYNC    ... and fsync'ed: survives power loss too.
+ *                       Concurrent adders, in any process, share fsyncs
+ *                       (group commit through LMDB's writer lock).
+ *   WQ_DURABLE_NONE     memory speed; the region is written to the store
+ *                       every snapshot_interval_ms (by whichever process
+ *                       holds the lock when it is due) and by wq_snapshot.
+ * Until a new key is in the store (PROCESS, FSYNC) it is invisible: no
+ * wq_get hands it out, so a key is never processed without being stored.
+ * Removals (wq_done of a clean key, wq_forget) are written before the call
+ * returns in PROCESS and FSYNC mode (not fsync'ed: a removal lost to power
+ * failure only means the key is processed once more).
+ *
+ * Restore: wq_open with WQ_CREATE on a missing region and a store that
+ * holds keys builds the new region from the store before anyone can see
+ * it; geometry fields left 0 in the options are taken from the store. An
+ * existing region is never restored into (no key is ever restored twice).
+ * Keys come back in the order they were first added.
+ *
+ * Errors: a store that is not a libwq store, or whose files are damaged,
+ * gives -EBADMSG (foreign or corrupt data) or -EIO; a store that cannot be
+ * written (read-only, disk full) gives -EIO or -ENOSPC from the call that
+ * needed it, which then changes nothing. The LMDB map grows as needed.
+ */
+
+/*
+ * wq_snapshot - write every change the store does not have yet, now.
+ * Returns the number of records written or removed (>= 0), or -EIO,
+ * -ENOSPC; -ENOENT when the queue has no store.
+ */
+WQ_API int wq_snapshot(wq *q);
+
+/* ------------------------------------------------------------------ */
 /* Metrics (client-go's workqueue metrics, shared by all processes)    */
 /* ------------------------------------------------------------------ */
 
@@ -538,6 +592,9 @@ struct wq_stats {
     uint64_t failing;       /* idle keys kept for a failure count or a result */
     uint64_t results;       /* results kept (wq_finish) */
     uint64_t result_capacity;
+    uint64_t durability;    /* WQ_DURABLE_*, when store_unsynced is meaningful */
+    uint64_t has_store;     /* 1 when the queue has a store */
+    uint64_t store_unsynced;/* keys whose store record is not up to date */
     uint64_t next_ready_ns; /* CLOCK_MONOTONIC time the first waiting key is
                                ready; 0 when none waits */
     uint64_t now_ns;        /* CLOCK_MONOTONIC time of this snapshot */

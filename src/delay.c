@@ -155,12 +155,14 @@ void wq__drop_waiting(wq *q)
         struct wq_entry *e = wq__entry(q, idx);
         h->busy = 1;
         WQ_STEP("drop.busy");
+        /* With a store, dropped waiting keys keep their records (wq.h):
+           nothing here marks them. */
         if (e->state & WQ_ST_PROCESSING) {
-            e->state = WQ_ST_PROCESSING;   /* commit */
+            wq__set_state(e, WQ_ST_PROCESSING);   /* commit */
             WQ_STEP("drop.state");
             h->heap_count--;
         } else if (e->failures > 0 || wq__has_result(q, e)) {
-            e->state = WQ_ST_RETAINED;   /* commit: idle, keeps count/result */
+            wq__set_state(e, WQ_ST_RETAINED);   /* commit: idle, keeps count/result */
             WQ_STEP("drop.state");
             h->heap_count--;
             h->failing++;
@@ -168,7 +170,7 @@ void wq__drop_waiting(wq *q)
         } else {
             h->heap_count--;
             WQ_STEP("drop.heap");
-            if (wq__release(q, idx) < 0)
+            if (wq__release_as(q, idx, false) < 0)
                 return;
         }
         h->busy = 0;
@@ -184,27 +186,37 @@ int wq__delay_entry(wq *q, uint32_t idx, uint64_t ready)
 {
     struct wq_hdr *h = q->hdr;
     struct wq_entry *e = wq__entry(q, idx);
-    uint16_t st = e->state;
+    uint16_t st = wq__st(e);
+    if (st == WQ_ST_STORING) {   /* not visible yet: keep the earlier time */
+        if (e->t_b != 0 && ready < e->t_b) {
+            e->t_b = ready;
+            wq__store_mark(q, idx);
+        }
+        return 1;
+    }
     if (st & WQ_ST_WAITING) {
         if (ready < e->t_b) {
             e->t_b = ready;
             WQ_STEP("wait.earlier");
             wq__heap_earlier(q, idx);
+            wq__store_mark(q, idx);
         }
         return 1;
     }
     e->t_b = ready;
     e->seq = h->seq_next++;
     WQ_STEP("wait.ready");
-    if (st == WQ_ST_RETAINED) {
-        e->state = WQ_ST_WAITING;   /* commit */
+    if (st == WQ_ST_RETAINED || st == 0) {   /* idle, or a zombie */
+        wq__set_state(e, WQ_ST_WAITING);   /* commit */
         WQ_STEP("wait.state");
-        h->failing--;
+        if (st == WQ_ST_RETAINED)
+            h->failing--;
         atomic_fetch_add_explicit(&h->live, 1, memory_order_relaxed);
     } else {
-        e->state = st | WQ_ST_WAITING;   /* commit: new, or processing */
+        wq__set_state(e, st | WQ_ST_WAITING);   /* commit: processing */
         WQ_STEP("wait.state");
     }
+    wq__store_mark(q, idx);
     return wq__heap_push(q, idx);
 }
 
@@ -235,7 +247,9 @@ static int add_delayed(wq *q, const void *key, size_t len, uint32_t hash, bool l
         delay = wq__limiter_when(q, e, now);
     h->retries_total++;
     WQ_STEP("delay.counted");
-    uint16_t st = e->state;
+    uint16_t st = wq__st(e);
+    if (limited && !fresh)
+        wq__store_mark(q, idx);   /* its failure count changed */
     if (st & WQ_ST_DIRTY) {   /* already going to be handed out */
         h->coalesced_total++;
         h->busy = 0;
@@ -246,7 +260,11 @@ static int add_delayed(wq *q, const void *key, size_t len, uint32_t hash, bool l
         if (fresh) {
             e->t_b = now;
             rc = wq__commit_new(q, idx, WQ_ST_DIRTY | WQ_ST_QUEUED);
-            queued = true;
+            queued = rc == 0;
+        } else if (st == WQ_ST_STORING) {
+            rc = wq__delay_entry(q, idx, now);   /* merged */
+            if (rc >= 0)
+                h->coalesced_total++;
         } else {
             rc = wq__activate(q, idx, now, &queued);
         }
@@ -254,7 +272,7 @@ static int add_delayed(wq *q, const void *key, size_t len, uint32_t hash, bool l
             return rc;   /* busy stays set: the next locker repairs */
         h->busy = 0;
         *wake = queued;
-        return 0;
+        return st == WQ_ST_STORING ? 1 : 0;
     }
     uint64_t ready = now + delay < now ? UINT64_MAX : now + delay;
     uint64_t top = wq__next_ready(q);
@@ -262,8 +280,9 @@ static int add_delayed(wq *q, const void *key, size_t len, uint32_t hash, bool l
         e->t_b = ready;
         e->seq = h->seq_next++;
         if ((rc = wq__commit_new(q, idx, WQ_ST_WAITING)) < 0 ||
-            (rc = wq__heap_push(q, idx)) < 0)
+            (rc == 0 && (rc = wq__heap_push(q, idx)) < 0))
             return rc;
+        rc = 0;
     } else if ((rc = wq__delay_entry(q, idx, ready)) < 0) {
         return rc;
     }
@@ -283,14 +302,24 @@ static int delayed_call(wq *q, const void *key, size_t len, bool limited, uint64
     if (rc < 0)
         return rc;
     uint32_t hash = wq__hash(q->seed, key, len);
-    if ((rc = wq__lock(q)) < 0)
-        return rc;
-    bool wake = false;
-    rc = add_delayed(q, key, len, hash, limited, delay, &wake);
-    if (wake)
-        wq__wake_getters(q, 1);
-    wq__unlock(q);
-    return rc;
+    for (int tries = 0;; tries++) {
+        if ((rc = wq__lock(q)) < 0)
+            return rc;
+        bool wake = false;
+        rc = add_delayed(q, key, len, hash, limited, delay, &wake);
+        if (wake)
+            wq__wake_getters(q, 1);
+        wq__unlock(q);
+        if (rc != -WQ_EFLUSH)
+            break;
+        int f = wq__store_flush(q, true);   /* free removed keys' slots */
+        if (f < 0)
+            return f;
+        if (tries == 2)
+            return -ENOSPC;
+    }
+    int st = rc >= 0 ? wq__store_after(q) : 0;
+    return st < 0 ? st : rc;
 }
 
 int wq_add_after(wq *q, const void *key, size_t len, uint64_t delay_ns)

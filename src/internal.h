@@ -57,6 +57,8 @@ struct wq {
     uint32_t capacity, max_key_len, max_procs, entry_size, index_slots;
     uint64_t seed;
     uint32_t *heap;                /* delay heap (layout.h) */
+    uint32_t *sq;                  /* store queue (layout.h), NULL without store */
+    bool restoring;                /* filling a new region from the store */
     struct wq_rslot *rslots;       /* result slots (layout.h) */
     uint32_t result_capacity;
     bool metrics;                  /* duration metrics on (no WQ_NO_METRICS) */
@@ -84,7 +86,7 @@ int wq__deadline(int64_t timeout_ns, uint64_t *deadline);
 
 /* region.c */
 int wq__geometry(struct wq_geom *g, uint32_t capacity, uint32_t max_key_len,
-                 uint32_t max_procs, uint32_t result_capacity);
+                 uint32_t max_procs, uint32_t result_capacity, bool store);
 int wq__region_validate(const struct wq_geom *g, uint64_t file_size);
 
 /* lock.c */
@@ -105,6 +107,19 @@ uint32_t wq__promote(wq *q, uint64_t now);
 uint64_t wq__next_ready(const wq *q);
 void wq__drop_waiting(wq *q);
 int wq__delay_entry(wq *q, uint32_t idx, uint64_t ready);
+
+/* store.c */
+void wq__store_mark(wq *q, uint32_t idx);
+void wq__store_zombie(wq *q, uint32_t idx);
+bool wq__store_sync_adds(const wq *q);
+int wq__store_flush(wq *q, bool all);
+int wq__store_after(wq *q);
+int wq__store_prepare(const struct wq_options *o, struct wq_options *eff, char *abs,
+                      size_t abslen, bool *has_meta);
+int wq__store_init_meta(const struct wq_geom *g);
+int wq__store_restore(wq *view);
+/* internal: "free a zombie or evict first" (never returned to callers) */
+#define WQ_EFLUSH EALREADY
 
 /* limiter.c */
 uint64_t wq__limiter_when(wq *q, struct wq_entry *e, uint64_t now);
@@ -137,6 +152,17 @@ static inline struct wq_entry *wq__entry(const wq *q, uint32_t idx)
 {
     return (struct wq_entry *)(q->entries + (size_t)idx * q->entry_size);
 }
+/* The entry's state without the store bit, and a commit store that keeps
+   that bit (it says "in the store queue", whatever the state is). */
+static inline uint16_t wq__st(const struct wq_entry *e)
+{
+    return e->state & (uint16_t)~WQ_ST_SDIRTY;
+}
+static inline void wq__set_state(struct wq_entry *e, uint16_t st)
+{
+    e->state = (uint16_t)(st | (e->state & WQ_ST_SDIRTY));
+}
+
 static inline uint16_t wq__gen16(uint32_t gen)
 {
     return (uint16_t)gen;
@@ -146,6 +172,7 @@ static inline uint32_t wq__home(const wq *q, uint32_t hash)
     return (uint32_t)(((uint64_t)hash * q->index_slots) >> 32);
 }
 #define WQ_LOOKUP_CORRUPT 0xfffffffeu
+#define WQ_EVICTING 0xfffffffdu   /* wq__entry_alloc: made room, flush first */
 uint32_t wq__table_lookup(wq *q, const void *key, size_t len, uint32_t hash);
 int wq__table_insert(wq *q, uint32_t idx, uint32_t hash);
 int wq__table_remove(wq *q, uint32_t idx, uint32_t hash);
@@ -172,6 +199,7 @@ static inline void wq__pend(wq *q, uint32_t kind, uint32_t idx)
 /* queue.c */
 int wq__activate(wq *q, uint32_t idx, uint64_t now, bool *queued);
 int wq__release(wq *q, uint32_t idx);
+int wq__release_as(wq *q, uint32_t idx, bool stored);
 uint32_t wq__new_entry(wq *q, const void *key, size_t len, uint32_t hash, int *err);
 int wq__commit_new(wq *q, uint32_t idx, uint16_t state);
 static inline int wq__key_ok(const wq *q, const void *key, size_t len)

@@ -4,7 +4,7 @@
  * One shm object per queue, laid out as
  *
  *   [struct wq_hdr][proc table][entries][hash index][ring][delay heap]
- *   [result slots]
+ *   [result slots][store queue]
  *
  * Every section starts on a 64-byte boundary. Offsets and sizes are
  * computed by wq__geometry() from (capacity, max_key_len, max_procs) and
@@ -37,7 +37,7 @@
 #include <stdint.h>
 
 #define WQ_MAGIC        0x31515762696c0a57ull /* "W\nlibWQ1" little-endian */
-#define WQ_LAYOUT_VER   3u
+#define WQ_LAYOUT_VER   4u
 #define WQ_ALIGN        64u
 #define WQ_NIL          0xffffffffu          /* "no entry" */
 
@@ -48,10 +48,18 @@
 #define WQ_ST_WAITING    (1u << 3)  /* in the delay heap; never with DIRTY */
 #define WQ_ST_RETAINED   (1u << 4)  /* alone: idle, kept for a failure count
                                        or a result */
+#define WQ_ST_SDIRTY     (1u << 5)  /* store record out of date; in the store
+                                       queue (store.c) */
+#define WQ_ST_STORING    (1u << 6)  /* with SDIRTY alone: a new key, invisible
+                                       until its first store commit; t_b is
+                                       its ready time (0: queue at once) */
 #define WQ_ST_ALL        (WQ_ST_DIRTY | WQ_ST_QUEUED | WQ_ST_PROCESSING | \
-                          WQ_ST_WAITING | WQ_ST_RETAINED)
+                          WQ_ST_WAITING | WQ_ST_RETAINED | WQ_ST_SDIRTY | \
+                          WQ_ST_STORING)
 /* Legal states: DIRTY|QUEUED, PROCESSING, PROCESSING|DIRTY,
-   PROCESSING|WAITING, WAITING, RETAINED (with failures > 0 or a result). */
+   PROCESSING|WAITING, WAITING, RETAINED (with failures > 0 or a result);
+   with a store, any of these | SDIRTY, STORING|SDIRTY, and SDIRTY alone
+   (a key gone from the queue whose store record is still to be removed). */
 
 /* hdr->pend_kind */
 #define WQ_PEND_NONE     0u
@@ -81,7 +89,11 @@ struct wq_geom {
     uint64_t hash_seed;       /* random per region: no cross-queue flooding */
     uint64_t off_procs, off_entries, off_index, off_ring, off_heap, off_results;
     uint32_t result_capacity;
-    uint32_t reserved2;
+    uint32_t durability;      /* WQ_DURABLE_*; meaningful with a store */
+    uint64_t off_sq;          /* store queue: capacity entry indices */
+    uint32_t has_store;
+    uint32_t snapshot_ms;     /* WQ_DURABLE_NONE: snapshot interval */
+    char store_path[1024];    /* absolute path of the LMDB directory */
     uint64_t total_size;      /* the shm object's size */
     uint32_t mode;            /* creation mode, informative */
     uint32_t reserved0;
@@ -181,7 +193,13 @@ struct wq_hdr {
     uint64_t r_seq;                       /* next result update sequence */
     uint32_t r_busy;                      /* lock; 1 while the table changes:
                                              repair rebuilds it only then */
-    uint32_t pad4;
+    uint32_t sq_epoch;                    /* lock; bumped by repair (store.c) */
+    /* Store queue (store.c): lock. sq[] is a ring of the SDIRTY entries in
+       the order they became out of date. Only the process holding LMDB's
+       write transaction pops from it, so its front is stable while that
+       process writes what it read there. */
+    uint32_t sq_head, sq_count;
+    uint64_t next_snapshot_ns;            /* lock; WQ_DURABLE_NONE */
     uint64_t reserved[8];                 /* room for later counters */
 };
 
@@ -236,6 +254,7 @@ struct wq_entry {
     uint32_t failures;
     uint32_t seq;
     uint32_t rslot;           /* its result slot, WQ_NIL if none */
+    uint32_t sgen;            /* bumped by every change the store must see */
     unsigned char key[];
 };
 #define WQ_OWNER_NONE 0xffffu
@@ -250,7 +269,7 @@ struct wq_islot {
     uint32_t hash;
 };
 
-_Static_assert(offsetof(struct wq_entry, key) == 44, "entry header is 44 bytes");
+_Static_assert(offsetof(struct wq_entry, key) == 48, "entry header is 48 bytes");
 
 /*
  * A result slot (results.c). All fields: lock.

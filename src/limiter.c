@@ -118,7 +118,16 @@ uint64_t wq__limiter_when(wq *q, struct wq_entry *e, uint64_t now)
     return d;
 }
 
+static int forget_locked(wq *q, const void *key, size_t len);
+
 int wq_forget(wq *q, const void *key, size_t len)
+{
+    int rc = forget_locked(q, key, len);
+    int st = q ? wq__store_after(q) : 0;
+    return rc < 0 ? rc : st;
+}
+
+static int forget_locked(wq *q, const void *key, size_t len)
 {
     if (!q)
         return -EINVAL;
@@ -138,8 +147,10 @@ int wq_forget(wq *q, const void *key, size_t len)
         e->failures = 0;   /* commit: an idle entry with nothing left is free */
         WQ_STEP("forget.reset");
         wq__result_drop(q, idx);
-        if (e->state == WQ_ST_RETAINED)
+        if (wq__st(e) == WQ_ST_RETAINED)
             rc = wq__release(q, idx);
+        else if (wq__st(e) != 0)
+            wq__store_mark(q, idx);
         if (rc == 0)
             q->hdr->busy = 0;
     }

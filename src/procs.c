@@ -215,7 +215,7 @@ int wq__requeue_owned(wq *q, uint32_t slot, uint32_t gen, bool crash)
     uint64_t now = wq__now_mono();
     for (uint32_t idx = 0; idx < q->capacity && p->held > 0; idx++) {
         struct wq_entry *e = wq__entry(q, idx);
-        uint16_t st = e->state;
+        uint16_t st = wq__st(e);
         if (!(st & WQ_ST_PROCESSING) || e->owner != slot || e->owner_gen != wq__gen16(gen))
             continue;
         h->busy = 1;
@@ -223,6 +223,8 @@ int wq__requeue_owned(wq *q, uint32_t slot, uint32_t gen, bool crash)
             wq__pend(q, WQ_PEND_CRASH, idx);
         WQ_STEP("requeue.busy");
         uint64_t delay = crash ? wq__limiter_when(q, e, now) : 0;
+        if (crash)
+            wq__store_mark(q, idx);   /* its failure count rose */
         if (delay > 0) {
             uint64_t ready = now + delay < now ? UINT64_MAX : now + delay;
             bool waiting = st & WQ_ST_WAITING;
@@ -232,7 +234,7 @@ int wq__requeue_owned(wq *q, uint32_t slot, uint32_t gen, bool crash)
             } else if (ready < e->t_b) {
                 e->t_b = ready;
             }
-            e->state = WQ_ST_WAITING;   /* commit */
+            wq__set_state(e, WQ_ST_WAITING);   /* commit */
             WQ_STEP("requeue.state");
             if (waiting)
                 wq__heap_earlier(q, idx);
@@ -243,7 +245,7 @@ int wq__requeue_owned(wq *q, uint32_t slot, uint32_t gen, bool crash)
                 return n;
             e->t_b = now;
             e->seq = h->seq_next++;
-            e->state = WQ_ST_DIRTY | WQ_ST_QUEUED;   /* commit */
+            wq__set_state(e, WQ_ST_DIRTY | WQ_ST_QUEUED);   /* commit */
             WQ_STEP("requeue.state");
             if (wq__ring_push(q, idx) < 0)
                 return n;

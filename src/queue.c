@@ -61,7 +61,9 @@ static inline void held_dec(wq *q, const struct wq_entry *e)
 /*
  * Lock and busy held. Take a free entry for a new key and write the key;
  * its state stays 0 (free) until wq__commit_new. NIL with *err = -ENOSPC
- * when `capacity` keys are live, -EBADMSG on a corrupt free list.
+ * when `capacity` keys are live, -EBADMSG on a corrupt free list, and
+ * -WQ_EFLUSH when the only room is held by removals the store has not
+ * seen yet (the caller flushes and retries).
  */
 uint32_t wq__new_entry(wq *q, const void *key, size_t len, uint32_t hash, int *err)
 {
@@ -70,8 +72,9 @@ uint32_t wq__new_entry(wq *q, const void *key, size_t len, uint32_t hash, int *e
         return WQ_NIL;
     }
     uint32_t idx = wq__entry_alloc(q);
-    if (idx == WQ_NIL || idx == WQ_LOOKUP_CORRUPT) {
-        *err = idx == WQ_NIL ? -ENOSPC : -EBADMSG;
+    if (idx == WQ_NIL || idx == WQ_LOOKUP_CORRUPT || idx == WQ_EVICTING) {
+        *err = idx == WQ_LOOKUP_CORRUPT ? -EBADMSG
+             : idx == WQ_EVICTING || q->g.has_store ? -WQ_EFLUSH : -ENOSPC;
         return WQ_NIL;
     }
     WQ_STEP("add.alloc");
@@ -91,15 +94,21 @@ uint32_t wq__new_entry(wq *q, const void *key, size_t len, uint32_t hash, int *e
  * Lock and busy held. Make a new entry live in `state` (DIRTY|QUEUED or
  * WAITING): the state store commits, then the index and the ring follow.
  * The caller has set t_b (and, for WAITING, pushes it on the heap).
+ * With PROCESS or FSYNC durability, and not while restoring, the key
+ * starts STORING instead (invisible until stored, store.c): the return
+ * value is then 1, and nothing is pushed on the ring or heap.
  */
 int wq__commit_new(wq *q, uint32_t idx, uint16_t state)
 {
     struct wq_hdr *h = q->hdr;
     struct wq_entry *e = wq__entry(q, idx);
-    bool queue = state & WQ_ST_QUEUED;
-    if (queue)
+    bool storing = wq__store_sync_adds(q) && !q->restoring;
+    bool queue = (state & WQ_ST_QUEUED) && !storing;
+    if (state & WQ_ST_QUEUED)
         wq__pend(q, WQ_PEND_ADD, idx);
-    e->state = state;   /* commit */
+    if (storing && (state & WQ_ST_QUEUED))
+        e->t_b = 0;   /* "ready at once" when it becomes visible */
+    wq__set_state(e, storing ? WQ_ST_STORING : state);   /* commit */
     WQ_STEP("add.state");
     int rc = wq__table_insert(q, idx, e->hash);
     if (WQ_UNLIKELY(rc < 0))
@@ -109,24 +118,27 @@ int wq__commit_new(wq *q, uint32_t idx, uint16_t state)
         return rc;
     WQ_STEP("add.ring");
     atomic_fetch_add_explicit(&h->live, 1, memory_order_relaxed);
-    if (queue) {
+    if (state & WQ_ST_QUEUED) {
         h->adds_total++;
         wq__pend(q, WQ_PEND_NONE, 0);
     }
     WQ_STEP("add.counters");
-    return 0;
+    if (!q->restoring)
+        wq__store_mark(q, idx);
+    return storing;
 }
 
 /*
  * Lock and busy held. The add of a key that has an entry and is not
  * dirty: waiting (leaves the heap), processing (marked dirty, queued at
- * its wq_done) or retained (queued). *queued when it entered the ring.
+ * its wq_done), retained, or a zombie awaiting its store removal (both
+ * queued). *queued when it entered the ring.
  */
 int wq__activate(wq *q, uint32_t idx, uint64_t now, bool *queued)
 {
     struct wq_hdr *h = q->hdr;
     struct wq_entry *e = wq__entry(q, idx);
-    uint16_t st = e->state;
+    uint16_t st = wq__st(e);
     int rc;
     if ((st & WQ_ST_WAITING) && (rc = wq__heap_remove(q, idx)) < 0)
         return rc;
@@ -138,34 +150,51 @@ int wq__activate(wq *q, uint32_t idx, uint64_t now, bool *queued)
         now = e->t_b;
     e->t_b = now;
     if (st & WQ_ST_PROCESSING) {
-        e->state = WQ_ST_PROCESSING | WQ_ST_DIRTY;   /* commit */
+        wq__set_state(e, WQ_ST_PROCESSING | WQ_ST_DIRTY);   /* commit */
         WQ_STEP("add.mark");
     } else {
         e->seq = h->seq_next++;
-        e->state = WQ_ST_DIRTY | WQ_ST_QUEUED;   /* commit */
+        wq__set_state(e, WQ_ST_DIRTY | WQ_ST_QUEUED);   /* commit */
         WQ_STEP("add.mark");
         if ((rc = wq__ring_push(q, idx)) < 0)
             return rc;
         WQ_STEP("mark.ring");
-        if (st == WQ_ST_RETAINED) {
+        if (st == WQ_ST_RETAINED)
             h->failing--;
+        if (st == WQ_ST_RETAINED || st == 0)
             atomic_fetch_add_explicit(&h->live, 1, memory_order_relaxed);
-        }
         *queued = true;
     }
     h->adds_total++;
     wq__pend(q, WQ_PEND_NONE, 0);
     WQ_STEP("mark.counters");
+    if (st != WQ_ST_PROCESSING)   /* the store's class changed */
+        wq__store_mark(q, idx);
     return 0;
 }
 
-/* Lock and busy held: the entry leaves the table for good. */
-int wq__release(wq *q, uint32_t idx)
+/*
+ * Lock and busy held: the entry leaves the queue for good. With a store
+ * (and `stored`) it stays as a zombie until the store has removed its
+ * record (store.c frees it then); at shutdown, dropped waiting keys keep
+ * their records (`stored` false) and are freed at once.
+ */
+int wq__release_as(wq *q, uint32_t idx, bool stored)
 {
     struct wq_hdr *h = q->hdr;
     struct wq_entry *e = wq__entry(q, idx);
-    uint16_t st = e->state;
+    uint16_t st = wq__st(e);
     wq__result_drop(q, idx);
+    if (st == WQ_ST_RETAINED)
+        h->failing--;
+    else if (st != 0)
+        atomic_fetch_sub_explicit(&h->live, 1, memory_order_relaxed);
+    if (q->g.has_store && stored) {
+        e->failures = 0;
+        wq__store_zombie(q, idx);   /* commit: SDIRTY alone */
+        WQ_STEP("release.state");
+        return 0;
+    }
     e->state = 0;   /* commit: forgotten */
     WQ_STEP("release.state");
     int rc = wq__table_remove(q, idx, e->hash);
@@ -174,15 +203,16 @@ int wq__release(wq *q, uint32_t idx)
     WQ_STEP("release.index");
     wq__entry_free(q, idx);
     WQ_STEP("release.free");
-    if (st == WQ_ST_RETAINED)
-        h->failing--;
-    else
-        atomic_fetch_sub_explicit(&h->live, 1, memory_order_relaxed);
     return 0;
 }
 
+int wq__release(wq *q, uint32_t idx)
+{
+    return wq__release_as(q, idx, true);
+}
+
 /* Lock held. 0 new or marked, 1 coalesced, *queued when a key entered
-   the ring. */
+   the ring, *stored when the caller must wait for the store. */
 static int add_locked(wq *q, const void *key, size_t len, uint32_t hash, uint64_t now,
                       bool *queued)
 {
@@ -194,7 +224,7 @@ static int add_locked(wq *q, const void *key, size_t len, uint32_t hash, uint64_
     if (idx != WQ_NIL) {
         if (WQ_UNLIKELY(idx == WQ_LOOKUP_CORRUPT))
             return -EBADMSG;
-        if (wq__entry(q, idx)->state & WQ_ST_DIRTY) {
+        if (wq__entry(q, idx)->state & (WQ_ST_DIRTY | WQ_ST_STORING)) {
             h->coalesced_total++;
             return 1;
         }
@@ -215,7 +245,7 @@ static int add_locked(wq *q, const void *key, size_t len, uint32_t hash, uint64_
     if ((rc = wq__commit_new(q, idx, WQ_ST_DIRTY | WQ_ST_QUEUED)) < 0)
         return rc;
     h->busy = 0;
-    *queued = true;
+    *queued = rc == 0;
     return 0;
 }
 
@@ -246,7 +276,7 @@ static int get_locked(wq *q, void *buf, uint64_t now)
     e->owner_gen = wq__gen16(q->gen);
     e->t_start = now;
     WQ_STEP("get.owner");
-    e->state = WQ_ST_PROCESSING;   /* commit */
+    wq__set_state(e, WQ_ST_PROCESSING);   /* commit */
     WQ_STEP("get.state");
     wq__ring_pop(q);
     WQ_STEP("get.ring");
@@ -280,7 +310,7 @@ static int done_locked(wq *q, const void *key, size_t len, uint32_t hash, uint64
     if (WQ_UNLIKELY(idx == WQ_LOOKUP_CORRUPT))
         return -EBADMSG;
     struct wq_entry *e = wq__entry(q, idx);
-    uint16_t st = e->state;
+    uint16_t st = wq__st(e);
     if (!(st & WQ_ST_PROCESSING))
         return -ENOENT;
     int rc = 0;
@@ -288,24 +318,29 @@ static int done_locked(wq *q, const void *key, size_t len, uint32_t hash, uint64
     WQ_STEP("done.busy");
     /* The outcome first: a holder killed before the state commit leaves
        the key processing (requeued as a crash) with its outcome kept. */
-    if (out.record && (rc = wq__result_record(q, idx, out.code, out.message)) < 0)
-        return rc;
+    if (out.record) {
+        if ((rc = wq__result_record(q, idx, out.code, out.message)) < 0)
+            return rc;
+        wq__store_mark(q, idx);
+    }
     if (st & WQ_ST_DIRTY) {
         e->seq = h->seq_next++;
-        e->state = WQ_ST_DIRTY | WQ_ST_QUEUED;   /* commit: back of the queue */
+        wq__set_state(e, WQ_ST_DIRTY | WQ_ST_QUEUED);   /* commit: back of the queue */
         WQ_STEP("done.state");
         if ((rc = wq__ring_push(q, idx)) < 0)
             return rc;
         WQ_STEP("done.ring");
         *queued = true;
     } else if (st & WQ_ST_WAITING) {
-        e->state = WQ_ST_WAITING;   /* commit: still waiting for its delay */
+        wq__set_state(e, WQ_ST_WAITING);   /* commit: still waiting for its delay */
         WQ_STEP("done.state");
+        wq__store_mark(q, idx);
     } else if (e->failures > 0 || wq__has_result(q, e)) {
-        e->state = WQ_ST_RETAINED;   /* commit: idle, keeps its count or result */
+        wq__set_state(e, WQ_ST_RETAINED);   /* commit: idle, keeps its count or result */
         WQ_STEP("done.state");
         h->failing++;
         atomic_fetch_sub_explicit(&h->live, 1, memory_order_relaxed);
+        wq__store_mark(q, idx);
     } else if ((rc = wq__release(q, idx)) < 0) {
         return rc;
     }
@@ -379,15 +414,27 @@ int wq_add(wq *q, const void *key, size_t len)
         return rc;
     uint32_t hash = wq__hash(q->seed, key, len);
     uint64_t now = wq__metrics_now(q);
-    if ((rc = wq__lock(q)) < 0)
-        return rc;
-    bool queued = false;
-    rc = add_locked(q, key, len, hash, now, &queued);
-    bool wake = queued && note_wake(q);
-    wq__unlock(q);
-    if (wake)
-        wq__futex_wake(&q->hdr->wake_seq, 1);
-    return rc;
+    for (int tries = 0;; tries++) {
+        if ((rc = wq__lock(q)) < 0)
+            return rc;
+        bool queued = false;
+        rc = add_locked(q, key, len, hash, now, &queued);
+        bool wake = queued && note_wake(q);
+        wq__unlock(q);
+        if (wake)
+            wq__futex_wake(&q->hdr->wake_seq, 1);
+        if (rc != -WQ_EFLUSH)
+            break;
+        /* The only room is held by removals the store has not seen:
+           write them (freeing their entries), then try again. */
+        int f = wq__store_flush(q, true);
+        if (f < 0)
+            return f;
+        if (tries == 2)
+            return -ENOSPC;
+    }
+    int st = rc >= 0 ? wq__store_after(q) : 0;
+    return st < 0 ? st : rc;
 }
 
 static int get_args(wq *q, void *buf, size_t cap, int64_t timeout_ns, uint64_t *deadline)
@@ -409,7 +456,10 @@ int wq_get(wq *q, void *buf, size_t cap, int64_t timeout_ns)
     if ((rc = wq__lock(q)) < 0)
         return rc;
     wq__procs_maybe_reap(q);
-    return get_wait(q, buf, deadline, now);
+    rc = get_wait(q, buf, deadline, now);
+    if (WQ_UNLIKELY(q->g.has_store))
+        wq__store_after(q);   /* crash requeues, periodic snapshots */
+    return rc;
 }
 
 static int done_call(wq *q, const void *key, size_t len, struct outcome out)
@@ -429,7 +479,8 @@ static int done_call(wq *q, const void *key, size_t len, struct outcome out)
     wq__unlock(q);
     if (wake)
         wq__futex_wake(&q->hdr->wake_seq, 1);
-    return rc;
+    int st = rc >= 0 ? wq__store_after(q) : 0;
+    return st < 0 ? st : rc;
 }
 
 int wq_done(wq *q, const void *key, size_t len)
@@ -463,7 +514,13 @@ int wq_done_get(wq *q, const void *done_key, size_t done_len, void *buf, size_t 
     /* A key we just requeued may be handed straight back to us; any
        sleeper is woken by get_wait's pass-on if more remain. */
     wq__procs_maybe_reap(q);
-    return get_wait(q, buf, deadline, now);
+    rc = get_wait(q, buf, deadline, now);
+    if (WQ_UNLIKELY(q->g.has_store)) {
+        int st = wq__store_after(q);   /* the done's removal, before we return */
+        if (st < 0 && rc >= 0)
+            rc = st;   /* the key is still ours: the caller sees the error */
+    }
+    return rc;
 }
 
 /* Exact number of distinct keys in the batch that have no entry yet. */
@@ -549,10 +606,15 @@ int wq_add_many(wq *q, const struct iovec *keys, size_t n)
         wq__wake_getters(q, queued_n);
 unlock:
     wq__unlock(q);
+    if (rc >= 0 && q->g.has_store) {
+        int st = wq__store_after(q);
+        if (st < 0)
+            rc = st;
+    }
 out:
     if (hashes != stack_h)
         free(hashes);
-    return rc;
+    return rc == -WQ_EFLUSH ? -ENOSPC : rc;
 }
 
 int wq_len(wq *q)

@@ -41,7 +41,7 @@ static uint64_t align_up(uint64_t v, uint64_t a)
 }
 
 int wq__geometry(struct wq_geom *g, uint32_t capacity, uint32_t max_key_len,
-                 uint32_t max_procs, uint32_t result_capacity)
+                 uint32_t max_procs, uint32_t result_capacity, bool store)
 {
     if (capacity == 0 || capacity > WQ_MAX_CAPACITY || max_key_len == 0 ||
         max_key_len > WQ_MAX_KEY_LEN || max_procs == 0 || max_procs > WQ_MAX_PROCS ||
@@ -74,7 +74,11 @@ int wq__geometry(struct wq_geom *g, uint32_t capacity, uint32_t max_key_len,
     off = align_up(off + (uint64_t)capacity * sizeof(uint32_t), WQ_ALIGN);
     g->off_results = off;
     g->result_capacity = result_capacity;
-    off = align_up(off + (uint64_t)result_capacity * sizeof(struct wq_rslot), 4096);
+    off = align_up(off + (uint64_t)result_capacity * sizeof(struct wq_rslot), WQ_ALIGN);
+    g->off_sq = off;
+    /* The store queue exists only for queues with a store. */
+    off = align_up(off + (store ? (uint64_t)capacity * sizeof(uint32_t) : 0), 4096);
+    g->has_store = store;
     g->total_size = off;
     return 0;
 }
@@ -87,13 +91,16 @@ int wq__region_validate(const struct wq_geom *g, uint64_t file_size)
         return -EPROTO;
     if (g->checksum != wq__fnv1a(g, offsetof(struct wq_geom, checksum)))
         return -EPROTO;
-    if (wq__geometry(&want, g->capacity, g->max_key_len, g->max_procs,
-                     g->result_capacity) < 0)
+    if (g->has_store > 1 ||
+        wq__geometry(&want, g->capacity, g->max_key_len, g->max_procs,
+                     g->result_capacity, g->has_store) < 0)
         return -EPROTO;
     if (g->entry_size != want.entry_size || g->index_slots != want.index_slots ||
         g->off_procs != want.off_procs || g->off_entries != want.off_entries ||
         g->off_index != want.off_index || g->off_ring != want.off_ring ||
         g->off_heap != want.off_heap || g->off_results != want.off_results ||
+        g->off_sq != want.off_sq || g->durability > WQ_DURABLE_NONE ||
+        g->has_store > 1 || g->store_path[sizeof g->store_path - 1] != 0 ||
         g->total_size != want.total_size ||
         g->total_size != file_size)
         return -EPROTO;
@@ -130,9 +137,14 @@ static int check_options(const struct wq_options *o)
     int rc = wq__limiter_options(o, &g);
     if (rc < 0)
         return rc;
+    if (!o->store_path && (o->durability || o->snapshot_interval_ms))
+        return -EINVAL;
+    if (o->snapshot_interval_ms && o->durability != WQ_DURABLE_NONE)
+        return -EINVAL;
+    if (o->store_path && !o->store_path[0])
+        return -EINVAL;
     /* Valid, but not built yet: refuse rather than ignore. */
-    if (o->store_path || o->durability || o->snapshot_interval_ms ||
-        (o->flags & WQ_FAIR))
+    if (o->flags & WQ_FAIR)
         return -ENOTSUP;
     return 0;
 }
@@ -159,6 +171,7 @@ static void init_region(unsigned char *base, const struct wq_geom *g)
     h->r_head = h->r_tail = WQ_NIL;
     h->free_head = 0;
     h->last_reap_ns = wq__now_mono();
+    h->next_snapshot_ns = h->last_reap_ns + (uint64_t)g->snapshot_ms * 1000000ull;
     wq__limiter_init(h);
     h->g.checksum = wq__fnv1a(&h->g, offsetof(struct wq_geom, checksum));
 }
@@ -210,17 +223,54 @@ static int publish(int fd, const char *tmpname, const char *path)
 }
 
 /* Build a new region and link it at path. -EEXIST if one appeared. */
-static int create_region(const char *path, const struct wq_options *o)
+/* Point the handle at a mapped, validated region. */
+static void map_view(wq *q, unsigned char *base, size_t size, const struct wq_geom *g)
+{
+    q->base = base;
+    q->size = size;
+    q->hdr = (struct wq_hdr *)base;
+    q->procs = (struct wq_proc *)(base + g->off_procs);
+    q->entries = base + g->off_entries;
+    q->index = (struct wq_islot *)(base + g->off_index);
+    q->ring = (uint32_t *)(base + g->off_ring);
+    q->heap = (uint32_t *)(base + g->off_heap);
+    q->rslots = (struct wq_rslot *)(base + g->off_results);
+    q->sq = g->has_store ? (uint32_t *)(base + g->off_sq) : NULL;
+    q->result_capacity = g->result_capacity;
+    q->metrics = !(g->flags & WQ_NO_METRICS);
+    q->g = *g;
+    q->capacity = g->capacity;
+    q->max_key_len = g->max_key_len;
+    q->max_procs = g->max_procs;
+    q->entry_size = g->entry_size;
+    q->index_slots = g->index_slots;
+    q->seed = g->hash_seed;
+}
+
+static int create_region(const char *path, const struct wq_options *opts)
 {
     struct wq_geom g;
     char tmpname[128];
+    char abs[sizeof g.store_path];
+    struct wq_options eff = *opts;
+    const struct wq_options *o = &eff;
+    bool has_meta = false;
+    int rc;
+    if (opts->store_path &&
+        (rc = wq__store_prepare(opts, &eff, abs, sizeof abs, &has_meta)) < 0)
+        return rc;
     mode_t mode = o->mode ? o->mode : 0600;
     uint32_t cap = o->capacity ? o->capacity : DEF_CAPACITY;
-    int rc = wq__geometry(&g, cap, o->max_key_len ? o->max_key_len : DEF_KEY_LEN,
-                          o->max_procs ? o->max_procs : DEF_PROCS,
-                          o->result_capacity ? o->result_capacity : cap);
+    rc = wq__geometry(&g, cap, o->max_key_len ? o->max_key_len : DEF_KEY_LEN,
+                      o->max_procs ? o->max_procs : DEF_PROCS,
+                      o->result_capacity ? o->result_capacity : cap, opts->store_path != NULL);
     if (rc < 0)
         return rc;
+    if (opts->store_path) {
+        memcpy(g.store_path, abs, sizeof g.store_path);
+        g.durability = (uint32_t)o->durability;
+        g.snapshot_ms = o->snapshot_interval_ms ? o->snapshot_interval_ms : 1000;
+    }
     if (getrandom(&g.hash_seed, sizeof g.hash_seed, 0) != sizeof g.hash_seed)
         g.hash_seed = wq__now_real() ^ ((uint64_t)getpid() << 32);
 #ifdef WQ_FAULT_INJECTION
@@ -250,6 +300,21 @@ static int create_region(const char *path, const struct wq_options *o)
         goto out;
     }
     init_region(base, &g);
+    if (g.has_store) {
+        /* Restore before anyone can see the region: nobody else can be
+           restoring into it, and no key comes back twice. */
+        wq view;
+        memset(&view, 0, sizeof view);
+        map_view(&view, base, g.total_size, &((struct wq_hdr *)base)->g);
+        view.restoring = true;
+        rc = has_meta ? wq__store_restore(&view) : wq__store_init_meta(&view.g);
+        if (rc >= 0 && has_meta)
+            rc = wq__store_init_meta(&view.g);   /* keep the meta current */
+        if (rc < 0) {
+            munmap(base, g.total_size);
+            goto out;
+        }
+    }
     munmap(base, g.total_size);
     rc = publish(fd, tmpname, path);
     tmpname[0] = 0;
@@ -285,24 +350,7 @@ static int attach(wq *q, const char *path)
         munmap(base, (size_t)st.st_size);
         goto out;
     }
-    q->base = base;
-    q->size = (size_t)st.st_size;
-    q->hdr = base;
-    q->procs = (struct wq_proc *)(q->base + g.off_procs);
-    q->entries = q->base + g.off_entries;
-    q->index = (struct wq_islot *)(q->base + g.off_index);
-    q->ring = (uint32_t *)(q->base + g.off_ring);
-    q->heap = (uint32_t *)(q->base + g.off_heap);
-    q->rslots = (struct wq_rslot *)(q->base + g.off_results);
-    q->result_capacity = g.result_capacity;
-    q->metrics = !(g.flags & WQ_NO_METRICS);
-    q->g = g;
-    q->capacity = g.capacity;
-    q->max_key_len = g.max_key_len;
-    q->max_procs = g.max_procs;
-    q->entry_size = g.entry_size;
-    q->index_slots = g.index_slots;
-    q->seed = g.hash_seed;
+    map_view(q, base, (size_t)st.st_size, &g);
     rc = 0;
 out:
     close(fd);   /* the mapping keeps the object alive */
@@ -344,7 +392,7 @@ int wq_open(const char *name, const struct wq_options *opts, wq **out)
     }
     if (rc < 0)
         goto fail;
-    q->scratch = calloc(2 * ((q->capacity + 63) / 64), sizeof(uint64_t));
+    q->scratch = calloc(3 * ((q->capacity + 63) / 64), sizeof(uint64_t));
     q->held = calloc(q->max_procs, sizeof(uint32_t));
     q->rscratch = calloc(q->result_capacity, sizeof(uint32_t));
     if (!q->scratch || !q->held || !q->rscratch) {

@@ -38,6 +38,7 @@ struct ctx {
     int found;
     uint64_t *in_ring;   /* bitmap: entry seen in the ring */
     uint64_t *in_index;  /* bitmap: entry reached through the index */
+    uint64_t *in_sq;     /* bitmap: entry listed in the store queue */
 };
 
 static void violation(struct ctx *c, const char *fmt, ...)
@@ -79,11 +80,31 @@ static bool owner_valid(const wq *q, const struct wq_entry *e)
 
 /* The legal state an entry should have (layout.h lists them). Pure: used
    by check and repair alike. */
+static uint16_t norm_queue_state(const wq *q, uint32_t idx, uint16_t st);
+
 static uint16_t norm_state(const wq *q, uint32_t idx)
 {
     const struct wq_entry *e = wq__entry(q, idx);
     uint16_t st = e->state & WQ_ST_ALL;
     if (st == 0 || e->keylen == 0 || e->keylen > q->max_key_len)
+        return 0;
+    if (!q->g.has_store) {   /* store bits mean nothing without a store */
+        if (st & WQ_ST_STORING)
+            st = WQ_ST_DIRTY | WQ_ST_QUEUED;
+        st &= (uint16_t)~WQ_ST_SDIRTY;
+        return norm_queue_state(q, idx, st);
+    }
+    if (st & WQ_ST_STORING)   /* a new key awaiting its store commit */
+        return WQ_ST_STORING | WQ_ST_SDIRTY;
+    uint16_t sd = st & WQ_ST_SDIRTY;
+    uint16_t n = norm_queue_state(q, idx, st & (uint16_t)~WQ_ST_SDIRTY);
+    return n | sd;   /* SDIRTY alone: a zombie, its removal pending */
+}
+
+static uint16_t norm_queue_state(const wq *q, uint32_t idx, uint16_t st)
+{
+    const struct wq_entry *e = wq__entry(q, idx);
+    if (st == 0)
         return 0;
     if (st & WQ_ST_RETAINED) {
         st &= (uint16_t)~WQ_ST_RETAINED;
@@ -341,16 +362,46 @@ static void verify_heap(struct ctx *c)
     }
 }
 
+/* Check only: the store queue lists SDIRTY entries, each once. */
+static void verify_sq(struct ctx *c)
+{
+    wq *q = c->q;
+    struct wq_hdr *h = q->hdr;
+    if (!q->g.has_store)
+        return;
+    if (h->sq_head >= q->capacity || h->sq_count > q->capacity) {
+        violation(c, "store queue: head %u count %u out of range", h->sq_head, h->sq_count);
+        return;
+    }
+    for (uint32_t k = 0, p = h->sq_head; k < h->sq_count;
+         k++, p = p + 1 == q->capacity ? 0 : p + 1) {
+        uint32_t idx = q->sq[p];
+        if (idx >= q->capacity) {
+            violation(c, "store queue position %u: entry %u out of range", k, idx);
+            continue;
+        }
+        if (!(norm_state(q, idx) & WQ_ST_SDIRTY))
+            violation(c, "store queue position %u: entry %u is not stale", k, idx);
+        if (bit_get(c->in_sq, idx))
+            violation(c, "store queue position %u: entry %u listed twice", k, idx);
+        bit_set(c->in_sq, idx);
+    }
+}
+
 /* Last pass: queued entries missing from the ring, free list, counters. */
 static void finish(struct ctx *c, uint32_t queued)
 {
     wq *q = c->q;
     struct wq_hdr *h = q->hdr;
-    uint32_t live = 0, processing = 0, failing = 0, waiting = 0;
+    uint32_t live = 0, processing = 0, failing = 0, waiting = 0, sdirty = 0, zombies = 0;
     uint32_t free_first = WQ_NIL, free_last = WQ_NIL;
     uint64_t sum_start = 0;
-    if (c->apply)
+    if (c->apply) {
         h->heap_count = 0;
+        h->sq_head = 0;
+        h->sq_count = 0;
+        h->sq_epoch++;   /* a flusher mid-write must not settle by position */
+    }
     for (uint32_t idx = 0; idx < q->capacity; idx++) {
         struct wq_entry *e = wq__entry(q, idx);
         uint16_t st = norm_state(q, idx);
@@ -363,6 +414,18 @@ static void finish(struct ctx *c, uint32_t queued)
                     wq__entry(q, free_last)->link = idx;
                 free_last = idx;
             }
+            continue;
+        }
+        if (st & WQ_ST_SDIRTY) {
+            sdirty++;
+            if (c->apply)
+                q->sq[h->sq_count++] = idx;   /* queue restarted at 0 */
+            else if (!bit_get(c->in_sq, idx))
+                violation(c, "entry %u: store record stale but not queued for it", idx);
+        }
+        st &= (uint16_t)~WQ_ST_SDIRTY;
+        if (st == 0) {
+            zombies++;   /* its store record is still to be removed */
             continue;
         }
         if (st == WQ_ST_RETAINED) {
@@ -407,14 +470,16 @@ static void finish(struct ctx *c, uint32_t queued)
             n++;
             i = wq__entry(q, i)->link;
         }
-        if (n != q->capacity - live - failing)
+        if (n != q->capacity - live - failing - zombies)
             violation(c, "free list: %u entries, expected %u", n,
-                      q->capacity - live - failing);
+                      q->capacity - live - failing - zombies);
         if (h->heap_count != waiting)
             violation(c, "heap: %u members, %u entries waiting", h->heap_count, waiting);
     }
     if (h->failing != failing)
         violation(c, "counter failing %u, expected %u", h->failing, failing);
+    if (!c->apply && q->g.has_store && h->sq_count != sdirty)
+        violation(c, "store queue: %u listed, %u entries stale", h->sq_count, sdirty);
     if (q->metrics && h->sum_start != sum_start)
         violation(c, "metrics: start-time sum differs from the processing entries");
     if (atomic_load_explicit(&h->live, memory_order_relaxed) != live)
@@ -453,7 +518,8 @@ int wq__repair(wq *q, bool apply, bool thorough, wq_report_fn report, void *arg)
         return 0;   /* the dead holder was not mutating: nothing to rebuild */
     c.in_ring = q->scratch;
     c.in_index = q->scratch + words;
-    memset(q->scratch, 0, 2 * words * sizeof *q->scratch);
+    c.in_sq = q->scratch + 2 * words;
+    memset(q->scratch, 0, 3 * words * sizeof *q->scratch);
 
     if (apply && !thorough)
         settle_pending(q);
@@ -468,8 +534,10 @@ int wq__repair(wq *q, bool apply, bool thorough, wq_report_fn report, void *arg)
         verify_index(&c);
     }
     uint32_t queued = check_ring(&c);
-    if (!apply)
+    if (!apply) {
         verify_heap(&c);
+        verify_sq(&c);
+    }
     finish(&c, queued);
     if (apply && (thorough || wq__results_damaged(q)))
         wq__results_rebuild(q);

@@ -107,7 +107,7 @@ int wq__result_record(wq *q, uint32_t idx, int code, const char *message)
         uint32_t victim = slot(q, old)->owner - 1;
         wq__result_drop(q, victim);
         struct wq_entry *v = wq__entry(q, victim);
-        if (v->state == WQ_ST_RETAINED && v->failures == 0) {
+        if (wq__st(v) == WQ_ST_RETAINED && v->failures == 0) {
             int rc = wq__release(q, victim);   /* kept for nothing now */
             if (rc < 0)
                 return rc;
@@ -150,7 +150,7 @@ void wq__results_rebuild(wq *q)
     uint32_t n = 0;
     for (uint32_t i = 0; i < q->capacity; i++) {
         struct wq_entry *e = wq__entry(q, i);
-        if (e->rslot != WQ_NIL && (e->state == 0 || e->rslot >= q->result_capacity ||
+        if (e->rslot != WQ_NIL && (wq__st(e) == 0 || e->rslot >= q->result_capacity ||
                                    slot(q, e->rslot)->owner != i + 1))
             e->rslot = WQ_NIL;
     }
@@ -161,7 +161,7 @@ void wq__results_rebuild(wq *q)
         struct wq_entry *e = o != 0 && o <= q->capacity ? wq__entry(q, o - 1) : NULL;
         /* The owner store commits a result: adopt it if the entry's back
            pointer was not written yet. */
-        if (e && e->state != 0 && (e->rslot == s || e->rslot == WQ_NIL)) {
+        if (e && wq__st(e) != 0 && (e->rslot == s || e->rslot == WQ_NIL)) {
             e->rslot = s;
             q->rscratch[n++] = s;
             continue;
@@ -191,7 +191,7 @@ bool wq__results_damaged(wq *q)
         const struct wq_entry *e = wq__entry(q, i);
         if (e->rslot == WQ_NIL)
             continue;
-        if (e->state == 0 || e->rslot >= q->result_capacity ||
+        if (wq__st(e) == 0 || e->rslot >= q->result_capacity ||
             slot(q, e->rslot)->owner != i + 1)
             return true;
     }
@@ -213,7 +213,7 @@ int wq__results_verify(wq *q, void (*violation)(void *c, const char *what), void
             continue;
         used++;
         if (o > q->capacity || wq__entry(q, o - 1)->rslot != s ||
-            wq__entry(q, o - 1)->state == 0)
+            wq__st(wq__entry(q, o - 1)) == 0)
             BAD("result slot %u: owner entry %u does not point back", s, o - 1);
     }
     for (uint32_t i = 0; i < q->capacity; i++) {

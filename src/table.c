@@ -106,8 +106,15 @@ static uint32_t evict_retained(wq *q)
     uint32_t i = h->evict_hand < q->capacity ? h->evict_hand : 0;
     for (uint32_t n = 0; n < q->capacity; n++, i = i + 1 == q->capacity ? 0 : i + 1) {
         struct wq_entry *e = wq__entry(q, i);
-        if (e->state != WQ_ST_RETAINED)
+        if (wq__st(e) != WQ_ST_RETAINED)
             continue;
+        h->evict_hand = i + 1;
+        if (q->g.has_store) {
+            /* Its record must leave the store first: a zombie now, freed
+               by the flush the caller runs before trying again. */
+            wq__release(q, i);
+            return WQ_EVICTING;
+        }
         wq__result_drop(q, i);
         e->state = 0;   /* commit: its failure count is gone */
         WQ_STEP("evict.state");

@@ -638,13 +638,14 @@ static void options_invalid(void **state)
 static void options_notsup(void **state)
 {
     (void)state;
-    expect_open_rc("store_path", OPT(store_path, "/tmp/wq-store"), -ENOTSUP);
-    expect_open_rc("durability FSYNC", OPT(durability, WQ_DURABLE_FSYNC),
-                   -ENOTSUP);
-    expect_open_rc("durability NONE", OPT(durability, WQ_DURABLE_NONE),
-                   -ENOTSUP);
-    expect_open_rc("snapshot_interval_ms", OPT(snapshot_interval_ms, 100),
-                   -ENOTSUP);
+    /* store options without a store are invalid, not unsupported */
+    expect_open_rc("durability FSYNC without store", OPT(durability, WQ_DURABLE_FSYNC),
+                   -EINVAL);
+    expect_open_rc("durability NONE without store", OPT(durability, WQ_DURABLE_NONE),
+                   -EINVAL);
+    expect_open_rc("snapshot_interval_ms without store", OPT(snapshot_interval_ms, 100),
+                   -EINVAL);
+    expect_open_rc("empty store_path", OPT(store_path, ""), -EINVAL);
     expect_open_rc("WQ_FAIR", OPT(flags, WQ_FAIR), -ENOTSUP);
     /* Control: the same call with nothing unsupported works. */
     expect_open_rc("valid", CAP(16), 0);
