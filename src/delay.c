@@ -189,20 +189,21 @@ int wq__delay_entry(wq *q, uint32_t idx, uint64_t ready)
     uint16_t st = wq__st(e);
     if (st == WQ_ST_STORING) {   /* not visible yet: keep the earlier time */
         if (e->t_b != 0 && ready < e->t_b) {
-            e->t_b = ready;
             wq__store_mark(q, idx);
+            e->t_b = ready;
         }
         return 1;
     }
     if (st & WQ_ST_WAITING) {
         if (ready < e->t_b) {
+            wq__store_mark(q, idx);
             e->t_b = ready;
             WQ_STEP("wait.earlier");
             wq__heap_earlier(q, idx);
-            wq__store_mark(q, idx);
         }
         return 1;
     }
+    wq__store_mark(q, idx);
     e->t_b = ready;
     e->seq = h->seq_next++;
     WQ_STEP("wait.ready");
@@ -216,7 +217,6 @@ int wq__delay_entry(wq *q, uint32_t idx, uint64_t ready)
         wq__set_state(e, st | WQ_ST_WAITING);   /* commit: processing */
         WQ_STEP("wait.state");
     }
-    wq__store_mark(q, idx);
     return wq__heap_push(q, idx);
 }
 
@@ -243,13 +243,13 @@ static int add_delayed(wq *q, const void *key, size_t len, uint32_t hash, bool l
         return err;
     }
     struct wq_entry *e = wq__entry(q, idx);
+    if (limited && !fresh)
+        wq__store_mark(q, idx);   /* its failure count is about to change */
     if (limited)
         delay = wq__limiter_when(q, e, now);
     h->retries_total++;
     WQ_STEP("delay.counted");
     uint16_t st = wq__st(e);
-    if (limited && !fresh)
-        wq__store_mark(q, idx);   /* its failure count changed */
     if (st & WQ_ST_DIRTY) {   /* already going to be handed out */
         h->coalesced_total++;
         h->busy = 0;

@@ -26,6 +26,9 @@ int wq_stats(wq *q, struct wq_stats *out)
     s.waiting = h->heap_count;
     s.failing = h->failing;
     s.results = h->r_count;
+    s.has_store = q->g.has_store;
+    s.durability = q->g.durability;
+    s.store_unsynced = q->g.has_store ? h->sq_count : 0;
     s.result_capacity = q->result_capacity;
     s.next_ready_ns = wq__next_ready(q);
     s.capacity = q->capacity;

@@ -144,13 +144,13 @@ static int forget_locked(wq *q, const void *key, size_t len)
         struct wq_entry *e = wq__entry(q, idx);
         q->hdr->busy = 1;
         WQ_STEP("forget.busy");
+        if (wq__st(e) != 0)
+            wq__store_mark(q, idx);   /* a retained one ends as a zombie */
         e->failures = 0;   /* commit: an idle entry with nothing left is free */
         WQ_STEP("forget.reset");
         wq__result_drop(q, idx);
         if (wq__st(e) == WQ_ST_RETAINED)
             rc = wq__release(q, idx);
-        else if (wq__st(e) != 0)
-            wq__store_mark(q, idx);
         if (rc == 0)
             q->hdr->busy = 0;
     }

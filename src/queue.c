@@ -108,6 +108,10 @@ int wq__commit_new(wq *q, uint32_t idx, uint16_t state)
         wq__pend(q, WQ_PEND_ADD, idx);
     if (storing && (state & WQ_ST_QUEUED))
         e->t_b = 0;   /* "ready at once" when it becomes visible */
+    /* Store marks go before the commit they describe: whatever instruction
+       a holder dies at, a change the store has not seen is listed. */
+    if (!q->restoring)
+        wq__store_mark(q, idx);
     wq__set_state(e, storing ? WQ_ST_STORING : state);   /* commit */
     WQ_STEP("add.state");
     int rc = wq__table_insert(q, idx, e->hash);
@@ -123,8 +127,6 @@ int wq__commit_new(wq *q, uint32_t idx, uint16_t state)
         wq__pend(q, WQ_PEND_NONE, 0);
     }
     WQ_STEP("add.counters");
-    if (!q->restoring)
-        wq__store_mark(q, idx);
     return storing;
 }
 
@@ -140,6 +142,8 @@ int wq__activate(wq *q, uint32_t idx, uint64_t now, bool *queued)
     struct wq_entry *e = wq__entry(q, idx);
     uint16_t st = wq__st(e);
     int rc;
+    if (st != WQ_ST_PROCESSING)   /* the store's class changes */
+        wq__store_mark(q, idx);
     if ((st & WQ_ST_WAITING) && (rc = wq__heap_remove(q, idx)) < 0)
         return rc;
     wq__pend(q, WQ_PEND_MARK, idx);
@@ -168,8 +172,6 @@ int wq__activate(wq *q, uint32_t idx, uint64_t now, bool *queued)
     h->adds_total++;
     wq__pend(q, WQ_PEND_NONE, 0);
     WQ_STEP("mark.counters");
-    if (st != WQ_ST_PROCESSING)   /* the store's class changed */
-        wq__store_mark(q, idx);
     return 0;
 }
 
@@ -319,9 +321,9 @@ static int done_locked(wq *q, const void *key, size_t len, uint32_t hash, uint64
     /* The outcome first: a holder killed before the state commit leaves
        the key processing (requeued as a crash) with its outcome kept. */
     if (out.record) {
+        wq__store_mark(q, idx);
         if ((rc = wq__result_record(q, idx, out.code, out.message)) < 0)
             return rc;
-        wq__store_mark(q, idx);
     }
     if (st & WQ_ST_DIRTY) {
         e->seq = h->seq_next++;
@@ -332,15 +334,15 @@ static int done_locked(wq *q, const void *key, size_t len, uint32_t hash, uint64
         WQ_STEP("done.ring");
         *queued = true;
     } else if (st & WQ_ST_WAITING) {
+        wq__store_mark(q, idx);
         wq__set_state(e, WQ_ST_WAITING);   /* commit: still waiting for its delay */
         WQ_STEP("done.state");
-        wq__store_mark(q, idx);
     } else if (e->failures > 0 || wq__has_result(q, e)) {
+        wq__store_mark(q, idx);
         wq__set_state(e, WQ_ST_RETAINED);   /* commit: idle, keeps its count or result */
         WQ_STEP("done.state");
         h->failing++;
         atomic_fetch_sub_explicit(&h->live, 1, memory_order_relaxed);
-        wq__store_mark(q, idx);
     } else if ((rc = wq__release(q, idx)) < 0) {
         return rc;
     }

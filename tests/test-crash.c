@@ -300,6 +300,9 @@ static int run_script(const char *name, struct shared *sh)
     return 0;
 }
 
+/* When set, queues are made with an LMDB store here (PROCESS durability). */
+static const char *g_store_dir;
+
 /* A fresh queue: q1 q2 q3 queued, "a" held by us, "b" by a bystander. */
 static wq *setup_queue(const char *name, struct shared *sh, pid_t *bystander)
 {
@@ -309,6 +312,7 @@ static wq *setup_queue(const char *name, struct shared *sh, pid_t *bystander)
                             .rl_base_delay_ns = 3600 * TH_S,
                             .rl_max_delay_ns = 100 * 3600 * TH_S,
                             .flags = WQ_CREATE | WQ_EXCL };
+    o.store_path = g_store_dir;
     wq *q;
     char buf[KEYLEN];
     assert_int_equal(wq_open(name, &o, &q), 0);
@@ -738,6 +742,124 @@ static void test_die_while_reaping(void **state)
     th_shared_free(sh, sizeof *sh);
 }
 
+/* Region and store agree after any crash: kill the victim at the first
+   occurrence of every point reached with a store, let the survivors
+   finish, flush, then rebuild the queue from the store alone and compare
+   it with the region: same keys, same classes, counts and results. */
+struct klass {
+    char k[KEYLEN];
+    int cls;   /* 1 pending, 2 waiting, 3 idle */
+    uint32_t failures;
+    enum wq_state result;
+    int code;
+};
+struct klasses {
+    struct klass v[MAXK];
+    int n;
+};
+
+static int collect_class(const struct wq_key_info *ki, void *arg)
+{
+    struct klasses *s = arg;
+    if (s->n == MAXK || ki->len >= KEYLEN)
+        return 1;
+    struct klass *k = &s->v[s->n++];
+    memset(k, 0, sizeof *k);
+    memcpy(k->k, ki->key, ki->len);
+    k->cls = ki->state & (WQ_KEY_QUEUED | WQ_KEY_PROCESSING | WQ_KEY_DIRTY) ? 1
+           : ki->state & WQ_KEY_WAITING ? 2 : 3;
+    k->failures = ki->failures;
+    k->result = ki->result >= WQ_STATE_SUCCEEDED || ki->result == WQ_STATE_NONE
+                    ? ki->result : WQ_STATE_NONE;
+    k->code = ki->result_code;
+    return 0;
+}
+
+static int cmp_klass(const void *a, const void *b)
+{
+    return strcmp(((const struct klass *)a)->k, ((const struct klass *)b)->k);
+}
+
+static void store_trial(struct shared *sh, const char *point)
+{
+    char dir[] = "/tmp/wq-crash-store-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    g_store_dir = dir;
+    const char *name = th_qname("storecrash");
+    pid_t bystander;
+    wq *q = setup_queue(name, sh, &bystander);
+    pid_t victim = th_fork(30);
+    if (victim == 0) {
+        wq_fault_arm(point, 1, WQ_FAULT_KILL);
+        _exit(run_script(name, sh) == 0 ? 3 : 4);
+    }
+    int st = th_wait(victim, 20000);
+    if (st != 128 + SIGKILL)
+        fail_msg("%s: victim ended with %d", point, st);
+    assert_true(wq_snapshot(q) >= 0);
+    sh->bystander_release = 1;
+    assert_int_equal(th_wait(bystander, 10000), 0);
+    assert_int_equal(wq_done(q, "a", 1), 0);
+    assert_true(wq_snapshot(q) >= 0);
+    struct wq_stats s;
+    assert_int_equal(wq_stats(q, &s), 0);
+    if (s.store_unsynced != 0)
+        fail_msg("%s: %llu records unsynced after a snapshot", point,
+                 (unsigned long long)s.store_unsynced);
+    assert_int_equal(wq_check_report(q, 0, report, (void *)point), 0);
+    struct klasses r = { .n = 0 }, back = { .n = 0 };
+    assert_int_equal(wq_dump(q, collect_class, &r), 0);
+    wq_close(q);
+    assert_int_equal(wq_unlink(name), 0);
+    struct wq_options o = { .store_path = dir, .flags = WQ_CREATE | WQ_EXCL };
+    assert_int_equal(wq_open(name, &o, &q), 0);
+    assert_int_equal(wq_dump(q, collect_class, &back), 0);
+    assert_int_equal(wq_check_report(q, 0, report, (void *)point), 0);
+    wq_close(q);
+    qsort(r.v, (size_t)r.n, sizeof r.v[0], cmp_klass);
+    qsort(back.v, (size_t)back.n, sizeof back.v[0], cmp_klass);
+    if (r.n != back.n)
+        fail_msg("%s: region had %d keys, the store gave back %d", point, r.n, back.n);
+    for (int i = 0; i < r.n; i++) {
+        struct klass *x = &r.v[i], *y = &back.v[i];
+        if (strcmp(x->k, y->k) || x->cls != y->cls || x->failures != y->failures ||
+            x->result != y->result || x->code != y->code)
+            fail_msg("%s: region %s cls %d f %u r %d/%d, store %s cls %d f %u r %d/%d", point,
+                     x->k, x->cls, x->failures, x->result, x->code, y->k, y->cls,
+                     y->failures, y->result, y->code);
+    }
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+    g_store_dir = NULL;
+}
+
+static void test_store_points(void **state)
+{
+    (void)state;
+    th_watchdog(600);
+    struct shared *sh = th_shared_alloc(sizeof *sh);
+    char dir[] = "/tmp/wq-crash-store-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    g_store_dir = dir;
+    struct point_count pc[128];
+    int n = record_points(sh, pc, 128);
+    g_store_dir = NULL;
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+    int store_points = 0;
+    for (int i = 0; i < n; i++) {
+        store_points += strncmp(pc[i].name, "store.", 6) == 0;
+        store_trial(sh, pc[i].name);
+    }
+    assert_true(store_points >= 5);
+    printf("store: %d crash points, region and store agree after each\n", n);
+    for (int i = 0; i < n; i++)
+        free((void *)pc[i].name);
+    th_shared_free(sh, sizeof *sh);
+}
+
 /* The figure the crash issue asks for: repair time at 1e6 live keys,
    the worst case (the holder died mid-mutation, full rebuild). */
 static void test_repair_time_1m(void **state)
@@ -788,6 +910,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_every_point, th_setup, th_teardown),
         cmocka_unit_test_setup_teardown(test_die_while_repairing, th_setup, th_teardown),
         cmocka_unit_test_setup_teardown(test_die_while_reaping, th_setup, th_teardown),
+        cmocka_unit_test_setup_teardown(test_store_points, th_setup, th_teardown),
         cmocka_unit_test_setup_teardown(test_repair_time_1m, th_setup, th_teardown),
         cmocka_unit_test(th_test_no_leftovers),
     };
