@@ -1,0 +1,1158 @@
+/*
+ * test-pool.c - wq_run_workers (wq.h, "Worker pool") with real processes.
+ *
+ * The supervisor always runs in a forked child (it owns its workers; the
+ * test process stays producer and observer). Reconcilers run in the
+ * worker processes and report to witnesses in MAP_SHARED mappings made
+ * before the fork (passed as `arg`), never through libwq itself:
+ *   1. two reconciles of one key never overlap: 8 workers, 16 hot keys,
+ *      100,000 adds from a producer process; every key is reconciled
+ *      after its last add;
+ *   2. the long-reconcile scenario of OpenKruise's "Learning Concurrent
+ *      Reconciling": a key re-added while it is processing runs again
+ *      after its Done, behind the backlog that arrived meanwhile; with
+ *      1 worker it waits for the whole backlog, with 4 it does not;
+ *   3. the outcome mapping of controller-runtime (success, failure codes,
+ *      positive returns, requeue_after);
+ *   4. a worker that crashes mid-reconcile is replaced and its key
+ *      reconciled again, never twice at once; a crash-looping reconciler
+ *      is restarted with a backoff and its key's failure count rises;
+ *   5. SIGTERM drains, a second SIGTERM kills at once (-EINTR);
+ *   6. the supervisor waits only for its own workers.
+ * Every wait has a deadline; every child has an alarm; workers die with
+ * their supervisor (PR_SET_PDEATHSIG), which th_teardown SIGKILLs.
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "helpers.h"
+
+#define KL(s) (s), strlen(s)
+
+/* Poll `cond` every millisecond until it holds or `ms` (scaled) pass. */
+#define WAIT_UNTIL(cond, ms)                                                 \
+    __extension__({                                                          \
+        uint64_t wu_deadline_ = th_now_ns() +                                \
+                                (uint64_t)(ms) * th_scale() * 1000000ull;    \
+        bool wu_ok_;                                                         \
+        while (!(wu_ok_ = (cond)) && th_now_ns() < wu_deadline_)             \
+            th_sleep_ms(1);                                                  \
+        wu_ok_;                                                              \
+    })
+
+static void sleep_ns(uint64_t ns)
+{
+    struct timespec ts = { (time_t)(ns / 1000000000u), (long)(ns % 1000000000u) };
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+        ;
+}
+
+static bool key_is(const void *key, size_t len, const char *s)
+{
+    return len == strlen(s) && memcmp(key, s, len) == 0;
+}
+
+/* Dead, or a zombie (dead, not yet reaped by its parent). */
+static bool pid_dead(pid_t pid)
+{
+    char path[64], buf[512];
+    if (kill(pid, 0) != 0)
+        return errno == ESRCH;
+    snprintf(path, sizeof path, "/proc/%ld/stat", (long)pid);
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return true;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    char *p = strrchr(buf, ')');
+    return p == NULL || (p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X'));
+}
+
+static wq *open_new(const char *tag, uint32_t capacity, const struct wq_options *base)
+{
+    struct wq_options o;
+    if (base != NULL)
+        o = *base;
+    else
+        memset(&o, 0, sizeof o);
+    o.capacity = capacity;
+    o.max_key_len = 64;
+    o.flags = WQ_CREATE | WQ_EXCL;
+    wq *q = NULL;
+    int rc = wq_open(th_qname(tag), &o, &q);
+    if (rc != 0)
+        fail_msg("wq_open: %d (%s)", rc, wq_strerror(rc));
+    return q;
+}
+
+static bool quiet(wq *q)
+{
+    struct wq_stats st;
+    return wq_stats(q, &st) == 0 && st.queued == 0 && st.processing == 0 &&
+           st.waiting == 0;
+}
+
+static struct wq_stats stats_of(wq *q)
+{
+    struct wq_stats st;
+    assert_int_equal(wq_stats(q, &st), 0);
+    return st;
+}
+
+static struct wq_result result_of(wq *q, const char *key)
+{
+    struct wq_result r;
+    assert_int_equal(wq_result(q, KL(key), &r), 0);
+    return r;
+}
+
+/* ------------------------------------------------------------------ */
+/* The supervisor child                                                */
+/* ------------------------------------------------------------------ */
+
+struct sup_report {
+    atomic_int rc;        /* wq_run_workers' return */
+    atomic_int returned;  /* 1 once it returned */
+    atomic_ullong returned_ns;
+    atomic_int restored;  /* mask and dispositions as before */
+};
+
+typedef void (*sup_hook)(void *hook_arg, int phase); /* 0 before, 1 after */
+
+/* Handler and the flags a caller sets (glibc adds SA_RESTORER by itself
+   when a disposition is installed through sigaction; it means nothing). */
+static bool same_disposition(const struct sigaction *a, const struct sigaction *b)
+{
+    const int user = SA_NOCLDSTOP | SA_NOCLDWAIT | SA_SIGINFO | SA_RESTART |
+                     SA_NODEFER | SA_RESETHAND | SA_ONSTACK;
+    return a->sa_handler == b->sa_handler &&
+           (a->sa_flags & user) == (b->sa_flags & user);
+}
+
+static void caller_handler(int sig)
+{
+    (void)sig;
+}
+
+/* Fork a process that opens the queue and runs wq_run_workers. The
+   caller has its own SIGINT handler and SIGUSR2 blocked: both must be as
+   they were when wq_run_workers returns. */
+static pid_t start_supervisor(const char *name, unsigned workers, wq_reconcile_fn fn,
+                              void *arg, struct sup_report *rep, unsigned alarm_s,
+                              sup_hook hook, void *hook_arg)
+{
+    pid_t pid = th_fork(alarm_s);
+    if (pid != 0)
+        return pid;
+    static const int sigs[] = { SIGTERM, SIGINT, SIGCHLD, SIGUSR2 };
+    enum { NS = sizeof sigs / sizeof sigs[0] };
+    struct sigaction before[NS], after[NS];
+    sigset_t mask_before, mask_after, usr2;
+    struct sigaction own = { .sa_handler = caller_handler, .sa_flags = SA_RESTART };
+    wq *sq;
+    int rc = wq_open(name, NULL, &sq);
+    if (rc != 0) {
+        th_failf(__FILE__, __LINE__, "supervisor: wq_open = %d", rc);
+        _exit(2);
+    }
+    if (hook)
+        hook(hook_arg, 0);
+    sigemptyset(&own.sa_mask);
+    sigaction(SIGINT, &own, NULL);
+    sigemptyset(&usr2);
+    sigaddset(&usr2, SIGUSR2);
+    sigprocmask(SIG_BLOCK, &usr2, NULL);
+    for (int i = 0; i < NS; i++)
+        sigaction(sigs[i], NULL, &before[i]);
+    sigprocmask(SIG_SETMASK, NULL, &mask_before);
+    rc = wq_run_workers(sq, workers, fn, arg);
+    atomic_store(&rep->returned_ns, th_now_ns());
+    atomic_store(&rep->rc, rc);
+    atomic_store(&rep->returned, 1);
+    sigprocmask(SIG_SETMASK, NULL, &mask_after);
+    bool ok = true;
+    for (int i = 0; i < NS; i++) {
+        sigaction(sigs[i], NULL, &after[i]);
+        bool same = same_disposition(&before[i], &after[i]) &&
+                    sigismember(&mask_before, sigs[i]) == sigismember(&mask_after, sigs[i]);
+        if (!same)
+            th_failf(__FILE__, __LINE__,
+                     "supervisor: signal %d: handler %p -> %p, flags %#x -> %#x, "
+                     "blocked %d -> %d", sigs[i], (void *)before[i].sa_handler,
+                     (void *)after[i].sa_handler, (unsigned)before[i].sa_flags,
+                     (unsigned)after[i].sa_flags, sigismember(&mask_before, sigs[i]),
+                     sigismember(&mask_after, sigs[i]));
+        ok = ok && same;
+    }
+    atomic_store(&rep->restored, ok ? 1 : -1);
+    if (hook)
+        hook(hook_arg, 1);
+    wq_close(sq);
+    _exit(rc == 0 ? 0 : 1);
+}
+
+/* Shut the queue down and collect the supervisor: it must return 0. */
+static void stop_supervisor(wq *q, pid_t sup, struct sup_report *rep)
+{
+    assert_int_equal(wq_shutdown(q), 0);
+    int st = th_wait(sup, 10000);
+    if (st != 0)
+        fail_msg("supervisor ended with %d (wq_run_workers = %d, returned %d)",
+                 st, atomic_load(&rep->rc), atomic_load(&rep->returned));
+    assert_int_equal(atomic_load(&rep->returned), 1);
+    assert_int_equal(atomic_load(&rep->rc), 0);
+    assert_int_equal(atomic_load(&rep->restored), 1);
+}
+
+/* ------------------------------------------------------------------ */
+/* 1. Never two reconciles of one key at once                          */
+/* ------------------------------------------------------------------ */
+
+#define NHOT 16
+#define NADDS 100000
+
+struct hot_key {
+    atomic_int inflight;
+    atomic_int max_inflight;
+    atomic_llong last_add_seq;   /* producer, before wq_add */
+    atomic_llong last_seen_seq;  /* reconciler, at its start */
+    atomic_long calls;
+};
+
+struct hot {
+    struct sup_report rep;
+    atomic_int bad_key;
+    atomic_long adds_new, adds_coalesced;
+    struct hot_key keys[NHOT];
+};
+
+static int hot_index(const void *key, size_t len)
+{
+    const char *k = key;
+    if (len != 5 || memcmp(k, "hot", 3) != 0 || k[3] < '0' || k[3] > '9' ||
+        k[4] < '0' || k[4] > '9')
+        return -1;
+    int i = (k[3] - '0') * 10 + (k[4] - '0');
+    return i < NHOT ? i : -1;
+}
+
+static int fn_hot(wq *q, const void *key, size_t len, struct wq_reconcile *out, void *arg)
+{
+    (void)q;
+    struct hot *h = arg;
+    int i = hot_index(key, len);
+    if (i < 0 || ((const char *)key)[len] != '\0') {
+        atomic_fetch_add(&h->bad_key, 1);
+        return 0;
+    }
+    struct hot_key *w = &h->keys[i];
+    int now = atomic_fetch_add(&w->inflight, 1) + 1;
+    int max = atomic_load(&w->max_inflight);
+    while (now > max && !atomic_compare_exchange_weak(&w->max_inflight, &max, now))
+        ;
+    long long seen = atomic_load(&w->last_add_seq);
+    if (seen > atomic_load(&w->last_seen_seq))
+        atomic_store(&w->last_seen_seq, seen);
+    atomic_fetch_add(&w->calls, 1);
+    /* A little work, so an overlap would have a window to show. */
+    uint64_t until = th_now_ns() + 20000 + (uint64_t)(seen % 7) * 5000;
+    while (th_now_ns() < until)
+        ;
+    atomic_fetch_sub(&w->inflight, 1);
+    snprintf(out->message, sizeof out->message, "seq %lld", seen);
+    return 0;
+}
+
+static void no_overlap_hot_keys(void **state)
+{
+    (void)state;
+    wq *q = open_new("hot", 64, NULL);
+    const char *name = wq_name(q);
+    struct hot *h = th_shared_alloc(sizeof *h);
+
+    pid_t sup = start_supervisor(name, 8, fn_hot, h, &h->rep, 40, NULL, NULL);
+
+    pid_t prod = th_fork(30);
+    if (prod == 0) {
+        wq *pq;
+        if (wq_open(name, NULL, &pq) != 0)
+            _exit(2);
+        uint32_t x = 12345;
+        for (long long seq = 1; seq <= NADDS; seq++) {
+            x = x * 1103515245u + 12345u;
+            int i = (int)((x >> 16) % NHOT);
+            char key[8];
+            snprintf(key, sizeof key, "hot%02d", i);
+            atomic_store(&h->keys[i].last_add_seq, seq);
+            int rc = wq_add(pq, key, 5);
+            if (rc < 0) {
+                th_failf(__FILE__, __LINE__, "producer: wq_add = %d", rc);
+                _exit(1);
+            }
+            atomic_fetch_add(rc == 0 ? &h->adds_new : &h->adds_coalesced, 1);
+            if (seq % 64 == 0)
+                sleep_ns(20000);   /* let the workers interleave more */
+        }
+        wq_close(pq);
+        _exit(0);
+    }
+    assert_int_equal(th_wait(prod, 25000), 0);
+    assert_true(WAIT_UNTIL(quiet(q), 10000));
+    stop_supervisor(q, sup, &h->rep);
+    TH_ASSERT_BOARD_CLEAN();
+
+    assert_int_equal(atomic_load(&h->bad_key), 0);
+    assert_int_equal(atomic_load(&h->adds_new) + atomic_load(&h->adds_coalesced), NADDS);
+    long total = 0;
+    for (int i = 0; i < NHOT; i++) {
+        struct hot_key *w = &h->keys[i];
+        char key[8];
+        snprintf(key, sizeof key, "hot%02d", i);
+        if (atomic_load(&w->max_inflight) != 1)
+            fail_msg("%s: %d reconciles at once", key, atomic_load(&w->max_inflight));
+        assert_int_equal(atomic_load(&w->inflight), 0);
+        long long last = atomic_load(&w->last_add_seq);
+        assert_true(last > 0);
+        if (atomic_load(&w->last_seen_seq) != last)
+            fail_msg("%s: last add was #%lld, last reconcile saw #%lld", key, last,
+                     atomic_load(&w->last_seen_seq));
+        /* Its recorded outcome is that of the reconcile after its last add. */
+        struct wq_result r = result_of(q, key);
+        char want[32];
+        snprintf(want, sizeof want, "seq %lld", last);
+        assert_int_equal(r.state, WQ_STATE_SUCCEEDED);
+        assert_string_equal(r.message, want);
+        assert_int_equal(wq_num_requeues(q, KL(key)), 0);
+        total += atomic_load(&w->calls);
+    }
+    /* Coalescing: never more reconciles than adds that were not merged
+       into a key still queued. */
+    assert_true(total >= NHOT && total <= atomic_load(&h->adds_new));
+    printf("  %d adds (%ld new), %ld reconciles\n", NADDS,
+           (long)atomic_load(&h->adds_new), total);
+    struct wq_stats st = stats_of(q);
+    assert_int_equal(st.processing, 0);
+    assert_int_equal(st.crash_requeues_total, 0);
+    assert_int_equal(st.processes, 1);   /* workers and supervisor closed */
+    assert_int_equal(wq_check(q, 0), 0);
+    wq_close(q);
+    th_shared_free(h, sizeof *h);
+}
+
+/* ------------------------------------------------------------------ */
+/* 2. The long reconcile (OpenKruise, "Learning Concurrent Reconciling") */
+/* ------------------------------------------------------------------ */
+
+#define NBACK 200
+#define A_NS (200 * 1000000ull)
+#define B_NS (5 * 1000000ull)
+
+struct longrun {
+    struct sup_report rep;
+    atomic_int a_calls;
+    atomic_ullong a_start[4], a_end[4];
+    atomic_int b_done;
+    atomic_int b_calls[NBACK];
+    atomic_ullong b_start[NBACK], b_end[NBACK];
+    atomic_int bad_key;
+};
+
+static int fn_long(wq *q, const void *key, size_t len, struct wq_reconcile *out, void *arg)
+{
+    (void)q;
+    (void)out;
+    struct longrun *L = arg;
+    const char *k = key;
+    if (key_is(key, len, "A")) {
+        int n = atomic_fetch_add(&L->a_calls, 1);
+        if (n < 4)
+            atomic_store(&L->a_start[n], th_now_ns());
+        sleep_ns(A_NS);
+        if (n < 4)
+            atomic_store(&L->a_end[n], th_now_ns());
+        return 0;
+    }
+    int i = len == 4 && k[0] == 'b' ? atoi(k + 1) : -1;
+    if (i < 0 || i >= NBACK) {
+        atomic_fetch_add(&L->bad_key, 1);
+        return 0;
+    }
+    atomic_store(&L->b_start[i], th_now_ns());
+    sleep_ns(B_NS);
+    atomic_store(&L->b_end[i], th_now_ns());
+    atomic_fetch_add(&L->b_calls[i], 1);
+    atomic_fetch_add(&L->b_done, 1);
+    return 0;
+}
+
+struct long_times {
+    uint64_t readd;        /* A re-added (while processing) */
+    uint64_t a1_end;       /* A's first run ended */
+    uint64_t a2_start;     /* A's second run started */
+    uint64_t last_b_end;   /* the last backlog key finished */
+    int b_done_before_a2;  /* backlog keys finished before A's second run */
+};
+
+static void long_scenario(unsigned workers, struct long_times *t)
+{
+    wq *q = open_new("long", 512, NULL);
+    struct longrun *L = th_shared_alloc(sizeof *L);
+    pid_t sup = start_supervisor(wq_name(q), workers, fn_long, L, &L->rep, 30, NULL, NULL);
+
+    assert_int_equal(wq_add(q, KL("A")), 0);
+    assert_true(WAIT_UNTIL(atomic_load(&L->a_start[0]) != 0, 5000));
+    /* A is processing: re-add it, then the backlog arrives. */
+    t->readd = th_now_ns();
+    assert_int_equal(wq_add(q, KL("A")), 0);
+    assert_int_equal(result_of(q, "A").state, WQ_STATE_RUNNING);
+    for (int i = 0; i < NBACK; i++) {
+        char key[8];
+        snprintf(key, sizeof key, "b%03d", i);
+        assert_int_equal(wq_add(q, KL(key)), 0);
+    }
+    if (atomic_load(&L->a_end[0]) != 0)
+        fail_msg("A's first run ended before the backlog was added: too slow a machine?");
+
+    assert_true(WAIT_UNTIL(atomic_load(&L->a_end[1]) != 0 &&
+                           atomic_load(&L->b_done) == NBACK, 15000));
+    assert_true(WAIT_UNTIL(quiet(q), 5000));
+    th_sleep_ms(50);   /* a third run of A would show now */
+    stop_supervisor(q, sup, &L->rep);
+    TH_ASSERT_BOARD_CLEAN();
+
+    assert_int_equal(atomic_load(&L->bad_key), 0);
+    assert_int_equal(atomic_load(&L->a_calls), 2);   /* exactly once more */
+    t->a1_end = atomic_load(&L->a_end[0]);
+    t->a2_start = atomic_load(&L->a_start[1]);
+    t->last_b_end = 0;
+    t->b_done_before_a2 = 0;
+    for (int i = 0; i < NBACK; i++) {
+        assert_int_equal(atomic_load(&L->b_calls[i]), 1);
+        uint64_t e = atomic_load(&L->b_end[i]);
+        if (e > t->last_b_end)
+            t->last_b_end = e;
+        t->b_done_before_a2 += e <= t->a2_start;
+    }
+    assert_true(t->a2_start >= t->a1_end);   /* after its Done */
+    struct wq_result r = result_of(q, "A");
+    assert_int_equal(r.state, WQ_STATE_SUCCEEDED);
+    assert_int_equal(wq_check(q, 0), 0);
+    printf("  %u worker(s): A re-run %.0f ms after its re-add; backlog done at "
+           "%.0f ms (%d/%d finished before A's re-run)\n", workers,
+           (double)(t->a2_start - t->readd) / 1e6,
+           (double)(t->last_b_end - t->readd) / 1e6, t->b_done_before_a2, NBACK);
+    wq_close(q);
+    th_unlink_all();
+    th_shared_free(L, sizeof *L);
+}
+
+static void long_reconcile_one_worker(void **state)
+{
+    (void)state;
+    struct long_times t;
+    long_scenario(1, &t);
+    /* The re-added key went to the back: it waited for the whole backlog,
+       200 keys of 5 ms each, one after the other. */
+    assert_int_equal(t.b_done_before_a2, NBACK);
+    assert_true(t.a2_start >= t.last_b_end);
+    assert_true(t.a2_start - t.readd >= NBACK * B_NS);
+}
+
+static void long_reconcile_four_workers(void **state)
+{
+    (void)state;
+    struct long_times t;
+    /* Timing on a loaded machine: up to three attempts for the "before the
+       last backlog key finishes" comparison; the rest must hold each time. */
+    for (int attempt = 1;; attempt++) {
+        long_scenario(4, &t);
+        /* Never the full serial wait of a single worker. */
+        assert_true(t.a2_start - t.readd < (uint64_t)NBACK * B_NS * th_scale());
+        if (t.a2_start < t.last_b_end && t.b_done_before_a2 < NBACK)
+            break;
+        if (attempt == 3)
+            fail_msg("A's second run started after the whole backlog finished "
+                     "(%d/%d done) in 3 attempts", t.b_done_before_a2, NBACK);
+        printf("  attempt %d: A's re-run came after the backlog; retrying\n", attempt);
+    }
+}
+
+/* ------------------------------------------------------------------ */
+/* 3. Outcome mapping                                                  */
+/* ------------------------------------------------------------------ */
+
+#define NREC 16
+
+struct call_rec {
+    atomic_ullong start, end;
+    atomic_int nreq;       /* wq_num_requeues at the start of the call */
+    atomic_int state;      /* wq_result at the start of the call */
+    atomic_int code;
+    char message[256];
+};
+
+struct outkey {
+    const char *name;
+    atomic_int calls;
+    struct call_rec rec[NREC];
+};
+
+enum { K_OK, K_NEG, K_C42, K_POS, K_AFTER, K_RECOVER, NOUT };
+static const char *const out_names[NOUT] = { "ok", "neg", "c42", "pos", "after", "recover" };
+
+struct outcomes {
+    struct sup_report rep;
+    atomic_int bad_key;
+    struct outkey k[NOUT];
+};
+
+static int fn_outcome(wq *q, const void *key, size_t len, struct wq_reconcile *out,
+                      void *arg)
+{
+    struct outcomes *O = arg;
+    int id = -1;
+    for (int i = 0; i < NOUT; i++)
+        if (key_is(key, len, out_names[i]))
+            id = i;
+    if (id < 0) {
+        atomic_fetch_add(&O->bad_key, 1);
+        return 0;
+    }
+    struct outkey *k = &O->k[id];
+    int n = atomic_fetch_add(&k->calls, 1);
+    struct call_rec *rec = n < NREC ? &k->rec[n] : NULL;
+    if (rec) {
+        struct wq_result r;
+        atomic_store(&rec->start, th_now_ns());
+        atomic_store(&rec->nreq, wq_num_requeues(q, key, len));
+        if (wq_result(q, key, len, &r) == 0) {
+            atomic_store(&rec->state, (int)r.state);
+            atomic_store(&rec->code, r.code);
+            snprintf(rec->message, sizeof rec->message, "%s", r.message);
+        } else {
+            atomic_store(&rec->state, -1);
+        }
+    }
+    int rc = 0;
+    switch (id) {
+    case K_OK:
+        snprintf(out->message, sizeof out->message, "fine");
+        break;
+    case K_NEG:
+        snprintf(out->message, sizeof out->message, "neg failed");
+        rc = -5;
+        break;
+    case K_C42:
+        out->code = 42;
+        snprintf(out->message, sizeof out->message, "c42");
+        rc = -1;
+        break;
+    case K_POS:
+        snprintf(out->message, sizeof out->message, "positive");
+        rc = 1;
+        break;
+    case K_AFTER:
+        if (n == 0) {   /* a failure first, so that forgetting shows */
+            snprintf(out->message, sizeof out->message, "first failure");
+            rc = -3;
+        } else if (n == 1) {
+            out->requeue_after_ns = 50 * TH_MS;
+            snprintf(out->message, sizeof out->message, "again");
+        } else {
+            snprintf(out->message, sizeof out->message, "after done");
+        }
+        break;
+    case K_RECOVER:
+        if (n < 2) {
+            snprintf(out->message, sizeof out->message, "not yet");
+            rc = -7;
+        } else {
+            snprintf(out->message, sizeof out->message, "recovered");
+        }
+        break;
+    }
+    if (rec)
+        atomic_store(&rec->end, th_now_ns());
+    return rc;
+}
+
+static void check_rec(struct outkey *k, int n, int nreq, enum wq_state st, int code,
+                      const char *msg)
+{
+    struct call_rec *r = &k->rec[n];
+    if (atomic_load(&r->nreq) != nreq || atomic_load(&r->state) != (int)st ||
+        atomic_load(&r->code) != code || strcmp(r->message, msg) != 0)
+        fail_msg("%s call #%d saw num_requeues %d, result {state %d, code %d, '%s'}; "
+                 "expected %d, {%d, %d, '%s'}", k->name, n, atomic_load(&r->nreq),
+                 atomic_load(&r->state), atomic_load(&r->code), r->message, nreq,
+                 (int)st, code, msg);
+}
+
+static void check_final(wq *q, const char *key, enum wq_state st, int code, const char *msg)
+{
+    struct wq_result r = result_of(q, key);
+    if (r.state != st || r.code != code || strcmp(r.message, msg) != 0)
+        fail_msg("%s: final result {state %d, code %d, '%s'}, expected {%d, %d, '%s'}",
+                 key, (int)r.state, r.code, r.message, (int)st, code, msg);
+}
+
+static void outcome_mapping(void **state)
+{
+    (void)state;
+    struct wq_options o = { .rl_base_delay_ns = 1 * TH_MS, .rl_max_delay_ns = 100 * TH_MS,
+                            .rl_limiters = WQ_RL_EXPONENTIAL };
+    wq *q = open_new("outcome", 64, &o);
+    struct outcomes *O = th_shared_alloc(sizeof *O);
+    for (int i = 0; i < NOUT; i++)
+        O->k[i].name = out_names[i];   /* static strings: same address in children */
+
+    pid_t sup = start_supervisor(wq_name(q), 2, fn_outcome, O, &O->rep, 30, NULL, NULL);
+    for (int i = 0; i < NOUT; i++)
+        assert_int_equal(wq_add(q, KL(out_names[i])), 0);
+
+#define CALLS(i) atomic_load(&O->k[i].calls)
+    assert_true(WAIT_UNTIL(CALLS(K_OK) >= 1 && CALLS(K_NEG) >= 4 && CALLS(K_C42) >= 2 &&
+                           CALLS(K_POS) >= 2 && CALLS(K_AFTER) >= 3 &&
+                           CALLS(K_RECOVER) >= 3, 10000));
+    /* Let the last runs of the keys that end in success finish. */
+    assert_true(WAIT_UNTIL(result_of(q, "after").state == WQ_STATE_SUCCEEDED &&
+                           result_of(q, "recover").state == WQ_STATE_SUCCEEDED &&
+                           result_of(q, "ok").state == WQ_STATE_SUCCEEDED, 5000));
+    /* While they run: "ok" is done and forgotten. */
+    check_final(q, "ok", WQ_STATE_SUCCEEDED, 0, "fine");
+    assert_int_equal(wq_num_requeues(q, KL("ok")), 0);
+    /* The failing keys keep failing, with a rising count. */
+    assert_true(wq_num_requeues(q, KL("neg")) >= 3);
+    th_sleep_ms(120);   /* a spurious re-run of "after" or "recover" would show */
+    stop_supervisor(q, sup, &O->rep);
+    TH_ASSERT_BOARD_CLEAN();
+    assert_int_equal(atomic_load(&O->bad_key), 0);
+
+    /* 0 -> SUCCEEDED with the message, forgotten, not re-run. */
+    assert_int_equal(CALLS(K_OK), 1);
+    check_rec(&O->k[K_OK], 0, 0, WQ_STATE_RUNNING, 0, "");
+    check_final(q, "ok", WQ_STATE_SUCCEEDED, 0, "fine");
+    assert_int_equal(wq_num_requeues(q, KL("ok")), 0);
+
+    /* -5 with out->code 0 -> FAILED -5, re-added rate limited: each run
+       sees one more failure than the one before. */
+    check_rec(&O->k[K_NEG], 0, 0, WQ_STATE_RUNNING, 0, "");
+    for (int n = 1; n < CALLS(K_NEG) && n < NREC; n++) {
+        check_rec(&O->k[K_NEG], n, n, WQ_STATE_RUNNING, -5, "neg failed");
+        assert_true(atomic_load(&O->k[K_NEG].rec[n].start) >=
+                    atomic_load(&O->k[K_NEG].rec[n - 1].end));
+    }
+    check_final(q, "neg", WQ_STATE_FAILED, -5, "neg failed");
+    assert_true(wq_num_requeues(q, KL("neg")) >= CALLS(K_NEG) - 1);
+
+    /* out->code wins over the negative return. */
+    check_rec(&O->k[K_C42], 1, 1, WQ_STATE_RUNNING, 42, "c42");
+    check_final(q, "c42", WQ_STATE_FAILED, 42, "c42");
+    assert_true(wq_num_requeues(q, KL("c42")) >= 1);
+
+    /* A positive return is reserved: FAILED -EINVAL, retried. */
+    check_rec(&O->k[K_POS], 1, 1, WQ_STATE_RUNNING, -EINVAL, "positive");
+    check_final(q, "pos", WQ_STATE_FAILED, -EINVAL, "positive");
+    assert_true(wq_num_requeues(q, KL("pos")) >= 1);
+
+    /* requeue_after: SUCCEEDED, forgotten, reconciled again >= 50 ms after. */
+    assert_int_equal(CALLS(K_AFTER), 3);
+    check_rec(&O->k[K_AFTER], 1, 1, WQ_STATE_RUNNING, -3, "first failure");
+    check_rec(&O->k[K_AFTER], 2, 0, WQ_STATE_RUNNING, 0, "again");
+    uint64_t gap = atomic_load(&O->k[K_AFTER].rec[2].start) -
+                   atomic_load(&O->k[K_AFTER].rec[1].end);
+    if (gap < 50 * (uint64_t)TH_MS)
+        fail_msg("requeue_after 50 ms: re-run after %.1f ms", (double)gap / 1e6);
+    check_final(q, "after", WQ_STATE_SUCCEEDED, 0, "after done");
+    assert_int_equal(wq_num_requeues(q, KL("after")), 0);
+
+    /* Failures, then success: forgotten. */
+    assert_int_equal(CALLS(K_RECOVER), 3);
+    check_rec(&O->k[K_RECOVER], 1, 1, WQ_STATE_RUNNING, -7, "not yet");
+    check_rec(&O->k[K_RECOVER], 2, 2, WQ_STATE_RUNNING, -7, "not yet");
+    check_final(q, "recover", WQ_STATE_SUCCEEDED, 0, "recovered");
+    assert_int_equal(wq_num_requeues(q, KL("recover")), 0);
+#undef CALLS
+
+    struct wq_stats st = stats_of(q);
+    assert_int_equal(st.processing, 0);
+    assert_int_equal(st.crash_requeues_total, 0);
+    assert_int_equal(wq_check(q, 0), 0);
+    wq_close(q);
+    th_shared_free(O, sizeof *O);
+}
+
+/* ------------------------------------------------------------------ */
+/* 4. Crashing workers                                                 */
+/* ------------------------------------------------------------------ */
+
+#define NCALLS 64
+
+struct crashy {
+    struct sup_report rep;
+    atomic_int boomed;             /* the first "boom" call kills itself */
+    atomic_int crash_pid;
+    atomic_int overlap;            /* a key entered while its holder lived */
+    atomic_int holder[32];         /* per key: pid inside fn, 0 if none */
+    atomic_int calls[32];
+    atomic_int ncalls;             /* log of every call */
+    atomic_int call_key[NCALLS];
+    atomic_int call_pid[NCALLS];
+    atomic_ullong call_ns[NCALLS];
+    atomic_int call_nreq[NCALLS];
+    atomic_int boom_dead_at_rerun; /* 1: crashed holder dead at the re-run */
+    atomic_int bad_key;
+    unsigned work_ms;
+};
+
+/* Keys: "boom", "loop", "k00".."k29". */
+static int crash_index(const void *key, size_t len)
+{
+    const char *k = key;
+    if (key_is(key, len, "boom"))
+        return 30;
+    if (key_is(key, len, "loop"))
+        return 31;
+    if (len == 3 && k[0] == 'k' && k[1] >= '0' && k[1] <= '2' && k[2] >= '0' && k[2] <= '9')
+        return (k[1] - '0') * 10 + (k[2] - '0');
+    return -1;
+}
+
+static int fn_crashy(wq *q, const void *key, size_t len, struct wq_reconcile *out,
+                     void *arg)
+{
+    struct crashy *C = arg;
+    int i = crash_index(key, len);
+    if (i < 0) {
+        atomic_fetch_add(&C->bad_key, 1);
+        return 0;
+    }
+    pid_t me = getpid();
+    int prev = atomic_exchange(&C->holder[i], me);
+    if (prev != 0 && !pid_dead(prev))
+        atomic_fetch_add(&C->overlap, 1);
+    int n = atomic_fetch_add(&C->ncalls, 1);
+    if (n < NCALLS) {
+        atomic_store(&C->call_key[n], i);
+        atomic_store(&C->call_pid[n], me);
+        atomic_store(&C->call_ns[n], th_now_ns());
+        atomic_store(&C->call_nreq[n], wq_num_requeues(q, key, len));
+    }
+    atomic_fetch_add(&C->calls[i], 1);
+    if (i == 31)
+        _exit(3);   /* "loop": crashes every time */
+    if (i == 30) {
+        if (atomic_exchange(&C->boomed, 1) == 0) {
+            atomic_store(&C->crash_pid, me);
+            raise(SIGKILL);
+        }
+        atomic_store(&C->boom_dead_at_rerun, prev == atomic_load(&C->crash_pid) &&
+                                             pid_dead(prev) ? 1 : -1);
+    }
+    if (C->work_ms)
+        th_sleep_ms(C->work_ms);
+    snprintf(out->message, sizeof out->message, "by %ld", (long)me);
+    int expect = me;
+    atomic_compare_exchange_strong(&C->holder[i], &expect, 0);
+    return 0;
+}
+
+static int first_call_of(struct crashy *C, int key, int nth)
+{
+    int n = atomic_load(&C->ncalls);
+    for (int c = 0; c < n && c < NCALLS; c++)
+        if (atomic_load(&C->call_key[c]) == key && nth-- == 0)
+            return c;
+    return -1;
+}
+
+static void crash_scenario(unsigned workers, unsigned work_ms, int nkeys)
+{
+    wq *q = open_new("crash", 64, NULL);
+    struct crashy *C = th_shared_alloc(sizeof *C);
+    C->work_ms = work_ms;
+    pid_t sup = start_supervisor(wq_name(q), workers, fn_crashy, C, &C->rep, 30, NULL, NULL);
+
+    char key[16];
+    for (int i = 0; i < nkeys; i++) {
+        snprintf(key, sizeof key, "k%02d", i);
+        assert_int_equal(wq_add(q, KL(key)), 0);
+        if (i == nkeys / 4)
+            assert_int_equal(wq_add(q, KL("boom")), 0);
+    }
+    assert_true(WAIT_UNTIL(atomic_load(&C->calls[30]) >= 2 && quiet(q), 10000));
+    th_sleep_ms(50);
+    stop_supervisor(q, sup, &C->rep);
+    TH_ASSERT_BOARD_CLEAN();
+
+    assert_int_equal(atomic_load(&C->bad_key), 0);
+    assert_int_equal(atomic_load(&C->overlap), 0);
+    assert_int_equal(atomic_load(&C->calls[30]), 2);   /* crashed once, then done */
+    for (int i = 0; i < nkeys; i++)
+        assert_int_equal(atomic_load(&C->calls[i]), 1);
+    assert_int_equal(atomic_load(&C->boom_dead_at_rerun), 1);
+    int c1 = first_call_of(C, 30, 0), c2 = first_call_of(C, 30, 1);
+    assert_true(c1 >= 0 && c2 > c1);
+    pid_t crashed = atomic_load(&C->crash_pid);
+    assert_int_equal(atomic_load(&C->call_pid[c1]), crashed);
+    assert_int_not_equal(atomic_load(&C->call_pid[c2]), crashed);
+    /* The crash requeue went through the rate limiter. */
+    assert_int_equal(atomic_load(&C->call_nreq[c1]), 0);
+    assert_int_equal(atomic_load(&C->call_nreq[c2]), 1);
+    if (workers == 1) {
+        /* Only a replacement could run it again, after the backoff; and
+           it ran everything that came after the crash. */
+        uint64_t gap = atomic_load(&C->call_ns[c2]) - atomic_load(&C->call_ns[c1]);
+        if (gap < 100 * (uint64_t)TH_MS)
+            fail_msg("replacement ran %.1f ms after the crash (backoff 100 ms)",
+                     (double)gap / 1e6);
+        int n = atomic_load(&C->ncalls);
+        assert_int_equal(n, nkeys + 2);
+        for (int c = c1 + 1; c < n; c++)
+            assert_int_equal(atomic_load(&C->call_pid[c]), atomic_load(&C->call_pid[c2]));
+        assert_true(n - c1 - 1 > 1);   /* the replacement ran other keys too */
+    }
+    struct wq_result r = result_of(q, "boom");
+    assert_int_equal(r.state, WQ_STATE_SUCCEEDED);
+    assert_int_equal(wq_num_requeues(q, KL("boom")), 0);
+    struct wq_stats st = stats_of(q);
+    assert_int_equal(st.crash_requeues_total, 1);
+    assert_int_equal(st.processing, 0);
+    assert_int_equal(wq_check(q, 0), 0);
+    wq_close(q);
+    th_shared_free(C, sizeof *C);
+}
+
+static void crashed_worker_replaced(void **state)
+{
+    (void)state;
+    crash_scenario(1, 0, 8);
+}
+
+static void crashed_key_never_twice(void **state)
+{
+    (void)state;
+    crash_scenario(3, 10, 24);
+}
+
+static void crash_loop_backs_off(void **state)
+{
+    (void)state;
+    struct wq_options o = { .rl_base_delay_ns = 1 * TH_MS, .rl_max_delay_ns = 50 * TH_MS };
+    wq *q = open_new("loop", 16, &o);
+    struct crashy *C = th_shared_alloc(sizeof *C);
+    pid_t sup = start_supervisor(wq_name(q), 1, fn_crashy, C, &C->rep, 30, NULL, NULL);
+
+    assert_int_equal(wq_add(q, KL("loop")), 0);
+    assert_true(WAIT_UNTIL(atomic_load(&C->calls[31]) >= 1, 5000));
+    uint64_t first = atomic_load(&C->call_ns[0]);
+    uint64_t until = first + 1500 * (uint64_t)TH_MS, now = th_now_ns();
+    if (until > now)
+        sleep_ns(until - now);
+    int seen = atomic_load(&C->calls[31]);
+    /* Restarts at +100, +300, +700, +1500 ms: at most 5 calls in 1.5 s. */
+    printf("  %d calls in 1.5 s\n", seen);
+    assert_true(seen <= 5);
+    /* And it is restarted (slow machines: give it time). */
+    assert_true(WAIT_UNTIL(atomic_load(&C->calls[31]) >= 3, 3000));
+    stop_supervisor(q, sup, &C->rep);
+    TH_ASSERT_BOARD_CLEAN();
+    int calls = atomic_load(&C->calls[31]);
+    assert_true(calls <= (seen > 3 ? seen : 3) + 1);
+    uint64_t backoff = 100 * (uint64_t)TH_MS;
+    for (int c = 0; c < calls && c < NCALLS; c++) {
+        assert_int_equal(atomic_load(&C->call_key[c]), 31);
+        /* Each crash was a failure: the count rose every time. */
+        assert_int_equal(atomic_load(&C->call_nreq[c]), c);
+        if (c > 0) {
+            uint64_t gap = atomic_load(&C->call_ns[c]) - atomic_load(&C->call_ns[c - 1]);
+            if (gap < backoff)
+                fail_msg("restart %d after %.1f ms, backoff is %.0f ms", c,
+                         (double)gap / 1e6, (double)backoff / 1e6);
+            backoff *= 2;
+        }
+        if (c > 0)
+            assert_int_not_equal(atomic_load(&C->call_pid[c]),
+                                 atomic_load(&C->call_pid[c - 1]));
+    }
+    struct wq_stats st = stats_of(q);
+    assert_int_equal(st.crash_requeues_total, (uint64_t)calls);
+    assert_int_equal(wq_num_requeues(q, KL("loop")), calls);
+    assert_int_equal(st.processing, 0);
+    assert_int_equal(wq_check(q, 0), 0);
+    wq_close(q);
+    th_shared_free(C, sizeof *C);
+}
+
+/* ------------------------------------------------------------------ */
+/* 5. Signals                                                          */
+/* ------------------------------------------------------------------ */
+
+#define NSIG_KEYS 20
+
+struct sigrun {
+    struct sup_report rep;
+    uint64_t work_ns;
+    atomic_int started, done;
+    atomic_int starts[NSIG_KEYS], ends[NSIG_KEYS];
+    atomic_int pid[NSIG_KEYS];
+    atomic_int bad_key;
+};
+
+static int fn_sig(wq *q, const void *key, size_t len, struct wq_reconcile *out, void *arg)
+{
+    (void)q;
+    (void)out;
+    struct sigrun *S = arg;
+    const char *k = key;
+    int i = len == 3 && k[0] == 's' ? atoi(k + 1) : -1;
+    if (i < 0 || i >= NSIG_KEYS) {
+        atomic_fetch_add(&S->bad_key, 1);
+        return 0;
+    }
+    atomic_store(&S->pid[i], getpid());
+    atomic_fetch_add(&S->starts[i], 1);
+    atomic_fetch_add(&S->started, 1);
+    sleep_ns(S->work_ns);
+    atomic_fetch_add(&S->ends[i], 1);
+    atomic_fetch_add(&S->done, 1);
+    return 0;
+}
+
+static void sigterm_drains(void **state)
+{
+    (void)state;
+    wq *q = open_new("term", 64, NULL);
+    struct sigrun *S = th_shared_alloc(sizeof *S);
+    S->work_ns = 20 * TH_MS;
+    char key[8];
+    for (int i = 0; i < NSIG_KEYS; i++) {
+        snprintf(key, sizeof key, "s%02d", i);
+        assert_int_equal(wq_add(q, KL(key)), 0);
+    }
+    pid_t sup = start_supervisor(wq_name(q), 2, fn_sig, S, &S->rep, 30, NULL, NULL);
+    assert_true(WAIT_UNTIL(atomic_load(&S->done) >= 3, 5000));
+    assert_int_equal(kill(sup, SIGTERM), 0);
+    int st = th_wait(sup, 10000);
+    assert_int_equal(atomic_load(&S->rep.returned), 1);
+    assert_int_equal(atomic_load(&S->rep.rc), 0);
+    assert_int_equal(st, 0);
+    assert_int_equal(atomic_load(&S->rep.restored), 1);
+    TH_ASSERT_BOARD_CLEAN();
+    assert_int_equal(atomic_load(&S->bad_key), 0);
+
+    /* Every key that started finished; the queued ones were drained too. */
+    for (int i = 0; i < NSIG_KEYS; i++) {
+        snprintf(key, sizeof key, "s%02d", i);
+        assert_int_equal(atomic_load(&S->starts[i]), atomic_load(&S->ends[i]));
+        assert_int_equal(atomic_load(&S->ends[i]), 1);
+        assert_int_equal(result_of(q, key).state, WQ_STATE_SUCCEEDED);
+    }
+    assert_true(wq_shutting_down(q));
+    struct wq_stats s = stats_of(q);
+    assert_int_equal(s.processing, 0);
+    assert_int_equal(s.queued, 0);
+    assert_int_equal(s.shutting_down, 1);
+    assert_int_equal(s.crash_requeues_total, 0);
+    assert_int_equal(s.processes, 1);
+    assert_int_equal(wq_add(q, KL("late")), -ESHUTDOWN);
+    assert_int_equal(wq_check(q, 0), 0);
+    wq_close(q);
+    th_shared_free(S, sizeof *S);
+}
+
+struct owners {
+    pid_t pid[8];
+    int n;
+};
+
+static int collect_owners(const struct wq_key_info *info, void *arg)
+{
+    struct owners *o = arg;
+    if ((info->state & WQ_KEY_PROCESSING) && o->n < 8)
+        o->pid[o->n++] = info->owner_pid;
+    return 0;
+}
+
+static void second_sigterm_kills(void **state)
+{
+    (void)state;
+    wq *q = open_new("term2", 64, NULL);
+    struct sigrun *S = th_shared_alloc(sizeof *S);
+    S->work_ns = 2 * TH_S;
+    char key[8];
+    for (int i = 0; i < 4; i++) {
+        snprintf(key, sizeof key, "s%02d", i);
+        assert_int_equal(wq_add(q, KL(key)), 0);
+    }
+    pid_t sup = start_supervisor(wq_name(q), 2, fn_sig, S, &S->rep, 30, NULL, NULL);
+    assert_true(WAIT_UNTIL(atomic_load(&S->started) == 2, 5000));
+
+    struct owners own = { .n = 0 };
+    assert_int_equal(wq_dump(q, collect_owners, &own), 0);
+    assert_int_equal(own.n, 2);
+    assert_int_not_equal(own.pid[0], own.pid[1]);
+    for (int k = 0; k < 2; k++) {
+        assert_true(own.pid[k] != sup && own.pid[k] != getpid());
+        assert_int_equal(kill(own.pid[k], 0), 0);
+        assert_true(own.pid[k] == atomic_load(&S->pid[0]) ||
+                    own.pid[k] == atomic_load(&S->pid[1]));
+    }
+
+    /* First SIGTERM: the supervisor shuts the queue down (wait until it
+       did, or the two signals could merge into one pending SIGTERM). */
+    assert_int_equal(kill(sup, SIGTERM), 0);
+    assert_true(WAIT_UNTIL(wq_shutting_down(q), 2000));
+    th_sleep_ms(20);
+    assert_int_equal(atomic_load(&S->rep.returned), 0);   /* draining */
+    uint64_t t0 = th_now_ns();
+    assert_int_equal(kill(sup, SIGTERM), 0);
+    int st = th_wait(sup, 5000);
+    uint64_t took = th_now_ns() - t0;
+    assert_int_equal(atomic_load(&S->rep.returned), 1);
+    assert_int_equal(atomic_load(&S->rep.rc), -EINTR);
+    assert_int_equal(st, 1);
+    assert_int_equal(atomic_load(&S->rep.restored), 1);
+    if (took >= 1000 * (uint64_t)TH_MS * th_scale())
+        fail_msg("second SIGTERM: wq_run_workers returned after %.0f ms", (double)took / 1e6);
+    TH_ASSERT_BOARD_CLEAN();
+
+    /* The workers are gone (reaped by the supervisor). */
+    for (int k = 0; k < 2; k++) {
+        errno = 0;
+        assert_int_equal(kill(own.pid[k], 0), -1);
+        assert_int_equal(errno, ESRCH);
+    }
+    /* Nothing finished; the two killed keys were requeued as crashes. */
+    assert_int_equal(atomic_load(&S->done), 0);
+    assert_int_equal(atomic_load(&S->started), 2);
+    struct wq_stats s = stats_of(q);
+    assert_int_equal(s.processing, 0);
+    assert_int_equal(s.crash_requeues_total, 2);
+    assert_int_equal(s.shutting_down, 1);
+    for (int i = 0; i < 4; i++) {
+        snprintf(key, sizeof key, "s%02d", i);
+        struct wq_result r = result_of(q, key);
+        if (r.state != WQ_STATE_PENDING)
+            fail_msg("%s: state %d after the kill, expected PENDING", key, (int)r.state);
+        int started = atomic_load(&S->starts[i]);
+        assert_int_equal(wq_num_requeues(q, KL(key)), started ? 1 : 0);
+    }
+    assert_int_equal(wq_check(q, 0), 0);
+    wq_close(q);
+    th_shared_free(S, sizeof *S);
+}
+
+/* ------------------------------------------------------------------ */
+/* 6. Only its own workers                                             */
+/* ------------------------------------------------------------------ */
+
+struct strangers {
+    struct sup_report rep;
+    atomic_int sleeper, quick;  /* the unrelated children's pids */
+    atomic_ullong forked_ns;
+    atomic_int sleeper_alive_after;   /* waitpid WNOHANG == 0 after return */
+    atomic_int quick_reaped_by_us;    /* waitpid == quick, exit 5 */
+    atomic_int sleeper_reaped_by_us;  /* after SIGKILL: waitpid == sleeper */
+    atomic_int done;
+};
+
+static void strangers_hook(void *arg, int phase)
+{
+    struct strangers *X = arg;
+    if (phase == 0) {
+        atomic_store(&X->forked_ns, th_now_ns());
+        pid_t s = fork();
+        if (s == 0) {
+            prctl(PR_SET_PDEATHSIG, SIGKILL);   /* if the test fails early */
+            sleep_ns(3 * TH_S * th_scale());
+            _exit(7);
+        }
+        pid_t k = fork();
+        if (k == 0)
+            _exit(5);
+        atomic_store(&X->sleeper, s);
+        atomic_store(&X->quick, k);
+        th_sleep_ms(20);   /* the quick one is a zombie before the pool starts */
+        return;
+    }
+    pid_t s = atomic_load(&X->sleeper), k = atomic_load(&X->quick);
+    int st = 0;
+    atomic_store(&X->sleeper_alive_after, waitpid(s, &st, WNOHANG) == 0 ? 1 : -1);
+    atomic_store(&X->quick_reaped_by_us,
+                 waitpid(k, &st, WNOHANG) == k && WIFEXITED(st) && WEXITSTATUS(st) == 5
+                     ? 1 : -1);
+    kill(s, SIGKILL);
+    atomic_store(&X->sleeper_reaped_by_us,
+                 waitpid(s, &st, 0) == s && WIFSIGNALED(st) ? 1 : -1);
+}
+
+static int fn_count(wq *q, const void *key, size_t len, struct wq_reconcile *out, void *arg)
+{
+    (void)q;
+    (void)key;
+    (void)len;
+    (void)out;
+    struct strangers *X = arg;
+    th_sleep_ms(5);
+    atomic_fetch_add(&X->done, 1);
+    return 0;
+}
+
+static void waits_only_for_own_workers(void **state)
+{
+    (void)state;
+    wq *q = open_new("strangers", 16, NULL);
+    struct strangers *X = th_shared_alloc(sizeof *X);
+    pid_t sup = start_supervisor(wq_name(q), 2, fn_count, X, &X->rep, 30,
+                                 strangers_hook, X);
+    char key[8];
+    for (int i = 0; i < 5; i++) {
+        snprintf(key, sizeof key, "x%d", i);
+        assert_int_equal(wq_add(q, KL(key)), 0);
+    }
+    assert_true(WAIT_UNTIL(atomic_load(&X->done) == 5 && quiet(q), 5000));
+    stop_supervisor(q, sup, &X->rep);
+    TH_ASSERT_BOARD_CLEAN();
+
+    uint64_t ret_after = atomic_load(&X->rep.returned_ns) - atomic_load(&X->forked_ns);
+    printf("  wq_run_workers returned %.0f ms after the unrelated children were forked\n",
+           (double)ret_after / 1e6);
+    /* It did not wait for the sleeper (3 s). */
+    assert_true(ret_after < 3 * (uint64_t)TH_S * th_scale());
+    assert_int_equal(atomic_load(&X->sleeper_alive_after), 1);
+    assert_int_equal(atomic_load(&X->quick_reaped_by_us), 1);
+    assert_int_equal(atomic_load(&X->sleeper_reaped_by_us), 1);
+    assert_int_equal(wq_check(q, 0), 0);
+    wq_close(q);
+    th_shared_free(X, sizeof *X);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(no_overlap_hot_keys, th_setup, th_teardown),
+        cmocka_unit_test_setup_teardown(long_reconcile_one_worker, th_setup, th_teardown),
+        cmocka_unit_test_setup_teardown(long_reconcile_four_workers, th_setup, th_teardown),
+        cmocka_unit_test_setup_teardown(outcome_mapping, th_setup, th_teardown),
+        cmocka_unit_test_setup_teardown(crashed_worker_replaced, th_setup, th_teardown),
+        cmocka_unit_test_setup_teardown(crashed_key_never_twice, th_setup, th_teardown),
+        cmocka_unit_test_setup_teardown(crash_loop_backs_off, th_setup, th_teardown),
+        cmocka_unit_test_setup_teardown(sigterm_drains, th_setup, th_teardown),
+        cmocka_unit_test_setup_teardown(second_sigterm_kills, th_setup, th_teardown),
+        cmocka_unit_test_setup_teardown(waits_only_for_own_workers, th_setup, th_teardown),
+        cmocka_unit_test(th_test_no_leftovers),
+    };
+    int rc = cmocka_run_group_tests_name("pool", tests, th_group_setup, th_group_teardown);
+    return rc | th_final_check();
+}
