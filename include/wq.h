@@ -132,7 +132,7 @@ typedef struct wq wq;
 /* wq_options.flags */
 #define WQ_CREATE (1u << 0) /* create the queue if it does not exist */
 #define WQ_EXCL   (1u << 1) /* with WQ_CREATE: fail with -EEXIST if it does */
-#define WQ_FAIR   (1u << 2) /* fair mode (not implemented yet: -ENOTSUP) */
+#define WQ_FAIR   (1u << 2) /* fair mode: see "Priorities and fairness" */
 #define WQ_NO_METRICS (1u << 3) /* skip the clock reads behind the duration
                                    histograms and work gauges (faster) */
 
@@ -161,7 +161,7 @@ typedef struct wq wq;
  * rl_base_delay_ns above the default maximum when rl_max_delay_ns is 0,
  * result_capacity > 2^31.
  * Zero limiter fields mean the defaults below.
- * Not implemented yet (-ENOTSUP, never silently ignored): WQ_FAIR.
+ * fair_share or tenant_sep without WQ_FAIR.
  * A durability or snapshot_interval_ms without store_path is -EINVAL, and
  * snapshot_interval_ms without WQ_DURABLE_NONE too.
  *
@@ -195,6 +195,13 @@ struct wq_options {
        rl_slow_delay_ns. All three must be set when it is selected. */
     uint64_t rl_fast_delay_ns, rl_slow_delay_ns;
     uint32_t rl_max_fast_attempts;
+    /* WQ_FAIR only (see "Priorities and fairness"): one hand-out in
+       fair_share goes to the oldest queued key whatever its priority and
+       tenant (0 -> 8; 1 -> always the oldest, i.e. plain FIFO by add
+       time). tenant_sep: the byte that ends a key's tenant part (0 -> '/');
+       -1 turns tenant round-robin off. */
+    uint32_t fair_share;
+    int tenant_sep;
 };
 
 /* wq_options.rl_limiters */
@@ -381,6 +388,51 @@ WQ_API int wq_forget(wq *q, const void *key, size_t len);
 
 /* wq_num_requeues - the key's failure count (>= 0), -EINVAL, -EMSGSIZE. */
 WQ_API int wq_num_requeues(wq *q, const void *key, size_t len);
+
+/* ------------------------------------------------------------------ */
+/* Priorities and fairness (controller-runtime's priority queue, and   */
+/* beyond; queues created with WQ_FAIR)                                */
+/* ------------------------------------------------------------------ */
+
+/*
+ * Fair mode changes only the order in which queued keys are handed out;
+ * dedup, one worker per key, delays, rate limiting, shutdown, crash
+ * safety and the store work as in the default mode.
+ *   1. A key re-added while it is processing is handed out, after its
+ *      wq_done, in the order of the moment it was re-added: ahead of keys
+ *      added later (the default mode puts it at the back, as client-go).
+ *   2. Higher priority first (wq_add_opts; default 0).
+ *   3. Among keys of one priority, tenants take turns: the part of the key
+ *      before the first tenant_sep ('/': "namespace/name") is its tenant,
+ *      and each tenant's keys get start tags of start-time fair queueing,
+ *      so a tenant that adds 100,000 keys does not delay another tenant's
+ *      single key behind them. Within a tenant, add order. Tenants are
+ *      hashed onto a fixed table of counters (4 per slot of capacity, at
+ *      most 2^20): two tenants that share a counter take turns together.
+ *      A key without the separator is a tenant of its own (the whole key).
+ *   4. No starvation: one hand-out in fair_share (wq_options, default 8)
+ *      goes to the oldest queued key, whatever its priority and tenant. So
+ *      a key with r keys queued before it is handed out within
+ *      fair_share * (r + 1) hand-outs even under an endless flood of higher
+ *      priority keys.
+ * All of it is O(log n) per operation (two binary heaps in the region:
+ * by (priority, tag, add order) and by add order, plus a tenant table).
+ */
+struct wq_add_opts {
+    int priority;          /* higher first; != 0 needs WQ_FAIR (-EINVAL) */
+    uint64_t after_ns;     /* > 0: as wq_add_after */
+    bool rate_limited;     /* as wq_add_rate_limited; with after_ns, the
+                              smaller delay wins (controller-runtime) */
+};
+
+/*
+ * wq_add_opts - add with options. Merging like controller-runtime: a key
+ * already queued keeps the higher of its two priorities and the earlier
+ * ready time. Returns 0 when newly queued, marked or waiting, 1 when
+ * merged into a key already dirty or waiting, or wq_add's errors; NULL
+ * opts is wq_add.
+ */
+WQ_API int wq_add_opts(wq *q, const void *key, size_t len, const struct wq_add_opts *o);
 
 /* ------------------------------------------------------------------ */
 /* Results (long-running tasks, as in Sveltos' deployer)               */
@@ -595,6 +647,7 @@ struct wq_stats {
     uint64_t durability;    /* WQ_DURABLE_*, when store_unsynced is meaningful */
     uint64_t has_store;     /* 1 when the queue has a store */
     uint64_t store_unsynced;/* keys whose store record is not up to date */
+    uint64_t fair;          /* 1 for a WQ_FAIR queue */
     uint64_t next_ready_ns; /* CLOCK_MONOTONIC time the first waiting key is
                                ready; 0 when none waits */
     uint64_t now_ns;        /* CLOCK_MONOTONIC time of this snapshot */
@@ -622,6 +675,9 @@ struct wq_key_info {
     uint64_t position;      /* 0-based FIFO position while queued, else UINT64_MAX */
     uint64_t ready_ns;      /* WAITING: CLOCK_MONOTONIC ready time, else 0 */
     uint32_t failures;      /* rate limiter failure count (wq_num_requeues) */
+    int priority;           /* WQ_FAIR: its priority (0 otherwise) */
+    uint32_t seq;           /* add order (wraps): the age fairness uses */
+    size_t tenant_len;      /* WQ_FAIR: bytes of key that name its tenant */
     enum wq_state result;   /* as wq_result reports it */
     int result_code;
     const char *result_message; /* valid only during the callback; "" if none */

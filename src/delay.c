@@ -225,7 +225,7 @@ int wq__delay_entry(wq *q, uint32_t idx, uint64_t ready)
  * *wake: a key was queued, or the earliest ready time changed.
  */
 static int add_delayed(wq *q, const void *key, size_t len, uint32_t hash, bool limited,
-                       uint64_t delay, bool *wake)
+                       uint64_t delay, int prio, bool *wake)
 {
     struct wq_hdr *h = q->hdr;
     if (h->shutdown)
@@ -245,8 +245,17 @@ static int add_delayed(wq *q, const void *key, size_t len, uint32_t hash, bool l
     struct wq_entry *e = wq__entry(q, idx);
     if (limited && !fresh)
         wq__store_mark(q, idx);   /* its failure count is about to change */
-    if (limited)
-        delay = wq__limiter_when(q, e, now);
+    if (limited) {   /* with an explicit delay too, the smaller one wins */
+        uint64_t d = wq__limiter_when(q, e, now);
+        delay = delay && delay < d ? delay : d;
+    }
+    if (q->fair) {
+        uint16_t s0 = wq__st(e);
+        if (fresh || s0 == WQ_ST_RETAINED || s0 == 0)
+            q->fx[idx].prio = prio;
+        else
+            wq__fair_prio(q, idx, prio, false);
+    }
     h->retries_total++;
     WQ_STEP("delay.counted");
     uint16_t st = wq__st(e);
@@ -294,7 +303,8 @@ static int add_delayed(wq *q, const void *key, size_t len, uint32_t hash, bool l
     return rc;
 }
 
-static int delayed_call(wq *q, const void *key, size_t len, bool limited, uint64_t delay)
+int wq__add_delayed_prio(wq *q, const void *key, size_t len, bool limited, uint64_t delay,
+                         int prio)
 {
     if (!q)
         return -EINVAL;
@@ -306,7 +316,7 @@ static int delayed_call(wq *q, const void *key, size_t len, bool limited, uint64
         if ((rc = wq__lock(q)) < 0)
             return rc;
         bool wake = false;
-        rc = add_delayed(q, key, len, hash, limited, delay, &wake);
+        rc = add_delayed(q, key, len, hash, limited, delay, prio, &wake);
         if (wake)
             wq__wake_getters(q, 1);
         wq__unlock(q);
@@ -324,10 +334,23 @@ static int delayed_call(wq *q, const void *key, size_t len, bool limited, uint64
 
 int wq_add_after(wq *q, const void *key, size_t len, uint64_t delay_ns)
 {
-    return delayed_call(q, key, len, false, delay_ns);
+    return wq__add_delayed_prio(q, key, len, false, delay_ns, 0);
 }
 
 int wq_add_rate_limited(wq *q, const void *key, size_t len)
 {
-    return delayed_call(q, key, len, true, 0);
+    return wq__add_delayed_prio(q, key, len, true, 0, 0);
+}
+
+int wq_add_opts(wq *q, const void *key, size_t len, const struct wq_add_opts *o)
+{
+    if (!o)
+        return wq_add(q, key, len);
+    if (!q)
+        return -EINVAL;
+    if (o->priority != 0 && !q->fair)
+        return -EINVAL;   /* the default mode stays client-go's */
+    if (!o->after_ns && !o->rate_limited)
+        return wq__add_prio(q, key, len, o->priority);
+    return wq__add_delayed_prio(q, key, len, o->rate_limited, o->after_ns, o->priority);
 }

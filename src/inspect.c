@@ -20,7 +20,8 @@ int wq_stats(wq *q, struct wq_stats *out)
     struct wq_stats s = {0};
     s.now_ns = wq__now_mono();
     wq__promote(q, s.now_ns);
-    s.queued = wq__ring_count(q);
+    s.queued = wq__queued(q);
+    s.fair = q->fair;
     s.processing = atomic_load_explicit(&h->processing, memory_order_relaxed);
     s.live = atomic_load_explicit(&h->live, memory_order_relaxed);
     s.waiting = h->heap_count;

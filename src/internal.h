@@ -59,6 +59,10 @@ struct wq {
     uint32_t *heap;                /* delay heap (layout.h) */
     uint32_t *sq;                  /* store queue (layout.h), NULL without store */
     bool restoring;                /* filling a new region from the store */
+    bool fair;                     /* WQ_FAIR: fair.c orders the queue */
+    struct wq_fx *fx;
+    uint32_t *fheap_p, *fheap_a;
+    uint64_t *ftags;
     struct wq_rslot *rslots;       /* result slots (layout.h) */
     uint32_t result_capacity;
     bool metrics;                  /* duration metrics on (no WQ_NO_METRICS) */
@@ -86,7 +90,7 @@ int wq__deadline(int64_t timeout_ns, uint64_t *deadline);
 
 /* region.c */
 int wq__geometry(struct wq_geom *g, uint32_t capacity, uint32_t max_key_len,
-                 uint32_t max_procs, uint32_t result_capacity, bool store);
+                 uint32_t max_procs, uint32_t result_capacity, bool store, bool fair);
 int wq__region_validate(const struct wq_geom *g, uint64_t file_size);
 
 /* lock.c */
@@ -179,6 +183,21 @@ int wq__table_remove(wq *q, uint32_t idx, uint32_t hash);
 uint32_t wq__entry_alloc(wq *q);
 void wq__entry_free(wq *q, uint32_t idx);
 
+/* queue.c, delay.c: the adds with a WQ_FAIR priority */
+int wq__add_prio(wq *q, const void *key, size_t len, int prio);
+int wq__add_delayed_prio(wq *q, const void *key, size_t len, bool limited, uint64_t delay,
+                         int prio);
+
+/* fair.c */
+void wq__fair_dirty(wq *q, uint32_t idx);
+int wq__fair_push(wq *q, uint32_t idx);
+uint32_t wq__fair_front(wq *q);
+void wq__fair_pop(wq *q, uint32_t idx);
+void wq__fair_prio(wq *q, uint32_t idx, int prio, bool fresh);
+void wq__fair_rebuild(wq *q);
+void wq__fair_verify(wq *q, void (*violation)(void *c, const char *what), void *c);
+static inline uint32_t wq__queued(const wq *q);
+
 /* ring.c */
 int wq__ring_push(wq *q, uint32_t idx);
 uint32_t wq__ring_front(wq *q);
@@ -187,6 +206,17 @@ static inline uint32_t wq__ring_count(const wq *q)
 {
     return (uint32_t)(atomic_load_explicit(&q->hdr->ring_pos,
                                            memory_order_relaxed) >> 32);
+}
+/* Queued keys, in either mode (lock held, or as a hint without it). */
+static inline uint32_t wq__queued(const wq *q)
+{
+    return q->fair ? __atomic_load_n(&q->hdr->fq_count, __ATOMIC_RELAXED)
+                   : wq__ring_count(q);
+}
+/* Lock and busy held: put a QUEUED entry where hand-outs find it. */
+static inline int wq__enqueue(wq *q, uint32_t idx)
+{
+    return q->fair ? wq__fair_push(q, idx) : wq__ring_push(q, idx);
 }
 
 /* Lock held: announce / retire the counter bump of an operation. */

@@ -4,7 +4,7 @@
  * One shm object per queue, laid out as
  *
  *   [struct wq_hdr][proc table][entries][hash index][ring][delay heap]
- *   [result slots][store queue]
+ *   [result slots][store queue][fair: per-entry data, 2 heaps, tenant tags]
  *
  * Every section starts on a 64-byte boundary. Offsets and sizes are
  * computed by wq__geometry() from (capacity, max_key_len, max_procs) and
@@ -37,7 +37,7 @@
 #include <stdint.h>
 
 #define WQ_MAGIC        0x31515762696c0a57ull /* "W\nlibWQ1" little-endian */
-#define WQ_LAYOUT_VER   4u
+#define WQ_LAYOUT_VER   5u
 #define WQ_ALIGN        64u
 #define WQ_NIL          0xffffffffu          /* "no entry" */
 
@@ -94,6 +94,12 @@ struct wq_geom {
     uint32_t has_store;
     uint32_t snapshot_ms;     /* WQ_DURABLE_NONE: snapshot interval */
     char store_path[1024];    /* absolute path of the LMDB directory */
+    /* Fair mode (fair.c); sections are empty without WQ_FAIR. */
+    uint64_t off_fx, off_fheap_p, off_fheap_a, off_ftags;
+    uint32_t fair_share;      /* one hand-out in fair_share takes the oldest */
+    int32_t tenant_sep;       /* -1: no tenants */
+    uint32_t ftag_slots;      /* tenant tag counters (power of two) */
+    uint32_t reserved3;
     uint64_t total_size;      /* the shm object's size */
     uint32_t mode;            /* creation mode, informative */
     uint32_t reserved0;
@@ -200,6 +206,12 @@ struct wq_hdr {
        process writes what it read there. */
     uint32_t sq_head, sq_count;
     uint64_t next_snapshot_ns;            /* lock; WQ_DURABLE_NONE */
+    /* Fair mode (fair.c): lock. fq_count keys are queued, each in both
+       heaps; vtime is the start tag of the last key handed out by
+       priority; ticks counts hand-outs for the oldest-key share. */
+    uint32_t fq_count;
+    uint32_t fair_ticks;
+    uint64_t fair_vtime;
     uint64_t reserved[8];                 /* room for later counters */
 };
 
@@ -270,6 +282,21 @@ struct wq_islot {
 };
 
 _Static_assert(offsetof(struct wq_entry, key) == 48, "entry header is 48 bytes");
+
+/*
+ * Fair-mode data of an entry (fair.c), indexed like the entries. lock.
+ *   tag   start tag (start-time fair queueing within its tenant), given
+ *         when the key becomes dirty: for a key re-added while processing
+ *         that is the moment of the re-add, which is what orders it.
+ *   hp/ha its positions in the priority heap and the age heap (QUEUED).
+ */
+struct wq_fx {
+    uint64_t tag;
+    int32_t prio;
+    uint32_t hp, ha;
+    uint32_t tenant_len;
+};
+_Static_assert(sizeof(struct wq_fx) == 24, "fair data is 24 bytes");
 
 /*
  * A result slot (results.c). All fields: lock.

@@ -50,7 +50,7 @@ int wq_metrics(wq *q, struct wq_metrics *out)
     uint64_t now = wq__now_mono();
     wq__promote(q, now);
     struct wq_metrics m = {0};
-    m.depth = wq__ring_count(q);
+    m.depth = wq__queued(q);
     m.adds_total = h->adds_total;
     read_hist(&h->qdur, &m.queue_duration);
     read_hist(&h->wdur, &m.work_duration);

@@ -245,9 +245,11 @@ int wq__requeue_owned(wq *q, uint32_t slot, uint32_t gen, bool crash)
                 return n;
             e->t_b = now;
             e->seq = h->seq_next++;
+            if (!(st & WQ_ST_DIRTY))
+                wq__fair_dirty(q, idx);   /* a re-added key keeps its place */
             wq__set_state(e, WQ_ST_DIRTY | WQ_ST_QUEUED);   /* commit */
             WQ_STEP("requeue.state");
-            if (wq__ring_push(q, idx) < 0)
+            if (wq__enqueue(q, idx) < 0)
                 return n;
             queued_any = true;
         }

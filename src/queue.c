@@ -86,6 +86,8 @@ uint32_t wq__new_entry(wq *q, const void *key, size_t len, uint32_t hash, int *e
     e->failures = 0;
     e->rslot = WQ_NIL;
     e->seq = q->hdr->seq_next++;
+    if (q->fair)
+        q->fx[idx].prio = 0;
     WQ_STEP("add.key");
     return idx;
 }
@@ -112,13 +114,15 @@ int wq__commit_new(wq *q, uint32_t idx, uint16_t state)
        a holder dies at, a change the store has not seen is listed. */
     if (!q->restoring)
         wq__store_mark(q, idx);
+    if (queue)
+        wq__fair_dirty(q, idx);
     wq__set_state(e, storing ? WQ_ST_STORING : state);   /* commit */
     WQ_STEP("add.state");
     int rc = wq__table_insert(q, idx, e->hash);
     if (WQ_UNLIKELY(rc < 0))
         return rc;   /* busy stays set: the next locker rebuilds */
     WQ_STEP("add.index");
-    if (queue && WQ_UNLIKELY((rc = wq__ring_push(q, idx)) < 0))
+    if (queue && WQ_UNLIKELY((rc = wq__enqueue(q, idx)) < 0))
         return rc;
     WQ_STEP("add.ring");
     atomic_fetch_add_explicit(&h->live, 1, memory_order_relaxed);
@@ -153,14 +157,16 @@ int wq__activate(wq *q, uint32_t idx, uint64_t now, bool *queued)
     if ((st & WQ_ST_WAITING) && e->t_b < now)
         now = e->t_b;
     e->t_b = now;
+    wq__fair_dirty(q, idx);   /* fair mode: its place is this moment */
     if (st & WQ_ST_PROCESSING) {
         wq__set_state(e, WQ_ST_PROCESSING | WQ_ST_DIRTY);   /* commit */
         WQ_STEP("add.mark");
     } else {
-        e->seq = h->seq_next++;
+        if (!q->fair)
+            e->seq = h->seq_next++;
         wq__set_state(e, WQ_ST_DIRTY | WQ_ST_QUEUED);   /* commit */
         WQ_STEP("add.mark");
-        if ((rc = wq__ring_push(q, idx)) < 0)
+        if ((rc = wq__enqueue(q, idx)) < 0)
             return rc;
         WQ_STEP("mark.ring");
         if (st == WQ_ST_RETAINED)
@@ -214,9 +220,9 @@ int wq__release(wq *q, uint32_t idx)
 }
 
 /* Lock held. 0 new or marked, 1 coalesced, *queued when a key entered
-   the ring, *stored when the caller must wait for the store. */
+   the ring. prio: WQ_FAIR priority to merge (0 for plain adds). */
 static int add_locked(wq *q, const void *key, size_t len, uint32_t hash, uint64_t now,
-                      bool *queued)
+                      int prio, bool *queued)
 {
     struct wq_hdr *h = q->hdr;
     if (WQ_UNLIKELY(h->shutdown))
@@ -226,11 +232,23 @@ static int add_locked(wq *q, const void *key, size_t len, uint32_t hash, uint64_
     if (idx != WQ_NIL) {
         if (WQ_UNLIKELY(idx == WQ_LOOKUP_CORRUPT))
             return -EBADMSG;
-        if (wq__entry(q, idx)->state & (WQ_ST_DIRTY | WQ_ST_STORING)) {
+        struct wq_entry *e = wq__entry(q, idx);
+        if (e->state & (WQ_ST_DIRTY | WQ_ST_STORING)) {
             h->coalesced_total++;
+            if (prio > 0 && q->fair) {   /* keeps the higher priority */
+                h->busy = 1;
+                wq__fair_prio(q, idx, prio, false);
+                h->busy = 0;
+            }
             return 1;
         }
         h->busy = 1;
+        uint16_t st = wq__st(e);
+        bool idle = st == WQ_ST_RETAINED || st == 0;
+        if (q->fair && idle)
+            q->fx[idx].prio = prio;   /* a new life: its own priority */
+        else if (q->fair && prio > q->fx[idx].prio)
+            q->fx[idx].prio = prio;   /* processing or waiting: merge */
         if ((rc = wq__activate(q, idx, now, queued)) < 0)
             return rc;
         h->busy = 0;
@@ -244,6 +262,8 @@ static int add_locked(wq *q, const void *key, size_t len, uint32_t hash, uint64_
         return rc;
     }
     wq__entry(q, idx)->t_b = now;
+    if (q->fair)
+        q->fx[idx].prio = prio;
     if ((rc = wq__commit_new(q, idx, WQ_ST_DIRTY | WQ_ST_QUEUED)) < 0)
         return rc;
     h->busy = 0;
@@ -262,7 +282,7 @@ static int get_locked(wq *q, void *buf, uint64_t now)
         now = wq__now_mono();
     if (h->heap_count > 0)
         wq__promote(q, now);
-    uint32_t idx = wq__ring_front(q);
+    uint32_t idx = q->fair ? wq__fair_front(q) : wq__ring_front(q);
     if (idx == WQ_NIL)
         return -EAGAIN;
     if (WQ_UNLIKELY(idx == WQ_LOOKUP_CORRUPT))
@@ -280,7 +300,10 @@ static int get_locked(wq *q, void *buf, uint64_t now)
     WQ_STEP("get.owner");
     wq__set_state(e, WQ_ST_PROCESSING);   /* commit */
     WQ_STEP("get.state");
-    wq__ring_pop(q);
+    if (q->fair)
+        wq__fair_pop(q, idx);
+    else
+        wq__ring_pop(q);
     WQ_STEP("get.ring");
     atomic_fetch_add_explicit(&h->processing, 1, memory_order_relaxed);
     q->procs[q->slot].held++;
@@ -326,10 +349,11 @@ static int done_locked(wq *q, const void *key, size_t len, uint32_t hash, uint64
             return rc;
     }
     if (st & WQ_ST_DIRTY) {
-        e->seq = h->seq_next++;
-        wq__set_state(e, WQ_ST_DIRTY | WQ_ST_QUEUED);   /* commit: back of the queue */
+        if (!q->fair)
+            e->seq = h->seq_next++;   /* client-go: the back of the queue */
+        wq__set_state(e, WQ_ST_DIRTY | WQ_ST_QUEUED);   /* commit */
         WQ_STEP("done.state");
-        if ((rc = wq__ring_push(q, idx)) < 0)
+        if ((rc = wq__enqueue(q, idx)) < 0)
             return rc;
         WQ_STEP("done.ring");
         *queued = true;
@@ -366,7 +390,7 @@ static int get_wait(wq *q, void *buf, uint64_t deadline, uint64_t now)
     for (;; now = 0) {
         int n = get_locked(q, buf, now);
         if (n > 0) {
-            bool more = wq__ring_count(q) > 0 && note_wake(q);
+            bool more = wq__queued(q) > 0 && note_wake(q);
             wq__unlock(q);
             if (more)
                 wq__futex_wake(&h->wake_seq, 1);
@@ -407,7 +431,7 @@ static int get_wait(wq *q, void *buf, uint64_t deadline, uint64_t now)
     }
 }
 
-int wq_add(wq *q, const void *key, size_t len)
+int wq__add_prio(wq *q, const void *key, size_t len, int prio)
 {
     if (!q)
         return -EINVAL;
@@ -420,7 +444,7 @@ int wq_add(wq *q, const void *key, size_t len)
         if ((rc = wq__lock(q)) < 0)
             return rc;
         bool queued = false;
-        rc = add_locked(q, key, len, hash, now, &queued);
+        rc = add_locked(q, key, len, hash, now, prio, &queued);
         bool wake = queued && note_wake(q);
         wq__unlock(q);
         if (wake)
@@ -437,6 +461,11 @@ int wq_add(wq *q, const void *key, size_t len)
     }
     int st = rc >= 0 ? wq__store_after(q) : 0;
     return st < 0 ? st : rc;
+}
+
+int wq_add(wq *q, const void *key, size_t len)
+{
+    return wq__add_prio(q, key, len, 0);
 }
 
 static int get_args(wq *q, void *buf, size_t cap, int64_t timeout_ns, uint64_t *deadline)
@@ -597,7 +626,7 @@ int wq_add_many(wq *q, const struct iovec *keys, size_t n)
     uint64_t now = wq__metrics_now(q);
     for (size_t i = 0; i < n; i++) {
         bool queued = false;
-        rc = add_locked(q, keys[i].iov_base, keys[i].iov_len, hashes[i], now, &queued);
+        rc = add_locked(q, keys[i].iov_base, keys[i].iov_len, hashes[i], now, 0, &queued);
         if (rc < 0)
             goto unlock;
         coalesced += rc;
@@ -623,7 +652,7 @@ int wq_len(wq *q)
 {
     if (!q)
         return -EINVAL;
-    return (int)wq__ring_count(q);
+    return (int)wq__queued(q);
 }
 
 int wq_shutdown(wq *q)

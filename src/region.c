@@ -41,7 +41,7 @@ static uint64_t align_up(uint64_t v, uint64_t a)
 }
 
 int wq__geometry(struct wq_geom *g, uint32_t capacity, uint32_t max_key_len,
-                 uint32_t max_procs, uint32_t result_capacity, bool store)
+                 uint32_t max_procs, uint32_t result_capacity, bool store, bool fair)
 {
     if (capacity == 0 || capacity > WQ_MAX_CAPACITY || max_key_len == 0 ||
         max_key_len > WQ_MAX_KEY_LEN || max_procs == 0 || max_procs > WQ_MAX_PROCS ||
@@ -77,8 +77,25 @@ int wq__geometry(struct wq_geom *g, uint32_t capacity, uint32_t max_key_len,
     off = align_up(off + (uint64_t)result_capacity * sizeof(struct wq_rslot), WQ_ALIGN);
     g->off_sq = off;
     /* The store queue exists only for queues with a store. */
-    off = align_up(off + (store ? (uint64_t)capacity * sizeof(uint32_t) : 0), 4096);
+    off = align_up(off + (store ? (uint64_t)capacity * sizeof(uint32_t) : 0), WQ_ALIGN);
     g->has_store = store;
+    /* Fair-mode sections only for WQ_FAIR queues. */
+    uint64_t fcap = fair ? capacity : 0;
+    uint32_t tags = 0;
+    if (fair) {
+        tags = 1;
+        while (tags < 4ull * capacity && tags < (1u << 20))
+            tags <<= 1;
+    }
+    g->ftag_slots = tags;
+    g->off_fx = off;
+    off = align_up(off + fcap * sizeof(struct wq_fx), WQ_ALIGN);
+    g->off_fheap_p = off;
+    off = align_up(off + fcap * sizeof(uint32_t), WQ_ALIGN);
+    g->off_fheap_a = off;
+    off = align_up(off + fcap * sizeof(uint32_t), WQ_ALIGN);
+    g->off_ftags = off;
+    off = align_up(off + (uint64_t)tags * sizeof(uint64_t), 4096);
     g->total_size = off;
     return 0;
 }
@@ -93,18 +110,23 @@ int wq__region_validate(const struct wq_geom *g, uint64_t file_size)
         return -EPROTO;
     if (g->has_store > 1 ||
         wq__geometry(&want, g->capacity, g->max_key_len, g->max_procs,
-                     g->result_capacity, g->has_store) < 0)
+                     g->result_capacity, g->has_store, g->flags & WQ_FAIR) < 0)
         return -EPROTO;
     if (g->entry_size != want.entry_size || g->index_slots != want.index_slots ||
         g->off_procs != want.off_procs || g->off_entries != want.off_entries ||
         g->off_index != want.off_index || g->off_ring != want.off_ring ||
         g->off_heap != want.off_heap || g->off_results != want.off_results ||
         g->off_sq != want.off_sq || g->durability > WQ_DURABLE_NONE ||
+        g->off_fx != want.off_fx || g->off_fheap_p != want.off_fheap_p ||
+        g->off_fheap_a != want.off_fheap_a || g->off_ftags != want.off_ftags ||
+        g->ftag_slots != want.ftag_slots ||
+        ((g->flags & WQ_FAIR) && (g->fair_share == 0 || g->tenant_sep < -1 ||
+                                  g->tenant_sep > 255)) ||
         g->has_store > 1 || g->store_path[sizeof g->store_path - 1] != 0 ||
         g->total_size != want.total_size ||
         g->total_size != file_size)
         return -EPROTO;
-    if (g->flags & ~WQ_NO_METRICS)
+    if (g->flags & ~(WQ_NO_METRICS | WQ_FAIR))
         return -EPROTO;
     if (g->rl_limiters == 0 || (g->rl_limiters & ~WQ_RL_ALL) || g->rl_burst == 0 ||
         !(g->rl_qps > 0) || g->rl_base_delay_ns > g->rl_max_delay_ns)
@@ -143,9 +165,10 @@ static int check_options(const struct wq_options *o)
         return -EINVAL;
     if (o->store_path && !o->store_path[0])
         return -EINVAL;
-    /* Valid, but not built yet: refuse rather than ignore. */
-    if (o->flags & WQ_FAIR)
-        return -ENOTSUP;
+    if (!(o->flags & WQ_FAIR) && (o->fair_share || o->tenant_sep))
+        return -EINVAL;
+    if (o->tenant_sep < -1 || o->tenant_sep > 255)
+        return -EINVAL;
     return 0;
 }
 
@@ -236,6 +259,11 @@ static void map_view(wq *q, unsigned char *base, size_t size, const struct wq_ge
     q->heap = (uint32_t *)(base + g->off_heap);
     q->rslots = (struct wq_rslot *)(base + g->off_results);
     q->sq = g->has_store ? (uint32_t *)(base + g->off_sq) : NULL;
+    q->fair = g->flags & WQ_FAIR;
+    q->fx = (struct wq_fx *)(base + g->off_fx);
+    q->fheap_p = (uint32_t *)(base + g->off_fheap_p);
+    q->fheap_a = (uint32_t *)(base + g->off_fheap_a);
+    q->ftags = (uint64_t *)(base + g->off_ftags);
     q->result_capacity = g->result_capacity;
     q->metrics = !(g->flags & WQ_NO_METRICS);
     q->g = *g;
@@ -263,7 +291,8 @@ static int create_region(const char *path, const struct wq_options *opts)
     uint32_t cap = o->capacity ? o->capacity : DEF_CAPACITY;
     rc = wq__geometry(&g, cap, o->max_key_len ? o->max_key_len : DEF_KEY_LEN,
                       o->max_procs ? o->max_procs : DEF_PROCS,
-                      o->result_capacity ? o->result_capacity : cap, opts->store_path != NULL);
+                      o->result_capacity ? o->result_capacity : cap, opts->store_path != NULL,
+                      o->flags & WQ_FAIR);
     if (rc < 0)
         return rc;
     if (opts->store_path) {
@@ -282,7 +311,11 @@ static int create_region(const char *path, const struct wq_options *opts)
 #endif
     g.mode = (uint32_t)mode;
     g.created_ns = wq__now_real();
-    g.flags = o->flags & WQ_NO_METRICS;
+    g.flags = o->flags & (WQ_NO_METRICS | WQ_FAIR);
+    if (o->flags & WQ_FAIR) {
+        g.fair_share = o->fair_share ? o->fair_share : 8;
+        g.tenant_sep = o->tenant_sep ? o->tenant_sep : '/';
+    }
     if ((rc = wq__limiter_options(o, &g)) < 0)
         return rc;
 

@@ -287,6 +287,12 @@ static void verify_index(struct ctx *c)
 static uint32_t check_ring(struct ctx *c)
 {
     wq *q = c->q;
+    if (q->fair && (atomic_load_explicit(&q->hdr->ring_pos, memory_order_relaxed) >> 32)) {
+        violation(c, "ring: not empty in fair mode");
+        if (c->apply)
+            atomic_store_explicit(&q->hdr->ring_pos, 0, memory_order_relaxed);
+        return 0;
+    }
     enum { AHEAD = 8 };
     uint64_t pos = atomic_load_explicit(&q->hdr->ring_pos, memory_order_relaxed);
     uint32_t head = (uint32_t)pos, count = (uint32_t)(pos >> 32);
@@ -445,7 +451,7 @@ static void finish(struct ctx *c, uint32_t queued)
             else if (!bit_get(c->in_ring, idx))
                 violation(c, "entry %u: waiting but not in the heap", idx);
         }
-        if ((st & WQ_ST_QUEUED) && !bit_get(c->in_ring, idx)) {
+        if ((st & WQ_ST_QUEUED) && !q->fair && !bit_get(c->in_ring, idx)) {
             violation(c, "entry %u: queued but not in the ring", idx);
             if (c->apply && wq__ring_push(q, idx) == 0)
                 queued++;
@@ -539,6 +545,10 @@ int wq__repair(wq *q, bool apply, bool thorough, wq_report_fn report, void *arg)
         verify_sq(&c);
     }
     finish(&c, queued);
+    if (apply)
+        wq__fair_rebuild(q);
+    else
+        wq__fair_verify(q, report_cb, &c);
     if (apply && (thorough || wq__results_damaged(q)))
         wq__results_rebuild(q);
     else

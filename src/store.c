@@ -550,9 +550,10 @@ static void settle(wq *q, struct item *items, uint32_t n, uint64_t now, bool *qu
                 wq__heap_push(q, idx);
             } else {
                 e->t_b = now;
+                wq__fair_dirty(q, idx);
                 e->state = WQ_ST_DIRTY | WQ_ST_QUEUED;
                 WQ_STEP("store.visible");
-                wq__ring_push(q, idx);
+                wq__enqueue(q, idx);
                 *queued = true;
             }
         } else if (e->state == 0) {   /* a deletion, now written */

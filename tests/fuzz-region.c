@@ -1,13 +1,17 @@
 /*
  * fuzz-region.c - libFuzzer harness: libwq must survive a corrupted region.
  *
- * Build (the library sources are compiled in, so they are instrumented):
+ * Build (the library sources are compiled in, so they are instrumented;
+ * src/fault.c is the fault-injection build's and stays out):
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined \
- *         -include config.h -Iinclude -Isrc \
- *         tests/fuzz-region.c src/[a-z]*.c -lpthread -o fuzz-region
- *   ./fuzz-region -timeout=10 -max_total_time=300 tests/fuzz-corpus
- * (src/fault.c may be compiled in or left out: it is inert without
- * -DWQ_FAULT_INJECTION.)
+ *         -include config.h -Iinclude -Isrc tests/fuzz-region.c \
+ *         $(find src -name '[a-z]*.c' ! -name fault.c) -lpthread -lm \
+ *         -o fuzz-region
+ *   cp -r tests/fuzz-corpus corpus      (libFuzzer adds to it)
+ *   ./fuzz-region -timeout=10 -max_total_time=300 corpus
+ * The seeds in tests/fuzz-corpus depend on the region layout; rewrite
+ * them after a layout change with FUZZ_WRITE_SEEDS=tests/fuzz-corpus
+ * ./fuzz-region. Reproduce a saved input: ./fuzz-region <file>.
  *
  * Once per process (LLVMFuzzerInitialize) a real, small region is built
  * with live state and its bytes are kept as the "valid image":
@@ -72,6 +76,7 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -151,6 +156,7 @@ static void hard(const char *fmt, ...)
     vfprintf(stderr, fmt, ap);
     fprintf(stderr, "\n");
     va_end(ap);
+    unlink(path);
     __builtin_trap();
 }
 
@@ -366,10 +372,124 @@ static void build_valid_image(void)
         die("slot 2 lease not held (0x%x)", w);
 }
 
+/* ------------------------------------------------------------------ */
+/* Seed corpus                                                         */
+/* ------------------------------------------------------------------ */
+
+struct seedbuf {
+    uint8_t b[64];
+    size_t n;
+};
+
+static void sb_put(struct seedbuf *s, const void *p, size_t n)
+{
+    if (s->n + n <= sizeof s->b) {
+        memcpy(s->b + s->n, p, n);
+        s->n += n;
+    }
+}
+
+/* One patch record: write (op 0), xor (1), fill (2) or add (3). */
+static void sb_rec(struct seedbuf *s, size_t off, int op, size_t n, const void *data,
+                   size_t dlen, bool late)
+{
+    uint8_t r[3] = { (uint8_t)off, (uint8_t)(off >> 8),
+                     (uint8_t)((late ? 0x80 : 0) | (op << 5) | ((n - 1) & 31)) };
+    sb_put(s, r, 3);
+    sb_put(s, data, dlen);
+}
+
+static void write_seed(const char *dir, const char *fname, const struct seedbuf *s)
+{
+    char file[512];
+    snprintf(file, sizeof file, "%s/%s", dir, fname);
+    FILE *f = fopen(file, "wb");
+    if (!f || fwrite(s->b, 1, s->n, f) != s->n)
+        die("write %s", file);
+    fclose(f);
+}
+
+/* FUZZ_WRITE_SEEDS=dir: write the seed corpus for the layout this harness
+   was built against (offsets from layout.h and the valid image), then
+   exit. tests/fuzz-corpus holds its output; regenerate it when the layout
+   changes. */
+static void write_seeds(const char *dir)
+{
+    const size_t busy = offsetof(struct wq_hdr, busy);
+    const size_t pos = offsetof(struct wq_hdr, ring_pos);
+    const size_t ent = vgeom.off_entries, esz = vgeom.entry_size;
+    const size_t prc = vgeom.off_procs, psz = sizeof(struct wq_proc);
+    const uint8_t one[4] = { 1, 0, 0, 0 }, zero[4] = { 0 }, wrap[4] = { 0xf5, 0xff, 0xff, 0xff };
+    const uint8_t ff[2] = { 0xff, 0xff }, qd[2] = { WQ_ST_QUEUED, 0 }, seven[2] = { 7, 0 };
+    const uint8_t x8[8] = { 0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a };
+    struct seedbuf s;
+#define SEED(fname, flags, body)                                                   \
+    do {                                                                           \
+        memset(&s, 0, sizeof s);                                                   \
+        uint8_t f_ = (flags);                                                      \
+        sb_put(&s, &f_, 1);                                                        \
+        body;                                                                      \
+        write_seed(dir, fname, &s);                                                \
+    } while (0)
+    SEED("clean", 0, (void)0);
+    SEED("busy", 0, sb_rec(&s, busy, 0, 4, one, 4, false));
+    SEED("ring-count", 0, sb_rec(&s, pos + 4, 3, 1, one, 4, false));
+    SEED("len-wrap", 0, sb_rec(&s, pos + 4, 0, 4, wrap, 4, false));
+    SEED("hash-seed", 1, sb_rec(&s, offsetof(struct wq_geom, hash_seed), 1, 8, x8, 8, false));
+    SEED("entry-state", 0, sb_rec(&s, ent + 3 * esz + offsetof(struct wq_entry, state), 0,
+                                  sizeof(((struct wq_entry *)0)->state), ff,
+                                  sizeof(((struct wq_entry *)0)->state), false));
+    SEED("proc-free", 0, sb_rec(&s, prc + 2 * psz + offsetof(struct wq_proc, state), 0, 4,
+                                zero, 4, false));
+    SEED("index-zero", 0, sb_rec(&s, vgeom.off_index, 2, 8, zero, 1, false));
+    {
+        uint8_t sz[2] = { 0x00, 0x10 };   /* 4096 bytes */
+        SEED("truncated", 2, sb_put(&s, sz, 2));
+    }
+    SEED("dead-lock", 4, (void)0);
+    SEED("dead-lock-busy", 4,
+         (sb_rec(&s, busy, 0, 4, one, 4, false),
+          sb_rec(&s, ent + 5 * esz + offsetof(struct wq_entry, state), 0,
+                 sizeof(((struct wq_entry *)0)->state), qd,
+                 sizeof(((struct wq_entry *)0)->state), false)));
+    SEED("shutdown", 8, (void)0);
+    SEED("late-geometry", 0,
+         sb_rec(&s, offsetof(struct wq_geom, capacity), 3, 1, one, 4, true));
+    SEED("late-entry-owner", 0,
+         sb_rec(&s, ent + 6 * esz + offsetof(struct wq_entry, owner), 0,
+                sizeof(((struct wq_entry *)0)->owner), seven,
+                sizeof(((struct wq_entry *)0)->owner), true));
+#undef SEED
+    fprintf(stderr, "fuzz-region: seeds written to %s\n", dir);
+}
+
+/* A crash inside wq_open leaves the mutated object behind (it is
+   unlinked right after wq_open returns): remove those of dead fuzzers. */
+static void remove_stale(void)
+{
+    DIR *d = opendir("/dev/shm");
+    if (!d)
+        return;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        int pid;
+        char tail;
+        if ((sscanf(de->d_name, "wq.fuzz-%d%c", &pid, &tail) == 1 ||
+             sscanf(de->d_name, "wq.fuzzseed-%d%c", &pid, &tail) == 1) &&
+            pid > 0 && kill(pid, 0) < 0 && errno == ESRCH) {
+            char p[300];
+            snprintf(p, sizeof p, "/dev/shm/%s", de->d_name);
+            unlink(p);
+        }
+    }
+    closedir(d);
+}
+
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     (void)argc;
     (void)argv;
+    remove_stale();
     const char *s = getenv("FUZZ_STRICT");
     strict = s && *s && strcmp(s, "0") != 0;
     s = getenv("FUZZ_SKIP_OWN_SLOT");
@@ -377,6 +497,11 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     snprintf(name, sizeof name, "fuzz-%d", (int)getpid());
     snprintf(path, sizeof path, "/dev/shm/wq.%s", name);
     build_valid_image();
+    s = getenv("FUZZ_WRITE_SEEDS");
+    if (s && *s) {
+        write_seeds(s);
+        exit(0);
+    }
     return 0;
 }
 
@@ -636,6 +761,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     wq *q = NULL;
     int rc = wq_open(name, NULL, &q);
+    /* The name is not needed once attached (the handle maps the object):
+       remove it now, so a crash or timeout below leaves nothing behind. The
+       late records reach the object through the open fd below. */
+    int lfd = rc == 0 ? open(path, O_RDWR | O_CLOEXEC) : -1;
+    unlink(path);
     if (rc > 0 || rc <= -4096)
         hard("wq_open returned %d", rc);
     if (rc < 0) {
@@ -649,7 +779,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     /* Late records: corrupt the region behind the attached handle. */
     own_lo = own_hi = 0;
     if (has_late(data, size) && fsize >= valid_size) {
-        int fd = open(path, O_RDWR | O_CLOEXEC);
+        int fd = lfd;
         if (fd >= 0) {
             unsigned char *m = mmap(NULL, valid_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
             if (m != MAP_FAILED) {
@@ -667,9 +797,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 apply_records(m, valid_size, data, size, true);
                 munmap(m, valid_size);
             }
-            close(fd);
         }
     }
+    if (lfd >= 0)
+        close(lfd);
     if (size > 0 && (data[0] & 8)) {
         rc = wq_shutdown(q);
         check_errno("wq_shutdown", rc);

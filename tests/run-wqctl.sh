@@ -71,10 +71,10 @@ has_re 'next_ready  *in 3[5-9][0-9][0-9]\.[0-9][0-9][0-9]s'
 run "$WQCTL" stat "$D" --json
 has_re '.*"waiting":1,"failing":0,"next_ready_in_ns":3[5-9][0-9]\{11\},.*'
 run "$WQCTL" dump "$D"
-has_line 'POSITION   STATE              OWNER    READY        FAILURES KEY'
-has_re '-  *waiting  *-  *in 3[5-9][0-9][0-9]\.[0-9]\{3\}s  *0  *w'
+has_line 'POSITION   STATE              OWNER    READY        FAILURES RESULT    CODE  KEY'
+has_re '-  *waiting  *-  *in 3[5-9][0-9][0-9]\.[0-9]\{3\}s  *0  *pending  *-  *w'
 run "$WQCTL" dump "$D" --json
-has_re '{"name":"'"$D"'","keys":\[{"key":"w","state":\["waiting"\],"position":null,"owner_pid":null,"ready_in_ns":3[5-9][0-9]\{11\},"failures":0}\]}'
+has_re '{"name":"'"$D"'","keys":\[{"key":"w","state":\["waiting"\],"position":null,"owner_pid":null,"ready_in_ns":3[5-9][0-9]\{11\},"failures":0,"result":"pending","result_code":0,"result_message":""}\]}'
 expect_rc 1 "$WQCTL" get "$D"                 # nothing ready
 expect_out "added 1, coalesced 0" "$WQCTL" add "$D" --after 0 now
 expect_out "now" "$WQCTL" get "$D"
@@ -94,7 +94,7 @@ expect_out "added 0, coalesced 1" "$WQCTL" add "$R" --rate-limited r
 expect_out "2" "$WQCTL" requeues "$R" r
 expect_out "0" "$WQCTL" requeues "$R" unknown
 run "$WQCTL" dump "$R"
-has_re '-  *waiting  *-  *in 3[5-9][0-9][0-9]\.[0-9]\{3\}s  *2  *r'
+has_re '-  *waiting  *-  *in 3[5-9][0-9][0-9]\.[0-9]\{3\}s  *2  *pending  *-  *r'
 run "$WQCTL" stat "$R"
 has_re 'retries_total  *2'
 expect_out "" "$WQCTL" forget "$R" r unknown
@@ -113,12 +113,12 @@ has_re 'failing  *1'
 has_re 'live  *0'
 has_re 'next_ready  *-'
 run "$WQCTL" dump "$F"
-has_re '-  *failing  *-  *-  *1  *x'
+has_re '-  *failing  *-  *-  *1  *none  *-  *x'
 run "$WQCTL" dump "$F" --json
-has_line '{"name":"'"$F"'","keys":[{"key":"x","state":["failing"],"position":null,"owner_pid":null,"ready_in_ns":null,"failures":1}]}'
+has_line '{"name":"'"$F"'","keys":[{"key":"x","state":["failing"],"position":null,"owner_pid":null,"ready_in_ns":null,"failures":1,"result":"none","result_code":0,"result_message":""}]}'
 expect_out "added 1, coalesced 0" "$WQCTL" add "$F" --rate-limited x
 run "$WQCTL" dump "$F"
-has_re '-  *waiting  *-  *in 3[5-9][0-9][0-9]\.[0-9]\{3\}s  *2  *x'
+has_re '-  *waiting  *-  *in 3[5-9][0-9][0-9]\.[0-9]\{3\}s  *2  *pending  *-  *x'
 expect_out "" "$WQCTL" forget "$F" x
 run "$WQCTL" stat "$F" --json
 has_re '.*"waiting":1,"failing":0,.*'

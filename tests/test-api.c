@@ -646,7 +646,18 @@ static void options_notsup(void **state)
     expect_open_rc("snapshot_interval_ms without store", OPT(snapshot_interval_ms, 100),
                    -EINVAL);
     expect_open_rc("empty store_path", OPT(store_path, ""), -EINVAL);
-    expect_open_rc("WQ_FAIR", OPT(flags, WQ_FAIR), -ENOTSUP);
+    /* Every option is implemented now; fair-mode options need WQ_FAIR. */
+    expect_open_rc("fair_share without WQ_FAIR", OPT(fair_share, 4), -EINVAL);
+    expect_open_rc("tenant_sep without WQ_FAIR", OPT(tenant_sep, ':'), -EINVAL);
+    {
+        struct wq_options o = { .capacity = 16, .flags = WQ_FAIR, .tenant_sep = 256 };
+        expect_open_rc("tenant_sep 256", o, -EINVAL);
+        o.tenant_sep = -2;
+        expect_open_rc("tenant_sep -2", o, -EINVAL);
+        o.tenant_sep = -1;
+        expect_open_rc("WQ_FAIR, tenants off", o, 0);
+    }
+    expect_open_rc("WQ_FAIR", OPT(flags, WQ_FAIR), 0);
     /* Control: the same call with nothing unsupported works. */
     expect_open_rc("valid", CAP(16), 0);
 }

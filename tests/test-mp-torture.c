@@ -32,8 +32,14 @@
  *     have last_processed_seq >= last_ack_seq, else an acknowledged add was
  *     LOST. Adds cut short by a kill are not acknowledged and may or may
  *     not be processed.
+ * Crash requeues go through the rate limiter (the key waits before it
+ * comes back), so the queue is created with a short per-key exponential
+ * limiter (200 us doubling to 20 ms) and workers wq_forget a key they
+ * processed, as a controller does on success.
+ *
  * At the end of a round: the killer stops, producers stop and close,
- * workers drain the queue, wq_shutdown_drain(), workers exit, the
+ * workers drain the queue (queued, processing and waiting keys: shutdown
+ * drops waiting keys), wq_shutdown_drain(), workers exit, the
  * supervisor pops whatever is still queued (recording it as processed),
  * then checks: no overlap, no lost add, no child error, wq_check() == 0
  * (violations printed with wq_check_report), wq_stats queued, processing
@@ -112,6 +118,7 @@ struct witness {
     _Atomic uint64_t overlaps, errors;
     _Atomic uint32_t nburst;             /* burst keys handed out */
     _Atomic uint64_t burst_adds;
+    _Atomic uint64_t adds_full;          /* -ENOSPC: not acknowledged */
     _Atomic uint32_t ndiag;
     char diag[MAX_DIAG][DIAG_LEN];
     _Atomic uint32_t nrecs;
@@ -312,6 +319,11 @@ static void burst(wq *q)
         int rc = wq_add(q, name, (size_t)len);
         if (rc == -ESHUTDOWN)
             return;
+        if (rc == -ENOSPC) {   /* nothing added: not acknowledged */
+            atomic_fetch_add(&W->adds_full, 1);
+            sleep_ns(1000000);
+            continue;
+        }
         if (rc < 0) {
             diag(true, "producer: wq_add(%s): %s", name, wq_strerror(rc));
             _exit(3);
@@ -364,6 +376,11 @@ static void producer_main(void)
                            : wq_add_many(q, iov, (size_t)many);
         if (rc == -ESHUTDOWN)
             break;
+        if (rc == -ENOSPC) {   /* the queue is full (workers being killed) */
+            atomic_fetch_add(&W->adds_full, (uint64_t)many);
+            sleep_ns(1000000);
+            continue;
+        }
         if (rc < 0) {
             diag(true, "producer: wq_add%s(%.*s): %s", many > 1 ? "_many" : "",
                  (int)iov[0].iov_len, names[0], wq_strerror(rc));
@@ -941,7 +958,8 @@ static int run_round(int r, uint64_t round_seed)
     double secs = (double)(now_ns() - t0) / 1e9;
     printf("round %d/%d: %.1fs kills %" PRIu64 " (producers %" PRIu64 ", workers %" PRIu64
            ") adds announced %" PRIu64 " acked %" PRIu64 " (coalesced %" PRIu64
-           ", batches %" PRIu64 ", burst keys %u adds %" PRIu64 ") processed %" PRIu64 " (final drain %" PRIu64
+           ", batches %" PRIu64 ", burst keys %u adds %" PRIu64 ", refused full %" PRIu64
+           ") processed %" PRIu64 " (final drain %" PRIu64
            ", long %" PRIu64 ") crash_requeues %" PRIu64 " repairs %" PRIu64
            " claim_waits %" PRIu64 " failing %" PRIu64 " overlaps %" PRIu64 " lost %" PRIu64
            " errors %" PRIu64 " check %d -> %s\n",
@@ -949,6 +967,7 @@ static int run_round(int r, uint64_t round_seed)
            (uint64_t)atomic_load(&W->adds_announced), (uint64_t)atomic_load(&W->adds_acked),
            (uint64_t)atomic_load(&W->adds_coalesced), (uint64_t)atomic_load(&W->adds_many),
            (unsigned)atomic_load(&W->nburst), (uint64_t)atomic_load(&W->burst_adds),
+           (uint64_t)atomic_load(&W->adds_full),
            (uint64_t)atomic_load(&W->processed) + drained, drained,
            (uint64_t)atomic_load(&W->long_jobs), s.crash_requeues_total, s.repairs_total,
            (uint64_t)atomic_load(&W->claim_waits), s.failing, overlaps, lost, errors, viol,

@@ -11,7 +11,8 @@
  * drain   N keys queued beforehand; C consumers get + done until wq_get(0)
  *         says -EAGAIN. keys/s = N / (last consumer's end - t0).
  * mpmc    P producers add `adds` keys drawn uniformly from K = 1000 hot keys
- *         (flat out, or paced at 50k adds/s by sleeping to absolute deadlines);
+ *         (flat out, or paced at 50k adds/s: absolute deadlines, waited for
+ *         with sched_yield, see wqb_pace_until);
  *         C consumers get + done until
  *         -ESHUTDOWN (the last producer shuts the queue down). adds/s is
  *         measured over the producers' span. Latency is sampled per key: a
@@ -29,7 +30,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <unistd.h>
 
 #include "wqbench.h"
@@ -168,14 +168,12 @@ static void mpmc_producer(const char *name, const struct mpmc_params *p,
         wqb_key(keys[k], k);
     if (id == 0)
         mine += p->adds % (uint64_t)p->producers;
-    if (p->pace_ns)
-        prctl(PR_SET_TIMERSLACK, 1ul);   /* precise sleeps, see wqb_sleep_until */
     wqb_gate_arrive(&sh->gate);
     uint64_t t0 = sh->gate.t0;
     for (uint64_t i = 0; i < mine; i++) {
         uint64_t k = (xorshift(&rng) >> 32) % HOT_KEYS, none = 0;
         if (p->pace_ns)
-            wqb_sleep_until(t0 + i * p->pace_ns * (uint64_t)p->producers);
+            wqb_pace_until(t0 + i * p->pace_ns * (uint64_t)p->producers);
         atomic_compare_exchange_strong(&sh->stamp[k], &none, wqb_now());
         int rc = wq_add(q, keys[k], WQB_KEY_LEN);
         wqb_check(rc, "mpmc: wq_add");

@@ -77,7 +77,7 @@ void wqb_table_header(void);
 
 /* wqbench-util.c: time, keys, errors */
 uint64_t wqb_now(void);
-void wqb_sleep_until(uint64_t t);
+void wqb_pace_until(uint64_t t);
 void wqb_sleep_ns(uint64_t ns);
 void wqb_key(char out[WQB_KEY_LEN], uint64_t i);
 void wqb_key_next(char k[WQB_KEY_LEN]);

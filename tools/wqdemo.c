@@ -3,17 +3,22 @@
  *
  *     wqdemo [--workers N] [--adds N] [--keys K] [--name NAME] [--work-us U]
  *
- * The parent creates a queue, then forks one producer and N workers, each
- * of which attaches to the queue by name, as unrelated processes would:
+ * The parent creates a queue, then forks one producer and one supervisor,
+ * each of which attaches to the queue by name, as unrelated processes
+ * would:
  *
- *     producer:  for each of --adds events, pick one of --keys keys at
- *                random and wq_add() it. Most adds coalesce.
- *     worker:    loop { key = wq_get(); reconcile(key); wq_done(key) }
- *                where reconcile() spins for --work-us microseconds
- *                (default 5), so that events for a key keep arriving
- *                while it is processed.
- *     parent:    when the producer is done, wq_shutdown_drain(); workers
- *                leave when wq_get() says -ESHUTDOWN.
+ *     producer:   for each of --adds events, pick one of --keys keys at
+ *                 random and wq_add() it. Most adds coalesce.
+ *     supervisor: wq_run_workers(N, reconcile): the library forks N
+ *                 worker processes that loop get -> reconcile -> finish
+ *                 and replaces any that dies. reconcile() spins for
+ *                 --work-us microseconds (default 5), so that events for
+ *                 a key keep arriving while it is processed, and returns
+ *                 success with the message "seq <S>", S being the add it
+ *                 saw (below); wq_finish records it as the key's result.
+ *     parent:     when the producer is done, wq_shutdown_drain(); the
+ *                 workers leave when wq_get() says -ESHUTDOWN, and
+ *                 wq_run_workers returns once they all have.
  *
  * The witness is a MAP_SHARED|MAP_ANONYMOUS mapping made before fork and
  * kept entirely outside libwq. For every key it holds lock-free atomics:
@@ -33,6 +38,11 @@
  * producer's wq_add necessarily came after the worker's wq_get, found the
  * key processing, and marked it dirty: the key is handed out again, and
  * that later read, ordered after the add by the queue's lock, sees it.)
+ *
+ * Results are checked against the witness too: the last run of a key
+ * saw the largest sequence number any run of it saw (runs of one key never
+ * overlap, and last_add_seq only grows), so wq_result must report every
+ * added key SUCCEEDED with the message "seq <last_processed_seq>".
  *
  * Exit status 0 only if every check passes. The queue is removed at exit,
  * on failure too; Ctrl-C stops the run and cleans up as well.
@@ -96,7 +106,12 @@ struct witness {
     _Atomic unsigned long long adds_while_processing; /* key was in reconcile() */
     /* written by workers */
     _Atomic unsigned long long bad_keys;      /* keys that are not ours */
-    _Atomic unsigned long long *processed;    /* [workers]: one slot each */
+    atomic_uint worker_procs;  /* worker processes that ran reconcile():
+                                  more than --workers means the pool had
+                                  to replace a worker */
+    _Atomic unsigned long long *processed;    /* [workers + 1]: one slot per
+                                                 worker process, the last
+                                                 for replacements */
     struct key_witness *keys;                 /* [nkeys] */
 };
 
@@ -114,7 +129,7 @@ static struct witness *witness_map(unsigned workers, uint32_t nkeys,
                                    size_t *bytes)
 {
     size_t head = sizeof(struct witness);
-    size_t counts = workers * sizeof(unsigned long long);
+    size_t counts = (workers + 1) * sizeof(unsigned long long);
     size_t keys = nkeys * sizeof(struct key_witness);
     struct witness *w;
     char *p;
@@ -255,49 +270,64 @@ static int run_producer(const struct demo *d)
 /* Workers                                                             */
 /* ------------------------------------------------------------------ */
 
-/* The "work": record what we see in the witness, then spin a little. */
-static void reconcile(const struct demo *d, unsigned id, const char *key,
-                      int len)
+/* This worker process's slot in processed[], taken on its first key. The
+   variable is per process: each worker is forked from the supervisor,
+   which never runs reconcile() itself, so every worker starts at -1. */
+static long worker_slot = -1;
+
+/*
+ * The "work", run by wq_run_workers in a worker process: record what we
+ * see in the witness, spin a little, report success with the sequence
+ * number seen.
+ */
+static int reconcile(wq *q, const void *key, size_t len,
+                     struct wq_reconcile *out, void *arg)
 {
+    const struct demo *d = arg;
     struct witness *w = d->w;
-    long k = key_index(key, len, d->nkeys);
+    long k = key_index(key, (int)len, d->nkeys);
     struct key_witness *kw;
+    unsigned long long seen;
     int64_t until;
 
+    (void)q;
+    if (worker_slot < 0) {
+        worker_slot = (long)atomic_fetch_add(&w->worker_procs, 1);
+        if (worker_slot > (long)d->workers)
+            worker_slot = d->workers;   /* replacements share the last */
+    }
     if (k < 0) {
         atomic_fetch_add(&w->bad_keys, 1);
-        return;
+        snprintf(out->message, sizeof out->message, "not a demo key");
+        return -EINVAL;
     }
     kw = &w->keys[k];
     atomic_max_int(&kw->max_in_flight, atomic_fetch_add(&kw->in_flight, 1) + 1);
-    atomic_max_ull(&kw->last_processed_seq, atomic_load(&kw->last_add_seq));
+    seen = atomic_load(&kw->last_add_seq);
+    atomic_max_ull(&kw->last_processed_seq, seen);
 
     until = now_ns() + d->work_ns;
     while (now_ns() < until)
         ;
 
-    atomic_fetch_sub(&kw->in_flight, 1); /* before wq_done hands it on */
-    atomic_fetch_add(&w->processed[id], 1);
+    atomic_fetch_sub(&kw->in_flight, 1); /* before wq_finish hands it on */
+    atomic_fetch_add(&w->processed[worker_slot], 1);
+    snprintf(out->message, sizeof out->message, "seq %llu", seen);
+    return 0;
 }
 
-static int run_worker(const struct demo *d, unsigned id)
+/* The supervisor process: the worker pool, until the queue shuts down. */
+static int run_supervisor(const struct demo *d)
 {
-    char buf[2][KEY_MAX];
-    int cur = 0, n;
-    wq *q = attach(d, "worker");
+    wq *q = attach(d, "supervisor");
+    int rc;
 
     if (!q)
         return 1;
-    /* wq_done_get finishes one key and takes the next under one lock. */
-    n = wq_get(q, buf[cur], sizeof buf[cur], -1);
-    while (n > 0) {
-        reconcile(d, id, buf[cur], n);
-        n = wq_done_get(q, buf[cur], (size_t)n, buf[!cur], sizeof buf[!cur], -1);
-        cur = !cur;
-    }
+    rc = wq_run_workers(q, d->workers, reconcile, (void *)d);
     wq_close(q);
-    if (n != -ESHUTDOWN) {
-        fprintf(stderr, "wqdemo: worker %u: %s\n", id, wq_strerror(n));
+    if (rc < 0) {
+        fprintf(stderr, "wqdemo: wq_run_workers: %s\n", wq_strerror(rc));
         return 1;
     }
     return 0;
@@ -339,6 +369,12 @@ static int producer_main(const struct demo *d, unsigned id)
 {
     (void)id;
     return run_producer(d);
+}
+
+static int supervisor_main(const struct demo *d, unsigned id)
+{
+    (void)id;
+    return run_supervisor(d);
 }
 
 /*
@@ -539,6 +575,79 @@ static int max_concurrency(const struct demo *d)
     return max;
 }
 
+/*
+ * Results against the witness: every key that was added must be
+ * SUCCEEDED, code 0, with the message its last run gave, "seq <S>" where
+ * S is the largest sequence number any run of it saw. Returns how many
+ * are wrong and prints a few.
+ */
+static unsigned long long check_results(wq *q, const struct demo *d)
+{
+    unsigned long long wrong = 0;
+
+    for (uint32_t k = 0; k < d->nkeys; k++) {
+        struct key_witness *kw = &d->w->keys[k];
+        unsigned long long seen = atomic_load(&kw->last_processed_seq);
+        struct wq_result r;
+        char key[KEY_MAX], want[64];
+        int len = key_format(key, k), rc;
+
+        if (atomic_load(&kw->last_add_seq) == 0)
+            continue;
+        snprintf(want, sizeof want, "seq %llu", seen);
+        rc = wq_result(q, key, (size_t)len, &r);
+        if (rc == 0 && r.state == WQ_STATE_SUCCEEDED && r.code == 0 &&
+            r.updated_ns != 0 && strcmp(r.message, want) == 0)
+            continue;
+        if (wrong++ < 5)
+            printf("        %s: %s, want SUCCEEDED \"%s\", got state %d "
+                   "code %d \"%s\"\n", key, rc < 0 ? wq_strerror(rc) : "ok",
+                   want, rc < 0 ? -1 : (int)r.state, rc < 0 ? 0 : r.code,
+                   rc < 0 ? "" : r.message);
+    }
+    return wrong;
+}
+
+/* The key added last (the producer's last event), or -1 if none was. */
+static long latest_key(const struct demo *d)
+{
+    unsigned long long best = 0;
+    long key = -1;
+
+    for (uint32_t k = 0; k < d->nkeys; k++) {
+        unsigned long long s = atomic_load(&d->w->keys[k].last_add_seq);
+
+        if (s > best) {
+            best = s;
+            key = (long)k;
+        }
+    }
+    return key;
+}
+
+static void print_result(long k, const struct wq_result *r)
+{
+    static const char *const states[] = {
+        [WQ_STATE_NONE] = "none", [WQ_STATE_PENDING] = "pending",
+        [WQ_STATE_RUNNING] = "running", [WQ_STATE_SUCCEEDED] = "succeeded",
+        [WQ_STATE_FAILED] = "failed",
+    };
+    time_t sec = (time_t)(r->updated_ns / 1000000000u);
+    char when[64] = "-";
+    struct tm tm;
+
+    if (r->updated_ns && gmtime_r(&sec, &tm))
+        snprintf(when, sizeof when, "%04d-%02d-%02dT%02d:%02d:%02d.%03uZ",
+                 tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour,
+                 tm.tm_min, tm.tm_sec,
+                 (unsigned)(r->updated_ns % 1000000000u / 1000000u));
+    printf("  last key added         key-%ld; its wq_result():\n", k);
+    printf("    state %s, code %d, updated %s, message \"%s\"\n",
+           (unsigned)r->state < sizeof states / sizeof states[0]
+               ? states[r->state] : "?",
+           r->code, when, r->message);
+}
+
 /* ------------------------------------------------------------------ */
 /* main                                                                */
 /* ------------------------------------------------------------------ */
@@ -548,21 +657,24 @@ int main(int argc, char **argv)
     struct demo d;
     struct wq_options o = { 0 };
     struct wq_stats st = { 0 };
-    struct child *kids; /* [0] producer, [1..workers] workers */
+    struct child kids[2] = { { 0 } }; /* [0] producer, [1] supervisor */
     struct witness *w;
     bool procs_ok = true, stats_ok = false;
     int rc, drain_rc = 0;
     int64_t t0, t_produced, t_end;
-    unsigned long long processed = 0;
+    unsigned long long processed = 0, bad_results = 0;
+    unsigned worker_procs;
     uint32_t with_adds;
+    long shown;
+    struct wq_result shown_result;
+    int shown_rc = -ENOENT;
     wq *q;
 
     if ((rc = parse_options(argc, argv, &d)) >= 0)
         return rc;
 
     d.w = w = witness_map(d.workers, d.nkeys, &d.w_bytes);
-    kids = calloc(d.workers + 1, sizeof *kids);
-    if (!w || !kids) {
+    if (!w) {
         fprintf(stderr, "wqdemo: out of memory\n");
         return 1;
     }
@@ -580,19 +692,19 @@ int main(int argc, char **argv)
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
 
-    printf("wqdemo: queue '%s': 1 producer, %u workers, %llu adds over "
-           "%" PRIu32 " keys\n", d.name, d.workers, d.adds, d.nkeys);
+    printf("wqdemo: queue '%s': 1 producer, %u workers (wq_run_workers), "
+           "%llu adds over %" PRIu32 " keys\n", d.name, d.workers, d.adds,
+           d.nkeys);
     t0 = now_ns();
 
-    /* Workers first, so they are waiting when the first key arrives. */
-    for (unsigned i = 0; i < d.workers && procs_ok; i++)
-        procs_ok = (kids[1 + i].pid = spawn(&d, i, run_worker)) > 0;
+    /* The pool first, so its workers wait when the first key arrives. */
+    procs_ok = (kids[1].pid = spawn(&d, 0, supervisor_main)) > 0;
     if (procs_ok)
         procs_ok = (kids[0].pid = spawn(&d, 0, producer_main)) > 0;
     if (!procs_ok)
         perror("wqdemo: fork");
 
-    /* Producer done (or failed): drain, then let the workers leave. */
+    /* Producer done (or failed): drain, then the pool winds down. */
     procs_ok = reap(kids, 1, t0 + PRODUCER_TIMEOUT) && procs_ok &&
                exited_ok(&kids[0]);
     t_produced = now_ns();
@@ -600,21 +712,27 @@ int main(int argc, char **argv)
         drain_rc = wq_shutdown_drain(q, DRAIN_TIMEOUT);
     else
         wq_shutdown(q); /* release the workers whatever happened */
-    if (!reap(kids + 1, d.workers, now_ns() + EXIT_TIMEOUT))
+    if (!reap(kids + 1, 1, now_ns() + EXIT_TIMEOUT) || !exited_ok(&kids[1]))
         procs_ok = false;
-    for (unsigned i = 0; i <= d.workers; i++)
-        if (!exited_ok(&kids[i]))
-            procs_ok = false;
     t_end = now_ns();
 
     stats_ok = wq_stats(q, &st) == 0;
+    bad_results = check_results(q, &d);
+    shown = latest_key(&d);
+    if (shown >= 0) {
+        char key[KEY_MAX];
+        int len = key_format(key, (uint32_t)shown);
+
+        shown_rc = wq_result(q, key, (size_t)len, &shown_result);
+    }
     wq_close(q);
     rc = wq_unlink(d.name);
     if (rc < 0)
         fprintf(stderr, "wqdemo: unlink '%s': %s\n", d.name, wq_strerror(rc));
 
     /* What happened. */
-    for (unsigned i = 0; i < d.workers; i++)
+    worker_procs = atomic_load(&w->worker_procs);
+    for (unsigned i = 0; i <= d.workers; i++)
         processed += atomic_load(&w->processed[i]);
     printf("\n  adds                   %llu (%.0f/s)\n", atomic_load(&w->adds_done),
            atomic_load(&w->adds_done) * 1e9 / (double)(t_produced - t0 + 1));
@@ -624,15 +742,25 @@ int main(int argc, char **argv)
            atomic_load(&w->adds_while_processing));
     printf("  keys processed         %llu in %.3f s\n", processed,
            (double)(t_end - t0) / 1e9);
-    for (unsigned i = 0; i < d.workers; i++)
+    for (unsigned i = 0; i < d.workers && i < worker_procs; i++)
         printf("    worker %-3u           %llu\n", i,
                atomic_load(&w->processed[i]));
+    if (worker_procs > d.workers)
+        printf("    replacements         %llu\n",
+               atomic_load(&w->processed[d.workers]));
+    printf("  results kept           %" PRIu64 " of %" PRIu64 "\n", st.results,
+           st.result_capacity);
+    if (shown >= 0 && shown_rc == 0)
+        print_result(shown, &shown_result);
+    else if (shown >= 0)
+        printf("  wq_result(key-%ld)     %s\n", shown, wq_strerror(shown_rc));
 
     /* What must be true. */
     printf("\nchecks:\n");
     check(interrupted == 0, "not interrupted");
-    check(procs_ok, "producer and %u workers exited cleanly in time",
-          d.workers);
+    check(procs_ok, "producer and worker pool exited cleanly in time");
+    check(worker_procs <= d.workers, "no worker died and was replaced "
+          "(%u worker processes for %u slots)", worker_procs, d.workers);
     check(drain_rc == 0, "wq_shutdown_drain returned %s",
           drain_rc == 0 ? "0" : wq_strerror(drain_rc));
     check(atomic_load(&w->bad_keys) == 0, "no foreign keys handed out (%llu)",
@@ -657,10 +785,13 @@ int main(int argc, char **argv)
     check(stats_ok && st.live == 0 && st.processing == 0,
           "queue empty at the end (live %" PRIu64 ", processing %" PRIu64 ")",
           st.live, st.processing);
+    check(bad_results == 0 && stats_ok && st.results == with_adds,
+          "every added key's result is its last run's (%llu wrong, %" PRIu64
+          " results for %" PRIu32 " keys)", bad_results, st.results,
+          with_adds);
 
     printf("\n%s: %d check%s failed\n", failures ? "FAIL" : "PASS", failures,
            failures == 1 ? "" : "s");
     munmap(w, d.w_bytes);
-    free(kids);
     return failures ? 1 : 0;
 }
