@@ -329,6 +329,8 @@ int wq__add_delayed_prio(wq *q, const void *key, size_t len, bool limited, uint6
             return -ENOSPC;
     }
     int st = rc >= 0 ? wq__store_after(q) : 0;
+    if (st < 0)
+        wq__store_rollback(q, key, len);   /* not stored: not added */
     return st < 0 ? st : rc;
 }
 

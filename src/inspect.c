@@ -6,13 +6,24 @@
  * never report a key as waiting after its ready time.
  */
 #include <errno.h>
+#include <stdlib.h>
 
 #include "internal.h"
+
+static int stats_locked(wq *q, struct wq_stats *out);
 
 int wq_stats(wq *q, struct wq_stats *out)
 {
     if (!q || !out)
         return -EINVAL;
+    /* A due snapshot (WQ_DURABLE_NONE) is taken by whoever comes by. */
+    if (q->g.has_store)
+        wq__store_after(q);
+    return stats_locked(q, out);
+}
+
+static int stats_locked(wq *q, struct wq_stats *out)
+{
     int rc = wq__lock(q);
     if (rc < 0)
         return rc;
@@ -66,6 +77,14 @@ static void fill(const wq *q, const struct wq_entry *e, struct wq_key_info *ki)
         ki->state |= WQ_KEY_FAILING;
     ki->ready_ns = (e->state & WQ_ST_WAITING) ? e->t_b : 0;
     ki->failures = e->failures;
+    ki->seq = e->seq;
+    ki->priority = 0;
+    ki->tenant_len = 0;
+    if (q->fair) {
+        uint32_t idx = (uint32_t)(((const unsigned char *)e - q->entries) / q->entry_size);
+        ki->priority = q->fx[idx].prio;
+        ki->tenant_len = q->fx[idx].tenant_len <= e->keylen ? q->fx[idx].tenant_len : 0;
+    }
     ki->result = WQ_STATE_NONE;
     ki->result_code = 0;
     ki->result_message = "";
@@ -85,6 +104,51 @@ static void fill(const wq *q, const struct wq_entry *e, struct wq_key_info *ki)
     ki->position = UINT64_MAX;
 }
 
+/* Fair mode: hand-out order of the priority heap (priority, tag, add
+   order); the oldest-key share is not predicted. */
+static int cmp_fair(const void *a, const void *b, void *arg)
+{
+    const wq *q = arg;
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    const struct wq_fx *fx = &q->fx[x], *fy = &q->fx[y];
+    if (fx->prio != fy->prio)
+        return fx->prio > fy->prio ? -1 : 1;
+    if (fx->tag != fy->tag)
+        return fx->tag < fy->tag ? -1 : 1;
+    int32_t d = (int32_t)(wq__entry(q, x)->seq - wq__entry(q, y)->seq);
+    return d < 0 ? -1 : d > 0;
+}
+
+static int dump_fair_queued(wq *q, wq_dump_fn fn, void *arg)
+{
+    uint32_t n = q->hdr->fq_count;
+    if (n > q->capacity)
+        return -EBADMSG;
+    uint32_t *order = malloc((n ? n : 1) * sizeof *order);
+    if (!order)
+        return -ENOMEM;
+    for (uint32_t i = 0; i < n; i++) {
+        order[i] = q->fheap_p[i];
+        if (order[i] >= q->capacity) {
+            free(order);
+            return -EBADMSG;
+        }
+    }
+    qsort_r(order, n, sizeof *order, cmp_fair, q);
+    int rc = 0;
+    struct wq_key_info ki;
+    for (uint32_t k = 0; k < n && rc == 0; k++) {
+        struct wq_entry *e = wq__entry(q, order[k]);
+        if (e->keylen == 0 || e->keylen > q->max_key_len)
+            continue;
+        fill(q, e, &ki);
+        ki.position = k;
+        rc = fn(&ki, arg);
+    }
+    free(order);
+    return rc;
+}
+
 int wq_dump(wq *q, wq_dump_fn fn, void *arg)
 {
     if (!q || !fn)
@@ -100,6 +164,8 @@ int wq_dump(wq *q, wq_dump_fn fn, void *arg)
         rc = -EBADMSG;
         goto out;
     }
+    if (q->fair && (rc = dump_fair_queued(q, fn, arg)) != 0)
+        goto out;
     for (uint32_t k = 0, r = head; k < count; k++) {
         uint32_t idx = q->ring[r];
         r = r + 1 == q->capacity ? 0 : r + 1;

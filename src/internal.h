@@ -118,6 +118,7 @@ void wq__store_zombie(wq *q, uint32_t idx);
 bool wq__store_sync_adds(const wq *q);
 int wq__store_flush(wq *q, bool all);
 int wq__store_after(wq *q);
+void wq__store_rollback(wq *q, const void *key, size_t len);
 int wq__store_prepare(const struct wq_options *o, struct wq_options *eff, char *abs,
                       size_t abslen, bool *has_meta);
 int wq__store_init_meta(const struct wq_geom *g);

@@ -123,8 +123,9 @@ static int forget_locked(wq *q, const void *key, size_t len);
 int wq_forget(wq *q, const void *key, size_t len)
 {
     int rc = forget_locked(q, key, len);
-    int st = q ? wq__store_after(q) : 0;
-    return rc < 0 ? rc : st;
+    if (rc >= 0)
+        wq__store_after(q);   /* a removal that fails now is retried later */
+    return rc;
 }
 
 static int forget_locked(wq *q, const void *key, size_t len)

@@ -153,19 +153,29 @@ int wq__activate(wq *q, uint32_t idx, uint64_t now, bool *queued)
     wq__pend(q, WQ_PEND_MARK, idx);
     WQ_STEP("mark.busy");
     /* client-go's waiting loop adds a key at its ready time: queue
-       duration counts from then, however late we noticed it. */
+       duration counts from then, however late we noticed it. The time is
+       written after the commit: before it, t_b is still the ready time
+       that a repair would go by. */
     if ((st & WQ_ST_WAITING) && e->t_b < now)
         now = e->t_b;
-    e->t_b = now;
     wq__fair_dirty(q, idx);   /* fair mode: its place is this moment */
     if (st & WQ_ST_PROCESSING) {
         wq__set_state(e, WQ_ST_PROCESSING | WQ_ST_DIRTY);   /* commit */
         WQ_STEP("add.mark");
+        e->t_b = now;
+    } else if (st == 0 && wq__store_sync_adds(q) && !q->restoring) {
+        /* A zombie whose removal may already be in the store: like a new
+           key, it stays invisible until the store has it again. */
+        e->t_b = 0;
+        wq__set_state(e, WQ_ST_STORING);   /* commit */
+        WQ_STEP("add.mark");
+        atomic_fetch_add_explicit(&h->live, 1, memory_order_relaxed);
     } else {
         if (!q->fair)
             e->seq = h->seq_next++;
         wq__set_state(e, WQ_ST_DIRTY | WQ_ST_QUEUED);   /* commit */
         WQ_STEP("add.mark");
+        e->t_b = now;
         if ((rc = wq__enqueue(q, idx)) < 0)
             return rc;
         WQ_STEP("mark.ring");
@@ -308,7 +318,7 @@ static int get_locked(wq *q, void *buf, uint64_t now)
     atomic_fetch_add_explicit(&h->processing, 1, memory_order_relaxed);
     q->procs[q->slot].held++;
     if (q->metrics) {
-        wq__observe(&h->qdur, now - e->t_b);
+        wq__observe(&h->qdur, now > e->t_b ? now - e->t_b : 0);
         h->sum_start += now;
     }
     WQ_STEP("get.counters");
@@ -460,6 +470,8 @@ int wq__add_prio(wq *q, const void *key, size_t len, int prio)
             return -ENOSPC;
     }
     int st = rc >= 0 ? wq__store_after(q) : 0;
+    if (st < 0)
+        wq__store_rollback(q, key, len);   /* not stored: not added */
     return st < 0 ? st : rc;
 }
 
@@ -510,8 +522,11 @@ static int done_call(wq *q, const void *key, size_t len, struct outcome out)
     wq__unlock(q);
     if (wake)
         wq__futex_wake(&q->hdr->wake_seq, 1);
-    int st = rc >= 0 ? wq__store_after(q) : 0;
-    return st < 0 ? st : rc;
+    /* The done is applied; a removal the store cannot take now stays
+       listed and is written by a later flush (wq.h, Persistence). */
+    if (rc >= 0)
+        wq__store_after(q);
+    return rc;
 }
 
 int wq_done(wq *q, const void *key, size_t len)

@@ -279,13 +279,22 @@ static int create_region(const char *path, const struct wq_options *opts)
 {
     struct wq_geom g;
     char tmpname[128];
-    char abs[sizeof g.store_path];
+    char abs[sizeof g.store_path] = { 0 };
     struct wq_options eff = *opts;
     const struct wq_options *o = &eff;
     bool has_meta = false;
     int rc;
+#ifdef WQ_FAULT_INJECTION
+    /* Test builds: run whole suites in fair mode with the default mode's
+       order wherever the two agree (no priorities, tenants or age share). */
+    if (getenv("WQ_TEST_FAIR") && !(eff.flags & WQ_FAIR)) {
+        eff.flags |= WQ_FAIR;
+        eff.fair_share = 1u << 30;
+        eff.tenant_sep = -1;
+    }
+#endif
     if (opts->store_path &&
-        (rc = wq__store_prepare(opts, &eff, abs, sizeof abs, &has_meta)) < 0)
+        (rc = wq__store_prepare(o, &eff, abs, sizeof abs, &has_meta)) < 0)
         return rc;
     mode_t mode = o->mode ? o->mode : 0600;
     uint32_t cap = o->capacity ? o->capacity : DEF_CAPACITY;

@@ -183,6 +183,13 @@ static int env_get(const char *path, mode_t mode, bool create, struct env **out)
     }
     int dead;
     mdb_reader_check(e->env, &dead);   /* slots of dead readers */
+    if (create) {   /* the umask must not decide the files' mode */
+        char f[1100];
+        snprintf(f, sizeof f, "%s/data.mdb", path);
+        chmod(f, mode & 0777);
+        snprintf(f, sizeof f, "%s/lock.mdb", path);
+        chmod(f, mode & 0777);
+    }
     MDB_envinfo info;
     if (mdb_env_info(e->env, &info) == 0 && info.me_mapsize > e->mapsize)
         e->mapsize = info.me_mapsize;
@@ -617,17 +624,19 @@ static int flush_round(wq *q, struct env *e, bool sync, int *written)
         rc = meta_put(txn, e, &m);
     if (rc < 0)
         goto abort;
+    /* Settle under the region lock taken before the commit: the commit
+       releases LMDB's writer lock, and the next flusher must not read the
+       front of the store queue before we have popped what we wrote. */
+    if ((rc = wq__lock(q)) < 0)
+        goto abort;
     WQ_FAULT("store.commit");
     if ((rc = mdb_err(mdb_txn_commit(txn))) < 0) {
         txn = NULL;
+        wq__unlock(q);
         goto out;
     }
     WQ_FAULT("store.committed");
     txn = NULL;
-    if (sync && (rc = mdb_err(mdb_env_sync(e->env, 1))) < 0)
-        goto out;
-    if ((rc = wq__lock(q)) < 0)
-        goto out;
     bool queued = false;
     if (h->sq_epoch == epoch)   /* a repair reordered the queue: redo */
         settle(q, items, n, wq__now_mono(), &queued);
@@ -636,6 +645,8 @@ static int flush_round(wq *q, struct env *e, bool sync, int *written)
     if (queued)
         wq__wake_getters(q, (int)n);
     wq__unlock(q);
+    if (sync && (rc = mdb_err(mdb_env_sync(e->env, 1))) < 0)
+        goto out;
     *written += (int)n;
     rc = n > 0 ? 1 : 0;
     goto out;
@@ -709,6 +720,29 @@ int wq__store_after(wq *q)
     return rc < 0 ? rc : 0;
 }
 
+/*
+ * An add whose key could not be stored (store full, unwritable) changes
+ * nothing: a key still STORING (never visible) becomes a zombie, freed by
+ * the next flush that succeeds. Keys that were stored before are left.
+ */
+void wq__store_rollback(wq *q, const void *key, size_t len)
+{
+    uint32_t hash = wq__hash(q->seed, key, len);
+    if (!q->g.has_store || wq__lock(q) < 0)
+        return;
+    uint32_t idx = wq__table_lookup(q, key, len, hash);
+    if (idx < q->capacity && wq__st(wq__entry(q, idx)) == WQ_ST_STORING) {
+        struct wq_entry *e = wq__entry(q, idx);
+        q->hdr->busy = 1;
+        if (e->t_b == 0 && q->hdr->adds_total > 0)
+            q->hdr->adds_total--;   /* it was counted as an add */
+        wq__store_zombie(q, idx);
+        atomic_fetch_sub_explicit(&q->hdr->live, 1, memory_order_relaxed);
+        q->hdr->busy = 0;
+    }
+    wq__unlock(q);
+}
+
 int wq_snapshot(wq *q)
 {
     if (!q)
@@ -755,7 +789,8 @@ int wq__store_prepare(const struct wq_options *o, struct wq_options *eff, char *
     MDB_stat st;
     bool records = mdb_stat(txn, e->recs, &st) == 0 && st.ms_entries > 0;
     mdb_txn_abort(txn);
-    *eff = *o;
+    if (eff != o)
+        *eff = *o;
     *has_meta = rc == 0;
     if (rc == -ENOENT && records)
         return -EBADMSG;   /* records without meta: not ours */

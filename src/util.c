@@ -163,7 +163,7 @@ const char *wq_strerror(int err)
     case EEXIST: return "queue already exists";
     case EACCES: return "permission denied";
     case EPROTO: return "not a libwq region of a compatible version";
-    case EBADMSG: return "region is corrupt (run wqctl check --repair)";
+    case EBADMSG: return "corrupt or foreign data (a region: run wqctl check --repair)";
     case ENOTRECOVERABLE: return "region lock is unrecoverable; remove and recreate the queue";
     case ENOSPC: return "queue is full (capacity live keys), or no room for the region";
     case EMSGSIZE: return "key longer than max_key_len";

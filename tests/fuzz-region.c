@@ -5,7 +5,7 @@
  * src/fault.c is the fault-injection build's and stays out):
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined \
  *         -include config.h -Iinclude -Isrc tests/fuzz-region.c \
- *         $(find src -name '[a-z]*.c' ! -name fault.c) -lpthread -lm \
+ *         $(find src -name '[a-z]*.c' ! -name fault.c) -llmdb -lpthread -lm \
  *         -o fuzz-region
  *   cp -r tests/fuzz-corpus corpus      (libFuzzer adds to it)
  *   ./fuzz-region -timeout=10 -max_total_time=300 corpus

@@ -8,9 +8,11 @@
  *   wq_add returns 0 it logs it as acknowledged. W worker processes get
  *   keys and wq_done them, logging "done tried" before the call and "done
  *   acknowledged" when it returned 0. The supervisor (this process)
- *   SIGKILLs a random actor every 1-20 ms and restarts it. After ~3 s
- *   every actor is SIGKILLed; the region is checked (dead holders
- *   reaped), then removed (wq_unlink) and rebuilt from the store. Per key,
+ *   SIGKILLs a random actor every 1-20 ms and restarts it; for the last
+ *   40% of the round the workers stay dead, so a backlog of acknowledged,
+ *   never processed keys builds up. After ~3 s every actor is SIGKILLed;
+ *   the region is checked (dead holders reaped), then removed (wq_unlink)
+ *   and rebuilt from the store. Per key,
  *   with R = times it is live in the region before the unlink, S = times
  *   it is live after the restore, A = times it appears at all afterwards:
  *     - never attempted: R == S == A == 0;
@@ -368,10 +370,24 @@ static int chaos_round(int durability, unsigned seed)
             th_sleep_ms(1);
 
     long kills = 0;
-    uint64_t end = th_now_ns() + (uint64_t)ROUND_MS * MSEC;
+    uint64_t start = th_now_ns();
+    uint64_t end = start + (uint64_t)ROUND_MS * MSEC;
+    /* For the last 40% of the round the workers stay dead, so a backlog of
+       acknowledged, never processed keys is there to be restored. */
+    uint64_t workers_end = start + (uint64_t)ROUND_MS * 6 / 10 * MSEC;
+    int workers_alive = 1;
     while (th_now_ns() < end) {
         th_sleep_ms(1 + rand_r(&seed) % 20);
-        int a = (int)(rand_r(&seed) % (P + W));
+        if (workers_alive && th_now_ns() >= workers_end) {
+            for (int w = P; w < P + W; w++) {
+                kill(pids[w], SIGKILL);
+                (void)th_wait(pids[w], 5000);
+                pids[w] = -1;
+                kills++;
+            }
+            workers_alive = 0;
+        }
+        int a = (int)(rand_r(&seed) % (workers_alive ? P + W : P));
         kill(pids[a], SIGKILL);
         int st = th_wait(pids[a], 5000);
         if (st != 128 + SIGKILL)
@@ -383,9 +399,11 @@ static int chaos_round(int durability, unsigned seed)
             break;
     }
     for (int a = 0; a < P + W; a++)
-        kill(pids[a], SIGKILL);
+        if (pids[a] > 0)
+            kill(pids[a], SIGKILL);
     for (int a = 0; a < P + W; a++)
-        (void)th_wait(pids[a], 5000);
+        if (pids[a] > 0)
+            (void)th_wait(pids[a], 5000);
     TH_ASSERT_BOARD_CLEAN();
 
     /* The region first: dead holders reaped, structure clean. */
@@ -486,6 +504,9 @@ static int chaos_round(int durability, unsigned seed)
     if (found_region != 0 || found_restored != 0)
         fail_msg("%s: wq_check = %d after the round, %d after the restore", ctx,
                  found_region, found_restored);
+    if (restored < 50)
+        fail_msg("%s: only %ld keys live at the end: the restore was hardly tested", ctx,
+                 restored);
     if (acked < 100 || done_acked < 100)
         fail_msg("%s: too little traffic (%ld acknowledged, %ld done)", ctx, acked,
                  done_acked);

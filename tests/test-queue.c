@@ -499,6 +499,31 @@ static const struct step s_find[] = {
     SHUTTING(0, 0),
 };
 
+/* The same in fair mode (run-fair.sh): foo was re-added before bar was
+   added, so after its Done it is handed out first (wq.h, fair mode 1). */
+static const struct step s_find_fair[] = {
+    ABSENT(0, "foo"),
+    SHUTTING(0, 0),
+    ADD(1, "foo", 0),
+    STATE(2, "foo", QUEUED_DIRTY, -1, 0),
+    GET(3, "foo", 0),
+    STATE(4, "foo", WQ_KEY_PROCESSING, 3, -1),
+    ADD(0, "foo", 0),
+    STATE(4, "foo", WQ_KEY_PROCESSING | WQ_KEY_DIRTY, 3, -1),
+    ADD(1, "bar", 0),
+    STATE(2, "bar", QUEUED_DIRTY, -1, 0),
+    DONE(3, "foo", 0),
+    STATE(4, "foo", QUEUED_DIRTY, -1, 0),
+    STATE(4, "bar", QUEUED_DIRTY, -1, 1),
+    GET(0, "foo", 0),
+    GET(1, "bar", 0),
+    DONE(0, "foo", 0),
+    DONE(1, "bar", 0),
+    ABSENT(2, "foo"),
+    ABSENT(2, "bar"),
+    SHUTTING(0, 0),
+};
+
 /* client-go TestQueueDrainageUsingShutDownWithDrain. */
 static const struct step s_drain[] = {
     ADD(0, "foo", 0),
@@ -652,7 +677,19 @@ static const struct step s_drain_timeout[] = {
 SCRIPT(len, s_len)
 SCRIPT(reinsert, s_reinsert)
 SCRIPT(collapse, s_collapse)
-SCRIPT(find, s_find)
+#define SCRIPT_MODES(fn, steps, fair_steps)                                  \
+    static void fn##_run(enum th_mode m, const char *tag) {                  \
+        if (getenv("WQ_TEST_FAIR"))                                          \
+            run_script(m, tag, fair_steps, (int)(sizeof fair_steps / sizeof fair_steps[0])); \
+        else                                                                 \
+            run_script(m, tag, steps, (int)(sizeof steps / sizeof steps[0])); \
+    }                                                                        \
+    static void fn##_ts(void **s) { (void)s; fn##_run(TH_THREADS_SHARED, #fn "-ts"); } \
+    static void fn##_to(void **s) { (void)s; fn##_run(TH_THREADS_OWN, #fn "-to"); }    \
+    static void fn##_po(void **s) { (void)s; fn##_run(TH_PROCS_OPEN, #fn "-po"); }     \
+    static void fn##_pi(void **s) { (void)s; fn##_run(TH_PROCS_INHERIT, #fn "-pi"); }
+
+SCRIPT_MODES(find, s_find, s_find_fair)
 SCRIPT(drain, s_drain)
 SCRIPT(nodrain, s_nodrain)
 SCRIPT(force, s_force)

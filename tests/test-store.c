@@ -1202,7 +1202,9 @@ static void expect_modes(mode_t opt_mode, int want, mode_t mask)
         rc = wq_add(q, KS("m"));
     }
     umask(old);
-    assert_int_equal(rc, 0);
+    if (rc != 0)
+        fail_msg("mode 0%o, umask 0%03o: wq_open/wq_add = %d (%s)", (unsigned)opt_mode,
+                 (unsigned)mask, rc, wq_strerror(rc));
     int md = file_mode(s, "data.mdb"), ml = file_mode(s, "lock.mdb");
     if (md != want || ml != want)
         fail_msg("mode 0%o, umask 0%03o: data.mdb 0%o lock.mdb 0%o, expected 0%o",

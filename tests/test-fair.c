@@ -1,0 +1,1385 @@
+/*
+ * test-fair.c - fair mode (WQ_FAIR, wq.h "Priorities and fairness"),
+ * single process, exact hand-out orders.
+ *
+ * What is checked, against the four rules of wq.h:
+ *   1. a key re-added while processing is handed out, after its wq_done,
+ *      in the order of the moment it was re-added (OpenKruise's "Learning
+ *      Concurrent Reconciling", figure 2: the default mode puts it at the
+ *      back, as client-go does; both modes are run step by step);
+ *   2. higher priority first; merging keeps the higher priority and the
+ *      earlier ready time; delays and rate limiting combine with a
+ *      priority (the smaller delay wins when both are given);
+ *   3. tenants take turns (start-time fair queueing): a tenant with
+ *      100,000 keys queued does not delay another tenant's single key;
+ *   4. no starvation: with fair_share = F, a key with r keys queued before
+ *      it is handed out within F * (r + 1) hand-outs under an endless
+ *      flood of higher priority keys (and not before, when F is large).
+ * Plus wq_stats.fair, wq_dump's priority, seq and tenant_len,
+ * option checks, and wq_check == 0 after every scenario.
+ *
+ * Where a test is not about starvation it uses fair_share = 1000 (so the
+ * oldest-key rule does not interfere with the few hand-outs it makes), and
+ * tenant_sep = -1 where tenants are not the point.
+ *
+ * Clock: the test build (libwq-fault.a) offers wq_test_clock_set(); it is
+ * set to T0 before every test (see test-delay.c) and stepped by the
+ * delay tests, so ready times are exact. Every wq_get uses timeout 0.
+ */
+#include "helpers.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/uio.h>
+
+#include "fault-api.h"
+
+#define KEYBUF 256 /* default max_key_len */
+#define MS  ((uint64_t)1000000)
+#define SEC ((uint64_t)1000000000)
+#define T0  (1000 * SEC)
+
+#define KS(s) (s), strlen(s)
+
+/* ------------------------------------------------------------------ */
+/* Handles, clock, fixtures                                            */
+/* ------------------------------------------------------------------ */
+
+#define MAX_OPEN 16
+static wq *opened[MAX_OPEN];
+
+static wq *track(wq *q)
+{
+    for (int i = 0; i < MAX_OPEN; i++) {
+        if (opened[i] == NULL) {
+            opened[i] = q;
+            return q;
+        }
+    }
+    fail_msg("too many open handles");
+    return q;
+}
+
+static void close_q(wq *q)
+{
+    for (int i = 0; i < MAX_OPEN; i++)
+        if (opened[i] == q)
+            opened[i] = NULL;
+    wq_close(q);
+}
+
+static void close_all(void)
+{
+    for (int i = 0; i < MAX_OPEN; i++) {
+        if (opened[i] != NULL) {
+            wq_close(opened[i]);
+            opened[i] = NULL;
+        }
+    }
+}
+
+static uint64_t fake_now;
+
+static void clock_at(uint64_t t)
+{
+    fake_now = t;
+    wq_test_clock_set(t);
+}
+
+static void clock_step(uint64_t d)
+{
+    clock_at(fake_now + d);
+}
+
+static int setup(void **state)
+{
+    clock_at(T0);
+    return th_setup(state);
+}
+
+static int teardown(void **state)
+{
+    close_all();
+    wq_test_clock_set(0);
+    fake_now = 0;
+    return th_teardown(state);
+}
+
+/* ------------------------------------------------------------------ */
+/* Helpers                                                             */
+/* ------------------------------------------------------------------ */
+
+static wq *open_opts(const char *tag, struct wq_options *o)
+{
+    const char *name = th_qname(tag);
+    wq *q = NULL;
+    int rc;
+
+    o->flags |= WQ_CREATE | WQ_EXCL;
+    rc = wq_open(name, o, &q);
+    if (rc != 0)
+        fail_msg("wq_open(%s) = %d (%s)", name, rc, wq_strerror(rc));
+    assert_non_null(q);
+    return track(q);
+}
+
+/* A default-mode queue (fair == 0) or a WQ_FAIR one. */
+static wq *open_q(const char *tag, int fair, uint32_t fair_share,
+                  int tenant_sep, uint32_t capacity)
+{
+    struct wq_options o = { .capacity = capacity };
+
+    if (fair) {
+        o.flags = WQ_FAIR;
+        o.fair_share = fair_share;
+        o.tenant_sep = tenant_sep;
+    }
+    return open_opts(tag, &o);
+}
+
+static struct wq_stats stats_of(wq *q)
+{
+    struct wq_stats s;
+
+    assert_int_equal(wq_stats(q, &s), 0);
+    return s;
+}
+
+static void report(const char *what, void *arg)
+{
+    (void)arg;
+    print_message("  violation: %s\n", what);
+}
+
+/* Every scenario ends with a clean region. */
+static void check_clean(wq *q)
+{
+    assert_int_equal(wq_check_report(q, 0, report, NULL), 0);
+}
+
+#define add_ok(q, k, e) assert_int_equal(wq_add((q), KS(k)), (e))
+
+static int addp(wq *q, const char *k, int prio)
+{
+    struct wq_add_opts o = { .priority = prio };
+    return wq_add_opts(q, KS(k), &o);
+}
+
+static int addx(wq *q, const char *k, int prio, uint64_t after, bool rl)
+{
+    struct wq_add_opts o = { .priority = prio, .after_ns = after,
+                             .rate_limited = rl };
+    return wq_add_opts(q, KS(k), &o);
+}
+
+/* wq_get (timeout 0) must hand out `want`. */
+#define get_is(q, want) get_is_((q), (want), __LINE__)
+static void get_is_(wq *q, const char *want, int line)
+{
+    char buf[KEYBUF + 1];
+    int n = wq_get(q, buf, KEYBUF, 0);
+
+    if (n < 0)
+        fail_msg("line %d: wq_get = %d (%s), expected \"%s\"", line, n,
+                 wq_strerror(n), want);
+    buf[n] = '\0';
+    if ((size_t)n != strlen(want) || memcmp(buf, want, (size_t)n) != 0)
+        fail_msg("line %d: wq_get handed out \"%s\", expected \"%s\"", line,
+                 buf, want);
+}
+
+#define done_ok(q, k) assert_int_equal(wq_done((q), KS(k)), 0)
+
+#define get_none(q) assert_int_equal(wq_get((q), (char[KEYBUF]){ 0 }, KEYBUF, 0), -EAGAIN)
+
+/* Get (and done) everything queued now; the keys, space separated. */
+static void drain_order(wq *q, char *out, size_t cap)
+{
+    char buf[KEYBUF + 1];
+    size_t used = 0;
+    int n;
+
+    out[0] = '\0';
+    while ((n = wq_get(q, buf, KEYBUF, 0)) > 0) {
+        buf[n] = '\0';
+        used += (size_t)snprintf(out + used, cap - used, "%s%s",
+                                 used ? " " : "", buf);
+        assert_true(used < cap);
+        assert_int_equal(wq_done(q, buf, (size_t)n), 0);
+    }
+    assert_int_equal(n, -EAGAIN);
+}
+
+#define expect_drain(q, want) expect_drain_((q), (want), __LINE__)
+static void expect_drain_(wq *q, const char *want, int line)
+{
+    char got[4096];
+
+    drain_order(q, got, sizeof got);
+    if (strcmp(got, want) != 0)
+        fail_msg("line %d: hand-out order \"%s\", expected \"%s\"", line,
+                 got, want);
+}
+
+struct find {
+    const char *key;
+    size_t len;
+    int found;
+    struct wq_key_info info;
+};
+
+static int find_cb(const struct wq_key_info *i, void *arg)
+{
+    struct find *f = arg;
+
+    if (i->len == f->len && memcmp(i->key, f->key, f->len) == 0) {
+        f->found = 1;
+        f->info = *i;
+        f->info.key = NULL;
+        f->info.result_message = NULL;
+        return 1;
+    }
+    return 0;
+}
+
+#define info_of(q, k) info_of_((q), (k), __LINE__)
+static struct wq_key_info info_of_(wq *q, const char *key, int line)
+{
+    struct find f = { .key = key, .len = strlen(key) };
+    int rc = wq_dump(q, find_cb, &f);
+
+    if (rc != 0 && rc != 1)
+        fail_msg("line %d: wq_dump = %d", line, rc);
+    if (!f.found)
+        fail_msg("line %d: \"%s\" is not in the dump", line, key);
+    return f.info;
+}
+
+/* ------------------------------------------------------------------ */
+/* 1. Figure 2: re-add while processing                                */
+/* ------------------------------------------------------------------ */
+
+/* A, B, C added; a worker gets A; A is re-added while processing (once or
+   twice); D, E added; Done(A). */
+static void figure2(int fair, int readds)
+{
+    wq *q = open_q(fair ? "fig2-fair" : "fig2-default", fair, 1000, -1, 64);
+
+    add_ok(q, "A", 0);
+    add_ok(q, "B", 0);
+    add_ok(q, "C", 0);
+    get_is(q, "A");                                 /* figure 2(b) */
+    add_ok(q, "A", 0);                              /* dirty, not queued */
+    assert_int_equal(wq_len(q), 2);
+    add_ok(q, "D", 0);                              /* figure 2(c) */
+    if (readds == 2)
+        add_ok(q, "A", 1);                          /* coalesced */
+    add_ok(q, "E", 0);
+    assert_int_equal(wq_len(q), 4);
+    assert_int_equal(info_of(q, "A").state, WQ_KEY_PROCESSING | WQ_KEY_DIRTY);
+    done_ok(q, "A");                                /* figure 2(d) */
+    assert_int_equal(wq_len(q), 5);
+    if (fair)
+        expect_drain(q, "B C A D E"); /* A where its re-add put it */
+    else
+        expect_drain(q, "B C D E A"); /* A at the back (client-go) */
+
+    struct wq_stats s = stats_of(q);
+    assert_int_equal(s.adds_total, 6);
+    assert_int_equal(s.coalesced_total, readds == 2 ? 1 : 0);
+    assert_int_equal(s.live, 0);
+    assert_int_equal(s.fair, fair ? 1 : 0);
+    check_clean(q);
+    close_q(q);
+}
+
+static void fig2_default(void **s) { (void)s; figure2(0, 1); }
+static void fig2_fair(void **s) { (void)s; figure2(1, 1); }
+static void fig2_default_twice(void **s) { (void)s; figure2(0, 2); }
+static void fig2_fair_twice(void **s) { (void)s; figure2(1, 2); }
+
+/* Both re-adds back to back, before anything else was added. */
+static void fig2_twice_adjacent(void **state)
+{
+    (void)state;
+    for (int fair = 0; fair <= 1; fair++) {
+        wq *q = open_q("fig2-adj", fair, 1000, -1, 64);
+        add_ok(q, "A", 0);
+        add_ok(q, "B", 0);
+        add_ok(q, "C", 0);
+        get_is(q, "A");
+        add_ok(q, "A", 0);
+        add_ok(q, "A", 1);
+        add_ok(q, "D", 0);
+        add_ok(q, "E", 0);
+        done_ok(q, "A");
+        expect_drain(q, fair ? "B C A D E" : "B C D E A");
+        check_clean(q);
+        close_q(q);
+    }
+}
+
+/* The same with the fast path: wq_done_get(A) hands out B (A's re-add came
+   after B and C), and A is then ahead of D. */
+static void fig2_done_get(void **state)
+{
+    (void)state;
+    for (int fair = 0; fair <= 1; fair++) {
+        wq *q = open_q("fig2-dg", fair, 1000, -1, 64);
+        char buf[KEYBUF];
+        add_ok(q, "A", 0);
+        add_ok(q, "B", 0);
+        add_ok(q, "C", 0);
+        get_is(q, "A");
+        add_ok(q, "A", 0);
+        add_ok(q, "D", 0);
+        assert_int_equal(wq_done_get(q, KS("A"), buf, sizeof buf, 0), 1);
+        assert_memory_equal(buf, "B", 1);
+        done_ok(q, "B");
+        expect_drain(q, fair ? "C A D" : "C D A");
+        check_clean(q);
+        close_q(q);
+    }
+}
+
+/* fair_share = 1 is "always the oldest": plain FIFO by add time, the
+   moment of the re-add counting as A's add time. */
+static void fig2_fair_share_1(void **state)
+{
+    (void)state;
+    wq *q = open_q("fig2-fs1", 1, 1, -1, 64);
+    add_ok(q, "A", 0);
+    add_ok(q, "B", 0);
+    add_ok(q, "C", 0);
+    get_is(q, "A");
+    add_ok(q, "A", 0);
+    add_ok(q, "D", 0);
+    add_ok(q, "E", 0);
+    done_ok(q, "A");
+    expect_drain(q, "B C A D E");
+    check_clean(q);
+    close_q(q);
+}
+
+/* ------------------------------------------------------------------ */
+/* 2. Interleaved re-adds of several processing keys                   */
+/* ------------------------------------------------------------------ */
+
+/* get A, get B, re-add B, add X, re-add A, add Y, done A, done B. */
+static void readd_interleaved(void **state)
+{
+    (void)state;
+    for (int fair = 0; fair <= 1; fair++) {
+        wq *q = open_q("readd-1", fair, 1000, -1, 64);
+        add_ok(q, "A", 0);
+        add_ok(q, "B", 0);
+        get_is(q, "A");
+        get_is(q, "B");
+        add_ok(q, "B", 0);
+        add_ok(q, "X", 0);
+        add_ok(q, "A", 0);
+        add_ok(q, "Y", 0);
+        done_ok(q, "A");
+        done_ok(q, "B");
+        expect_drain(q, fair ? "B X A Y" : "X Y A B");
+        check_clean(q);
+        close_q(q);
+    }
+}
+
+/* Dones in the other order than the re-adds: the order of the re-adds
+   decides, not the order of the dones. get A, get B, re-add A, add X,
+   re-add B, done B, done A. */
+static void readd_done_reversed(void **state)
+{
+    (void)state;
+    for (int fair = 0; fair <= 1; fair++) {
+        wq *q = open_q("readd-2", fair, 1000, -1, 64);
+        add_ok(q, "A", 0);
+        add_ok(q, "B", 0);
+        get_is(q, "A");
+        get_is(q, "B");
+        add_ok(q, "A", 0);
+        add_ok(q, "X", 0);
+        add_ok(q, "B", 0);
+        done_ok(q, "B");
+        done_ok(q, "A");
+        expect_drain(q, fair ? "A X B" : "X B A");
+        check_clean(q);
+        close_q(q);
+    }
+}
+
+/* A hand-out happens between the re-add and the done: A, B, C; get A;
+   re-add A; add D; get (B: A is not queued yet); done B; done A. */
+static void readd_get_between(void **state)
+{
+    (void)state;
+    for (int fair = 0; fair <= 1; fair++) {
+        wq *q = open_q("readd-3", fair, 1000, -1, 64);
+        add_ok(q, "A", 0);
+        add_ok(q, "B", 0);
+        add_ok(q, "C", 0);
+        get_is(q, "A");
+        add_ok(q, "A", 0);
+        add_ok(q, "D", 0);
+        get_is(q, "B");
+        done_ok(q, "B");
+        done_ok(q, "A");
+        expect_drain(q, fair ? "C A D" : "C D A");
+        check_clean(q);
+        close_q(q);
+    }
+}
+
+/* After its done the re-added key is an ordinary queued key: a further add
+   is coalesced and does not move it. A, B; get A; re-add A; add C; done A;
+   add A (coalesced). */
+static void readd_then_queued_add(void **state)
+{
+    (void)state;
+    for (int fair = 0; fair <= 1; fair++) {
+        wq *q = open_q("readd-4", fair, 1000, -1, 64);
+        add_ok(q, "A", 0);
+        add_ok(q, "B", 0);
+        get_is(q, "A");
+        add_ok(q, "A", 0);
+        add_ok(q, "C", 0);
+        done_ok(q, "A");
+        add_ok(q, "A", 1);
+        expect_drain(q, fair ? "B A C" : "B C A");
+        check_clean(q);
+        close_q(q);
+    }
+}
+
+/* Two keys re-added while processing, a third key handed out and re-added
+   in between: A; get A; re-add A; add B; get B; re-add B; add C; done B;
+   done A. */
+static void readd_chain(void **state)
+{
+    (void)state;
+    for (int fair = 0; fair <= 1; fair++) {
+        wq *q = open_q("readd-5", fair, 1000, -1, 64);
+        add_ok(q, "A", 0);
+        get_is(q, "A");
+        add_ok(q, "A", 0);
+        add_ok(q, "B", 0);
+        get_is(q, "B");
+        add_ok(q, "B", 0);
+        add_ok(q, "C", 0);
+        done_ok(q, "B");
+        done_ok(q, "A");
+        expect_drain(q, fair ? "A B C" : "C B A");
+        check_clean(q);
+        close_q(q);
+    }
+}
+
+/* A key re-added while processing and done with wq_finish (the outcome
+   path) keeps its place as with wq_done; a key re-added and done twice in a
+   row (two runs) each time takes the place of its latest re-add. */
+static void readd_finish_and_rerun(void **state)
+{
+    (void)state;
+    for (int fair = 0; fair <= 1; fair++) {
+        wq *q = open_q("readd-6", fair, 1000, -1, 64);
+        add_ok(q, "A", 0);
+        add_ok(q, "B", 0);
+        get_is(q, "A");
+        add_ok(q, "A", 0);
+        add_ok(q, "C", 0);
+        assert_int_equal(wq_finish(q, KS("A"), 0, "ok"), 0);
+        /* fair: B A C; default: B C A */
+        get_is(q, "B");
+        done_ok(q, "B");
+        if (fair) {
+            get_is(q, "A");
+            add_ok(q, "A", 0);   /* second run, re-added behind C */
+            add_ok(q, "D", 0);
+            done_ok(q, "A");
+            expect_drain(q, "C A D");
+        } else {
+            get_is(q, "C");
+            done_ok(q, "C");
+            get_is(q, "A");
+            add_ok(q, "A", 0);
+            add_ok(q, "D", 0);
+            done_ok(q, "A");
+            expect_drain(q, "D A");
+        }
+        check_clean(q);
+        close_q(q);
+    }
+}
+
+/* A processing key whose re-add is a wq_add_many in the middle of a batch
+   takes the place of that batch position. */
+static void readd_add_many(void **state)
+{
+    (void)state;
+    for (int fair = 0; fair <= 1; fair++) {
+        wq *q = open_q("readd-7", fair, 1000, -1, 64);
+        struct iovec v[3] = { { (void *)"X", 1 }, { (void *)"A", 1 },
+                              { (void *)"Y", 1 } };
+        add_ok(q, "A", 0);
+        add_ok(q, "B", 0);
+        get_is(q, "A");
+        assert_int_equal(wq_add_many(q, v, 3), 0);
+        done_ok(q, "A");
+        expect_drain(q, fair ? "B X A Y" : "B X Y A");
+        check_clean(q);
+        close_q(q);
+    }
+}
+
+/* ------------------------------------------------------------------ */
+/* 3. Priorities                                                       */
+/* ------------------------------------------------------------------ */
+
+static void prio_merge(void **state)
+{
+    (void)state;
+    wq *q = open_q("prio-merge", 1, 1000, -1, 64);
+
+    assert_int_equal(addp(q, "k1", 1), 0);
+    assert_int_equal(addp(q, "k1", 5), 1);      /* merged, raised */
+    assert_int_equal(info_of(q, "k1").priority, 5);
+    assert_int_equal(addp(q, "k2", 5), 0);
+    assert_int_equal(addp(q, "k2", 1), 1);      /* merged, kept */
+    assert_int_equal(info_of(q, "k2").priority, 5);
+    add_ok(q, "k2", 1);                         /* plain add: priority 0 */
+    assert_int_equal(info_of(q, "k2").priority, 5);
+    assert_int_equal(wq_add_opts(q, KS("k0"), NULL), 0);  /* NULL: wq_add */
+    assert_int_equal(wq_add_opts(q, KS("k0"), NULL), 1);
+    assert_int_equal(info_of(q, "k0").priority, 0);
+    assert_int_equal(info_of(q, "k0").state, WQ_KEY_QUEUED | WQ_KEY_DIRTY);
+
+    struct wq_stats s = stats_of(q);
+    assert_int_equal(s.adds_total, 3);
+    assert_int_equal(s.coalesced_total, 4);
+    expect_drain(q, "k1 k2 k0");
+    check_clean(q);
+    close_q(q);
+}
+
+/* Higher first; equal priority in add order; negative priorities are
+   below the default 0. */
+static void prio_order(void **state)
+{
+    (void)state;
+    wq *q = open_q("prio-order", 1, 1000, -1, 64);
+    static const struct { const char *k; int p; } adds[] = {
+        { "n1", -2 }, { "z1", 0 }, { "m1", 3 }, { "h1", 7 }, { "z2", 0 },
+        { "m2", 3 },  { "n2", -2 }, { "h2", 7 }, { "m3", 3 }, { "z3", 0 },
+    };
+    for (size_t i = 0; i < sizeof adds / sizeof adds[0]; i++)
+        assert_int_equal(addp(q, adds[i].k, adds[i].p), 0);
+    for (size_t i = 0; i < sizeof adds / sizeof adds[0]; i++)
+        assert_int_equal(info_of(q, adds[i].k).priority, adds[i].p);
+    /* seq is the add order (not asserted as consecutive: wraps) */
+    assert_true(info_of(q, "n1").seq != info_of(q, "z1").seq);
+    expect_drain(q, "h1 h2 m1 m2 m3 z1 z2 z3 n1 n2");
+    assert_int_equal(stats_of(q).fair, 1);
+    check_clean(q);
+    close_q(q);
+}
+
+/* A raised priority moves a queued key ahead of keys it was behind. */
+static void prio_raise_moves(void **state)
+{
+    (void)state;
+    wq *q = open_q("prio-raise", 1, 1000, -1, 64);
+    assert_int_equal(addp(q, "a", 2), 0);
+    assert_int_equal(addp(q, "b", 2), 0);
+    assert_int_equal(addp(q, "c", 0), 0);
+    get_is(q, "a");
+    assert_int_equal(addp(q, "c", 4), 1);
+    get_is(q, "c");
+    get_is(q, "b");
+    get_none(q);
+    done_ok(q, "a");
+    done_ok(q, "b");
+    done_ok(q, "c");
+    check_clean(q);
+    close_q(q);
+}
+
+/* A key re-added while processing: re-adds merge among themselves (the
+   higher wins) and the key is handed out by that priority after its
+   wq_done. */
+static void prio_readd_while_processing(void **state)
+{
+    (void)state;
+    wq *q = open_q("prio-readd", 1, 1000, -1, 64);
+
+    assert_int_equal(addp(q, "A", 0), 0);
+    get_is(q, "A");
+    assert_int_equal(addp(q, "A", 0), 0);   /* marked dirty */
+    assert_int_equal(addp(q, "B", 1), 0);
+    assert_int_equal(addp(q, "C", 2), 0);
+    assert_int_equal(addp(q, "A", 3), 1);   /* merged into the dirty mark */
+    assert_int_equal(info_of(q, "A").state, WQ_KEY_PROCESSING | WQ_KEY_DIRTY);
+    assert_int_equal(info_of(q, "A").priority, 3);
+    done_ok(q, "A");
+    expect_drain(q, "A C B");
+    check_clean(q);
+    close_q(q);
+}
+
+/* The run in progress does not lend its priority to the re-add: the add
+   it came from was handed out already (controller-runtime's priority queue
+   makes a new item for an add of a locked key, with the add's priority;
+   wq.h merges priorities only into a key "already queued"). Otherwise a
+   key that is re-added during each of its runs keeps a one-time urgent
+   priority forever. */
+static void prio_readd_new_priority(void **state)
+{
+    (void)state;
+    wq *q = open_q("prio-readd-new", 1, 1000, -1, 64);
+
+    assert_int_equal(addp(q, "A", 5), 0);
+    get_is(q, "A");
+    assert_int_equal(addp(q, "A", 0), 0);   /* marked dirty */
+    assert_int_equal(addp(q, "B", 1), 0);
+    done_ok(q, "A");
+    assert_int_equal(info_of(q, "A").priority, 0);
+    expect_drain(q, "B A");
+    check_clean(q);
+    close_q(q);
+}
+
+/* Merging keeps the higher priority also below zero, and a plain add
+   (priority 0) raises a negative priority to 0. */
+static void prio_merge_negative(void **state)
+{
+    (void)state;
+    wq *q = open_q("prio-neg", 1, 1000, -1, 64);
+
+    assert_int_equal(addp(q, "n", -5), 0);
+    assert_int_equal(addp(q, "m", -3), 0);
+    assert_int_equal(addp(q, "n", -2), 1);
+    assert_int_equal(info_of(q, "n").priority, -2);   /* higher of -5, -2 */
+    assert_int_equal(addp(q, "p", -5), 0);
+    add_ok(q, "p", 1);                                /* priority 0 */
+    assert_int_equal(info_of(q, "p").priority, 0);
+    expect_drain(q, "p n m");
+    check_clean(q);
+    close_q(q);
+}
+
+/* Default mode: priority is refused, everything else of wq_add_opts works;
+   fair-only options are refused. */
+static void prio_default_mode(void **state)
+{
+    (void)state;
+    wq *q = open_q("prio-default", 0, 0, 0, 64);
+
+    assert_int_equal(addp(q, "a", 3), -EINVAL);
+    assert_int_equal(addp(q, "a", -1), -EINVAL);
+    assert_int_equal(addp(q, "a", 0), 0);
+    assert_int_equal(addp(q, "a", 0), 1);
+    assert_int_equal(wq_add_opts(q, KS("b"), NULL), 0);
+    assert_int_equal(addx(q, "w", 0, 10 * MS, false), 0);
+    assert_int_equal(info_of(q, "w").state, WQ_KEY_WAITING);
+    assert_int_equal(info_of(q, "w").ready_ns, T0 + 10 * MS);
+    assert_int_equal(info_of(q, "a").priority, 0);
+    assert_int_equal(wq_len(q), 2);
+    struct wq_stats s = stats_of(q);
+    assert_int_equal(s.fair, 0);
+    clock_step(10 * MS);
+    expect_drain(q, "a b w");
+    check_clean(q);
+    close_q(q);
+
+    /* fair_share / tenant_sep without WQ_FAIR */
+    struct wq_options o = { .flags = WQ_CREATE, .fair_share = 4 };
+    wq *x = NULL;
+    assert_int_equal(wq_open(th_qname("bad-fs"), &o, &x), -EINVAL);
+    o.fair_share = 0;
+    o.tenant_sep = ':';
+    assert_int_equal(wq_open(th_qname("bad-ts"), &o, &x), -EINVAL);
+    o.tenant_sep = -1;
+    assert_int_equal(wq_open(th_qname("bad-ts2"), &o, &x), -EINVAL);
+    assert_null(x);
+}
+
+/* Invalid arguments of wq_add_opts on a fair queue. */
+static void prio_bad_args(void **state)
+{
+    (void)state;
+    wq *q = open_q("prio-args", 1, 1000, -1, 64);
+    struct wq_add_opts o = { .priority = 1 };
+    char big[KEYBUF + 2];
+
+    memset(big, 'k', sizeof big);
+    assert_int_equal(wq_add_opts(NULL, KS("a"), &o), -EINVAL);
+    assert_int_equal(wq_add_opts(q, NULL, 1, &o), -EINVAL);
+    assert_int_equal(wq_add_opts(q, "a", 0, &o), -EINVAL);
+    assert_int_equal(wq_add_opts(q, big, sizeof big, &o), -EMSGSIZE);
+    assert_int_equal(stats_of(q).live, 0);
+    assert_int_equal(wq_shutdown(q), 0);
+    assert_int_equal(wq_add_opts(q, KS("a"), &o), -ESHUTDOWN);
+    check_clean(q);
+    close_q(q);
+}
+
+/* after_ns with a priority: waits, then is handed out with its priority
+   ahead of lower priority keys added before it. */
+static void prio_after(void **state)
+{
+    (void)state;
+    wq *q = open_q("prio-after", 1, 1000, -1, 64);
+
+    assert_int_equal(addx(q, "hi", 5, 10 * MS, false), 0);
+    struct wq_key_info ki = info_of(q, "hi");
+    assert_int_equal(ki.state, WQ_KEY_WAITING);
+    assert_int_equal(ki.priority, 5);
+    assert_int_equal(ki.ready_ns, T0 + 10 * MS);
+    add_ok(q, "p0", 0);
+    add_ok(q, "p1", 0);
+    add_ok(q, "p2", 0);
+    get_is(q, "p0");
+    clock_step(9 * MS);
+    get_is(q, "p1");
+    clock_step(1 * MS);
+    get_is(q, "hi");
+    get_is(q, "p2");
+    get_none(q);
+    done_ok(q, "p0");
+    done_ok(q, "p1");
+    done_ok(q, "p2");
+    done_ok(q, "hi");
+    check_clean(q);
+    close_q(q);
+}
+
+/* Re-adding a waiting key: earlier ready time and higher priority win,
+   whatever the order of the adds. */
+static void prio_after_merge(void **state)
+{
+    (void)state;
+    wq *q = open_q("prio-after-merge", 1, 1000, -1, 64);
+
+    assert_int_equal(addx(q, "w", 0, 100 * MS, false), 0);
+    assert_int_equal(addx(q, "w", 0, 10 * MS, false), 1);
+    assert_int_equal(info_of(q, "w").ready_ns, T0 + 10 * MS);
+    assert_int_equal(addx(q, "w", 0, SEC, false), 1);
+    assert_int_equal(info_of(q, "w").ready_ns, T0 + 10 * MS);
+
+    assert_int_equal(addx(q, "v", 2, 10 * MS, false), 0);
+    assert_int_equal(addx(q, "v", 7, 50 * MS, false), 1);
+    struct wq_key_info ki = info_of(q, "v");
+    assert_int_equal(ki.state, WQ_KEY_WAITING);
+    assert_int_equal(ki.priority, 7);
+    assert_int_equal(ki.ready_ns, T0 + 10 * MS);
+    assert_int_equal(addx(q, "v", 1, 5 * MS, false), 1);
+    ki = info_of(q, "v");
+    assert_int_equal(ki.priority, 7);
+    assert_int_equal(ki.ready_ns, T0 + 5 * MS);
+
+    /* A delayed add of a queued key is merged, not delayed; its priority
+       still merges. */
+    add_ok(q, "q", 0);
+    assert_int_equal(addx(q, "q", 4, SEC, false), 1);
+    ki = info_of(q, "q");
+    assert_int_equal(ki.state, WQ_KEY_QUEUED | WQ_KEY_DIRTY);
+    assert_int_equal(ki.priority, 4);
+
+    /* An undelayed add of a waiting key queues it at once. */
+    assert_int_equal(addx(q, "u", 1, SEC, false), 0);
+    assert_int_equal(addp(q, "u", 0), 0);
+    ki = info_of(q, "u");
+    assert_int_equal(ki.state, WQ_KEY_QUEUED | WQ_KEY_DIRTY);
+    assert_int_equal(ki.priority, 1);
+
+    assert_int_equal(stats_of(q).waiting, 2);
+    get_is(q, "q");
+    clock_step(5 * MS);
+    get_is(q, "v");        /* ready and 7 */
+    get_is(q, "u");
+    get_none(q);
+    clock_step(4 * MS);
+    get_none(q);           /* w is ready at +10 ms */
+    clock_step(1 * MS);
+    get_is(q, "w");
+    get_none(q);
+    done_ok(q, "q");
+    done_ok(q, "v");
+    done_ok(q, "u");
+    done_ok(q, "w");
+    check_clean(q);
+    close_q(q);
+}
+
+/* after_ns and rate_limited together: the smaller delay wins, in both
+   directions; the failure count rises either way. */
+static void prio_after_and_rl(void **state)
+{
+    (void)state;
+    for (int dir = 0; dir < 2; dir++) {
+        struct wq_options o = { .capacity = 64, .flags = WQ_FAIR,
+                                .fair_share = 1000, .tenant_sep = -1,
+                                .rl_limiters = WQ_RL_EXPONENTIAL,
+                                .rl_base_delay_ns = dir == 0 ? SEC : 10 * MS };
+        wq *q = open_opts("prio-rl", &o);
+        uint64_t after = dir == 0 ? 10 * MS : SEC;
+
+        assert_int_equal(addx(q, "r", 3, after, true), 0);
+        struct wq_key_info ki = info_of(q, "r");
+        assert_int_equal(ki.state, WQ_KEY_WAITING);
+        assert_int_equal(ki.ready_ns, T0 + 10 * MS);
+        assert_int_equal(ki.priority, 3);
+        assert_int_equal(wq_num_requeues(q, KS("r")), 1);
+        add_ok(q, "z", 0);
+        clock_step(9 * MS);
+        assert_int_equal(stats_of(q).waiting, 1);
+        clock_step(1 * MS);
+        get_is(q, "r");            /* priority 3 before z */
+        get_is(q, "z");
+        done_ok(q, "r");
+        done_ok(q, "z");
+        assert_int_equal(wq_forget(q, KS("r")), 0);
+        check_clean(q);
+        close_q(q);
+        clock_at(T0);
+    }
+}
+
+/* ------------------------------------------------------------------ */
+/* 4. Starvation bound                                                 */
+/* ------------------------------------------------------------------ */
+
+/* Flood: every round adds two new priority-10 keys, then gets and dones
+   one key. Returns the round (1-based) in which `target` was handed out,
+   or 0 if it was not within max_gets. */
+static int flood_until(wq *q, const char *target, int max_gets, int *next_id)
+{
+    char buf[KEYBUF + 1], k[32];
+
+    for (int g = 1; g <= max_gets; g++) {
+        for (int j = 0; j < 2; j++) {
+            snprintf(k, sizeof k, "h%d", (*next_id)++);
+            assert_int_equal(addp(q, k, 10), 0);
+        }
+        int n = wq_get(q, buf, KEYBUF, 0);
+        assert_true(n > 0);
+        buf[n] = '\0';
+        assert_int_equal(wq_done(q, buf, (size_t)n), 0);
+        if (strcmp(buf, target) == 0)
+            return g;
+    }
+    return 0;
+}
+
+static void starve_bound(void **state)
+{
+    (void)state;
+    wq *q = open_q("starve-4", 1, 4, -1, 4096);
+    int id = 0;
+
+    /* L is the oldest: r = 0, within 4 gets. */
+    assert_int_equal(addp(q, "L", 0), 0);
+    int g = flood_until(q, "L", 4, &id);
+    if (g == 0)
+        fail_msg("L not handed out within 4 gets under the flood");
+    print_message("  L handed out at get %d of at most 4\n", g);
+
+    /* Several low keys: Li has i keys queued before it (the flood keys
+       queued now are younger), so it comes out within 4 * (i + 1) gets
+       counted from the moment they were added. */
+    char buf[KEYBUF + 1];
+    int n;
+    while ((n = wq_get(q, buf, KEYBUF, 0)) > 0)     /* empty the queue */
+        assert_int_equal(wq_done(q, buf, (size_t)n), 0);
+    for (int i = 0; i < 5; i++) {
+        char k[8];
+        snprintf(k, sizeof k, "L%d", i);
+        assert_int_equal(addp(q, k, i - 3), 0);     /* all below 10 */
+    }
+    int total = 0;
+    for (int i = 0; i < 5; i++) {
+        char k[8];
+        snprintf(k, sizeof k, "L%d", i);
+        g = flood_until(q, k, 4 * (i + 1) - total, &id);
+        if (g == 0)
+            fail_msg("%s not handed out within %d gets", k, 4 * (i + 1));
+        total += g;
+    }
+    check_clean(q);
+    close_q(q);
+}
+
+/* The default fair_share is 8. */
+static void starve_default_share(void **state)
+{
+    (void)state;
+    wq *q = open_q("starve-8", 1, 0, -1, 4096);
+    int id = 0;
+
+    assert_int_equal(addp(q, "L", -5), 0);
+    int g = flood_until(q, "L", 8, &id);
+    if (g == 0)
+        fail_msg("L not handed out within 8 gets (default fair_share)");
+    check_clean(q);
+    close_q(q);
+}
+
+/* fair_share = 1000: L waits as long as the flood keeps ahead. */
+static void starve_large_share(void **state)
+{
+    (void)state;
+    wq *q = open_q("starve-1000", 1, 1000, -1, 4096);
+    int id = 0;
+
+    assert_int_equal(addp(q, "L", 0), 0);
+    assert_int_equal(flood_until(q, "L", 100, &id), 0);
+    assert_int_equal(info_of(q, "L").state, WQ_KEY_QUEUED | WQ_KEY_DIRTY);
+    check_clean(q);
+    close_q(q);
+}
+
+/* The oldest-key rule also serves a key that was re-added while
+   processing, by the age of its re-add. */
+static void starve_readd(void **state)
+{
+    (void)state;
+    wq *q = open_q("starve-readd", 1, 4, -1, 4096);
+    int id = 0;
+
+    assert_int_equal(addp(q, "L", 0), 0);
+    get_is(q, "L");
+    assert_int_equal(addp(q, "L", 0), 0);   /* the oldest add once done */
+    done_ok(q, "L");
+    int g = flood_until(q, "L", 4, &id);
+    if (g == 0)
+        fail_msg("re-added L not handed out within 4 gets");
+    check_clean(q);
+    close_q(q);
+}
+
+/* ------------------------------------------------------------------ */
+/* 5. Tenants                                                          */
+/* ------------------------------------------------------------------ */
+
+#define FLOOD 100000
+
+/* Adds "a/<i>" for i in [0, n) with wq_add_many in batches of 1000. */
+static void add_tenant_flood(wq *q, const char *tenant, int n)
+{
+    static char keys[1000][24];
+    struct iovec v[1000];
+
+    for (int base = 0; base < n; base += 1000) {
+        int m = n - base < 1000 ? n - base : 1000;
+        for (int i = 0; i < m; i++) {
+            int l = snprintf(keys[i], sizeof keys[i], "%s/%d", tenant, base + i);
+            v[i].iov_base = keys[i];
+            v[i].iov_len = (size_t)l;
+        }
+        assert_int_equal(wq_add_many(q, v, (size_t)m), 0);
+    }
+}
+
+/* Gets (and dones) until `target`; returns the 1-based get count, 0 if not
+   within max. */
+static int gets_until(wq *q, const char *target, int max)
+{
+    char buf[KEYBUF + 1];
+
+    for (int g = 1; g <= max; g++) {
+        int n = wq_get(q, buf, KEYBUF, 0);
+        if (n < 0)
+            fail_msg("wq_get = %d (%s) at get %d looking for %s", n,
+                     wq_strerror(n), g, target);
+        buf[n] = '\0';
+        assert_int_equal(wq_done(q, buf, (size_t)n), 0);
+        if (strcmp(buf, target) == 0)
+            return g;
+    }
+    return 0;
+}
+
+static void tenant_flood(void **state)
+{
+    (void)state;
+    wq *q = open_q("tenant-flood", 1, 1000, 0, FLOOD + 1024);
+    struct iovec v = { (void *)"b/x", 3 };
+
+    add_tenant_flood(q, "a", FLOOD);
+    assert_int_equal(wq_add_many(q, &v, 1), 0);
+    int g = gets_until(q, "b/x", 2);
+    if (g == 0)
+        fail_msg("b/x not handed out within 2 gets behind %d keys of a/",
+                 FLOOD);
+
+    /* Half of a/ later, a new tenant is again served at once ... */
+    for (int i = 0; i < FLOOD / 2; i++) {
+        char buf[KEYBUF];
+        int n = wq_get(q, buf, KEYBUF, 0);
+        assert_true(n > 0);
+        assert_int_equal(wq_done(q, buf, (size_t)n), 0);
+    }
+    add_ok(q, "c/y", 0);
+    if (gets_until(q, "c/y", 2) == 0)
+        fail_msg("c/y not handed out within 2 gets");
+
+    /* ... and a tenant that was idle while a/ was served gets no credit
+       for it: its 5 keys alternate with a/'s, never two in a row. */
+    for (int i = 0; i < 5; i++) {
+        char k[8];
+        snprintf(k, sizeof k, "b/%d", i);
+        add_ok(q, k, 0);
+    }
+    char buf[KEYBUF + 1], order[256] = "";
+    int bs = 0, prev_b = 0, adjacent = 0;
+    size_t used = 0;
+    for (int i = 0; i < 11 && bs < 5; i++) {
+        int n = wq_get(q, buf, KEYBUF, 0);
+        assert_true(n > 0);
+        buf[n] = '\0';
+        assert_int_equal(wq_done(q, buf, (size_t)n), 0);
+        int is_b = buf[0] == 'b';
+        used += (size_t)snprintf(order + used, sizeof order - used, "%s%s",
+                                 used ? " " : "", buf);
+        if (is_b && prev_b)
+            adjacent = 1;
+        bs += is_b;
+        prev_b = is_b;
+    }
+    if (bs != 5 || adjacent)
+        fail_msg("after an idle spell, b/ got: %s", order);
+    check_clean(q);
+    close_q(q);
+}
+
+/* Tenant round-robin off: b/x waits behind all of a/. */
+static void tenant_off_flood(void **state)
+{
+    (void)state;
+    wq *q = open_q("tenant-off", 1, 1000, -1, FLOOD + 1024);
+
+    add_tenant_flood(q, "a", FLOOD);
+    add_ok(q, "b/x", 0);
+    assert_int_equal(gets_until(q, "b/x", 1000), 0);
+    assert_int_equal(info_of(q, "b/x").state, WQ_KEY_QUEUED | WQ_KEY_DIRTY);
+    check_clean(q);
+    close_q(q);
+}
+
+/* Start-time fair queueing tags: three tenants with three keys each, all
+   added before the first get, interleave a b c a b c a b c. */
+static void tenant_three(void **state)
+{
+    (void)state;
+    static const char *const order[] = { "a/1", "a/2", "a/3", "b/1", "b/2",
+                                         "b/3", "c/1", "c/2", "c/3" };
+    /* Added tenant after tenant, and interleaved the other way round. */
+    for (int variant = 0; variant < 2; variant++) {
+        wq *q = open_q("tenant-three", 1, 1000, 0, 4096);
+        for (int i = 0; i < 9; i++) {
+            int j = variant == 0 ? i : (i % 3) * 3 + (i / 3);
+            add_ok(q, order[j], 0);
+        }
+        expect_drain(q, "a/1 b/1 c/1 a/2 b/2 c/2 a/3 b/3 c/3");
+        check_clean(q);
+        close_q(q);
+    }
+}
+
+/* Checks that `got` (space separated) alternates tenants in its first n
+   keys (tenant: the first byte) and keeps add order inside each tenant
+   (keys of one tenant end in increasing digits). */
+static void expect_turns(const char *got, int n)
+{
+    char copy[512], *save = NULL, prev_t = 0;
+    int last[256];
+    int i = 0;
+
+    memset(last, -1, sizeof last);
+    snprintf(copy, sizeof copy, "%s", got);
+    for (char *k = strtok_r(copy, " ", &save); k && i < n;
+         k = strtok_r(NULL, " ", &save), i++) {
+        unsigned char t = (unsigned char)k[0];
+        int d = atoi(k + strlen(k) - 1);
+        if (i > 0 && (char)t == prev_t)
+            fail_msg("tenants do not take turns in \"%s\" (key %d)", got, i);
+        if (d <= last[t])
+            fail_msg("add order inside tenant %c broken in \"%s\"", t, got);
+        last[t] = d;
+        prev_t = (char)t;
+    }
+}
+
+/* Tenants and priorities: priority first, tenants take turns inside a
+   priority. */
+static void tenant_with_priority(void **state)
+{
+    (void)state;
+    wq *q = open_q("tenant-prio", 1, 1000, 0, 4096);
+    char got[256];
+
+    assert_int_equal(addp(q, "a/1", 0), 0);
+    assert_int_equal(addp(q, "a/2", 0), 0);
+    assert_int_equal(addp(q, "a/3", 5), 0);
+    assert_int_equal(addp(q, "a/4", 5), 0);
+    assert_int_equal(addp(q, "b/1", 0), 0);
+    assert_int_equal(addp(q, "b/2", 5), 0);
+    assert_int_equal(addp(q, "b/3", 5), 0);
+    drain_order(q, got, sizeof got);
+    print_message("  order: %s\n", got);
+    /* priority 5 first: a/3 a/4 b/2 b/3 in turns; then a/1 a/2 b/1 */
+    expect_turns(got, 4);
+    expect_turns(got + 16, 3);
+    if (strncmp(got, "a/3 b/2 a/4 b/3 ", 16) != 0 &&
+        strncmp(got, "b/2 a/3 b/3 a/4 ", 16) != 0)
+        fail_msg("priority 5 keys not first, in turns: \"%s\"", got);
+    if (strcmp(got + 16, "a/1 b/1 a/2") != 0)
+        fail_msg("priority 0 keys: \"%s\", expected \"a/1 b/1 a/2\" last",
+                 got);
+    check_clean(q);
+    close_q(q);
+}
+
+/* Turns are taken among keys of one priority: a tenant with many low
+   priority keys queued is not pushed back among high priority keys by
+   them (wq.h rule 3: "among keys of one priority, tenants take turns").
+   Start tags kept per tenant across priorities would give b b a a. */
+static void tenant_turns_per_priority(void **state)
+{
+    (void)state;
+    wq *q = open_q("tenant-prio2", 1, 1000, 0, 4096);
+    char got[512];
+
+    for (int i = 0; i < 10; i++) {
+        char k[8];
+        snprintf(k, sizeof k, "a/%d", i);
+        assert_int_equal(addp(q, k, 0), 0);
+    }
+    assert_int_equal(addp(q, "a/x", 5), 0);
+    assert_int_equal(addp(q, "a/y", 5), 0);
+    assert_int_equal(addp(q, "b/x", 5), 0);
+    assert_int_equal(addp(q, "b/y", 5), 0);
+    drain_order(q, got, sizeof got);
+    print_message("  order: %s\n", got);
+    if (strncmp(got, "a/x b/x a/y b/y ", 16) != 0)
+        fail_msg("priority 5: \"%.15s\", expected \"a/x b/x a/y b/y\"", got);
+    if (strncmp(got + 16, "a/0 a/1 a/2 ", 12) != 0)
+        fail_msg("then a/0 .. a/9 in add order: \"%s\"", got);
+    check_clean(q);
+    close_q(q);
+}
+
+/* A key without the separator is a tenant of its own (the whole key:
+   tenant_len == len); a key that starts with it is in tenant "". So
+   x1 x2 x3 are three tenants, each with its first key, and they are all
+   served before a/'s second key. */
+static void tenant_no_separator(void **state)
+{
+    (void)state;
+    wq *q = open_q("tenant-nosep", 1, 1000, 0, 4096);
+
+    add_ok(q, "x1", 0);
+    add_ok(q, "x2", 0);
+    add_ok(q, "x3", 0);
+    add_ok(q, "a/1", 0);
+    add_ok(q, "a/2", 0);
+    add_ok(q, "a/3", 0);
+    add_ok(q, "/z", 0);          /* empty tenant part */
+    add_ok(q, "/y", 0);
+    assert_int_equal(info_of(q, "x1").tenant_len, 2);
+    assert_int_equal(info_of(q, "x2").tenant_len, 2);
+    expect_drain(q, "x1 x2 x3 a/1 /z a/2 /y a/3");
+    check_clean(q);
+    close_q(q);
+}
+
+/* Another separator, and only the first one counts. */
+static void tenant_custom_sep(void **state)
+{
+    (void)state;
+    wq *q = open_q("tenant-colon", 1, 1000, ':', 4096);
+
+    add_ok(q, "ns:a:1", 0);
+    add_ok(q, "ns:a:2", 0);
+    add_ok(q, "ns:b:1", 0);
+    add_ok(q, "ot:x", 0);
+    expect_drain(q, "ns:a:1 ot:x ns:a:2 ns:b:1");
+    check_clean(q);
+    close_q(q);
+}
+
+/* wq_dump's tenant_len: "the part of the key before the first tenant_sep
+   is its tenant" (wq.h rule 3), so "a/1" names tenant "a" (1 byte), "/z"
+   the empty tenant, "ns:a:1" with ':' the tenant "ns"; a key without the
+   separator is its own tenant (the whole key). */
+static void tenant_len_dump(void **state)
+{
+    (void)state;
+    wq *q = open_q("tenant-len", 1, 1000, 0, 64);
+    add_ok(q, "a/1", 0);
+    add_ok(q, "/z", 0);
+    add_ok(q, "x1", 0);
+    add_ok(q, "ns/a/b", 0);
+    assert_int_equal(info_of(q, "x1").tenant_len, 2);
+    assert_int_equal(info_of(q, "a/1").tenant_len, 1);
+    assert_int_equal(info_of(q, "/z").tenant_len, 0);
+    assert_int_equal(info_of(q, "ns/a/b").tenant_len, 2);
+    expect_drain(q, "a/1 /z x1 ns/a/b");
+    check_clean(q);
+    close_q(q);
+
+    q = open_q("tenant-len-colon", 1, 1000, ':', 64);
+    add_ok(q, "ns:a:1", 0);
+    add_ok(q, "ns/x", 0);
+    assert_int_equal(info_of(q, "ns:a:1").tenant_len, 2);
+    assert_int_equal(info_of(q, "ns/x").tenant_len, 4);
+    expect_drain(q, "ns:a:1 ns/x");
+    check_clean(q);
+    close_q(q);
+}
+
+/* A tenant's backlog does not delay another tenant's single key after a
+   high priority key of the backlogged tenant was handed out (wq.h rule 3:
+   "a tenant that adds 100,000 keys does not delay another tenant's single
+   key behind them"). */
+static void tenant_flood_after_priority(void **state)
+{
+    (void)state;
+    wq *q = open_q("tenant-flood-prio", 1, 1000, 0, FLOOD + 1024);
+
+    add_tenant_flood(q, "a", FLOOD);
+    assert_int_equal(addp(q, "a/hi", 10), 0);
+    get_is(q, "a/hi");
+    done_ok(q, "a/hi");
+    add_ok(q, "b/x", 0);
+    int g = gets_until(q, "b/x", 2);
+    if (g == 0) {
+        int more = gets_until(q, "b/x", FLOOD + 1);
+        fail_msg("b/x not handed out within 2 gets after a/hi: it came "
+                 "after %d more gets", 2 + more);
+    }
+    check_clean(q);
+    close_q(q);
+}
+
+/* ------------------------------------------------------------------ */
+/* 6. Stats                                                            */
+/* ------------------------------------------------------------------ */
+
+static void stats_fair(void **state)
+{
+    (void)state;
+    wq *q = open_q("stats-fair", 1, 1000, 0, 4096);
+
+    struct wq_stats s = stats_of(q);
+    assert_int_equal(s.fair, 1);
+    add_ok(q, "a/1", 0);
+    add_ok(q, "a/2", 0);
+    add_ok(q, "b/1", 0);
+    add_ok(q, "c/1", 0);
+    get_is(q, "a/1");
+    get_is(q, "b/1");
+    get_is(q, "c/1");
+    get_is(q, "a/2");
+    add_ok(q, "b/1", 0);                           /* re-added */
+    assert_int_equal(addx(q, "d/1", 0, SEC, false), 0);   /* waiting */
+    s = stats_of(q);
+    assert_int_equal(s.queued, 0);
+    assert_int_equal(s.processing, 4);
+    assert_int_equal(s.waiting, 1);
+    assert_int_equal(s.live, 5);
+    done_ok(q, "a/1");
+    done_ok(q, "a/2");
+    done_ok(q, "c/1");
+    done_ok(q, "b/1");
+    clock_step(SEC);
+    s = stats_of(q);
+    assert_int_equal(s.queued, 2);                 /* b/1 and d/1 */
+    assert_int_equal(s.waiting, 0);
+    expect_drain(q, "b/1 d/1");
+    s = stats_of(q);
+    assert_int_equal(s.live, 0);
+    assert_int_equal(s.fair, 1);
+    assert_int_equal(s.adds_total, 6);
+    check_clean(q);
+    close_q(q);
+}
+
+/* A second handle (attach only) sees the fair geometry of the region. */
+static void stats_attach(void **state)
+{
+    (void)state;
+    struct wq_options o = { .capacity = 64, .flags = WQ_FAIR,
+                            .fair_share = 1000, .tenant_sep = -1 };
+    wq *q = open_opts("stats-attach", &o), *q2 = NULL;
+    const char *name = wq_name(q);
+
+    assert_int_equal(wq_open(name, NULL, &q2), 0);
+    track(q2);
+    assert_int_equal(stats_of(q2).fair, 1);
+    assert_int_equal(addp(q2, "lo", 1), 0);
+    assert_int_equal(addp(q2, "hi", 2), 0);
+    get_is(q, "hi");
+    done_ok(q2, "hi");
+    get_is(q2, "lo");
+    close_q(q2);              /* gives "lo" back: queued again */
+    get_is(q, "lo");
+    done_ok(q, "lo");
+    check_clean(q);
+    close_q(q);
+}
+
+#define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        T(fig2_default),
+        T(fig2_fair),
+        T(fig2_default_twice),
+        T(fig2_fair_twice),
+        T(fig2_twice_adjacent),
+        T(fig2_done_get),
+        T(fig2_fair_share_1),
+        T(readd_interleaved),
+        T(readd_done_reversed),
+        T(readd_get_between),
+        T(readd_then_queued_add),
+        T(readd_chain),
+        T(readd_finish_and_rerun),
+        T(readd_add_many),
+        T(prio_merge),
+        T(prio_order),
+        T(prio_raise_moves),
+        T(prio_readd_while_processing),
+        T(prio_readd_new_priority),
+        T(prio_merge_negative),
+        T(prio_default_mode),
+        T(prio_bad_args),
+        T(prio_after),
+        T(prio_after_merge),
+        T(prio_after_and_rl),
+        T(starve_bound),
+        T(starve_default_share),
+        T(starve_large_share),
+        T(starve_readd),
+        T(tenant_flood),
+        T(tenant_off_flood),
+        T(tenant_three),
+        T(tenant_with_priority),
+        T(tenant_turns_per_priority),
+        T(tenant_no_separator),
+        T(tenant_custom_sep),
+        T(tenant_len_dump),
+        T(tenant_flood_after_priority),
+        T(stats_fair),
+        T(stats_attach),
+        cmocka_unit_test(th_test_no_leftovers),
+    };
+    int rc = cmocka_run_group_tests(tests, th_group_setup, th_group_teardown);
+    return rc | th_final_check();
+}

@@ -1,0 +1,644 @@
+/*
+ * test-mp-fair.c - fair mode (WQ_FAIR) across processes: the core
+ * semantics of test-queue.c still hold when the hand-out order is
+ * priorities, tenant turns and the oldest-key share.
+ *
+ *   - figure 2 across processes: a worker process holds A while another
+ *     process re-adds it and adds D, E; after the worker's wq_done A is
+ *     handed out in the order of its re-add (B C A D E);
+ *   - client-go's TestBasic: 50 producer processes add their key 50 times
+ *     each with random priorities (tenants "t0" .. "t4"), 10 consumer
+ *     processes get and done; per-key witnesses in a shared mapping check
+ *     that no key ever has two holders at once and that every key is
+ *     processed after its last add; shutdown and drain variants, children
+ *     that wq_open() and children that inherit the handle;
+ *   - client-go's TestAddWhileProcessing, with priorities: each key is
+ *     re-added once while processing and handed out exactly twice;
+ *   - order across processes: producers in several processes add keys of
+ *     random priorities and tenants; a single consumer sees priorities
+ *     never rise and, within a tenant and priority, each producer's add
+ *     order;
+ *   - crashes: a child gets a key and dies by SIGKILL (itself, or killed
+ *     while the parent waits; also after the key was re-added while it
+ *     was held): the key is never handed out while its holder lives, comes
+ *     back (through the rate limiter) within 2 s exactly once, wq_check is
+ *     clean and crash_requeues_total is 1.
+ *
+ * Only the main thread of the test process uses cmocka asserts; children
+ * write to the failure board (helpers.h).
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "helpers.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define KEYBUF 256 /* default max_key_len */
+#define KS(s) (s), strlen(s)
+
+static wq *make_fair(const char *tag, uint32_t capacity, uint32_t fair_share,
+                     int tenant_sep, const char **name_out)
+{
+    struct wq_options o = { .capacity = capacity,
+                            .flags = WQ_CREATE | WQ_EXCL | WQ_FAIR,
+                            .fair_share = fair_share,
+                            .tenant_sep = tenant_sep };
+    const char *name = th_qname(tag);
+    wq *q = NULL;
+    int rc = wq_open(name, &o, &q);
+
+    if (rc != 0)
+        fail_msg("wq_open(%s, CREATE|EXCL|FAIR) = %d (%s)", name, rc,
+                 wq_strerror(rc));
+    assert_non_null(q);
+    *name_out = name;
+    return q;
+}
+
+static int addp(wq *q, const void *k, size_t len, int prio)
+{
+    struct wq_add_opts o = { .priority = prio };
+    return wq_add_opts(q, k, len, &o);
+}
+
+static void report(const char *what, void *arg)
+{
+    (void)arg;
+    print_message("  violation: %s\n", what);
+}
+
+static void check_clean(wq *q)
+{
+    assert_int_equal(wq_check_report(q, 0, report, NULL), 0);
+}
+
+static int wait_count(atomic_int *v, int target, int ms)
+{
+    uint64_t deadline = th_now_ns() + (uint64_t)ms * th_scale() * 1000000u;
+    while (atomic_load(v) < target) {
+        if (th_now_ns() >= deadline)
+            return -1;
+        usleep(500);
+    }
+    return 0;
+}
+
+/* ================================================================== */
+/* Figure 2 across processes                                           */
+/* ================================================================== */
+
+struct fig2 {
+    atomic_int got;
+    atomic_int go;
+};
+
+static void fig2_run(int inherit)
+{
+    const char *name;
+    wq *q = make_fair(inherit ? "fig2-pi" : "fig2-po", 64, 1000, -1, &name);
+    struct fig2 *f = th_shared_alloc(sizeof *f);
+    char buf[KEYBUF + 1], order[64] = "";
+    size_t used = 0;
+    int n;
+
+    assert_int_equal(wq_add(q, KS("A")), 0);
+    assert_int_equal(wq_add(q, KS("B")), 0);
+    assert_int_equal(wq_add(q, KS("C")), 0);
+    pid_t pid = th_fork(20);
+    if (pid == 0) {
+        wq *cq = q;
+        char kb[KEYBUF];
+        if (!inherit && wq_open(name, NULL, &cq) != 0)
+            _exit(1);
+        int k = wq_get(cq, kb, sizeof kb, 5 * TH_S);
+        if (k != 1 || kb[0] != 'A') {
+            th_failf(__FILE__, __LINE__, "worker got %d", k);
+            _exit(2);
+        }
+        atomic_store(&f->got, 1);
+        if (wait_count(&f->go, 1, 5000) != 0)
+            _exit(3);
+        int rc = wq_done(cq, KS("A"));
+        wq_close(cq);
+        _exit(rc == 0 ? 0 : 4);
+    }
+    assert_int_equal(wait_count(&f->got, 1, 5000), 0);
+    assert_int_equal(wq_add(q, KS("A")), 0);      /* re-add while held */
+    assert_int_equal(wq_add(q, KS("D")), 0);
+    assert_int_equal(wq_add(q, KS("A")), 1);      /* coalesced */
+    assert_int_equal(wq_add(q, KS("E")), 0);
+    assert_int_equal(wq_len(q), 4);
+    atomic_store(&f->go, 1);
+    assert_int_equal(th_wait(pid, 5000), 0);
+    TH_ASSERT_BOARD_CLEAN();
+    while ((n = wq_get(q, buf, KEYBUF, 0)) > 0) {
+        buf[n] = '\0';
+        used += (size_t)snprintf(order + used, sizeof order - used, "%s%s",
+                                 used ? " " : "", buf);
+        assert_int_equal(wq_done(q, buf, (size_t)n), 0);
+    }
+    assert_int_equal(n, -EAGAIN);
+    assert_string_equal(order, "B C A D E");
+    struct wq_stats st;
+    assert_int_equal(wq_stats(q, &st), 0);
+    assert_int_equal(st.processes, 1);
+    assert_int_equal(st.live, 0);
+    assert_int_equal(st.crash_requeues_total, 0);
+    check_clean(q);
+    wq_close(q);
+    th_shared_free(f, sizeof *f);
+}
+
+static void fig2_po(void **s) { (void)s; fig2_run(0); }
+static void fig2_pi(void **s) { (void)s; fig2_run(1); }
+
+/* ================================================================== */
+/* TestBasic, fair                                                     */
+/* ================================================================== */
+
+#define B_PRODUCERS 50
+#define B_ADDS 50
+#define B_CONSUMERS 10
+#define B_TENANTS 5
+#define AFTER_SHUTDOWN "t9/added after shutdown!"
+
+struct basic {
+    atomic_int active[B_PRODUCERS];
+    atomic_int violations;
+    atomic_int processed[B_PRODUCERS];
+    atomic_ullong seq;
+    atomic_ullong last_add[B_PRODUCERS];
+    atomic_ullong last_start[B_PRODUCERS];
+    atomic_int got_after_shutdown;
+    atomic_int producers_done;
+};
+
+static void atomic_max(atomic_ullong *a, unsigned long long v)
+{
+    unsigned long long cur = atomic_load(a);
+    while (cur < v && !atomic_compare_exchange_weak(a, &cur, v))
+        ;
+}
+
+static int key_of(char *buf, size_t cap, int id)
+{
+    return snprintf(buf, cap, "t%d/k%d", id % B_TENANTS, id);
+}
+
+/* "t<t>/k<id>" -> id, or -1. */
+static int parse_key(const unsigned char *buf, int n, int max)
+{
+    char tmp[40];
+    int t, id;
+    if (n < 5 || n > 38)
+        return -1;
+    memcpy(tmp, buf, (size_t)n);
+    tmp[n] = '\0';
+    if (sscanf(tmp, "t%d/k%d", &t, &id) != 2 || id < 0 || id >= max ||
+        t != id % B_TENANTS)
+        return -1;
+    return id;
+}
+
+static int basic_actor(struct th_actor *a)
+{
+    struct basic *b = a->arg;
+    char key[40];
+    unsigned char buf[KEYBUF];
+
+    if (a->id < B_PRODUCERS) {
+        unsigned seed = (unsigned)(a->id * 7919 + 17);
+        int kl = key_of(key, sizeof key, a->id);
+        for (int j = 0; j < B_ADDS; j++) {
+            int prio = (int)(rand_r(&seed) % 12) - 2;
+            atomic_max(&b->last_add[a->id], atomic_fetch_add(&b->seq, 1) + 1);
+            int rc = (j % 5 == 4) ? wq_add(a->q, key, (size_t)kl)
+                                  : addp(a->q, key, (size_t)kl, prio);
+            TH_CHECK(rc == 0 || rc == 1);
+            th_sleep_ms(1);
+        }
+        atomic_fetch_add(&b->producers_done, 1);
+        return 0;
+    }
+    for (;;) {
+        int n = wq_get(a->q, buf, sizeof buf, 5 * TH_S * th_scale());
+        if (n == -ESHUTDOWN)
+            return 0;
+        TH_CHECK(n > 0);
+        if ((size_t)n == strlen(AFTER_SHUTDOWN) &&
+            memcmp(buf, AFTER_SHUTDOWN, (size_t)n) == 0) {
+            atomic_fetch_add(&b->got_after_shutdown, 1);
+            th_failf(__FILE__, __LINE__, "got an item added after shutdown");
+            return 1;
+        }
+        int k = parse_key(buf, n, B_PRODUCERS);
+        TH_CHECK(k >= 0);
+        if (atomic_fetch_add(&b->active[k], 1) != 0)
+            atomic_fetch_add(&b->violations, 1);
+        atomic_max(&b->last_start[k], atomic_fetch_add(&b->seq, 1) + 1);
+        atomic_fetch_add(&b->processed[k], 1);
+        th_sleep_ms(3);
+        atomic_fetch_sub(&b->active[k], 1);
+        TH_CHECK_EQ(wq_done(a->q, buf, (size_t)n), 0);
+    }
+}
+
+static void run_basic(enum th_mode mode, int drain)
+{
+    const char *name;
+    /* fair_share 0: the default 8, so the oldest-key share is exercised */
+    wq *q = make_fair(drain ? "basic-drain" : "basic-shutdown", 4096, 0, 0,
+                      &name);
+    struct basic *b = th_shared_alloc(sizeof *b);
+    struct wq_stats st;
+
+    th_watchdog(20 * th_scale());
+    struct th_team *t = th_team_start(mode, name, q, B_PRODUCERS + B_CONSUMERS,
+                                      basic_actor, b);
+    int prc = wait_count(&b->producers_done, B_PRODUCERS, 5000);
+    int src = drain ? wq_shutdown_drain(q, 5 * TH_S * th_scale()) : wq_shutdown(q);
+    int arc = addp(q, KS(AFTER_SHUTDOWN), 3);
+    int failed = th_team_wait(t, 8000);
+
+    TH_ASSERT_BOARD_CLEAN();
+    assert_int_equal(failed, 0);
+    assert_int_equal(prc, 0);
+    assert_int_equal(src, 0);
+    assert_int_equal(arc, -ESHUTDOWN);
+    assert_int_equal(atomic_load(&b->violations), 0);
+    assert_int_equal(atomic_load(&b->got_after_shutdown), 0);
+    assert_int_equal(wq_len(q), 0);
+
+    assert_int_equal(wq_stats(q, &st), 0);
+    uint64_t total = 0;
+    for (int k = 0; k < B_PRODUCERS; k++) {
+        int p = atomic_load(&b->processed[k]);
+        if (p < 1)
+            fail_msg("key %d was never processed", k);
+        if (atomic_load(&b->last_start[k]) <= atomic_load(&b->last_add[k]))
+            fail_msg("key %d: last processing start (seq %llu) is not after "
+                     "its last add (seq %llu)", k,
+                     (unsigned long long)atomic_load(&b->last_start[k]),
+                     (unsigned long long)atomic_load(&b->last_add[k]));
+        total += (uint64_t)p;
+    }
+    assert_int_equal(st.adds_total + st.coalesced_total,
+                     B_PRODUCERS * B_ADDS);
+    assert_int_equal(st.adds_total, total);
+    assert_int_equal(st.queued, 0);
+    assert_int_equal(st.processing, 0);
+    assert_int_equal(st.live, 0);
+    assert_int_equal(st.crash_requeues_total, 0);
+    assert_int_equal(st.shutting_down, 1);
+    assert_int_equal(st.processes, 1);
+    assert_int_equal(st.fair, 1);
+    check_clean(q);
+    wq_close(q);
+    th_shared_free(b, sizeof *b);
+}
+
+/* ================================================================== */
+/* TestAddWhileProcessing, fair                                        */
+/* ================================================================== */
+
+#define W_PRODUCERS 50
+#define W_CONSUMERS 10
+
+struct awp {
+    atomic_int active[W_PRODUCERS];
+    atomic_int violations;
+    atomic_int count[W_PRODUCERS];
+    atomic_int readd_ok[W_PRODUCERS];
+    atomic_int readd_refused[W_PRODUCERS];
+    atomic_int producers_done;
+    atomic_int shutdown_started;
+};
+
+static int awp_actor(struct th_actor *a)
+{
+    struct awp *w = a->arg;
+    char key[40];
+    unsigned char buf[KEYBUF];
+    unsigned seed = (unsigned)(a->id * 104729 + 3);
+
+    if (a->id < W_PRODUCERS) {
+        int kl = key_of(key, sizeof key, a->id);
+        TH_CHECK_EQ(addp(a->q, key, (size_t)kl, (int)(rand_r(&seed) % 7) - 3), 0);
+        atomic_fetch_add(&w->producers_done, 1);
+        return 0;
+    }
+    for (;;) {
+        int n = wq_get(a->q, buf, sizeof buf, 5 * TH_S * th_scale());
+        if (n == -ESHUTDOWN)
+            return 0;
+        TH_CHECK(n > 0);
+        int k = parse_key(buf, n, W_PRODUCERS);
+        TH_CHECK(k >= 0);
+        if (atomic_fetch_add(&w->active[k], 1) != 0)
+            atomic_fetch_add(&w->violations, 1);
+        int c = atomic_fetch_add(&w->count[k], 1) + 1;
+        if (c == 1) {
+            int rc = addp(a->q, buf, (size_t)n, (int)(rand_r(&seed) % 7) - 3);
+            if (rc == 0) {
+                atomic_store(&w->readd_ok[k], 1);
+            } else if (rc == -ESHUTDOWN) {
+                TH_CHECK(atomic_load(&w->shutdown_started));
+                atomic_store(&w->readd_refused[k], 1);
+            } else {
+                th_failf(__FILE__, __LINE__, "re-add of %d returned %d", k, rc);
+                atomic_fetch_sub(&w->active[k], 1);
+                return 1;
+            }
+        } else {
+            TH_CHECK_EQ(c, 2);
+            TH_CHECK(atomic_load(&w->readd_ok[k]));
+        }
+        atomic_fetch_sub(&w->active[k], 1);
+        TH_CHECK_EQ(wq_done(a->q, buf, (size_t)n), 0);
+    }
+}
+
+static void run_awp(enum th_mode mode, int drain)
+{
+    const char *name;
+    wq *q = make_fair(drain ? "awp-drain" : "awp-shutdown", 4096, 0, 0, &name);
+    struct awp *w = th_shared_alloc(sizeof *w);
+
+    th_watchdog(20 * th_scale());
+    struct th_team *t = th_team_start(mode, name, q, W_PRODUCERS + W_CONSUMERS,
+                                      awp_actor, w);
+    int prc = wait_count(&w->producers_done, W_PRODUCERS, 5000);
+    /* let the consumers work through the first round before shutting
+       down, so most re-adds are accepted */
+    th_sleep_ms(50);
+    atomic_store(&w->shutdown_started, 1);
+    int src = drain ? wq_shutdown_drain(q, 5 * TH_S * th_scale()) : wq_shutdown(q);
+    int failed = th_team_wait(t, 8000);
+
+    TH_ASSERT_BOARD_CLEAN();
+    assert_int_equal(failed, 0);
+    assert_int_equal(prc, 0);
+    assert_int_equal(src, 0);
+    assert_int_equal(atomic_load(&w->violations), 0);
+    for (int k = 0; k < W_PRODUCERS; k++) {
+        int ok = atomic_load(&w->readd_ok[k]);
+        int refused = atomic_load(&w->readd_refused[k]);
+        int c = atomic_load(&w->count[k]);
+        if (ok + refused != 1)
+            fail_msg("key %d: re-add ok=%d refused=%d", k, ok, refused);
+        if (c != 1 + ok)
+            fail_msg("key %d handed out %d times, expected %d", k, c, 1 + ok);
+    }
+    assert_int_equal(wq_len(q), 0);
+    struct wq_stats st;
+    assert_int_equal(wq_stats(q, &st), 0);
+    assert_int_equal(st.live, 0);
+    assert_int_equal(st.coalesced_total, 0);
+    assert_int_equal(st.crash_requeues_total, 0);
+    assert_int_equal(st.processes, 1);
+    check_clean(q);
+    wq_close(q);
+    th_shared_free(w, sizeof *w);
+}
+
+#define TEAM(fn, runner)                                                     \
+    static void fn##_shutdown_po(void **s) { (void)s; runner(TH_PROCS_OPEN, 0); }     \
+    static void fn##_shutdown_pi(void **s) { (void)s; runner(TH_PROCS_INHERIT, 0); }  \
+    static void fn##_drain_po(void **s) { (void)s; runner(TH_PROCS_OPEN, 1); }        \
+    static void fn##_drain_pi(void **s) { (void)s; runner(TH_PROCS_INHERIT, 1); }
+
+TEAM(basic, run_basic)
+TEAM(add_while_processing, run_awp)
+
+/* ================================================================== */
+/* Order across processes                                              */
+/* ================================================================== */
+
+#define O_PRODUCERS 6
+#define O_KEYS 100   /* per producer: 600 hand-outs, below fair_share */
+
+/* Key: "t<tenant>/p<prio+10>/w<producer>/<i>" */
+static int order_actor(struct th_actor *a)
+{
+    unsigned seed = (unsigned)(a->id * 31337 + 1);
+    char key[64];
+
+    for (int i = 0; i < O_KEYS; i++) {
+        int tenant = (int)(rand_r(&seed) % 4);
+        int prio = (int)(rand_r(&seed) % 5) - 2;
+        int kl = snprintf(key, sizeof key, "t%d/p%d/w%d/%d", tenant, prio + 10,
+                          a->id, i);
+        TH_CHECK_EQ(addp(a->q, key, (size_t)kl, prio), 0);
+    }
+    return 0;
+}
+
+static void order_run(enum th_mode mode)
+{
+    const char *name;
+    wq *q = make_fair("order", 4096, 1000, 0, &name);
+    /* last index seen per (tenant, prio, producer) */
+    int last[4][5][O_PRODUCERS];
+    char buf[KEYBUF + 1];
+    int n, prev_prio = 1000, got = 0;
+
+    memset(last, -1, sizeof last);
+    struct th_team *t = th_team_start(mode, name, q, O_PRODUCERS, order_actor,
+                                      NULL);
+    assert_int_equal(th_team_wait(t, 8000), 0);
+    TH_ASSERT_BOARD_CLEAN();
+    while ((n = wq_get(q, buf, KEYBUF, 0)) > 0) {
+        int tn, p, w, i;
+        buf[n] = '\0';
+        if (sscanf(buf, "t%d/p%d/w%d/%d", &tn, &p, &w, &i) != 4 || tn < 0 ||
+            tn > 3 || p < 8 || p > 12 || w < 0 || w >= O_PRODUCERS)
+            fail_msg("unexpected key \"%s\"", buf);
+        p -= 10;
+        if (p > prev_prio)
+            fail_msg("get %d: \"%s\" (priority %d) after priority %d", got,
+                     buf, p, prev_prio);
+        if (i <= last[tn][p + 2][w])
+            fail_msg("get %d: \"%s\" after index %d of the same producer, "
+                     "tenant and priority", got, buf, last[tn][p + 2][w]);
+        last[tn][p + 2][w] = i;
+        prev_prio = p;
+        got++;
+        assert_int_equal(wq_done(q, buf, (size_t)n), 0);
+    }
+    assert_int_equal(n, -EAGAIN);
+    assert_int_equal(got, O_PRODUCERS * O_KEYS);
+    check_clean(q);
+    wq_close(q);
+}
+
+static void order_po(void **s) { (void)s; order_run(TH_PROCS_OPEN); }
+static void order_pi(void **s) { (void)s; order_run(TH_PROCS_INHERIT); }
+
+/* ================================================================== */
+/* Crashes                                                             */
+/* ================================================================== */
+
+#define C_KEYS 30
+
+struct crash {
+    atomic_int got;         /* the child holds its key */
+    atomic_int readded;     /* the parent re-added it */
+    char key[64];
+    int len;
+};
+
+enum crash_kind {
+    CRASH_SELF,       /* the child raises SIGKILL right after its get */
+    CRASH_KILLED,     /* the child waits; the parent checks the key is not
+                         handed out while it lives, then kills it */
+    CRASH_DIRTY,      /* as KILLED, the key re-added while held */
+};
+
+static void crash_run(enum crash_kind kind, int inherit)
+{
+    const char *name;
+    wq *q = make_fair("crash", 256, 0, 0, &name);
+    struct crash *c = th_shared_alloc(sizeof *c);
+    char keys[C_KEYS][32];
+    int seen[C_KEYS] = { 0 };
+    unsigned seed = (unsigned)(kind * 10 + inherit + 12345);
+    char buf[KEYBUF + 1];
+
+    th_watchdog(15 * th_scale());
+    for (int i = 0; i < C_KEYS; i++) {
+        snprintf(keys[i], sizeof keys[i], "t%u/k%d", rand_r(&seed) % 4, i);
+        assert_int_equal(addp(q, KS(keys[i]), (int)(rand_r(&seed) % 9) - 4), 0);
+    }
+    pid_t pid = th_fork(20);
+    if (pid == 0) {
+        wq *cq = q;
+        if (!inherit && wq_open(name, NULL, &cq) != 0)
+            _exit(1);
+        char kb[KEYBUF];
+        int n = wq_get(cq, kb, sizeof kb, 5 * TH_S);
+        if (n <= 0 || (size_t)n > sizeof c->key) {
+            th_failf(__FILE__, __LINE__, "victim's wq_get = %d", n);
+            _exit(2);
+        }
+        memcpy(c->key, kb, (size_t)n);
+        c->len = n;
+        atomic_store(&c->got, 1);
+        if (kind == CRASH_SELF)
+            raise(SIGKILL);
+        for (;;)
+            pause();
+    }
+    assert_int_equal(wait_count(&c->got, 1, 5000), 0);
+    int victim = -1;
+    for (int i = 0; i < C_KEYS; i++)
+        if ((size_t)c->len == strlen(keys[i]) &&
+            memcmp(c->key, keys[i], (size_t)c->len) == 0)
+            victim = i;
+    assert_true(victim >= 0);
+    if (kind == CRASH_DIRTY)
+        assert_int_equal(addp(q, keys[victim], strlen(keys[victim]), 7), 0);
+
+    if (kind == CRASH_SELF) {
+        assert_int_equal(th_wait(pid, 5000), 128 + SIGKILL);
+    } else {
+        /* The holder lives: everything else comes out, the victim never. */
+        int n;
+        for (int got = 0; got < C_KEYS - 1; got++) {
+            n = wq_get(q, buf, KEYBUF, TH_S);
+            assert_true(n > 0);
+            buf[n] = '\0';
+            int i = atoi(strchr(buf, 'k') + 1);
+            assert_true(i >= 0 && i < C_KEYS && i != victim);
+            assert_int_equal(seen[i], 0);
+            seen[i] = 1;
+            assert_int_equal(wq_done(q, buf, (size_t)n), 0);
+        }
+        assert_int_equal(wq_get(q, buf, KEYBUF, 300 * TH_MS), -ETIMEDOUT);
+        struct wq_stats st;
+        assert_int_equal(wq_stats(q, &st), 0);
+        assert_int_equal(st.processing, 1);
+        assert_int_equal(st.crash_requeues_total, 0);
+        assert_int_equal(kill(pid, SIGKILL), 0);
+        assert_int_equal(th_wait(pid, 5000), 128 + SIGKILL);
+    }
+
+    /* The victim comes back (dead holder reaped by a waiting get, then the
+       rate limiter's delay) within 2 s, exactly once; every other key once. */
+    uint64_t t0 = th_now_ns();
+    int n, victim_seen = 0;
+    while ((n = wq_get(q, buf, KEYBUF, 2 * TH_S * th_scale())) > 0) {
+        buf[n] = '\0';
+        int i = atoi(strchr(buf, 'k') + 1);
+        assert_true(i >= 0 && i < C_KEYS);
+        if (i == victim) {
+            victim_seen++;
+            if (th_now_ns() - t0 > 2 * (uint64_t)TH_S * th_scale())
+                fail_msg("the victim's key came back after %.2f s",
+                         (double)(th_now_ns() - t0) / 1e9);
+        } else {
+            if (seen[i])
+                fail_msg("key %s handed out twice", buf);
+            seen[i] = 1;
+        }
+        assert_int_equal(wq_done(q, buf, (size_t)n), 0);
+        if (victim_seen && wq_len(q) == 0)
+            break;
+    }
+    assert_int_equal(victim_seen, 1);
+    for (int i = 0; i < C_KEYS; i++)
+        if (i != victim && !seen[i])
+            fail_msg("key %s never handed out", keys[i]);
+    /* Nothing more: no second copy of the victim fires later. */
+    assert_int_equal(wq_get(q, buf, KEYBUF, 200 * TH_MS), -ETIMEDOUT);
+
+    struct wq_stats st;
+    assert_int_equal(wq_stats(q, &st), 0);
+    assert_int_equal(st.crash_requeues_total, 1);
+    assert_int_equal(st.processing, 0);
+    assert_int_equal(st.queued, 0);
+    assert_int_equal(st.waiting, 0);
+    assert_int_equal(st.processes, 1);
+    assert_int_equal(wq_num_requeues(q, KS(keys[victim])), 1);
+    check_clean(q);
+    TH_ASSERT_BOARD_CLEAN();
+    wq_close(q);
+    th_shared_free(c, sizeof *c);
+}
+
+static void crash_self_po(void **s) { (void)s; crash_run(CRASH_SELF, 0); }
+static void crash_self_pi(void **s) { (void)s; crash_run(CRASH_SELF, 1); }
+static void crash_killed_po(void **s) { (void)s; crash_run(CRASH_KILLED, 0); }
+static void crash_killed_pi(void **s) { (void)s; crash_run(CRASH_KILLED, 1); }
+static void crash_dirty_po(void **s) { (void)s; crash_run(CRASH_DIRTY, 0); }
+
+#define T(fn) cmocka_unit_test_setup_teardown(fn, th_setup, th_teardown)
+#define T4(fn) T(fn##_shutdown_po), T(fn##_shutdown_pi), T(fn##_drain_po), \
+               T(fn##_drain_pi)
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        T(fig2_po),
+        T(fig2_pi),
+        T4(basic),
+        T4(add_while_processing),
+        T(order_po),
+        T(order_pi),
+        T(crash_self_po),
+        T(crash_self_pi),
+        T(crash_killed_po),
+        T(crash_killed_pi),
+        T(crash_dirty_po),
+        cmocka_unit_test(th_test_no_leftovers),
+    };
+    int rc = cmocka_run_group_tests(tests, th_group_setup, th_group_teardown);
+    return rc | th_final_check();
+}
