@@ -521,9 +521,18 @@ typedef int (*wq_reconcile_fn)(wq *q, const void *key, size_t len,
  * SIGTERM (a terminal ^C reaches the whole process group) and die with
  * the supervisor (PR_SET_PDEATHSIG). The caller's signal mask and
  * dispositions are restored on return.
+ * Keys held by workers killed after a second signal go back to the
+ * queue like on a close (no failure counted): the stop was chosen.
+ * A worker that cannot work at all (wq_get fails with -EUSERS, -ENOMEM,
+ * -EBADMSG, -ENOTRECOVERABLE) stops the pool with that error instead of
+ * being restarted forever.
+ * Call it from a process whose other threads block SIGINT and SIGTERM
+ * (the supervisor blocks them in its own thread only). Workers ignore
+ * SIGINT and SIGTERM; a reconciler that execs a command should restore
+ * them there (ignored dispositions survive exec).
  * Returns 0 when the queue was shut down and every worker exited, -EINTR
- * after a second signal, -EINVAL (workers == 0 or > 1024, NULL fn), or an
- * error from fork.
+ * after a second signal, -EINVAL (workers == 0 or > 1024, NULL fn), a
+ * worker's fatal error as above, or an error from fork.
  */
 WQ_API int wq_run_workers(wq *q, unsigned workers, wq_reconcile_fn fn, void *arg);
 

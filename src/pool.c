@@ -24,6 +24,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -64,6 +65,11 @@ static void reconcile_one(wq *q, char *key, int n, wq_reconcile_fn fn, void *arg
     }
 }
 
+/* A page shared with the workers: the first error that makes working
+   impossible (e.g. the process table is full), so the supervisor stops
+   instead of restarting workers that cannot work. */
+static _Atomic int *fatal_err;
+
 static void worker_main(wq *q, wq_reconcile_fn fn, void *arg, const sigset_t *orig)
 {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -78,8 +84,12 @@ static void worker_main(wq *q, wq_reconcile_fn fn, void *arg, const sigset_t *or
         int n = wq_get(q, key, q->max_key_len + 1, -1);
         if (n == -ESHUTDOWN)
             break;
-        if (n < 0)
-            _exit(1);   /* the supervisor restarts us */
+        if (n < 0) {
+            int none = 0;
+            if (n == -EUSERS || n == -ENOMEM || n == -EBADMSG || n == -ENOTRECOVERABLE)
+                atomic_compare_exchange_strong(fatal_err, &none, n);
+            _exit(1);   /* the supervisor restarts us, or gives up */
+        }
         reconcile_one(q, key, n, fn, arg);
     }
     free(key);
@@ -134,6 +144,13 @@ int wq_run_workers(wq *q, unsigned workers, wq_reconcile_fn fn, void *arg)
     sigaction(SIGCHLD, &dfl, &old_chld);
 
     int rc = 0, signals = 0;
+    fatal_err = mmap(NULL, sizeof *fatal_err, PROT_READ | PROT_WRITE,
+                     MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (fatal_err == MAP_FAILED) {
+        fatal_err = NULL;
+        rc = -ENOMEM;
+        goto out;
+    }
     for (unsigned i = 0; i < workers; i++) {
         ws[i].backoff_ns = BACKOFF_MIN_NS;
         if ((rc = spawn(q, &ws[i], fn, arg, &orig)) < 0)
@@ -160,6 +177,10 @@ int wq_run_workers(wq *q, unsigned workers, wq_reconcile_fn fn, void *arg)
         }
         if (running == 0 && down)
             break;
+        if (*fatal_err) {   /* workers cannot work: report, do not spin */
+            rc = *fatal_err;
+            goto stop;
+        }
         struct timespec ts = { .tv_sec = (time_t)((next - now) / 1000000000ull),
                                .tv_nsec = (long)((next - now) % 1000000000ull) };
         int sig = sigtimedwait(&set, NULL, &ts);
@@ -174,13 +195,27 @@ int wq_run_workers(wq *q, unsigned workers, wq_reconcile_fn fn, void *arg)
     }
     goto out;
 stop:
-    for (unsigned i = 0; i < workers; i++)
-        if (ws[i].pid > 0)
-            kill(ws[i].pid, SIGKILL);
-    for (unsigned i = 0; i < workers; i++)
-        if (ws[i].pid > 0)
-            waitpid(ws[i].pid, NULL, 0);
-    wq_check(q, WQ_CHECK_REAP);
+    {
+        pid_t *killed = calloc(workers, sizeof *killed);
+        unsigned nk = 0;
+        for (unsigned i = 0; i < workers; i++)
+            if (ws[i].pid > 0)
+                kill(ws[i].pid, SIGKILL);
+        for (unsigned i = 0; i < workers; i++)
+            if (ws[i].pid > 0) {
+                waitpid(ws[i].pid, NULL, 0);
+                if (killed)
+                    killed[nk++] = ws[i].pid;
+            }
+        /* A stop we chose is not the keys' fault: they go back to the
+           queue as on a close, without a failure. */
+        if (killed && wq__lock(q) == 0) {
+            wq__procs_release_pids(q, killed, nk);
+            wq__unlock(q);
+        }
+        free(killed);
+        wq_check(q, WQ_CHECK_REAP);
+    }
 out:
     sigaction(SIGCHLD, &old_chld, NULL);
     /* Consume the stop signals we acted on; a pending SIGCHLD stays
@@ -193,6 +228,9 @@ out:
     while (sigtimedwait(&stop_set, NULL, &zero) > 0)
         ;
     pthread_sigmask(SIG_SETMASK, &orig, NULL);
+    if (fatal_err)
+        munmap((void *)fatal_err, sizeof *fatal_err);
+    fatal_err = NULL;
     free(ws);
     return rc;
 }

@@ -309,6 +309,30 @@ unsigned wq__procs_reap(wq *q)
     return requeued;
 }
 
+/*
+ * Lock held. The caller killed these processes on purpose (a pool being
+ * stopped): give their keys back like a close would, at the back of the
+ * queue without a failure, instead of as crashes. Only slots whose lease
+ * says their holder is gone are touched.
+ */
+void wq__procs_release_pids(wq *q, const pid_t *pids, unsigned n)
+{
+    for (uint32_t i = 0; i < q->max_procs; i++) {
+        struct wq_proc *p = &q->procs[i];
+        bool ours = false;
+        for (unsigned k = 0; k < n && !ours; k++)
+            ours = pids[k] == p->pid;
+        if (!ours || i == q->slot || p->state != WQ_PROC_LIVE || !holder_dead(p))
+            continue;
+        wq__requeue_owned(q, i, p->gen, false);
+        if (q->hdr->waiters >= p->waiting)
+            q->hdr->waiters -= p->waiting;
+        p->waiting = 0;
+        WQ_STEP("reap.waiters");
+        p->state = WQ_PROC_FREE;
+    }
+}
+
 /* Lock held. The periodic reap of busy queues: a clock read every
    WQ_REAP_TICKS operations, a table scan every WQ_REAP_INTERVAL_NS. */
 void wq__procs_maybe_reap(wq *q)

@@ -436,8 +436,7 @@ int wq_open(const char *name, const struct wq_options *opts, wq **out)
         goto fail;
     q->scratch = calloc(3 * ((q->capacity + 63) / 64), sizeof(uint64_t));
     q->held = calloc(q->max_procs, sizeof(uint32_t));
-    q->rscratch = calloc(q->result_capacity, sizeof(uint32_t));
-    if (!q->scratch || !q->held || !q->rscratch) {
+    if (!q->scratch || !q->held) {
         rc = -ENOMEM;
         goto fail;
     }

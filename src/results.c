@@ -154,6 +154,11 @@ void wq__results_rebuild(wq *q)
                                    slot(q, e->rslot)->owner != i + 1))
             e->rslot = WQ_NIL;
     }
+    /* Allocated on first need: repairs of the results table are rare, and
+       result_capacity * 4 bytes per handle is not worth holding for them.
+       Without it the list keeps slot order instead of update order. */
+    if (!q->rscratch)
+        q->rscratch = calloc(q->result_capacity, sizeof *q->rscratch);
     h->r_free = WQ_NIL;
     for (uint32_t s = q->result_capacity; s-- > 0;) {
         struct wq_rslot *r = slot(q, s);
@@ -163,17 +168,25 @@ void wq__results_rebuild(wq *q)
            pointer was not written yet. */
         if (e && wq__st(e) != 0 && (e->rslot == s || e->rslot == WQ_NIL)) {
             e->rslot = s;
-            q->rscratch[n++] = s;
+            if (q->rscratch)
+                q->rscratch[n] = s;
+            n++;
             continue;
         }
         r->owner = 0;
         r->next = h->r_free;
         h->r_free = s;
     }
-    qsort_r(q->rscratch, n, sizeof *q->rscratch, cmp_seq, q);
     h->r_head = h->r_tail = WQ_NIL;
-    for (uint32_t k = 0; k < n; k++)
-        append_slot(q, q->rscratch[k]);
+    if (q->rscratch) {
+        qsort_r(q->rscratch, n, sizeof *q->rscratch, cmp_seq, q);
+        for (uint32_t k = 0; k < n; k++)
+            append_slot(q, q->rscratch[k]);
+    } else {
+        for (uint32_t s = 0; s < q->result_capacity; s++)
+            if (slot(q, s)->owner != 0)
+                append_slot(q, s);
+    }
     h->r_count = n;
     if (n > 0 && slot(q, h->r_tail)->seq >= h->r_seq)
         h->r_seq = slot(q, h->r_tail)->seq + 1;
