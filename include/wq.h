@@ -403,7 +403,8 @@ WQ_API int wq_num_requeues(wq *q, const void *key, size_t len);
  *      added later (the default mode puts it at the back, as client-go).
  *   2. Higher priority first (wq_add_opts; default 0).
  *   3. Among keys of one priority, tenants take turns: the part of the key
- *      before the first tenant_sep ('/': "namespace/name") is its tenant,
+ *      before the first tenant_sep ('/': "namespace/name") is its tenant
+ *      (wq_key_info.tenant_len bytes, the separator not included),
  *      and each tenant's keys get start tags of start-time fair queueing,
  *      so a tenant that adds 100,000 keys does not delay another tenant's
  *      single key behind them. Within a tenant, add order. Tenants are
@@ -427,8 +428,10 @@ struct wq_add_opts {
 
 /*
  * wq_add_opts - add with options. Merging like controller-runtime: a key
- * already queued keeps the higher of its two priorities and the earlier
- * ready time. Returns 0 when newly queued, marked or waiting, 1 when
+ * already queued (or re-added, or waiting) keeps the higher of its two
+ * priorities and the earlier ready time. A key that is processing and not
+ * yet re-added was handed out: its re-add is a new add with its own
+ * priority. Returns 0 when newly queued, marked or waiting, 1 when
  * merged into a key already dirty or waiting, or wq_add's errors; NULL
  * opts is wq_add.
  */

@@ -251,7 +251,7 @@ static int add_delayed(wq *q, const void *key, size_t len, uint32_t hash, bool l
     }
     if (q->fair) {
         uint16_t s0 = wq__st(e);
-        if (fresh || s0 == WQ_ST_RETAINED || s0 == 0)
+        if (fresh || s0 == WQ_ST_RETAINED || s0 == 0 || s0 == WQ_ST_PROCESSING)
             q->fx[idx].prio = prio;
         else
             wq__fair_prio(q, idx, prio, false);

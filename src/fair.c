@@ -11,9 +11,10 @@
  * (the oldest key), which bounds any key's wait whatever the load above
  * it. The chosen entry leaves both heaps.
  *
- * Start tags (start-time fair queueing with unit cost): when a key becomes
- * dirty it gets tag = max(vtime, last[tenant]) + 1 and last[tenant] = tag;
- * vtime is the tag of the last key handed out from P. A tenant with a
+ * Start tags (start-time fair queueing with unit cost), per priority: when
+ * a key becomes dirty it gets tag = max(vtime[prio], last[tenant, prio]) +
+ * 1 and last[tenant, prio] = tag; vtime[prio] is the tag of the last key
+ * of that priority handed out from P. A tenant with a
  * long backlog has tags far ahead of vtime, so a newcomer's single key
  * (tag vtime + 1) goes first: tenants take turns. Counters that fell
  * behind vtime are equivalent to fresh ones, so the per-tenant counters
@@ -119,7 +120,21 @@ static uint32_t tenant_len(const wq *q, const struct wq_entry *e)
     if (q->g.tenant_sep < 0)
         return 0;
     const unsigned char *p = memchr(e->key, q->g.tenant_sep, e->keylen);
-    return p ? (uint32_t)(p - e->key) + 1 : e->keylen;   /* no separator: itself */
+    return p ? (uint32_t)(p - e->key) : e->keylen;   /* no separator: itself */
+}
+
+/* Counters in the tag table: a tenant's last tag within a priority, and a
+   priority's virtual time. Hashed, so unrelated ones rarely share. */
+static uint64_t *last_tag(wq *q, const struct wq_entry *e, uint32_t tl, int32_t prio)
+{
+    uint64_t h = wq__fnv1a(e->key, tl) ^ ((uint64_t)(uint32_t)prio * 0x9e3779b97f4a7c15ull);
+    return &q->ftags[(h ^ (h >> 29)) & (q->g.ftag_slots - 1)];
+}
+
+static uint64_t *vtime(wq *q, int32_t prio)
+{
+    uint64_t h = ((uint64_t)(uint32_t)prio + 0x51ed270b) * 0xd6e8feb86659fd93ull;
+    return &q->ftags[(h ^ (h >> 32)) & (q->g.ftag_slots - 1)];
 }
 
 /* Lock and busy held: the key just became dirty (added, re-added while
@@ -133,8 +148,9 @@ void wq__fair_dirty(wq *q, uint32_t idx)
     struct wq_fx *f = &q->fx[idx];
     e->seq = h->seq_next++;
     uint32_t tl = tenant_len(q, e);
-    uint64_t *last = &q->ftags[wq__fnv1a(e->key, tl) & (q->g.ftag_slots - 1)];
-    uint64_t tag = (*last > h->fair_vtime ? *last : h->fair_vtime) + 1;
+    uint64_t *last = last_tag(q, e, tl, f->prio);
+    uint64_t v = *vtime(q, f->prio);
+    uint64_t tag = (*last > v ? *last : v) + 1;
     f->tag = tag;
     f->tenant_len = tl;
     *last = tag;
@@ -178,8 +194,10 @@ void wq__fair_pop(wq *q, uint32_t idx)
     uint32_t n = h->fq_count;
     bool by_priority = q->fheap_p[0] == idx;
     h->fair_ticks++;
-    if (by_priority && q->fx[idx].tag > h->fair_vtime)
-        h->fair_vtime = q->fx[idx].tag;
+    uint64_t *v = vtime(q, q->fx[idx].prio);   /* per priority: tenants take
+                                                  turns within one */
+    if (by_priority && q->fx[idx].tag > *v)
+        *v = q->fx[idx].tag;
     heap_remove(q, HP, idx, n);
     heap_remove(q, HA, idx, n);
     WQ_STEP("fair.pop");

@@ -245,7 +245,7 @@ static int add_locked(wq *q, const void *key, size_t len, uint32_t hash, uint64_
         struct wq_entry *e = wq__entry(q, idx);
         if (e->state & (WQ_ST_DIRTY | WQ_ST_STORING)) {
             h->coalesced_total++;
-            if (prio > 0 && q->fair) {   /* keeps the higher priority */
+            if (q->fair) {   /* keeps the higher priority */
                 h->busy = 1;
                 wq__fair_prio(q, idx, prio, false);
                 h->busy = 0;
@@ -254,11 +254,14 @@ static int add_locked(wq *q, const void *key, size_t len, uint32_t hash, uint64_
         }
         h->busy = 1;
         uint16_t st = wq__st(e);
-        bool idle = st == WQ_ST_RETAINED || st == 0;
-        if (q->fair && idle)
-            q->fx[idx].prio = prio;   /* a new life: its own priority */
+        /* Idle, or processing (the run in progress was handed out: its
+           re-add is a new add, as controller-runtime's): its own priority.
+           Waiting: merge, keeping the higher. */
+        bool fresh = st == WQ_ST_RETAINED || st == 0 || st == WQ_ST_PROCESSING;
+        if (q->fair && fresh)
+            q->fx[idx].prio = prio;
         else if (q->fair && prio > q->fx[idx].prio)
-            q->fx[idx].prio = prio;   /* processing or waiting: merge */
+            q->fx[idx].prio = prio;
         if ((rc = wq__activate(q, idx, now, queued)) < 0)
             return rc;
         h->busy = 0;

@@ -182,9 +182,11 @@ static void get_is_(wq *q, const char *want, int line)
     char buf[KEYBUF + 1];
     int n = wq_get(q, buf, KEYBUF, 0);
 
-    if (n < 0)
+    if (n < 0) {
         fail_msg("line %d: wq_get = %d (%s), expected \"%s\"", line, n,
                  wq_strerror(n), want);
+        return;
+    }
     buf[n] = '\0';
     if ((size_t)n != strlen(want) || memcmp(buf, want, (size_t)n) != 0)
         fail_msg("line %d: wq_get handed out \"%s\", expected \"%s\"", line,
@@ -258,6 +260,41 @@ static struct wq_key_info info_of_(wq *q, const char *key, int line)
     return f.info;
 }
 
+struct dump_order {
+    char buf[4096];
+    size_t used;
+    int bad_pos;
+    uint64_t n;
+};
+
+static int dump_order_cb(const struct wq_key_info *i, void *arg)
+{
+    struct dump_order *d = arg;
+    if (!(i->state & WQ_KEY_QUEUED))
+        return 0;
+    if (i->position != d->n)
+        d->bad_pos = 1;
+    d->n++;
+    d->used += (size_t)snprintf(d->buf + d->used, sizeof d->buf - d->used,
+                                "%s%.*s", d->used ? " " : "", (int)i->len,
+                                (const char *)i->key);
+    return d->used >= sizeof d->buf;
+}
+
+/* wq_dump lists queued keys first, positions 0, 1, ... in hand-out order
+   (fair mode: by priority, tag and add order; the oldest-key share is
+   not predicted, so only with few hand-outs and a large fair_share). */
+#define expect_dump(q, want) expect_dump_((q), (want), __LINE__)
+static void expect_dump_(wq *q, const char *want, int line)
+{
+    struct dump_order d = { .used = 0 };
+    d.buf[0] = '\0';
+    assert_int_equal(wq_dump(q, dump_order_cb, &d), 0);
+    if (strcmp(d.buf, want) != 0 || d.bad_pos)
+        fail_msg("line %d: wq_dump queued order \"%s\"%s, expected \"%s\"",
+                 line, d.buf, d.bad_pos ? " (positions wrong)" : "", want);
+}
+
 /* ------------------------------------------------------------------ */
 /* 1. Figure 2: re-add while processing                                */
 /* ------------------------------------------------------------------ */
@@ -282,6 +319,7 @@ static void figure2(int fair, int readds)
     assert_int_equal(info_of(q, "A").state, WQ_KEY_PROCESSING | WQ_KEY_DIRTY);
     done_ok(q, "A");                                /* figure 2(d) */
     assert_int_equal(wq_len(q), 5);
+    expect_dump(q, fair ? "B C A D E" : "B C D E A");
     if (fair)
         expect_drain(q, "B C A D E"); /* A where its re-add put it */
     else
@@ -582,6 +620,7 @@ static void prio_order(void **state)
         assert_int_equal(info_of(q, adds[i].k).priority, adds[i].p);
     /* seq is the add order (not asserted as consecutive: wraps) */
     assert_true(info_of(q, "n1").seq != info_of(q, "z1").seq);
+    expect_dump(q, "h1 h2 m1 m2 m3 z1 z2 z3 n1 n2");
     expect_drain(q, "h1 h2 m1 m2 m3 z1 z2 z3 n1 n2");
     assert_int_equal(stats_of(q).fair, 1);
     check_clean(q);
@@ -1084,6 +1123,7 @@ static void tenant_three(void **state)
             int j = variant == 0 ? i : (i % 3) * 3 + (i / 3);
             add_ok(q, order[j], 0);
         }
+        expect_dump(q, "a/1 b/1 c/1 a/2 b/2 c/2 a/3 b/3 c/3");
         expect_drain(q, "a/1 b/1 c/1 a/2 b/2 c/2 a/3 b/3 c/3");
         check_clean(q);
         close_q(q);
@@ -1259,8 +1299,8 @@ static void tenant_flood_after_priority(void **state)
     int g = gets_until(q, "b/x", 2);
     if (g == 0) {
         int more = gets_until(q, "b/x", FLOOD + 1);
-        fail_msg("b/x not handed out within 2 gets after a/hi: it came "
-                 "after %d more gets", 2 + more);
+        fail_msg("b/x not handed out within 2 gets after a/hi: it was "
+                 "handed out at get %d after a/hi", 2 + more);
     }
     check_clean(q);
     close_q(q);
