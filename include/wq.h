@@ -290,7 +290,8 @@ WQ_API int wq_get(wq *q, void *buf, size_t cap, int64_t timeout_ns);
  */
 WQ_API int wq_done(wq *q, const void *key, size_t len);
 
-/* wq_len - number of queued keys (not counting processing or waiting). */
+/* wq_len - number of queued keys (not counting processing or waiting);
+   -EBADMSG if the region's count is out of range (corrupt). */
 WQ_API int wq_len(wq *q);
 
 /*

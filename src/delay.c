@@ -35,36 +35,52 @@ static inline void place(wq *q, uint32_t pos, uint32_t idx)
     wq__entry(q, idx)->link = pos;
 }
 
-static void sift_up(wq *q, uint32_t pos)
+/* Every entry index read from heap[] is checked: a corrupt heap gives
+   -EBADMSG (busy stays set, so the next locker rebuilds it), never a
+   stray access. */
+static int sift_up(wq *q, uint32_t pos)
 {
     uint32_t idx = q->heap[pos];
+    if (WQ_UNLIKELY(idx >= q->capacity))
+        return -EBADMSG;
     while (pos > 0) {
-        uint32_t parent = (pos - 1) / 2;
-        if (!before(q, idx, q->heap[parent]))
+        uint32_t parent = (pos - 1) / 2, p = q->heap[parent];
+        if (WQ_UNLIKELY(p >= q->capacity))
+            return -EBADMSG;
+        if (!before(q, idx, p))
             break;
-        place(q, pos, q->heap[parent]);
+        place(q, pos, p);
         WQ_STEP("heap.up");
         pos = parent;
     }
     place(q, pos, idx);
+    return 0;
 }
 
-static void sift_down(wq *q, uint32_t pos)
+static int sift_down(wq *q, uint32_t pos)
 {
     uint32_t n = q->hdr->heap_count, idx = q->heap[pos];
+    if (WQ_UNLIKELY(idx >= q->capacity || n > q->capacity))
+        return -EBADMSG;
     for (;;) {
         uint32_t c = 2 * pos + 1;
         if (c >= n)
             break;
-        if (c + 1 < n && before(q, q->heap[c + 1], q->heap[c]))
+        uint32_t a = q->heap[c], b = c + 1 < n ? q->heap[c + 1] : 0;
+        if (WQ_UNLIKELY(a >= q->capacity || b >= q->capacity))
+            return -EBADMSG;
+        if (c + 1 < n && before(q, b, a)) {
             c++;
-        if (!before(q, q->heap[c], idx))
+            a = b;
+        }
+        if (!before(q, a, idx))
             break;
-        place(q, pos, q->heap[c]);
+        place(q, pos, a);
         WQ_STEP("heap.down");
         pos = c;
     }
     place(q, pos, idx);
+    return 0;
 }
 
 /* Lock and busy held; the entry is WAITING with its ready time set. */
@@ -76,8 +92,7 @@ int wq__heap_push(wq *q, uint32_t idx)
     place(q, n, idx);
     WQ_STEP("heap.push");
     q->hdr->heap_count = n + 1;
-    sift_up(q, n);
-    return 0;
+    return sift_up(q, n);
 }
 
 /* Lock and busy held: take a waiting entry out of the heap. */
@@ -87,12 +102,17 @@ int wq__heap_remove(wq *q, uint32_t idx)
     if (WQ_UNLIKELY(n == 0 || n > q->capacity || pos >= n || q->heap[pos] != idx))
         return -EBADMSG;
     uint32_t last = q->heap[n - 1];
+    if (WQ_UNLIKELY(last >= q->capacity))
+        return -EBADMSG;
     q->hdr->heap_count = n - 1;
     WQ_STEP("heap.remove");
     if (pos != n - 1) {
         place(q, pos, last);
-        sift_down(q, pos);
-        sift_up(q, wq__entry(q, last)->link);
+        int rc = sift_down(q, pos);
+        uint32_t lp = wq__entry(q, last)->link;
+        if (rc < 0 || lp >= n - 1)
+            return -EBADMSG;
+        return sift_up(q, lp);
     }
     return 0;
 }
@@ -100,7 +120,9 @@ int wq__heap_remove(wq *q, uint32_t idx)
 /* Lock and busy held: the entry's ready time moved earlier. */
 void wq__heap_earlier(wq *q, uint32_t idx)
 {
-    sift_up(q, wq__entry(q, idx)->link);
+    uint32_t pos = wq__entry(q, idx)->link;
+    if (pos < q->hdr->heap_count && pos < q->capacity && q->heap[pos] == idx)
+        sift_up(q, pos);
 }
 
 /* Repair: heap[0..heap_count) already lists the waiting entries. */
@@ -127,16 +149,24 @@ uint32_t wq__promote(wq *q, uint64_t now)
 {
     struct wq_hdr *h = q->hdr;
     uint32_t queued = 0;
+    if (h->shutdown)
+        return 0;   /* client-go: after shutdown the waiting loop is gone */
     while (h->heap_count > 0 && h->heap_count <= q->capacity) {
         uint32_t idx = q->heap[0];
         if (WQ_UNLIKELY(idx >= q->capacity))
             break;   /* corrupt: left to wq_check */
         struct wq_entry *e = wq__entry(q, idx);
+        if (WQ_UNLIKELY(!(e->state & WQ_ST_WAITING) || e->link != 0)) {
+            h->corrupt = 1;   /* the next locker rebuilds the heap */
+            break;
+        }
         if (e->t_b > now)
             break;
         bool in_ring = false;
+        h->busy = 1;
         if (wq__activate(q, idx, now, &in_ring) < 0)
-            break;
+            break;   /* busy stays set: the next locker repairs */
+        h->busy = 0;
         queued += in_ring;
     }
     return queued;

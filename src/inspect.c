@@ -31,7 +31,7 @@ static int stats_locked(wq *q, struct wq_stats *out)
     struct wq_stats s = {0};
     s.now_ns = wq__now_mono();
     wq__promote(q, s.now_ns);
-    s.queued = wq__queued(q);
+    s.queued = wq__queued(q) <= q->capacity ? wq__queued(q) : q->capacity;
     s.fair = q->fair;
     s.processing = atomic_load_explicit(&h->processing, memory_order_relaxed);
     s.live = atomic_load_explicit(&h->live, memory_order_relaxed);

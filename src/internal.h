@@ -151,6 +151,7 @@ void wq__procs_unregister(wq *q);
 unsigned wq__procs_reap(wq *q);
 void wq__procs_maybe_reap(wq *q);
 void wq__procs_release_pids(wq *q, const pid_t *pids, unsigned n);
+bool wq__lease_held(struct wq_proc *p);
 int wq__requeue_owned(wq *q, uint32_t slot, uint32_t gen, bool crash);
 
 /* table.c */

@@ -212,7 +212,11 @@ struct wq_hdr {
     uint32_t fq_count;
     uint32_t fair_ticks;
     uint64_t fair_vtime;
-    uint64_t reserved[8];                 /* room for later counters */
+    uint32_t corrupt;                     /* lock; set by whoever finds a
+                                             structure inconsistent; the next
+                                             locker repairs (like busy) */
+    uint32_t pad5;
+    uint64_t reserved[7];                 /* room for later counters */
 };
 
 /*

@@ -51,16 +51,22 @@ int wq__lock(wq *q)
         } else {
             return rc == ENOTRECOVERABLE ? -ENOTRECOVERABLE : -rc;
         }
-    } else if (WQ_UNLIKELY(q->hdr->busy)) {
-        rc = wq__repair(q, true, false, NULL, NULL);
+    } else if (WQ_UNLIKELY(q->hdr->busy || q->hdr->corrupt)) {
+        /* A mutation cut short without a death (an error path), or a
+           structure found inconsistent: rebuild thoroughly. */
+        rc = wq__repair(q, true, q->hdr->corrupt != 0, NULL, NULL);
     }
     if (WQ_UNLIKELY(rc < 0)) {
         pthread_mutex_unlock(&q->hdr->lock);
         return rc;
     }
+    /* Re-register after a fork, or if our slot is no longer ours (it can
+       only be taken from a live handle by repairing a corrupt table). */
     if (WQ_UNLIKELY(atomic_load_explicit(&q->forkgen, memory_order_relaxed) !=
                         atomic_load_explicit(&wq__fork_gen, memory_order_relaxed) ||
-                    q->slot == WQ_NIL)) {
+                    q->slot >= q->max_procs ||
+                    q->procs[q->slot].state != WQ_PROC_LIVE ||
+                    q->procs[q->slot].gen != q->gen)) {
         rc = wq__procs_register(q);
         if (rc < 0) {
             pthread_mutex_unlock(&q->hdr->lock);

@@ -49,7 +49,9 @@ struct wq_lease {
 static void *lease_main(void *arg)
 {
     struct wq_lease *l = arg;
-    int rc = pthread_mutex_lock(l->target);
+    /* trylock: a FREE slot whose lease is held (a corrupt table) is not
+       ours to wait for; registration moves on to another slot. */
+    int rc = pthread_mutex_trylock(l->target);
     if (rc == EOWNERDEAD) {   /* a previous holder of this slot died */
         pthread_mutex_consistent(l->target);
         rc = 0;
@@ -118,12 +120,25 @@ static int lease_start(pthread_mutex_t *target, struct wq_lease **out)
     return 0;
 }
 
-static uint32_t find_free_slot(wq *q)
+static uint32_t find_free_slot(wq *q, uint32_t from)
 {
-    for (uint32_t i = 0; i < q->max_procs; i++)
+    for (uint32_t i = from; i < q->max_procs; i++)
         if (q->procs[i].state == WQ_PROC_FREE)
             return i;
     return WQ_NIL;
+}
+
+/* Lock held: does someone hold this slot's lease? */
+bool wq__lease_held(struct wq_proc *p)
+{
+    int rc = pthread_mutex_trylock(&p->lease);
+    if (rc == EBUSY)
+        return true;
+    if (rc == EOWNERDEAD)
+        pthread_mutex_consistent(&p->lease);
+    if (rc == 0 || rc == EOWNERDEAD)
+        pthread_mutex_unlock(&p->lease);
+    return false;
 }
 
 /* Lock held. Also used in a forked child, whose inherited handle still
@@ -137,19 +152,30 @@ int wq__procs_register(wq *q)
         free(q->lease);
         q->lease = NULL;
         q->slot = WQ_NIL;
+    } else if (q->lease) {
+        /* Our slot was taken from us (a corrupt table repaired): give up
+           its lease and register afresh; the keys we held went back. */
+        lease_stop(q->lease);
+        q->lease = NULL;
+        q->slot = WQ_NIL;
     }
-    uint32_t i = find_free_slot(q);
-    if (i == WQ_NIL) {
-        wq__procs_reap(q);
-        i = find_free_slot(q);
-        if (i == WQ_NIL)
-            return -EUSERS;
+    struct wq_lease *l = NULL;
+    uint32_t i = WQ_NIL;
+    int rc = -EUSERS;
+    for (int pass = 0; pass < 2 && !l; pass++) {
+        if (pass == 1)
+            wq__procs_reap(q);
+        for (i = find_free_slot(q, 0); i != WQ_NIL; i = find_free_slot(q, i + 1)) {
+            rc = lease_start(&q->procs[i].lease, &l);
+            if (rc == 0)
+                break;
+            if (rc != -EBUSY)
+                return rc;
+        }
     }
+    if (!l)
+        return rc == -EBUSY ? -EUSERS : rc;
     struct wq_proc *p = &q->procs[i];
-    struct wq_lease *l;
-    int rc = lease_start(&p->lease, &l);
-    if (rc < 0)
-        return rc;
     p->pid = (int32_t)getpid();
     p->gen++;
     p->held = 0;
@@ -223,6 +249,11 @@ int wq__requeue_owned(wq *q, uint32_t slot, uint32_t gen, bool crash)
             wq__pend(q, WQ_PEND_CRASH, idx);
         WQ_STEP("requeue.busy");
         uint64_t delay = crash ? wq__limiter_when(q, e, now) : 0;
+        /* The failure counts either way; but a key re-added meanwhile has
+           an acknowledged add pending, and after shutdown nothing fires:
+           both go back to the queue at once. */
+        if ((st & WQ_ST_DIRTY) || h->shutdown)
+            delay = 0;
         if (crash)
             wq__store_mark(q, idx);   /* its failure count rose */
         if (delay > 0) {

@@ -670,7 +670,8 @@ int wq_len(wq *q)
 {
     if (!q)
         return -EINVAL;
-    return (int)wq__queued(q);
+    uint32_t n = wq__queued(q);
+    return n <= q->capacity ? (int)n : -EBADMSG;
 }
 
 int wq_shutdown(wq *q)

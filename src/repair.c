@@ -164,8 +164,10 @@ static void check_procs(struct ctx *c)
         struct wq_proc *p = &q->procs[i];
         if (p->state != WQ_PROC_FREE && p->state != WQ_PROC_LIVE) {
             violation(c, "proc %u: illegal state %u", i, p->state);
+            /* A held lease means a live handle: keep it, whatever the
+               state word says. */
             if (c->apply)
-                p->state = WQ_PROC_FREE;
+                p->state = wq__lease_held(p) ? WQ_PROC_LIVE : WQ_PROC_FREE;
         }
         q->held[i] = 0;
     }
@@ -498,7 +500,8 @@ static void finish(struct ctx *c, uint32_t queued)
     for (uint32_t i = 0; i < q->max_procs; i++) {
         struct wq_proc *p = &q->procs[i];
         if (p->state == WQ_PROC_LIVE && p->held != q->held[i]) {
-            violation(c, "proc %u: holds %u keys, counted %u", i, q->held[i], p->held);
+            violation(c, "proc %u: counted %u keys held, it holds %u", i, p->held,
+                      q->held[i]);
             if (c->apply)
                 p->held = q->held[i];
         }
@@ -520,7 +523,7 @@ int wq__repair(wq *q, bool apply, bool thorough, wq_report_fn report, void *arg)
     struct ctx c = { .q = q, .apply = apply, .thorough = thorough, .report = report,
                      .arg = arg };
     size_t words = (q->capacity + 63) / 64;
-    if (apply && !thorough && !q->hdr->busy)
+    if (apply && !thorough && !q->hdr->busy && !q->hdr->corrupt)
         return 0;   /* the dead holder was not mutating: nothing to rebuild */
     c.in_ring = q->scratch;
     c.in_index = q->scratch + words;
@@ -556,6 +559,7 @@ int wq__repair(wq *q, bool apply, bool thorough, wq_report_fn report, void *arg)
     if (apply) {
         WQ_STEP("repair.done");
         q->hdr->busy = 0;
+        q->hdr->corrupt = 0;
         /* Let every sleeper re-evaluate the repaired state. */
         atomic_fetch_add_explicit(&q->hdr->wake_seq, 1, memory_order_release);
         atomic_fetch_add_explicit(&q->hdr->idle_seq, 1, memory_order_release);

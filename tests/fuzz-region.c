@@ -825,6 +825,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     /* A repaired region must work and stay clean. */
     char buf[64];
     rc = wq_add(q, "post-repair", 11);
+    struct wq_stats geo;
+    /* A patched header with its checksum redone may validly say a smaller
+       max_key_len (same entry size): then the key is simply too long. */
+    bool too_long = wq_stats(q, &geo) == 0 && geo.max_key_len < 11;
+    if (rc == -EMSGSIZE && too_long)
+        rc = -ENOSPC;   /* an expected refusal: skip the checks that need the key */
     if (rc == -EBADMSG || (rc < 0 && rc != -ENOSPC && rc != -ESHUTDOWN))
         hard("wq_add after repair: %d (%s)", rc, wq_strerror(rc));
     int n = wq_get(q, buf, sizeof buf, 0);

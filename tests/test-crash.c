@@ -223,10 +223,13 @@ static int m_requeue(struct model *m, int owner, bool crash)
         if (e->processing && e->owner == owner) {
             e->processing = 0;
             e->owner = OWN_NONE;
-            if (crash) {
+            if (crash && !e->dirty) {   /* through the limiter: waits */
                 e->failures++;
-                e->dirty = 0;
                 e->waiting = 1;
+            } else if (crash) {   /* re-added meanwhile: queued at once */
+                e->failures++;
+                e->waiting = 0;
+                m_push(m, e);
             } else {
                 e->waiting = 0;
                 if (!e->dirty)
