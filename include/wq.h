@@ -51,7 +51,9 @@
  * ERRORS (what each negative errno means for libwq)
  *   -EINVAL       bad argument: NULL pointer, bad name, bad options, empty
  *                 key, timeout below -1, unknown flag bits.
- *   -ENOTSUP      an option this build does not implement yet was set.
+ *   -ENOTDIR, -ENAMETOOLONG, -EACCES  wq_open: the store_path is not a
+ *                 usable directory.
+ *   -EIO          the store could not be read or written.
  *   -ENOENT       wq_open: no such queue and WQ_CREATE not given;
  *                 wq_done: the key is not processing.
  *   -EEXIST       wq_open with WQ_CREATE|WQ_EXCL: the queue exists.
@@ -225,7 +227,7 @@ struct wq_options {
  *
  * Returns 0 and stores the handle in *out, or
  *   -ENOENT  absent and not creating;  -EEXIST  present with WQ_EXCL;
- *   -EINVAL  bad name or options;      -ENOTSUP an option not implemented;
+ *   -EINVAL  bad name or options;      -EBADMSG/-EIO a damaged or foreign store;
  *   -EPROTO  not a libwq region of a compatible version, or it fails
  *            validation (magic, version, geometry, checksum, size);
  *   -EACCES  permissions;  -EUSERS process table full;  -ENOMEM ...
@@ -698,8 +700,10 @@ struct wq_key_info {
 
 /*
  * wq_dump - call fn once per key the queue holds (live keys, and idle
- * keys kept for a failure count or a result): queued keys first in FIFO
- * order, then the others. Keys whose delay is over are queued first. Runs under the region lock: fn must not call libwq on
+ * keys kept for a failure count or a result): queued keys first in the
+ * order they will be handed out (FIFO; in fair mode by priority, tenant
+ * turn and add order, leaving out the oldest-key share), then the others.
+ * Keys whose delay is over are queued first. Runs under the region lock: fn must not call libwq on
  * the same queue and should be quick. If fn returns non-zero, the walk
  * stops and that value is returned. Returns 0 when all keys were visited.
  */

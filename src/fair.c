@@ -115,7 +115,7 @@ static void heap_remove(wq *q, int h, uint32_t idx, uint32_t n)
     sift_up(q, h, *pos_of(q, h, last));
 }
 
-static uint32_t tenant_len(const wq *q, const struct wq_entry *e)
+uint32_t wq__fair_tenant_len(const wq *q, const struct wq_entry *e)
 {
     if (q->g.tenant_sep < 0)
         return 0;
@@ -147,7 +147,7 @@ void wq__fair_dirty(wq *q, uint32_t idx)
     struct wq_entry *e = wq__entry(q, idx);
     struct wq_fx *f = &q->fx[idx];
     e->seq = h->seq_next++;
-    uint32_t tl = tenant_len(q, e);
+    uint32_t tl = wq__fair_tenant_len(q, e);
     uint64_t *last = last_tag(q, e, tl, f->prio);
     uint64_t v = *vtime(q, f->prio);
     uint64_t tag = (*last > v ? *last : v) + 1;

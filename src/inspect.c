@@ -75,6 +75,8 @@ static void fill(const wq *q, const struct wq_entry *e, struct wq_key_info *ki)
         ki->state |= WQ_KEY_WAITING;
     if (e->state & WQ_ST_RETAINED)
         ki->state |= WQ_KEY_FAILING;
+    if (e->state & WQ_ST_STORING)
+        ki->state |= WQ_KEY_DIRTY;   /* added, waiting for its store commit */
     ki->ready_ns = (e->state & WQ_ST_WAITING) ? e->t_b : 0;
     ki->failures = e->failures;
     ki->seq = e->seq;
@@ -83,7 +85,7 @@ static void fill(const wq *q, const struct wq_entry *e, struct wq_key_info *ki)
     if (q->fair) {
         uint32_t idx = (uint32_t)(((const unsigned char *)e - q->entries) / q->entry_size);
         ki->priority = q->fx[idx].prio;
-        ki->tenant_len = q->fx[idx].tenant_len <= e->keylen ? q->fx[idx].tenant_len : 0;
+        ki->tenant_len = wq__fair_tenant_len(q, e);
     }
     ki->result = WQ_STATE_NONE;
     ki->result_code = 0;
@@ -183,9 +185,9 @@ int wq_dump(wq *q, wq_dump_fn fn, void *arg)
     }
     for (uint32_t idx = 0; idx < q->capacity; idx++) {
         struct wq_entry *e = wq__entry(q, idx);
-        if (e->state == 0 || (e->state & WQ_ST_QUEUED) || e->keylen == 0 ||
+        if (wq__st(e) == 0 || (e->state & WQ_ST_QUEUED) || e->keylen == 0 ||
             e->keylen > q->max_key_len)
-            continue;
+            continue;   /* free, or a removal the store has yet to write */
         fill(q, e, &ki);
         if ((rc = fn(&ki, arg)) != 0)
             goto out;

@@ -193,6 +193,7 @@ int wq__add_delayed_prio(wq *q, const void *key, size_t len, bool limited, uint6
 
 /* fair.c */
 void wq__fair_dirty(wq *q, uint32_t idx);
+uint32_t wq__fair_tenant_len(const wq *q, const struct wq_entry *e);
 int wq__fair_push(wq *q, uint32_t idx);
 uint32_t wq__fair_front(wq *q);
 void wq__fair_pop(wq *q, uint32_t idx);

@@ -419,6 +419,12 @@ int wq_open(const char *name, const struct wq_options *opts, wq **out)
 
     bool create = opts && (opts->flags & WQ_CREATE);
     bool excl = opts && (opts->flags & WQ_EXCL);
+    /* EXCL on an existing queue: say so before touching a store (publish
+       still decides a creation race). */
+    if (excl && access(path, F_OK) == 0) {
+        free(q);
+        return -EEXIST;
+    }
     for (int tries = 0;; tries++) {
         rc = excl ? -ENOENT : attach(q, path);
         if (rc != -ENOENT || !create)

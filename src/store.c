@@ -66,7 +66,7 @@ struct rec {
     uint64_t order;
     uint16_t msglen;
     uint16_t pad0;
-    uint32_t pad1;
+    int32_t prio;             /* WQ_FAIR priority */
 };
 
 struct meta {
@@ -78,6 +78,8 @@ struct meta {
     uint64_t rl_base_delay_ns, rl_max_delay_ns, rl_fast_delay_ns, rl_slow_delay_ns;
     double rl_qps;
     uint64_t next_order;
+    uint32_t fair_share;
+    int32_t tenant_sep;
 };
 
 /* ------------------------------------------------------------------ */
@@ -409,6 +411,8 @@ static void meta_from_geom(struct meta *m, const struct wq_geom *g)
     m->rl_fast_delay_ns = g->rl_fast_delay_ns;
     m->rl_slow_delay_ns = g->rl_slow_delay_ns;
     m->rl_qps = g->rl_qps;
+    m->fair_share = g->fair_share;
+    m->tenant_sep = g->tenant_sep;
 }
 
 static int meta_get(MDB_txn *txn, struct env *e, struct meta *m)
@@ -500,6 +504,7 @@ static void snapshot_entry(wq *q, uint32_t idx, struct item *it, unsigned char *
     it->r.magic = REC_MAGIC;
     it->r.keylen = e->keylen;
     it->r.failures = e->failures;
+    it->r.prio = q->fair ? q->fx[idx].prio : 0;
     memcpy(kbuf, e->key, e->keylen);
     it->key = kbuf;
     it->msg = mbuf;
@@ -806,6 +811,29 @@ int wq__store_prepare(const struct wq_options *o, struct wq_options *eff, char *
         eff->max_procs = m.max_procs;
     if (!eff->result_capacity)
         eff->result_capacity = m.result_capacity;
+    /* The rest of the stored settings too, where the options are 0:
+       restoring with only a path gives back the same queue. */
+    if (!eff->durability)
+        eff->durability = (int)m.durability;
+    if (!eff->snapshot_interval_ms && eff->durability == WQ_DURABLE_NONE)
+        eff->snapshot_interval_ms = m.snapshot_ms;
+    if (!(eff->flags & WQ_FAIR) && (m.flags & WQ_FAIR)) {
+        eff->flags |= WQ_FAIR;
+        eff->fair_share = m.fair_share;
+        eff->tenant_sep = m.tenant_sep;
+    }
+    eff->flags |= m.flags & WQ_NO_METRICS;
+    if (!eff->rl_limiters && !eff->rl_base_delay_ns && !eff->rl_max_delay_ns &&
+        eff->rl_qps == 0 && !eff->rl_burst) {
+        eff->rl_limiters = m.rl_limiters;
+        eff->rl_base_delay_ns = m.rl_base_delay_ns;
+        eff->rl_max_delay_ns = m.rl_max_delay_ns;
+        eff->rl_qps = m.rl_qps;
+        eff->rl_burst = m.rl_burst;
+        eff->rl_fast_delay_ns = m.rl_fast_delay_ns;
+        eff->rl_slow_delay_ns = m.rl_slow_delay_ns;
+        eff->rl_max_fast_attempts = m.rl_max_fast_attempts;
+    }
     return 0;
 }
 
@@ -915,6 +943,8 @@ int wq__store_restore(wq *view)
         }
         struct wq_entry *en = wq__entry(view, idx);
         en->failures = l->r.failures;
+        if (view->fair)
+            view->fx[idx].prio = l->r.prio;
         uint16_t state;
         if (l->r.cls == CLS_PENDING) {
             en->t_b = mono;

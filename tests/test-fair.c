@@ -26,7 +26,7 @@
  * set to T0 before every test (see test-delay.c) and stepped by the
  * delay tests, so ready times are exact. Every wq_get uses timeout 0.
  */
-#include "helpers.h"
+#include "fixture.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -38,93 +38,10 @@
 #include "fault-api.h"
 
 #define KEYBUF 256 /* default max_key_len */
-#define MS  ((uint64_t)1000000)
-#define SEC ((uint64_t)1000000000)
-#define T0  (1000 * SEC)
-
-#define KS(s) (s), strlen(s)
 
 /* ------------------------------------------------------------------ */
-/* Handles, clock, fixtures                                            */
+/* Helpers (handles, clock, fixtures: fixture.h)                       */
 /* ------------------------------------------------------------------ */
-
-#define MAX_OPEN 16
-static wq *opened[MAX_OPEN];
-
-static wq *track(wq *q)
-{
-    for (int i = 0; i < MAX_OPEN; i++) {
-        if (opened[i] == NULL) {
-            opened[i] = q;
-            return q;
-        }
-    }
-    fail_msg("too many open handles");
-    return q;
-}
-
-static void close_q(wq *q)
-{
-    for (int i = 0; i < MAX_OPEN; i++)
-        if (opened[i] == q)
-            opened[i] = NULL;
-    wq_close(q);
-}
-
-static void close_all(void)
-{
-    for (int i = 0; i < MAX_OPEN; i++) {
-        if (opened[i] != NULL) {
-            wq_close(opened[i]);
-            opened[i] = NULL;
-        }
-    }
-}
-
-static uint64_t fake_now;
-
-static void clock_at(uint64_t t)
-{
-    fake_now = t;
-    wq_test_clock_set(t);
-}
-
-static void clock_step(uint64_t d)
-{
-    clock_at(fake_now + d);
-}
-
-static int setup(void **state)
-{
-    clock_at(T0);
-    return th_setup(state);
-}
-
-static int teardown(void **state)
-{
-    close_all();
-    wq_test_clock_set(0);
-    fake_now = 0;
-    return th_teardown(state);
-}
-
-/* ------------------------------------------------------------------ */
-/* Helpers                                                             */
-/* ------------------------------------------------------------------ */
-
-static wq *open_opts(const char *tag, struct wq_options *o)
-{
-    const char *name = th_qname(tag);
-    wq *q = NULL;
-    int rc;
-
-    o->flags |= WQ_CREATE | WQ_EXCL;
-    rc = wq_open(name, o, &q);
-    if (rc != 0)
-        fail_msg("wq_open(%s) = %d (%s)", name, rc, wq_strerror(rc));
-    assert_non_null(q);
-    return track(q);
-}
 
 /* A default-mode queue (fair == 0) or a WQ_FAIR one. */
 static wq *open_q(const char *tag, int fair, uint32_t fair_share,
@@ -138,26 +55,6 @@ static wq *open_q(const char *tag, int fair, uint32_t fair_share,
         o.tenant_sep = tenant_sep;
     }
     return open_opts(tag, &o);
-}
-
-static struct wq_stats stats_of(wq *q)
-{
-    struct wq_stats s;
-
-    assert_int_equal(wq_stats(q, &s), 0);
-    return s;
-}
-
-static void report(const char *what, void *arg)
-{
-    (void)arg;
-    print_message("  violation: %s\n", what);
-}
-
-/* Every scenario ends with a clean region. */
-static void check_clean(wq *q)
-{
-    assert_int_equal(wq_check_report(q, 0, report, NULL), 0);
 }
 
 #define add_ok(q, k, e) assert_int_equal(wq_add((q), KS(k)), (e))
@@ -174,28 +71,6 @@ static int addx(wq *q, const char *k, int prio, uint64_t after, bool rl)
                              .rate_limited = rl };
     return wq_add_opts(q, KS(k), &o);
 }
-
-/* wq_get (timeout 0) must hand out `want`. */
-#define get_is(q, want) get_is_((q), (want), __LINE__)
-static void get_is_(wq *q, const char *want, int line)
-{
-    char buf[KEYBUF + 1];
-    int n = wq_get(q, buf, KEYBUF, 0);
-
-    if (n < 0) {
-        fail_msg("line %d: wq_get = %d (%s), expected \"%s\"", line, n,
-                 wq_strerror(n), want);
-        return;
-    }
-    buf[n] = '\0';
-    if ((size_t)n != strlen(want) || memcmp(buf, want, (size_t)n) != 0)
-        fail_msg("line %d: wq_get handed out \"%s\", expected \"%s\"", line,
-                 buf, want);
-}
-
-#define done_ok(q, k) assert_int_equal(wq_done((q), KS(k)), 0)
-
-#define get_none(q) assert_int_equal(wq_get((q), (char[KEYBUF]){ 0 }, KEYBUF, 0), -EAGAIN)
 
 /* Get (and done) everything queued now; the keys, space separated. */
 static void drain_order(wq *q, char *out, size_t cap)
@@ -226,38 +101,18 @@ static void expect_drain_(wq *q, const char *want, int line)
                  got, want);
 }
 
-struct find {
-    const char *key;
-    size_t len;
-    int found;
-    struct wq_key_info info;
-};
-
-static int find_cb(const struct wq_key_info *i, void *arg)
-{
-    struct find *f = arg;
-
-    if (i->len == f->len && memcmp(i->key, f->key, f->len) == 0) {
-        f->found = 1;
-        f->info = *i;
-        f->info.key = NULL;
-        f->info.result_message = NULL;
-        return 1;
-    }
-    return 0;
-}
-
 #define info_of(q, k) info_of_((q), (k), __LINE__)
 static struct wq_key_info info_of_(wq *q, const char *key, int line)
 {
-    struct find f = { .key = key, .len = strlen(key) };
-    int rc = wq_dump(q, find_cb, &f);
+    struct wq_key_info ki;
+    int found;
+    int rc = dump_find(q, key, &ki, &found);
 
     if (rc != 0 && rc != 1)
         fail_msg("line %d: wq_dump = %d", line, rc);
-    if (!f.found)
+    if (!found)
         fail_msg("line %d: \"%s\" is not in the dump", line, key);
-    return f.info;
+    return ki;
 }
 
 struct dump_order {
@@ -308,7 +163,7 @@ static void figure2(int fair, int readds)
     add_ok(q, "A", 0);
     add_ok(q, "B", 0);
     add_ok(q, "C", 0);
-    get_is(q, "A");                                 /* figure 2(b) */
+    expect_get(q, "A");                             /* figure 2(b) */
     add_ok(q, "A", 0);                              /* dirty, not queued */
     assert_int_equal(wq_len(q), 2);
     add_ok(q, "D", 0);                              /* figure 2(c) */
@@ -317,7 +172,7 @@ static void figure2(int fair, int readds)
     add_ok(q, "E", 0);
     assert_int_equal(wq_len(q), 4);
     assert_int_equal(info_of(q, "A").state, WQ_KEY_PROCESSING | WQ_KEY_DIRTY);
-    done_ok(q, "A");                                /* figure 2(d) */
+    expect_done(q, "A");                            /* figure 2(d) */
     assert_int_equal(wq_len(q), 5);
     expect_dump(q, fair ? "B C A D E" : "B C D E A");
     if (fair)
@@ -348,12 +203,12 @@ static void fig2_twice_adjacent(void **state)
         add_ok(q, "A", 0);
         add_ok(q, "B", 0);
         add_ok(q, "C", 0);
-        get_is(q, "A");
+        expect_get(q, "A");
         add_ok(q, "A", 0);
         add_ok(q, "A", 1);
         add_ok(q, "D", 0);
         add_ok(q, "E", 0);
-        done_ok(q, "A");
+        expect_done(q, "A");
         expect_drain(q, fair ? "B C A D E" : "B C D E A");
         check_clean(q);
         close_q(q);
@@ -371,12 +226,12 @@ static void fig2_done_get(void **state)
         add_ok(q, "A", 0);
         add_ok(q, "B", 0);
         add_ok(q, "C", 0);
-        get_is(q, "A");
+        expect_get(q, "A");
         add_ok(q, "A", 0);
         add_ok(q, "D", 0);
         assert_int_equal(wq_done_get(q, KS("A"), buf, sizeof buf, 0), 1);
         assert_memory_equal(buf, "B", 1);
-        done_ok(q, "B");
+        expect_done(q, "B");
         expect_drain(q, fair ? "C A D" : "C D A");
         check_clean(q);
         close_q(q);
@@ -392,11 +247,11 @@ static void fig2_fair_share_1(void **state)
     add_ok(q, "A", 0);
     add_ok(q, "B", 0);
     add_ok(q, "C", 0);
-    get_is(q, "A");
+    expect_get(q, "A");
     add_ok(q, "A", 0);
     add_ok(q, "D", 0);
     add_ok(q, "E", 0);
-    done_ok(q, "A");
+    expect_done(q, "A");
     expect_drain(q, "B C A D E");
     check_clean(q);
     close_q(q);
@@ -414,14 +269,14 @@ static void readd_interleaved(void **state)
         wq *q = open_q("readd-1", fair, 1000, -1, 64);
         add_ok(q, "A", 0);
         add_ok(q, "B", 0);
-        get_is(q, "A");
-        get_is(q, "B");
+        expect_get(q, "A");
+        expect_get(q, "B");
         add_ok(q, "B", 0);
         add_ok(q, "X", 0);
         add_ok(q, "A", 0);
         add_ok(q, "Y", 0);
-        done_ok(q, "A");
-        done_ok(q, "B");
+        expect_done(q, "A");
+        expect_done(q, "B");
         expect_drain(q, fair ? "B X A Y" : "X Y A B");
         check_clean(q);
         close_q(q);
@@ -438,13 +293,13 @@ static void readd_done_reversed(void **state)
         wq *q = open_q("readd-2", fair, 1000, -1, 64);
         add_ok(q, "A", 0);
         add_ok(q, "B", 0);
-        get_is(q, "A");
-        get_is(q, "B");
+        expect_get(q, "A");
+        expect_get(q, "B");
         add_ok(q, "A", 0);
         add_ok(q, "X", 0);
         add_ok(q, "B", 0);
-        done_ok(q, "B");
-        done_ok(q, "A");
+        expect_done(q, "B");
+        expect_done(q, "A");
         expect_drain(q, fair ? "A X B" : "X B A");
         check_clean(q);
         close_q(q);
@@ -461,12 +316,12 @@ static void readd_get_between(void **state)
         add_ok(q, "A", 0);
         add_ok(q, "B", 0);
         add_ok(q, "C", 0);
-        get_is(q, "A");
+        expect_get(q, "A");
         add_ok(q, "A", 0);
         add_ok(q, "D", 0);
-        get_is(q, "B");
-        done_ok(q, "B");
-        done_ok(q, "A");
+        expect_get(q, "B");
+        expect_done(q, "B");
+        expect_done(q, "A");
         expect_drain(q, fair ? "C A D" : "C D A");
         check_clean(q);
         close_q(q);
@@ -483,10 +338,10 @@ static void readd_then_queued_add(void **state)
         wq *q = open_q("readd-4", fair, 1000, -1, 64);
         add_ok(q, "A", 0);
         add_ok(q, "B", 0);
-        get_is(q, "A");
+        expect_get(q, "A");
         add_ok(q, "A", 0);
         add_ok(q, "C", 0);
-        done_ok(q, "A");
+        expect_done(q, "A");
         add_ok(q, "A", 1);
         expect_drain(q, fair ? "B A C" : "B C A");
         check_clean(q);
@@ -503,14 +358,14 @@ static void readd_chain(void **state)
     for (int fair = 0; fair <= 1; fair++) {
         wq *q = open_q("readd-5", fair, 1000, -1, 64);
         add_ok(q, "A", 0);
-        get_is(q, "A");
+        expect_get(q, "A");
         add_ok(q, "A", 0);
         add_ok(q, "B", 0);
-        get_is(q, "B");
+        expect_get(q, "B");
         add_ok(q, "B", 0);
         add_ok(q, "C", 0);
-        done_ok(q, "B");
-        done_ok(q, "A");
+        expect_done(q, "B");
+        expect_done(q, "A");
         expect_drain(q, fair ? "A B C" : "C B A");
         check_clean(q);
         close_q(q);
@@ -527,26 +382,26 @@ static void readd_finish_and_rerun(void **state)
         wq *q = open_q("readd-6", fair, 1000, -1, 64);
         add_ok(q, "A", 0);
         add_ok(q, "B", 0);
-        get_is(q, "A");
+        expect_get(q, "A");
         add_ok(q, "A", 0);
         add_ok(q, "C", 0);
         assert_int_equal(wq_finish(q, KS("A"), 0, "ok"), 0);
         /* fair: B A C; default: B C A */
-        get_is(q, "B");
-        done_ok(q, "B");
+        expect_get(q, "B");
+        expect_done(q, "B");
         if (fair) {
-            get_is(q, "A");
+            expect_get(q, "A");
             add_ok(q, "A", 0);   /* second run, re-added behind C */
             add_ok(q, "D", 0);
-            done_ok(q, "A");
+            expect_done(q, "A");
             expect_drain(q, "C A D");
         } else {
-            get_is(q, "C");
-            done_ok(q, "C");
-            get_is(q, "A");
+            expect_get(q, "C");
+            expect_done(q, "C");
+            expect_get(q, "A");
             add_ok(q, "A", 0);
             add_ok(q, "D", 0);
-            done_ok(q, "A");
+            expect_done(q, "A");
             expect_drain(q, "D A");
         }
         check_clean(q);
@@ -565,9 +420,9 @@ static void readd_add_many(void **state)
                               { (void *)"Y", 1 } };
         add_ok(q, "A", 0);
         add_ok(q, "B", 0);
-        get_is(q, "A");
+        expect_get(q, "A");
         assert_int_equal(wq_add_many(q, v, 3), 0);
-        done_ok(q, "A");
+        expect_done(q, "A");
         expect_drain(q, fair ? "B X A Y" : "B X Y A");
         check_clean(q);
         close_q(q);
@@ -635,14 +490,14 @@ static void prio_raise_moves(void **state)
     assert_int_equal(addp(q, "a", 2), 0);
     assert_int_equal(addp(q, "b", 2), 0);
     assert_int_equal(addp(q, "c", 0), 0);
-    get_is(q, "a");
+    expect_get(q, "a");
     assert_int_equal(addp(q, "c", 4), 1);
-    get_is(q, "c");
-    get_is(q, "b");
-    get_none(q);
-    done_ok(q, "a");
-    done_ok(q, "b");
-    done_ok(q, "c");
+    expect_get(q, "c");
+    expect_get(q, "b");
+    expect_get_rc(q, -EAGAIN);
+    expect_done(q, "a");
+    expect_done(q, "b");
+    expect_done(q, "c");
     check_clean(q);
     close_q(q);
 }
@@ -656,14 +511,14 @@ static void prio_readd_while_processing(void **state)
     wq *q = open_q("prio-readd", 1, 1000, -1, 64);
 
     assert_int_equal(addp(q, "A", 0), 0);
-    get_is(q, "A");
+    expect_get(q, "A");
     assert_int_equal(addp(q, "A", 0), 0);   /* marked dirty */
     assert_int_equal(addp(q, "B", 1), 0);
     assert_int_equal(addp(q, "C", 2), 0);
     assert_int_equal(addp(q, "A", 3), 1);   /* merged into the dirty mark */
     assert_int_equal(info_of(q, "A").state, WQ_KEY_PROCESSING | WQ_KEY_DIRTY);
     assert_int_equal(info_of(q, "A").priority, 3);
-    done_ok(q, "A");
+    expect_done(q, "A");
     expect_drain(q, "A C B");
     check_clean(q);
     close_q(q);
@@ -681,10 +536,10 @@ static void prio_readd_new_priority(void **state)
     wq *q = open_q("prio-readd-new", 1, 1000, -1, 64);
 
     assert_int_equal(addp(q, "A", 5), 0);
-    get_is(q, "A");
+    expect_get(q, "A");
     assert_int_equal(addp(q, "A", 0), 0);   /* marked dirty */
     assert_int_equal(addp(q, "B", 1), 0);
-    done_ok(q, "A");
+    expect_done(q, "A");
     assert_int_equal(info_of(q, "A").priority, 0);
     expect_drain(q, "B A");
     check_clean(q);
@@ -781,17 +636,17 @@ static void prio_after(void **state)
     add_ok(q, "p0", 0);
     add_ok(q, "p1", 0);
     add_ok(q, "p2", 0);
-    get_is(q, "p0");
+    expect_get(q, "p0");
     clock_step(9 * MS);
-    get_is(q, "p1");
+    expect_get(q, "p1");
     clock_step(1 * MS);
-    get_is(q, "hi");
-    get_is(q, "p2");
-    get_none(q);
-    done_ok(q, "p0");
-    done_ok(q, "p1");
-    done_ok(q, "p2");
-    done_ok(q, "hi");
+    expect_get(q, "hi");
+    expect_get(q, "p2");
+    expect_get_rc(q, -EAGAIN);
+    expect_done(q, "p0");
+    expect_done(q, "p1");
+    expect_done(q, "p2");
+    expect_done(q, "hi");
     check_clean(q);
     close_q(q);
 }
@@ -836,20 +691,20 @@ static void prio_after_merge(void **state)
     assert_int_equal(ki.priority, 1);
 
     assert_int_equal(stats_of(q).waiting, 2);
-    get_is(q, "q");
+    expect_get(q, "q");
     clock_step(5 * MS);
-    get_is(q, "v");        /* ready and 7 */
-    get_is(q, "u");
-    get_none(q);
+    expect_get(q, "v");    /* ready and 7 */
+    expect_get(q, "u");
+    expect_get_rc(q, -EAGAIN);
     clock_step(4 * MS);
-    get_none(q);           /* w is ready at +10 ms */
+    expect_get_rc(q, -EAGAIN); /* w is ready at +10 ms */
     clock_step(1 * MS);
-    get_is(q, "w");
-    get_none(q);
-    done_ok(q, "q");
-    done_ok(q, "v");
-    done_ok(q, "u");
-    done_ok(q, "w");
+    expect_get(q, "w");
+    expect_get_rc(q, -EAGAIN);
+    expect_done(q, "q");
+    expect_done(q, "v");
+    expect_done(q, "u");
+    expect_done(q, "w");
     check_clean(q);
     close_q(q);
 }
@@ -877,10 +732,10 @@ static void prio_after_and_rl(void **state)
         clock_step(9 * MS);
         assert_int_equal(stats_of(q).waiting, 1);
         clock_step(1 * MS);
-        get_is(q, "r");            /* priority 3 before z */
-        get_is(q, "z");
-        done_ok(q, "r");
-        done_ok(q, "z");
+        expect_get(q, "r");        /* priority 3 before z */
+        expect_get(q, "z");
+        expect_done(q, "r");
+        expect_done(q, "z");
         assert_int_equal(wq_forget(q, KS("r")), 0);
         check_clean(q);
         close_q(q);
@@ -990,9 +845,9 @@ static void starve_readd(void **state)
     int id = 0;
 
     assert_int_equal(addp(q, "L", 0), 0);
-    get_is(q, "L");
+    expect_get(q, "L");
     assert_int_equal(addp(q, "L", 0), 0);   /* the oldest add once done */
-    done_ok(q, "L");
+    expect_done(q, "L");
     int g = flood_until(q, "L", 4, &id);
     if (g == 0)
         fail_msg("re-added L not handed out within 4 gets");
@@ -1293,8 +1148,8 @@ static void tenant_flood_after_priority(void **state)
 
     add_tenant_flood(q, "a", FLOOD);
     assert_int_equal(addp(q, "a/hi", 10), 0);
-    get_is(q, "a/hi");
-    done_ok(q, "a/hi");
+    expect_get(q, "a/hi");
+    expect_done(q, "a/hi");
     add_ok(q, "b/x", 0);
     int g = gets_until(q, "b/x", 2);
     if (g == 0) {
@@ -1321,10 +1176,10 @@ static void stats_fair(void **state)
     add_ok(q, "a/2", 0);
     add_ok(q, "b/1", 0);
     add_ok(q, "c/1", 0);
-    get_is(q, "a/1");
-    get_is(q, "b/1");
-    get_is(q, "c/1");
-    get_is(q, "a/2");
+    expect_get(q, "a/1");
+    expect_get(q, "b/1");
+    expect_get(q, "c/1");
+    expect_get(q, "a/2");
     add_ok(q, "b/1", 0);                           /* re-added */
     assert_int_equal(addx(q, "d/1", 0, SEC, false), 0);   /* waiting */
     s = stats_of(q);
@@ -1332,10 +1187,10 @@ static void stats_fair(void **state)
     assert_int_equal(s.processing, 4);
     assert_int_equal(s.waiting, 1);
     assert_int_equal(s.live, 5);
-    done_ok(q, "a/1");
-    done_ok(q, "a/2");
-    done_ok(q, "c/1");
-    done_ok(q, "b/1");
+    expect_done(q, "a/1");
+    expect_done(q, "a/2");
+    expect_done(q, "c/1");
+    expect_done(q, "b/1");
     clock_step(SEC);
     s = stats_of(q);
     assert_int_equal(s.queued, 2);                 /* b/1 and d/1 */
@@ -1363,17 +1218,18 @@ static void stats_attach(void **state)
     assert_int_equal(stats_of(q2).fair, 1);
     assert_int_equal(addp(q2, "lo", 1), 0);
     assert_int_equal(addp(q2, "hi", 2), 0);
-    get_is(q, "hi");
-    done_ok(q2, "hi");
-    get_is(q2, "lo");
+    expect_get(q, "hi");
+    expect_done(q2, "hi");
+    expect_get(q2, "lo");
     close_q(q2);              /* gives "lo" back: queued again */
-    get_is(q, "lo");
-    done_ok(q, "lo");
+    expect_get(q, "lo");
+    expect_done(q, "lo");
     check_clean(q);
     close_q(q);
 }
 
-#define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
+#define T(fn) \
+    cmocka_unit_test_setup_teardown(fn, fx_clock_setup, fx_clock_teardown)
 
 int main(void)
 {

@@ -26,7 +26,7 @@
  * Clock: wq_test_clock_set() (see test-delay.c), set to T0 before every
  * queue is created, so the bucket starts full at T0.
  */
-#include "helpers.h"
+#include "fixture.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -37,158 +37,6 @@
 #include "fault-api.h"
 
 #define KEYBUF 256 /* default max_key_len */
-#define NS   ((uint64_t)1)
-#define MS   ((uint64_t)1000000)
-#define SEC  ((uint64_t)1000000000)
-#define MIN  (60 * SEC)
-#define HOUR (60 * MIN)
-#define T0   (1000 * SEC)
-
-#define KS(s) (s), strlen(s)
-
-/* Handles opened by the test process; teardown closes what a failed test
-   left open (cmocka leaves a failing test by longjmp). */
-#define MAX_OPEN 16
-static wq *opened[MAX_OPEN];
-
-static wq *track(wq *q)
-{
-    for (int i = 0; i < MAX_OPEN; i++) {
-        if (opened[i] == NULL) {
-            opened[i] = q;
-            return q;
-        }
-    }
-    fail_msg("too many open handles");
-    return q;
-}
-
-static void close_q(wq *q)
-{
-    for (int i = 0; i < MAX_OPEN; i++)
-        if (opened[i] == q)
-            opened[i] = NULL;
-    wq_close(q);
-}
-
-static void close_all(void)
-{
-    for (int i = 0; i < MAX_OPEN; i++) {
-        if (opened[i] != NULL) {
-            wq_close(opened[i]);
-            opened[i] = NULL;
-        }
-    }
-}
-
-/* ------------------------------------------------------------------ */
-/* Fake clock and fixtures                                             */
-/* ------------------------------------------------------------------ */
-
-static uint64_t fake_now;
-
-static void clock_at(uint64_t t)
-{
-    fake_now = t;
-    wq_test_clock_set(t);
-}
-
-static void clock_step(uint64_t d)
-{
-    clock_at(fake_now + d);
-}
-
-static int setup(void **state)
-{
-    clock_at(T0);
-    return th_setup(state);
-}
-
-static int teardown(void **state)
-{
-    close_all();
-    wq_test_clock_set(0);
-    fake_now = 0;
-    return th_teardown(state);
-}
-
-/* ------------------------------------------------------------------ */
-/* Helpers                                                             */
-/* ------------------------------------------------------------------ */
-
-/* Create a queue; o may be NULL (all defaults). */
-static wq *open_q(const char *tag, const struct wq_options *o)
-{
-    struct wq_options opt = { 0 };
-    const char *name = th_qname(tag);
-    wq *q = NULL;
-    int rc;
-
-    if (o != NULL)
-        opt = *o;
-    opt.flags |= WQ_CREATE | WQ_EXCL;
-    rc = wq_open(name, &opt, &q);
-    if (rc != 0)
-        fail_msg("wq_open(%s) = %d (%s)", name, rc, wq_strerror(rc));
-    assert_non_null(q);
-    return track(q);
-}
-
-static struct wq_stats stats_of(wq *q)
-{
-    struct wq_stats s;
-    int rc = wq_stats(q, &s);
-
-    assert_int_equal(rc, 0);
-    return s;
-}
-
-struct find {
-    const char *key;
-    size_t len;
-    int found;
-    struct wq_key_info info;
-};
-
-static int find_cb(const struct wq_key_info *i, void *arg)
-{
-    struct find *f = arg;
-
-    if (i->len == f->len && memcmp(i->key, f->key, f->len) == 0) {
-        f->found = 1;
-        f->info = *i;
-        f->info.key = NULL;
-        return 1;
-    }
-    return 0;
-}
-
-/* wq_dump entry of `key`; returns 0 when the key is not in the dump. */
-static int key_info(wq *q, const char *key, struct wq_key_info *out)
-{
-    struct find f = { .key = key, .len = strlen(key) };
-    int rc = wq_dump(q, find_cb, &f);
-
-    assert_true(rc == 0 || rc == 1);
-    if (f.found && out != NULL)
-        *out = f.info;
-    return f.found;
-}
-
-#define expect_get(q, k) expect_get_((q), (k), __LINE__)
-static void expect_get_(wq *q, const char *key, int line)
-{
-    char buf[KEYBUF];
-    int n = wq_get(q, buf, sizeof buf, 0);
-
-    if (n < 0)
-        fail_msg("line %d: wq_get = %d (%s), expected \"%s\"", line, n,
-                 wq_strerror(n), key);
-    if ((size_t)n != strlen(key) || memcmp(buf, key, (size_t)n) != 0)
-        fail_msg("line %d: wq_get = \"%.*s\", expected \"%s\"", line, n, buf,
-                 key);
-}
-
 
 /* ------------------------------------------------------------------ */
 /* When() through the queue                                            */
@@ -252,7 +100,7 @@ static wq *limiter_q(const char *tag, unsigned limiters, uint64_t base,
                             .rl_fast_delay_ns = fast,
                             .rl_slow_delay_ns = slow,
                             .rl_max_fast_attempts = attempts };
-    return open_q(tag, &o);
+    return open_opts(tag, &o);
 }
 
 static wq *bucket_q(const char *tag, double qps, uint32_t burst)
@@ -260,7 +108,7 @@ static wq *bucket_q(const char *tag, double qps, uint32_t burst)
     struct wq_options o = { .rl_limiters = WQ_RL_BUCKET,
                             .rl_qps = qps,
                             .rl_burst = burst };
-    return open_q(tag, &o);
+    return open_opts(tag, &o);
 }
 
 /* ================================================================== */
@@ -489,7 +337,7 @@ static void default_controller_rate_limiter(void **state)
 {
     (void)state;
     th_watchdog(10);
-    wq *q = open_q("default", NULL);
+    wq *q = open_opts("default", NULL);
     char k[16];
 
     for (int i = 0; i < 100; i++) {
@@ -510,7 +358,7 @@ static void default_controller_rate_limiter(void **state)
                             .rl_max_delay_ns = 1000 * SEC,
                             .rl_qps = 10,
                             .rl_burst = 100 };
-    wq *q2 = open_q("explicit", &o);
+    wq *q2 = open_opts("explicit", &o);
     for (int i = 0; i < 100; i++) {
         snprintf(k, sizeof k, "k%d", i);
         expect_when(q2, k, 5 * MS);
@@ -627,7 +475,8 @@ static void limiter_defaults_and_attach(void **state)
     close_q(q1);
 }
 
-#define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
+#define T(fn) \
+    cmocka_unit_test_setup_teardown(fn, fx_clock_setup, fx_clock_teardown)
 
 int main(void)
 {

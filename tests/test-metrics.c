@@ -18,7 +18,7 @@
  * Clock: wq_test_clock_set() (see test-delay.c) makes every duration
  * exact. Every wq_get uses timeout 0.
  */
-#include "helpers.h"
+#include "fixture.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -30,132 +30,6 @@
 #include "fault-api.h"
 
 #define KEYBUF 256 /* default max_key_len */
-#define NS  ((uint64_t)1)
-#define US  ((uint64_t)1000)
-#define MS  ((uint64_t)1000000)
-#define SEC ((uint64_t)1000000000)
-#define T0  (1000 * SEC)
-
-#define KS(s) (s), strlen(s)
-
-/* Handles opened by the test process; teardown closes what a failed test
-   left open (cmocka leaves a failing test by longjmp). */
-#define MAX_OPEN 16
-static wq *opened[MAX_OPEN];
-
-static wq *track(wq *q)
-{
-    for (int i = 0; i < MAX_OPEN; i++) {
-        if (opened[i] == NULL) {
-            opened[i] = q;
-            return q;
-        }
-    }
-    fail_msg("too many open handles");
-    return q;
-}
-
-static void close_q(wq *q)
-{
-    for (int i = 0; i < MAX_OPEN; i++)
-        if (opened[i] == q)
-            opened[i] = NULL;
-    wq_close(q);
-}
-
-static void close_all(void)
-{
-    for (int i = 0; i < MAX_OPEN; i++) {
-        if (opened[i] != NULL) {
-            wq_close(opened[i]);
-            opened[i] = NULL;
-        }
-    }
-}
-
-/* ------------------------------------------------------------------ */
-/* Fake clock and fixtures                                             */
-/* ------------------------------------------------------------------ */
-
-static uint64_t fake_now;
-
-static void clock_at(uint64_t t)
-{
-    fake_now = t;
-    wq_test_clock_set(t);
-}
-
-static void clock_step(uint64_t d)
-{
-    clock_at(fake_now + d);
-}
-
-static int setup(void **state)
-{
-    clock_at(T0);
-    return th_setup(state);
-}
-
-static int teardown(void **state)
-{
-    close_all();
-    wq_test_clock_set(0);
-    fake_now = 0;
-    return th_teardown(state);
-}
-
-/* ------------------------------------------------------------------ */
-/* Helpers                                                             */
-/* ------------------------------------------------------------------ */
-
-/* Create a queue; o may be NULL (all defaults). */
-static wq *open_q(const char *tag, const struct wq_options *o)
-{
-    struct wq_options opt = { 0 };
-    const char *name = th_qname(tag);
-    wq *q = NULL;
-    int rc;
-
-    if (o != NULL)
-        opt = *o;
-    opt.flags |= WQ_CREATE | WQ_EXCL;
-    rc = wq_open(name, &opt, &q);
-    if (rc != 0)
-        fail_msg("wq_open(%s) = %d (%s)", name, rc, wq_strerror(rc));
-    assert_non_null(q);
-    return track(q);
-}
-
-static struct wq_stats stats_of(wq *q)
-{
-    struct wq_stats s;
-    int rc = wq_stats(q, &s);
-
-    assert_int_equal(rc, 0);
-    return s;
-}
-
-/* Queued keys, after the lock holder moved the ready ones (see top). */
-static uint64_t queued(wq *q)
-{
-    return stats_of(q).queued;
-}
-
-#define expect_get(q, k) expect_get_((q), (k), __LINE__)
-static void expect_get_(wq *q, const char *key, int line)
-{
-    char buf[KEYBUF];
-    int n = wq_get(q, buf, sizeof buf, 0);
-
-    if (n < 0)
-        fail_msg("line %d: wq_get = %d (%s), expected \"%s\"", line, n,
-                 wq_strerror(n), key);
-    if ((size_t)n != strlen(key) || memcmp(buf, key, (size_t)n) != 0)
-        fail_msg("line %d: wq_get = \"%.*s\", expected \"%s\"", line, n, buf,
-                 key);
-}
-
-#define expect_done(q, k) assert_int_equal(wq_done((q), KS(k)), 0)
 
 /* ------------------------------------------------------------------ */
 /* Metrics helpers                                                     */
@@ -237,7 +111,7 @@ static void metrics(void **state)
 {
     (void)state;
     th_watchdog(10);
-    wq *q = open_q("metrics", NULL);
+    wq *q = open_opts("metrics", NULL);
     struct wq_metrics m;
 
     m = metrics_of(q);
@@ -321,7 +195,7 @@ static void metric_shutdown(void **state)
 {
     (void)state;
     th_watchdog(10);
-    wq *q = open_q("metric-shutdown", NULL);
+    wq *q = open_opts("metric-shutdown", NULL);
     struct wq_metrics m;
 
     assert_int_equal(wq_add(q, KS("foo")), 0);
@@ -357,7 +231,7 @@ static void histogram_buckets(void **state)
 {
     (void)state;
     th_watchdog(10);
-    wq *q = open_q("buckets", NULL);
+    wq *q = open_opts("buckets", NULL);
     static const uint64_t d[] = {
         0, 1, 10, 11, 99, 100, 101, 999, 1000, 10 * US, 10 * US + 1,
         100 * US, 1 * MS, 1 * MS + 1, 10 * MS, 100 * MS - 1, 100 * MS,
@@ -400,7 +274,7 @@ static void work_gauges(void **state)
 {
     (void)state;
     th_watchdog(10);
-    wq *q = open_q("gauges", NULL);
+    wq *q = open_opts("gauges", NULL);
     struct wq_metrics m;
 
     assert_int_equal(wq_add(q, KS("a")), 0);
@@ -439,7 +313,7 @@ static void retries_total(void **state)
 {
     (void)state;
     th_watchdog(10);
-    wq *q = open_q("retries", NULL);
+    wq *q = open_opts("retries", NULL);
     struct wq_metrics m;
 
     assert_int_equal(wq_add(q, KS("plain")), 0); /* not a retry */
@@ -470,7 +344,7 @@ static void waiting_key_metrics(void **state)
 {
     (void)state;
     th_watchdog(10);
-    wq *q = open_q("waiting", NULL);
+    wq *q = open_opts("waiting", NULL);
     struct wq_metrics m;
 
     assert_int_equal(wq_add_after(q, KS("k"), 50 * MS), 0);
@@ -500,7 +374,7 @@ static void waiting_key_queue_duration_from_ready(void **state)
 {
     (void)state;
     th_watchdog(10);
-    wq *q = open_q("waiting-get", NULL);
+    wq *q = open_opts("waiting-get", NULL);
     struct wq_metrics m;
 
     assert_int_equal(wq_add_after(q, KS("k"), 50 * MS), 0);
@@ -520,7 +394,7 @@ static void processing_key_wait_fires_metrics(void **state)
 {
     (void)state;
     th_watchdog(10);
-    wq *q = open_q("waiting-proc", NULL);
+    wq *q = open_opts("waiting-proc", NULL);
     struct wq_metrics m;
 
     assert_int_equal(wq_add(q, KS("k")), 0);
@@ -546,7 +420,7 @@ static void direct_add_of_waiting_key_metrics(void **state)
 {
     (void)state;
     th_watchdog(10);
-    wq *q = open_q("waiting-direct", NULL);
+    wq *q = open_opts("waiting-direct", NULL);
     struct wq_metrics m;
 
     assert_int_equal(wq_add_after(q, KS("k"), 50 * MS), 0);
@@ -573,7 +447,7 @@ static void no_metrics(void **state)
     (void)state;
     th_watchdog(10);
     struct wq_options o = { .flags = WQ_NO_METRICS };
-    wq *q = open_q("no-metrics", &o);
+    wq *q = open_opts("no-metrics", &o);
     struct wq_metrics m;
 
     assert_int_equal(wq_add(q, KS("k")), 0);
@@ -642,7 +516,8 @@ static void metrics_across_processes(void **state)
     close_q(q);
 }
 
-#define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
+#define T(fn) \
+    cmocka_unit_test_setup_teardown(fn, fx_clock_setup, fx_clock_teardown)
 
 int main(void)
 {

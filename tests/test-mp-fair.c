@@ -30,7 +30,7 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
-#include "helpers.h"
+#include "fixture.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -42,53 +42,22 @@
 #include <unistd.h>
 
 #define KEYBUF 256 /* default max_key_len */
-#define KS(s) (s), strlen(s)
 
 static wq *make_fair(const char *tag, uint32_t capacity, uint32_t fair_share,
                      int tenant_sep, const char **name_out)
 {
     struct wq_options o = { .capacity = capacity,
-                            .flags = WQ_CREATE | WQ_EXCL | WQ_FAIR,
+                            .flags = WQ_FAIR,
                             .fair_share = fair_share,
                             .tenant_sep = tenant_sep };
-    const char *name = th_qname(tag);
-    wq *q = NULL;
-    int rc = wq_open(name, &o, &q);
 
-    if (rc != 0)
-        fail_msg("wq_open(%s, CREATE|EXCL|FAIR) = %d (%s)", name, rc,
-                 wq_strerror(rc));
-    assert_non_null(q);
-    *name_out = name;
-    return q;
+    return create_q(tag, &o, name_out);
 }
 
 static int addp(wq *q, const void *k, size_t len, int prio)
 {
     struct wq_add_opts o = { .priority = prio };
     return wq_add_opts(q, k, len, &o);
-}
-
-static void report(const char *what, void *arg)
-{
-    (void)arg;
-    print_message("  violation: %s\n", what);
-}
-
-static void check_clean(wq *q)
-{
-    assert_int_equal(wq_check_report(q, 0, report, NULL), 0);
-}
-
-static int wait_count(atomic_int *v, int target, int ms)
-{
-    uint64_t deadline = th_now_ns() + (uint64_t)ms * th_scale() * 1000000u;
-    while (atomic_load(v) < target) {
-        if (th_now_ns() >= deadline)
-            return -1;
-        usleep(500);
-    }
-    return 0;
 }
 
 /* ================================================================== */
@@ -124,13 +93,13 @@ static void fig2_run(int inherit)
             _exit(2);
         }
         atomic_store(&f->got, 1);
-        if (wait_count(&f->go, 1, 5000) != 0)
+        if (fx_wait_count(&f->go, 1, 5000) != 0)
             _exit(3);
         int rc = wq_done(cq, KS("A"));
         wq_close(cq);
         _exit(rc == 0 ? 0 : 4);
     }
-    assert_int_equal(wait_count(&f->got, 1, 5000), 0);
+    assert_int_equal(fx_wait_count(&f->got, 1, 5000), 0);
     assert_int_equal(wq_add(q, KS("A")), 0);      /* re-add while held */
     assert_int_equal(wq_add(q, KS("D")), 0);
     assert_int_equal(wq_add(q, KS("A")), 1);      /* coalesced */
@@ -164,29 +133,9 @@ static void fig2_pi(void **s) { (void)s; fig2_run(1); }
 /* TestBasic, fair                                                     */
 /* ================================================================== */
 
-#define B_PRODUCERS 50
-#define B_ADDS 50
-#define B_CONSUMERS 10
+/* The witnesses, the consumers and the checks: fixture.h. */
 #define B_TENANTS 5
 #define AFTER_SHUTDOWN "t9/added after shutdown!"
-
-struct basic {
-    atomic_int active[B_PRODUCERS];
-    atomic_int violations;
-    atomic_int processed[B_PRODUCERS];
-    atomic_ullong seq;
-    atomic_ullong last_add[B_PRODUCERS];
-    atomic_ullong last_start[B_PRODUCERS];
-    atomic_int got_after_shutdown;
-    atomic_int producers_done;
-};
-
-static void atomic_max(atomic_ullong *a, unsigned long long v)
-{
-    unsigned long long cur = atomic_load(a);
-    while (cur < v && !atomic_compare_exchange_weak(a, &cur, v))
-        ;
-}
 
 static int key_of(char *buf, size_t cap, int id)
 {
@@ -210,16 +159,16 @@ static int parse_key(const unsigned char *buf, int n, int max)
 
 static int basic_actor(struct th_actor *a)
 {
-    struct basic *b = a->arg;
+    struct fx_basic *b = a->arg;
     char key[40];
-    unsigned char buf[KEYBUF];
 
     if (a->id < B_PRODUCERS) {
         unsigned seed = (unsigned)(a->id * 7919 + 17);
         int kl = key_of(key, sizeof key, a->id);
         for (int j = 0; j < B_ADDS; j++) {
             int prio = (int)(rand_r(&seed) % 12) - 2;
-            atomic_max(&b->last_add[a->id], atomic_fetch_add(&b->seq, 1) + 1);
+            fx_atomic_max(&b->last_add[a->id],
+                          atomic_fetch_add(&b->seq, 1) + 1);
             int rc = (j % 5 == 4) ? wq_add(a->q, key, (size_t)kl)
                                   : addp(a->q, key, (size_t)kl, prio);
             TH_CHECK(rc == 0 || rc == 1);
@@ -228,27 +177,12 @@ static int basic_actor(struct th_actor *a)
         atomic_fetch_add(&b->producers_done, 1);
         return 0;
     }
-    for (;;) {
-        int n = wq_get(a->q, buf, sizeof buf, 5 * TH_S * th_scale());
-        if (n == -ESHUTDOWN)
-            return 0;
-        TH_CHECK(n > 0);
-        if ((size_t)n == strlen(AFTER_SHUTDOWN) &&
-            memcmp(buf, AFTER_SHUTDOWN, (size_t)n) == 0) {
-            atomic_fetch_add(&b->got_after_shutdown, 1);
-            th_failf(__FILE__, __LINE__, "got an item added after shutdown");
-            return 1;
-        }
-        int k = parse_key(buf, n, B_PRODUCERS);
-        TH_CHECK(k >= 0);
-        if (atomic_fetch_add(&b->active[k], 1) != 0)
-            atomic_fetch_add(&b->violations, 1);
-        atomic_max(&b->last_start[k], atomic_fetch_add(&b->seq, 1) + 1);
-        atomic_fetch_add(&b->processed[k], 1);
-        th_sleep_ms(3);
-        atomic_fetch_sub(&b->active[k], 1);
-        TH_CHECK_EQ(wq_done(a->q, buf, (size_t)n), 0);
-    }
+    return fx_basic_consume(a, parse_key, AFTER_SHUTDOWN);
+}
+
+static int add_after_shutdown(wq *q)
+{
+    return addp(q, KS(AFTER_SHUTDOWN), 3);
 }
 
 static void run_basic(enum th_mode mode, int drain)
@@ -257,48 +191,12 @@ static void run_basic(enum th_mode mode, int drain)
     /* fair_share 0: the default 8, so the oldest-key share is exercised */
     wq *q = make_fair(drain ? "basic-drain" : "basic-shutdown", 4096, 0, 0,
                       &name);
-    struct basic *b = th_shared_alloc(sizeof *b);
+    struct fx_basic *b = th_shared_alloc(sizeof *b);
     struct wq_stats st;
 
     th_watchdog(20 * th_scale());
-    struct th_team *t = th_team_start(mode, name, q, B_PRODUCERS + B_CONSUMERS,
-                                      basic_actor, b);
-    int prc = wait_count(&b->producers_done, B_PRODUCERS, 5000);
-    int src = drain ? wq_shutdown_drain(q, 5 * TH_S * th_scale()) : wq_shutdown(q);
-    int arc = addp(q, KS(AFTER_SHUTDOWN), 3);
-    int failed = th_team_wait(t, 8000);
-
-    TH_ASSERT_BOARD_CLEAN();
-    assert_int_equal(failed, 0);
-    assert_int_equal(prc, 0);
-    assert_int_equal(src, 0);
-    assert_int_equal(arc, -ESHUTDOWN);
-    assert_int_equal(atomic_load(&b->violations), 0);
-    assert_int_equal(atomic_load(&b->got_after_shutdown), 0);
-    assert_int_equal(wq_len(q), 0);
-
-    assert_int_equal(wq_stats(q, &st), 0);
-    uint64_t total = 0;
-    for (int k = 0; k < B_PRODUCERS; k++) {
-        int p = atomic_load(&b->processed[k]);
-        if (p < 1)
-            fail_msg("key %d was never processed", k);
-        if (atomic_load(&b->last_start[k]) <= atomic_load(&b->last_add[k]))
-            fail_msg("key %d: last processing start (seq %llu) is not after "
-                     "its last add (seq %llu)", k,
-                     (unsigned long long)atomic_load(&b->last_start[k]),
-                     (unsigned long long)atomic_load(&b->last_add[k]));
-        total += (uint64_t)p;
-    }
-    assert_int_equal(st.adds_total + st.coalesced_total,
-                     B_PRODUCERS * B_ADDS);
-    assert_int_equal(st.adds_total, total);
-    assert_int_equal(st.queued, 0);
-    assert_int_equal(st.processing, 0);
-    assert_int_equal(st.live, 0);
-    assert_int_equal(st.crash_requeues_total, 0);
-    assert_int_equal(st.shutting_down, 1);
-    assert_int_equal(st.processes, 1);
+    fx_basic_run(mode, drain, q, name, b, basic_actor, add_after_shutdown);
+    fx_basic_check_stats(q, b, "", &st);
     assert_int_equal(st.fair, 1);
     check_clean(q);
     wq_close(q);
@@ -309,24 +207,16 @@ static void run_basic(enum th_mode mode, int drain)
 /* TestAddWhileProcessing, fair                                        */
 /* ================================================================== */
 
-#define W_PRODUCERS 50
-#define W_CONSUMERS 10
-
-struct awp {
-    atomic_int active[W_PRODUCERS];
-    atomic_int violations;
-    atomic_int count[W_PRODUCERS];
-    atomic_int readd_ok[W_PRODUCERS];
-    atomic_int readd_refused[W_PRODUCERS];
-    atomic_int producers_done;
-    atomic_int shutdown_started;
-};
+/* The re-add while processing, with a random priority. */
+static int readd(wq *q, const void *key, size_t len, unsigned *seed)
+{
+    return addp(q, key, len, (int)(rand_r(seed) % 7) - 3);
+}
 
 static int awp_actor(struct th_actor *a)
 {
-    struct awp *w = a->arg;
+    struct fx_awp *w = a->arg;
     char key[40];
-    unsigned char buf[KEYBUF];
     unsigned seed = (unsigned)(a->id * 104729 + 3);
 
     if (a->id < W_PRODUCERS) {
@@ -335,75 +225,19 @@ static int awp_actor(struct th_actor *a)
         atomic_fetch_add(&w->producers_done, 1);
         return 0;
     }
-    for (;;) {
-        int n = wq_get(a->q, buf, sizeof buf, 5 * TH_S * th_scale());
-        if (n == -ESHUTDOWN)
-            return 0;
-        TH_CHECK(n > 0);
-        int k = parse_key(buf, n, W_PRODUCERS);
-        TH_CHECK(k >= 0);
-        if (atomic_fetch_add(&w->active[k], 1) != 0)
-            atomic_fetch_add(&w->violations, 1);
-        int c = atomic_fetch_add(&w->count[k], 1) + 1;
-        if (c == 1) {
-            int rc = addp(a->q, buf, (size_t)n, (int)(rand_r(&seed) % 7) - 3);
-            if (rc == 0) {
-                atomic_store(&w->readd_ok[k], 1);
-            } else if (rc == -ESHUTDOWN) {
-                TH_CHECK(atomic_load(&w->shutdown_started));
-                atomic_store(&w->readd_refused[k], 1);
-            } else {
-                th_failf(__FILE__, __LINE__, "re-add of %d returned %d", k, rc);
-                atomic_fetch_sub(&w->active[k], 1);
-                return 1;
-            }
-        } else {
-            TH_CHECK_EQ(c, 2);
-            TH_CHECK(atomic_load(&w->readd_ok[k]));
-        }
-        atomic_fetch_sub(&w->active[k], 1);
-        TH_CHECK_EQ(wq_done(a->q, buf, (size_t)n), 0);
-    }
+    return fx_awp_consume(a, parse_key, readd, &seed, "");
 }
 
 static void run_awp(enum th_mode mode, int drain)
 {
     const char *name;
     wq *q = make_fair(drain ? "awp-drain" : "awp-shutdown", 4096, 0, 0, &name);
-    struct awp *w = th_shared_alloc(sizeof *w);
+    struct fx_awp *w = th_shared_alloc(sizeof *w);
 
     th_watchdog(20 * th_scale());
-    struct th_team *t = th_team_start(mode, name, q, W_PRODUCERS + W_CONSUMERS,
-                                      awp_actor, w);
-    int prc = wait_count(&w->producers_done, W_PRODUCERS, 5000);
-    /* let the consumers work through the first round before shutting
-       down, so most re-adds are accepted */
-    th_sleep_ms(50);
-    atomic_store(&w->shutdown_started, 1);
-    int src = drain ? wq_shutdown_drain(q, 5 * TH_S * th_scale()) : wq_shutdown(q);
-    int failed = th_team_wait(t, 8000);
-
-    TH_ASSERT_BOARD_CLEAN();
-    assert_int_equal(failed, 0);
-    assert_int_equal(prc, 0);
-    assert_int_equal(src, 0);
-    assert_int_equal(atomic_load(&w->violations), 0);
-    for (int k = 0; k < W_PRODUCERS; k++) {
-        int ok = atomic_load(&w->readd_ok[k]);
-        int refused = atomic_load(&w->readd_refused[k]);
-        int c = atomic_load(&w->count[k]);
-        if (ok + refused != 1)
-            fail_msg("key %d: re-add ok=%d refused=%d", k, ok, refused);
-        if (c != 1 + ok)
-            fail_msg("key %d handed out %d times, expected %d", k, c, 1 + ok);
-    }
-    assert_int_equal(wq_len(q), 0);
-    struct wq_stats st;
-    assert_int_equal(wq_stats(q, &st), 0);
-    assert_int_equal(st.live, 0);
-    assert_int_equal(st.coalesced_total, 0);
-    assert_int_equal(st.crash_requeues_total, 0);
-    assert_int_equal(st.processes, 1);
+    /* settle 50 ms: let the consumers work through the first round before
+       shutting down, so most re-adds are accepted */
+    fx_awp_run(mode, drain, q, name, w, awp_actor, 50, "");
     check_clean(q);
     wq_close(q);
     th_shared_free(w, sizeof *w);
@@ -536,7 +370,7 @@ static void crash_run(enum crash_kind kind, int inherit)
         for (;;)
             pause();
     }
-    assert_int_equal(wait_count(&c->got, 1, 5000), 0);
+    assert_int_equal(fx_wait_count(&c->got, 1, 5000), 0);
     int victim = -1;
     for (int i = 0; i < C_KEYS; i++)
         if ((size_t)c->len == strlen(keys[i]) &&

@@ -38,25 +38,19 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
-#include "helpers.h"
+#include "fixture.h"
 #include "fault-api.h"
 
-#include <dirent.h>
 #include <errno.h>
-#include <ftw.h>
 #include <inttypes.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define KS(s) (s), strlen(s)
-#define SEC ((uint64_t)1000000000u)
-#define MSEC ((uint64_t)1000000u)
 #define KEYBUF 64
 
 #define P 2
@@ -69,43 +63,7 @@
 /* Stores, handles, fixtures                                           */
 /* ------------------------------------------------------------------ */
 
-static char topdir[128];
-#define MAX_STORES 32
-static char stores[MAX_STORES][192];
-static int nstores;
-
-static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *f)
-{
-    (void)sb;
-    (void)flag;
-    (void)f;
-    (void)remove(p);
-    return 0;
-}
-
-static void rm_rf(const char *p)
-{
-    (void)nftw(p, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
-}
-
-static const char *mkstore(void)
-{
-    if (nstores == MAX_STORES)
-        fail_msg("too many stores");
-    char *p = stores[nstores];
-    snprintf(p, sizeof stores[0], "%s/s-XXXXXX", topdir);
-    if (mkdtemp(p) == NULL)
-        fail_msg("mkdtemp(%s): %s", p, strerror(errno));
-    nstores++;
-    return p;
-}
-
-static void stores_cleanup(void)
-{
-    for (int i = 0; i < nstores; i++)
-        rm_rf(stores[i]);
-    nstores = 0;
-}
+/* Store directories (mkstore): fixture.h. */
 
 static wq *mainq;
 
@@ -140,8 +98,8 @@ static struct wq_options opts(const char *store, int durability)
     o.durability = durability;
     /* crash requeues come back within 1-8 ms */
     o.rl_limiters = WQ_RL_EXPONENTIAL;
-    o.rl_base_delay_ns = 1 * MSEC;
-    o.rl_max_delay_ns = 8 * MSEC;
+    o.rl_base_delay_ns = 1 * MS;
+    o.rl_max_delay_ns = 8 * MS;
     o.flags = WQ_CREATE | WQ_EXCL;
     return o;
 }
@@ -261,7 +219,7 @@ static void worker(int w)
     char buf[KEYBUF];
     atomic_fetch_add(&lg->started[P + w], 1);
     for (;;) {
-        int n = wq_get(q, buf, sizeof buf, 20 * (int64_t)MSEC);
+        int n = wq_get(q, buf, sizeof buf, 20 * (int64_t)MS);
         if (n == -ETIMEDOUT || n == -EAGAIN)
             continue;
         if (n < 0) {
@@ -371,10 +329,10 @@ static int chaos_round(int durability, unsigned seed)
 
     long kills = 0;
     uint64_t start = th_now_ns();
-    uint64_t end = start + (uint64_t)ROUND_MS * MSEC;
+    uint64_t end = start + (uint64_t)ROUND_MS * MS;
     /* For the last 40% of the round the workers stay dead, so a backlog of
        acknowledged, never processed keys is there to be restored. */
-    uint64_t workers_end = start + (uint64_t)ROUND_MS * 6 / 10 * MSEC;
+    uint64_t workers_end = start + (uint64_t)ROUND_MS * 6 / 10 * MS;
     int workers_alive = 1;
     while (th_now_ns() < end) {
         th_sleep_ms(1 + rand_r(&seed) % 20);
@@ -789,96 +747,20 @@ static int run_group(void)
         cmocka_unit_test_setup_teardown(test_chaos, setup, teardown),
         cmocka_unit_test(th_test_no_leftovers),
     };
-    const char *filter = getenv("WQ_TEST_FILTER"); /* e.g. "test_full*" */
-    if (filter != NULL)
-        cmocka_set_test_filter(filter);
-    const char *skip = getenv("WQ_TEST_SKIP");
-    if (skip != NULL)
-        cmocka_set_skip_filter(skip);
+    fx_test_filters();
     int rc = cmocka_run_group_tests_name("mp-store", tests, th_group_setup,
                                          th_group_teardown);
     stores_cleanup();
     return rc | th_final_check();
 }
 
-static volatile sig_atomic_t got_signal;
-static void on_signal(int sig)
-{
-    got_signal = sig;
-}
-
-static void remove_shm_of(pid_t pid)
-{
-    char prefix[32];
-    snprintf(prefix, sizeof prefix, "wq.t%ld-", (long)pid);
-    DIR *d = opendir("/dev/shm");
-    if (d == NULL)
-        return;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL)
-        if (strncmp(e->d_name, prefix, strlen(prefix)) == 0) {
-            char p[512];
-            snprintf(p, sizeof p, "/dev/shm/%s", e->d_name);
-            fprintf(stderr, "removing leftover %s\n", p);
-            (void)unlink(p);
-        }
-    closedir(d);
-}
-
 int main(void)
 {
-    snprintf(topdir, sizeof topdir, "/tmp/wq-test-mp-store-XXXXXX");
-    if (mkdtemp(topdir) == NULL) {
-        perror("mkdtemp");
-        return 1;
-    }
-    if (getenv("WQ_TEST_NOFORK") != NULL) { /* debugging: no guardian */
-        int rc = run_group();
-        rm_rf(topdir);
-        return rc;
-    }
-    fflush(stdout);
-    pid_t c = fork();
-    if (c < 0) {
-        perror("fork");
-        rm_rf(topdir);
-        return 1;
-    }
-    if (c == 0) {
-        setpgid(0, 0);
-        _exit(run_group());
-    }
-    setpgid(c, c);
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGHUP, &sa, NULL);
-    int st = 0, forwarded = 0;
-    uint64_t deadline = th_now_ns() + (uint64_t)150 * th_scale() * SEC;
-    for (;;) {
-        pid_t r = waitpid(c, &st, WNOHANG);
-        if (r == c)
-            break;
-        if (got_signal && !forwarded) {
-            kill(c, got_signal);
-            forwarded = 1;
-        }
-        if (th_now_ns() > deadline) {
-            fprintf(stderr, "test-mp-store: runner hung, killing it\n");
-            kill(-c, SIGKILL);
-            kill(c, SIGKILL);
-            deadline = UINT64_MAX;
-        }
-        th_sleep_ms(20);
-    }
-    kill(-c, SIGKILL);
-    rm_rf(topdir);
-    remove_shm_of(c);
-    if (WIFEXITED(st))
-        return WEXITSTATUS(st);
-    fprintf(stderr, "test-mp-store: runner killed by signal %d\n",
-            WIFSIGNALED(st) ? WTERMSIG(st) : 0);
-    return 1;
+    static const struct fx_guard g = {
+        .prog = "test-mp-store",
+        .max_stores = 32,
+        .deadline_s = 150,
+        .run_group = run_group,
+    };
+    return fx_guard_main(&g);
 }

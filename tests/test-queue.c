@@ -25,7 +25,7 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* pthread_timedjoin_np, setgroups */
 #endif
-#include "helpers.h"
+#include "fixture.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -40,18 +40,9 @@
 
 static wq *make_queue(const char *tag, uint32_t capacity, const char **name_out)
 {
-    struct wq_options o = { .capacity = capacity,
-                            .flags = WQ_CREATE | WQ_EXCL };
-    const char *name = th_qname(tag);
-    wq *q = NULL;
-    int rc = wq_open(name, &o, &q);
+    struct wq_options o = { .capacity = capacity };
 
-    if (rc != 0)
-        fail_msg("wq_open(%s, CREATE|EXCL) = %d (%s)", name, rc,
-                 wq_strerror(rc));
-    assert_non_null(q);
-    *name_out = name;
-    return q;
+    return create_q(tag, &o, name_out);
 }
 
 /* ================================================================== */
@@ -702,30 +693,10 @@ SCRIPT(drain_timeout, s_drain_timeout)
 /* TestBasic                                                           */
 /* ================================================================== */
 
-#define B_PRODUCERS 50
-#define B_ADDS 50
-#define B_CONSUMERS 10
+/* The witnesses, the consumers and the checks: fixture.h. Keys "k<id>". */
 #define AFTER_SHUTDOWN "added after shutdown!"
 
-struct basic {
-    atomic_int active[B_PRODUCERS];     /* witness: holders right now */
-    atomic_int violations;              /* times a witness exceeded 1 */
-    atomic_int processed[B_PRODUCERS];
-    atomic_ullong seq;                  /* a global order of events */
-    atomic_ullong last_add[B_PRODUCERS];   /* seq before the last add */
-    atomic_ullong last_start[B_PRODUCERS]; /* seq at a processing start */
-    atomic_int got_after_shutdown;
-    atomic_int producers_done;
-};
-
-static void atomic_max(atomic_ullong *a, unsigned long long v)
-{
-    unsigned long long cur = atomic_load(a);
-    while (cur < v && !atomic_compare_exchange_weak(a, &cur, v))
-        ;
-}
-
-static int parse_key(const unsigned char *buf, int n)
+static int parse_key(const unsigned char *buf, int n, int max)
 {
     char tmp[32];
     if (n < 2 || n > 30 || buf[0] != 'k')
@@ -733,19 +704,19 @@ static int parse_key(const unsigned char *buf, int n)
     memcpy(tmp, buf + 1, (size_t)n - 1);
     tmp[n - 1] = '\0';
     int v = atoi(tmp);
-    return v >= 0 && v < B_PRODUCERS ? v : -1;
+    return v >= 0 && v < max ? v : -1;
 }
 
 static int basic_actor(struct th_actor *a)
 {
-    struct basic *b = a->arg;
+    struct fx_basic *b = a->arg;
     char key[32];
-    unsigned char buf[KEYBUF];
 
     if (a->id < B_PRODUCERS) {
         int kl = snprintf(key, sizeof key, "k%d", a->id);
         for (int j = 0; j < B_ADDS; j++) {
-            atomic_max(&b->last_add[a->id], atomic_fetch_add(&b->seq, 1) + 1);
+            fx_atomic_max(&b->last_add[a->id],
+                          atomic_fetch_add(&b->seq, 1) + 1);
             int rc = wq_add(a->q, key, (size_t)kl);
             TH_CHECK(rc == 0 || rc == 1);
             th_sleep_ms(1);
@@ -753,89 +724,24 @@ static int basic_actor(struct th_actor *a)
         atomic_fetch_add(&b->producers_done, 1);
         return 0;
     }
-    for (;;) {
-        int n = wq_get(a->q, buf, sizeof buf, 5 * TH_S * th_scale());
-        if (n == -ESHUTDOWN)
-            return 0;
-        TH_CHECK(n > 0);
-        if ((size_t)n == strlen(AFTER_SHUTDOWN) &&
-            memcmp(buf, AFTER_SHUTDOWN, (size_t)n) == 0) {
-            atomic_fetch_add(&b->got_after_shutdown, 1);
-            th_failf(__FILE__, __LINE__, "got an item added after shutdown");
-            return 1;
-        }
-        int k = parse_key(buf, n);
-        TH_CHECK(k >= 0);
-        if (atomic_fetch_add(&b->active[k], 1) != 0)
-            atomic_fetch_add(&b->violations, 1);
-        atomic_max(&b->last_start[k], atomic_fetch_add(&b->seq, 1) + 1);
-        atomic_fetch_add(&b->processed[k], 1);
-        th_sleep_ms(3);
-        atomic_fetch_sub(&b->active[k], 1);
-        TH_CHECK_EQ(wq_done(a->q, buf, (size_t)n), 0);
-    }
+    return fx_basic_consume(a, parse_key, AFTER_SHUTDOWN);
 }
 
-static int wait_count(atomic_int *v, int target, int ms)
+static int add_after_shutdown(wq *q)
 {
-    uint64_t deadline = th_now_ns() + (uint64_t)ms * th_scale() * 1000000u;
-    while (atomic_load(v) < target) {
-        if (th_now_ns() >= deadline)
-            return -1;
-        usleep(500);
-    }
-    return 0;
+    return wq_add(q, AFTER_SHUTDOWN, strlen(AFTER_SHUTDOWN));
 }
 
 static void run_basic(enum th_mode mode, int drain)
 {
     const char *name;
     wq *q = make_queue(drain ? "basic-drain" : "basic-shutdown", 4096, &name);
-    struct basic *b = th_shared_alloc(sizeof *b);
+    struct fx_basic *b = th_shared_alloc(sizeof *b);
     struct wq_stats st;
 
-    struct th_team *t = th_team_start(mode, name, q, B_PRODUCERS + B_CONSUMERS,
-                                      basic_actor, b);
-    int prc = wait_count(&b->producers_done, B_PRODUCERS, 5000);
-    int src = drain ? wq_shutdown_drain(q, 5 * TH_S * th_scale()) : wq_shutdown(q);
-    int arc = wq_add(q, AFTER_SHUTDOWN, strlen(AFTER_SHUTDOWN));
-    int failed = th_team_wait(t, 8000);
-
-    TH_ASSERT_BOARD_CLEAN();
-    assert_int_equal(failed, 0);
-    assert_int_equal(prc, 0);
-    assert_int_equal(src, 0);
-    assert_int_equal(arc, -ESHUTDOWN);
-    assert_int_equal(atomic_load(&b->violations), 0);
-    assert_int_equal(atomic_load(&b->got_after_shutdown), 0);
-    assert_int_equal(wq_len(q), 0);
+    fx_basic_run(mode, drain, q, name, b, basic_actor, add_after_shutdown);
     assert_true(wq_shutting_down(q));
-
-    assert_int_equal(wq_stats(q, &st), 0);
-    uint64_t total = 0;
-    for (int k = 0; k < B_PRODUCERS; k++) {
-        int p = atomic_load(&b->processed[k]);
-        if (p < 1)
-            fail_msg("key k%d was never processed", k);
-        /* Processed at least once after its last add began. */
-        if (atomic_load(&b->last_start[k]) <= atomic_load(&b->last_add[k]))
-            fail_msg("key k%d: last processing start (seq %llu) is not after "
-                     "its last add (seq %llu)", k,
-                     (unsigned long long)atomic_load(&b->last_start[k]),
-                     (unsigned long long)atomic_load(&b->last_add[k]));
-        total += (uint64_t)p;
-    }
-    /* Every add is counted once, either as an add or as coalesced, and
-       every non-coalesced add is handed out exactly once. */
-    assert_int_equal(st.adds_total + st.coalesced_total,
-                     B_PRODUCERS * B_ADDS);
-    assert_int_equal(st.adds_total, total);
-    assert_int_equal(st.queued, 0);
-    assert_int_equal(st.processing, 0);
-    assert_int_equal(st.live, 0);
-    assert_int_equal(st.crash_requeues_total, 0);
-    assert_int_equal(st.shutting_down, 1);
-    assert_int_equal(st.processes, 1);
+    fx_basic_check_stats(q, b, "k", &st);
     assert_int_equal(wq_check(q, 0), 0);
 
     wq_close(q);
@@ -846,24 +752,17 @@ static void run_basic(enum th_mode mode, int drain)
 /* TestAddWhileProcessing                                              */
 /* ================================================================== */
 
-#define W_PRODUCERS 50
-#define W_CONSUMERS 10
-
-struct awp {
-    atomic_int active[W_PRODUCERS];
-    atomic_int violations;
-    atomic_int count[W_PRODUCERS];    /* times handed out */
-    atomic_int readd_ok[W_PRODUCERS]; /* re-add while processing gave 0 */
-    atomic_int readd_refused[W_PRODUCERS]; /* ... gave -ESHUTDOWN */
-    atomic_int producers_done;
-    atomic_int shutdown_started;
-};
+/* The re-add while processing: a plain wq_add. */
+static int readd(wq *q, const void *key, size_t len, unsigned *seed)
+{
+    (void)seed;
+    return wq_add(q, key, len);
+}
 
 static int awp_actor(struct th_actor *a)
 {
-    struct awp *w = a->arg;
+    struct fx_awp *w = a->arg;
     char key[32];
-    unsigned char buf[KEYBUF];
 
     if (a->id < W_PRODUCERS) {
         int kl = snprintf(key, sizeof key, "k%d", a->id);
@@ -871,74 +770,16 @@ static int awp_actor(struct th_actor *a)
         atomic_fetch_add(&w->producers_done, 1);
         return 0;
     }
-    for (;;) {
-        int n = wq_get(a->q, buf, sizeof buf, 5 * TH_S * th_scale());
-        if (n == -ESHUTDOWN)
-            return 0;
-        TH_CHECK(n > 0);
-        int k = parse_key(buf, n);
-        TH_CHECK(k >= 0);
-        if (atomic_fetch_add(&w->active[k], 1) != 0)
-            atomic_fetch_add(&w->violations, 1);
-        int c = atomic_fetch_add(&w->count[k], 1) + 1;
-        if (c == 1) {
-            /* Re-add while processing: comes back once after Done, unless
-               the queue was shut down meanwhile. */
-            int rc = wq_add(a->q, buf, (size_t)n);
-            if (rc == 0) {
-                atomic_store(&w->readd_ok[k], 1);
-            } else if (rc == -ESHUTDOWN) {
-                TH_CHECK(atomic_load(&w->shutdown_started));
-                atomic_store(&w->readd_refused[k], 1);
-            } else {
-                th_failf(__FILE__, __LINE__, "re-add of k%d returned %d", k,
-                         rc);
-                atomic_fetch_sub(&w->active[k], 1);
-                return 1;
-            }
-        } else {
-            TH_CHECK_EQ(c, 2);
-            TH_CHECK(atomic_load(&w->readd_ok[k]));
-        }
-        atomic_fetch_sub(&w->active[k], 1);
-        TH_CHECK_EQ(wq_done(a->q, buf, (size_t)n), 0);
-    }
+    return fx_awp_consume(a, parse_key, readd, NULL, "k");
 }
 
 static void run_awp(enum th_mode mode, int drain)
 {
     const char *name;
     wq *q = make_queue(drain ? "awp-drain" : "awp-shutdown", 4096, &name);
-    struct awp *w = th_shared_alloc(sizeof *w);
+    struct fx_awp *w = th_shared_alloc(sizeof *w);
 
-    struct th_team *t = th_team_start(mode, name, q, W_PRODUCERS + W_CONSUMERS,
-                                      awp_actor, w);
-    int prc = wait_count(&w->producers_done, W_PRODUCERS, 5000);
-    atomic_store(&w->shutdown_started, 1);
-    int src = drain ? wq_shutdown_drain(q, 5 * TH_S * th_scale()) : wq_shutdown(q);
-    int failed = th_team_wait(t, 8000);
-
-    TH_ASSERT_BOARD_CLEAN();
-    assert_int_equal(failed, 0);
-    assert_int_equal(prc, 0);
-    assert_int_equal(src, 0);
-    assert_int_equal(atomic_load(&w->violations), 0);
-    for (int k = 0; k < W_PRODUCERS; k++) {
-        int ok = atomic_load(&w->readd_ok[k]);
-        int refused = atomic_load(&w->readd_refused[k]);
-        int c = atomic_load(&w->count[k]);
-        if (ok + refused != 1)
-            fail_msg("k%d: re-add ok=%d refused=%d", k, ok, refused);
-        if (c != 1 + ok)
-            fail_msg("k%d handed out %d times, expected %d", k, c, 1 + ok);
-    }
-    assert_int_equal(wq_len(q), 0);
-    struct wq_stats st;
-    assert_int_equal(wq_stats(q, &st), 0);
-    assert_int_equal(st.live, 0);
-    assert_int_equal(st.coalesced_total, 0);
-    assert_int_equal(st.crash_requeues_total, 0);
-    assert_int_equal(st.processes, 1);
+    fx_awp_run(mode, drain, q, name, w, awp_actor, 0, "k");
     assert_int_equal(wq_check(q, 0), 0);
     wq_close(q);
     th_shared_free(w, sizeof *w);

@@ -19,7 +19,7 @@
  * time, it is got and done (its failure count survives wq_done). The
  * delay is read as wq_dump's ready_ns minus the fake now.
  */
-#include "helpers.h"
+#include "fixture.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -30,205 +30,6 @@
 #include "fault-api.h"
 
 #define KEYBUF 256 /* default max_key_len */
-#define NS  ((uint64_t)1)
-#define MS  ((uint64_t)1000000)
-#define SEC ((uint64_t)1000000000)
-#define T0  (1000 * SEC)
-
-#define KS(s) (s), strlen(s)
-
-/* Handles opened by the test process; teardown closes what a failed test
-   left open (cmocka leaves a failing test by longjmp). */
-#define MAX_OPEN 16
-static wq *opened[MAX_OPEN];
-
-static wq *track(wq *q)
-{
-    for (int i = 0; i < MAX_OPEN; i++) {
-        if (opened[i] == NULL) {
-            opened[i] = q;
-            return q;
-        }
-    }
-    fail_msg("too many open handles");
-    return q;
-}
-
-static void close_q(wq *q)
-{
-    for (int i = 0; i < MAX_OPEN; i++)
-        if (opened[i] == q)
-            opened[i] = NULL;
-    wq_close(q);
-}
-
-static void close_all(void)
-{
-    for (int i = 0; i < MAX_OPEN; i++) {
-        if (opened[i] != NULL) {
-            wq_close(opened[i]);
-            opened[i] = NULL;
-        }
-    }
-}
-
-/* ------------------------------------------------------------------ */
-/* Fake clock and fixtures                                             */
-/* ------------------------------------------------------------------ */
-
-static uint64_t fake_now;
-
-static void clock_at(uint64_t t)
-{
-    fake_now = t;
-    wq_test_clock_set(t);
-}
-
-static void clock_step(uint64_t d)
-{
-    clock_at(fake_now + d);
-}
-
-static int setup(void **state)
-{
-    clock_at(T0);
-    return th_setup(state);
-}
-
-static int teardown(void **state)
-{
-    close_all();
-    wq_test_clock_set(0);
-    fake_now = 0;
-    return th_teardown(state);
-}
-
-/* ------------------------------------------------------------------ */
-/* Helpers                                                             */
-/* ------------------------------------------------------------------ */
-
-/* Create a queue; o may be NULL (all defaults). */
-static wq *open_q(const char *tag, const struct wq_options *o)
-{
-    struct wq_options opt = { 0 };
-    const char *name = th_qname(tag);
-    wq *q = NULL;
-    int rc;
-
-    if (o != NULL)
-        opt = *o;
-    opt.flags |= WQ_CREATE | WQ_EXCL;
-    rc = wq_open(name, &opt, &q);
-    if (rc != 0)
-        fail_msg("wq_open(%s) = %d (%s)", name, rc, wq_strerror(rc));
-    assert_non_null(q);
-    return track(q);
-}
-
-static struct wq_stats stats_of(wq *q)
-{
-    struct wq_stats s;
-    int rc = wq_stats(q, &s);
-
-    assert_int_equal(rc, 0);
-    return s;
-}
-
-/* Queued keys, after the lock holder moved the ready ones (see top). */
-static uint64_t queued(wq *q)
-{
-    return stats_of(q).queued;
-}
-
-static uint64_t waiting(wq *q)
-{
-    return stats_of(q).waiting;
-}
-
-struct find {
-    const char *key;
-    size_t len;
-    int found;
-    struct wq_key_info info;
-};
-
-static int find_cb(const struct wq_key_info *i, void *arg)
-{
-    struct find *f = arg;
-
-    if (i->len == f->len && memcmp(i->key, f->key, f->len) == 0) {
-        f->found = 1;
-        f->info = *i;
-        f->info.key = NULL;
-        return 1;
-    }
-    return 0;
-}
-
-/* wq_dump entry of `key`; returns 0 when the key is not in the dump. */
-static int key_info(wq *q, const char *key, struct wq_key_info *out)
-{
-    struct find f = { .key = key, .len = strlen(key) };
-    int rc = wq_dump(q, find_cb, &f);
-
-    assert_true(rc == 0 || rc == 1);
-    if (f.found && out != NULL)
-        *out = f.info;
-    return f.found;
-}
-
-/* State bits of `key` in wq_dump, 0 when absent. */
-static unsigned key_state(wq *q, const char *key)
-{
-    struct wq_key_info ki = { 0 };
-
-    return key_info(q, key, &ki) ? ki.state : 0;
-}
-
-/* Ready time of a waiting key minus the fake now. */
-#define ready_in(q, k) ready_in_((q), (k), __LINE__)
-static uint64_t ready_in_(wq *q, const char *key, int line)
-{
-    struct wq_key_info ki = { 0 };
-
-    if (!key_info(q, key, &ki))
-        fail_msg("line %d: \"%s\" is not in the dump", line, key);
-    if (!(ki.state & WQ_KEY_WAITING))
-        fail_msg("line %d: \"%s\" is not waiting (state 0x%x)", line, key,
-                 ki.state);
-    if (ki.ready_ns < fake_now)
-        fail_msg("line %d: \"%s\" ready_ns %" PRIu64 " before now %" PRIu64,
-                 line, key, ki.ready_ns, fake_now);
-    return ki.ready_ns - fake_now;
-}
-
-#define expect_get(q, k) expect_get_((q), (k), __LINE__)
-static void expect_get_(wq *q, const char *key, int line)
-{
-    char buf[KEYBUF];
-    int n = wq_get(q, buf, sizeof buf, 0);
-
-    if (n < 0)
-        fail_msg("line %d: wq_get = %d (%s), expected \"%s\"", line, n,
-                 wq_strerror(n), key);
-    if ((size_t)n != strlen(key) || memcmp(buf, key, (size_t)n) != 0)
-        fail_msg("line %d: wq_get = \"%.*s\", expected \"%s\"", line, n, buf,
-                 key);
-}
-
-#define expect_get_rc(q, e) expect_get_rc_((q), (e), __LINE__)
-static void expect_get_rc_(wq *q, int expect, int line)
-{
-    char buf[KEYBUF];
-    int n = wq_get(q, buf, sizeof buf, 0);
-
-    if (n != expect)
-        fail_msg("line %d: wq_get = %d (%s \"%.*s\"), expected %d (%s)", line,
-                 n, n < 0 ? wq_strerror(n) : "got key", n > 0 ? n : 0, buf,
-                 expect, wq_strerror(expect));
-}
-
-#define expect_done(q, k) assert_int_equal(wq_done((q), KS(k)), 0)
 
 /* num_requeues with a check of the return value. */
 #define requeues(q, k) wq_num_requeues((q), KS(k))
@@ -241,7 +42,7 @@ static wq *exp_q(const char *tag, uint64_t base, uint64_t max, uint32_t cap)
                             .rl_limiters = WQ_RL_EXPONENTIAL,
                             .rl_base_delay_ns = base,
                             .rl_max_delay_ns = max };
-    return open_q(tag, &o);
+    return open_opts(tag, &o);
 }
 
 /* Step the fake clock to `key`'s ready time, get it (it must be the front
@@ -311,7 +112,7 @@ static void named_custom_queue(void **state)
 {
     (void)state;
     th_watchdog(10);
-    wq *q = open_q("named", NULL);
+    wq *q = open_opts("named", NULL);
 
     assert_int_equal(wq_add_rate_limited(q, KS("one")), 0);
     assert_int_equal(ready_in(q, "one"), 5 * MS);
@@ -391,7 +192,7 @@ static void controller_loop(void **state)
 {
     (void)state;
     th_watchdog(10);
-    wq *q = open_q("loop", NULL);
+    wq *q = open_opts("loop", NULL);
 
     assert_int_equal(wq_add(q, KS("k")), 0);
     for (int i = 0; i < 3; i++) {
@@ -484,7 +285,7 @@ static void forget_unknown_and_errors(void **state)
 {
     (void)state;
     th_watchdog(10);
-    wq *q = open_q("errors", NULL);
+    wq *q = open_opts("errors", NULL);
     char longkey[KEYBUF + 1];
 
     assert_int_equal(wq_forget(q, KS("nope")), 0);
@@ -638,7 +439,8 @@ static void failing_key_reuses_its_slot(void **state)
     close_q(q);
 }
 
-#define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
+#define T(fn) \
+    cmocka_unit_test_setup_teardown(fn, fx_clock_setup, fx_clock_teardown)
 
 int main(void)
 {

@@ -30,101 +30,26 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
-#include "helpers.h"
+#include "fixture.h"
 
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <grp.h>
 #include <inttypes.h>
 #include <lmdb.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#define KS(s) (s), strlen(s)
-#define HOUR ((uint64_t)3600 * 1000000000u)
-#define SEC ((uint64_t)1000000000u)
 #define KEYBUF 256
 #define NOBODY 65534
 
 /* ------------------------------------------------------------------ */
-/* Store directories and handles                                       */
+/* Fixtures (store directories and handles: fixture.h)                */
 /* ------------------------------------------------------------------ */
-
-static char topdir[128];
-#define MAX_STORES 64
-static char stores[MAX_STORES][192];
-static int nstores;
-
-static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *f)
-{
-    (void)sb;
-    (void)flag;
-    (void)f;
-    (void)remove(p);
-    return 0;
-}
-
-static void rm_rf(const char *p)
-{
-    (void)nftw(p, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
-}
-
-/* A fresh, empty store directory (mkdtemp under topdir). */
-static const char *mkstore(void)
-{
-    if (nstores == MAX_STORES)
-        fail_msg("too many stores");
-    char *p = stores[nstores];
-    snprintf(p, sizeof stores[0], "%s/s-XXXXXX", topdir);
-    if (mkdtemp(p) == NULL)
-        fail_msg("mkdtemp(%s): %s", p, strerror(errno));
-    nstores++;
-    return p;
-}
-
-static void stores_cleanup(void)
-{
-    for (int i = 0; i < nstores; i++)
-        rm_rf(stores[i]);
-    nstores = 0;
-}
-
-#define MAX_HANDLES 16
-static wq *handles[MAX_HANDLES];
-
-static void track(wq *q)
-{
-    for (int i = 0; i < MAX_HANDLES; i++)
-        if (handles[i] == NULL) {
-            handles[i] = q;
-            return;
-        }
-    fail_msg("too many handles");
-}
-
-static void hclose(wq *q)
-{
-    for (int i = 0; i < MAX_HANDLES; i++)
-        if (handles[i] == q)
-            handles[i] = NULL;
-    wq_close(q);
-}
-
-static void close_all(void)
-{
-    for (int i = 0; i < MAX_HANDLES; i++)
-        if (handles[i] != NULL) {
-            wq_close(handles[i]);
-            handles[i] = NULL;
-        }
-}
 
 static int setup(void **state)
 {
@@ -366,7 +291,7 @@ static void restore_round(int durability)
         printf("  %s: store_unsynced before close: %" PRIu64 "\n", ctx, s.store_unsynced);
     }
 
-    hclose(q);
+    close_q(q);
     assert_int_equal(wq_unlink(name), 0);
     expect_no_shm(name, "after wq_unlink");
 
@@ -485,7 +410,7 @@ static void restore_round(int durability)
         if (n <= 0)
             fail_msg("%s: second wq_snapshot = %d, expected > 0 (22 removals)", ctx, n);
     }
-    hclose(q);
+    close_q(q);
     assert_int_equal(wq_unlink(name), 0);
     q = open_ok(name, &o);
     stats_ok(q, &s);
@@ -500,7 +425,7 @@ static void restore_round(int durability)
     free(d.v);
     assert_int_equal(wq_num_requeues(q, KS("key-e")), 1);
     expect_check_clean(q, ctx);
-    hclose(q);
+    close_q(q);
     assert_int_equal(wq_unlink(name), 0);
 }
 
@@ -540,7 +465,7 @@ static void test_geometry_from_store(void **state)
     wq *q = open_ok(name, &o);
     assert_int_equal(wq_add(q, KS("g1")), 0);
     assert_int_equal(wq_add(q, KS("g2")), 0);
-    hclose(q);
+    close_q(q);
     assert_int_equal(wq_unlink(name), 0);
 
     struct wq_options z;
@@ -559,7 +484,7 @@ static void test_geometry_from_store(void **state)
     memset(k, 'x', sizeof k);
     assert_int_equal(wq_add(q, k, 40), 0);
     assert_int_equal(wq_add(q, k, 41), -EMSGSIZE);
-    hclose(q);
+    close_q(q);
     assert_int_equal(wq_unlink(name), 0);
 
     /* A field given in the options wins; the ones left 0 come from the
@@ -571,7 +496,7 @@ static void test_geometry_from_store(void **state)
         fail_msg("restored with capacity %" PRIu64 " max_key_len %" PRIu64
                  ", expected 200 (options) and 40 (store)", s.capacity, s.max_key_len);
     assert_int_equal(s.queued, 3);
-    hclose(q);
+    close_q(q);
 }
 
 /* ------------------------------------------------------------------ */
@@ -646,7 +571,7 @@ static void test_no_double_restore(void **state)
     o2.flags = WQ_CREATE;
     wq *b = open_ok(name, &o2);
     expect_stats(b, 10, 9, 1, 0, "second handle");
-    hclose(b);
+    close_q(b);
     o2.flags = WQ_CREATE | WQ_EXCL;
     wq *x = NULL;
     assert_int_equal(wq_open(name, &o2, &x), -EEXIST);
@@ -654,7 +579,7 @@ static void test_no_double_restore(void **state)
     /* Close (k0 goes to the back of the queue) and reopen without
        unlinking: the region's state stays, nothing is restored (a restore
        would put k0 first, in first-add order). */
-    hclose(a);
+    close_q(a);
     o2.flags = WQ_CREATE;
     a = open_ok(name, &o2);
     expect_stats(a, 10, 10, 0, 0, "reopen without unlink");
@@ -670,7 +595,7 @@ static void test_no_double_restore(void **state)
     }
     free(d.v);
     expect_check_clean(a, "reopen");
-    hclose(a);
+    close_q(a);
 }
 
 /* ------------------------------------------------------------------ */
@@ -779,7 +704,7 @@ static void test_none_durability(void **state)
     assert_int_equal(s.durability, WQ_DURABLE_NONE);
     assert_int_equal(s.has_store, 1);
     expect_check_clean(q, "NONE");
-    hclose(q);
+    close_q(q);
 
     /* The periodic snapshot. */
     const char *store2 = mkstore();
@@ -802,7 +727,7 @@ static void test_none_durability(void **state)
             fail_msg("interval: position %d holds %s, expected %s", i, d.v[i].k, k);
     }
     free(d.v);
-    hclose(q);
+    close_q(q);
     TH_ASSERT_BOARD_CLEAN();
 }
 
@@ -858,7 +783,7 @@ static void populate(const char *name, const char *store, int nkeys)
         snprintf(k, sizeof k, "p%d", i);
         assert_int_equal(wq_add(q, KS(k)), 0);
     }
-    hclose(q);
+    close_q(q);
     assert_int_equal(wq_unlink(name), 0);
 }
 
@@ -1153,7 +1078,7 @@ static void test_readonly_store(void **state)
     o.store_path = s2;
     wq *q = open_ok(n2, &o);
     expect_stats(q, 5, 5, 0, 0, "after the read-only attempt");
-    hclose(q);
+    close_q(q);
     th_shared_free(res, sizeof *res);
 }
 
@@ -1167,7 +1092,7 @@ static void expect_einval_(const struct wq_options *o, const char *ctx, int line
     wq *q = NULL;
     int rc = wq_open(name, o, &q);
     if (rc == 0)
-        hclose(q);
+        close_q(q);
     if (rc != -EINVAL)
         fail_msg("line %d: %s: wq_open = %d (%s), expected -EINVAL", line, ctx, rc,
                  wq_strerror(rc));
@@ -1215,7 +1140,7 @@ static void expect_modes(mode_t opt_mode, int want, mode_t mask)
     assert_int_equal(stat(shm, &st), 0);
     if ((int)(st.st_mode & 0777) != want)
         fail_msg("shm object mode 0%o, expected 0%o", (unsigned)(st.st_mode & 0777), want);
-    hclose(q);
+    close_q(q);
 }
 
 static void test_options(void **state)
@@ -1258,7 +1183,7 @@ static void test_options(void **state)
     stats_ok(q, &st);
     assert_int_equal(st.has_store, 1);
     assert_int_equal(st.durability, WQ_DURABLE_NONE);
-    hclose(q);
+    close_q(q);
 
     /* Store files: 0600 by default, else exactly `mode`, umask or not. */
     expect_modes(0, 0600, 022);
@@ -1370,7 +1295,7 @@ static void test_full_store(void **state)
                  seen.watch_state);
     free(seen.count);
     expect_check_clean(q, "full store");
-    hclose(q);
+    close_q(q);
     unsetenv("WQ_TEST_STORE_MAX_MAP");
 
     assert_int_equal(wq_unlink(name), 0);
@@ -1406,7 +1331,7 @@ static void test_full_store(void **state)
     assert_int_equal(n, DISK_KEYLEN);
     assert_int_equal(wq_done(q, buf, (size_t)n), 0);
     expect_check_clean(q, "full store restore");
-    hclose(q);
+    close_q(q);
     if (changed[0])
         fail_msg("%s", changed);
 }
@@ -1430,7 +1355,7 @@ static void test_snapshot_no_store(void **state)
     assert_int_equal(s.has_store, 0);
     assert_int_equal(s.store_unsynced, 0);
     assert_int_equal(wq_snapshot(NULL), -EINVAL);
-    hclose(q);
+    close_q(q);
 }
 
 /* ------------------------------------------------------------------ */
@@ -1455,98 +1380,22 @@ static int run_group(void)
         cmocka_unit_test_setup_teardown(test_snapshot_no_store, setup, teardown),
         cmocka_unit_test(th_test_no_leftovers),
     };
-    const char *filter = getenv("WQ_TEST_FILTER"); /* e.g. "test_full*" */
-    if (filter != NULL)
-        cmocka_set_test_filter(filter);
-    const char *skip = getenv("WQ_TEST_SKIP");
-    if (skip != NULL)
-        cmocka_set_skip_filter(skip);
+    fx_test_filters();
     int rc = cmocka_run_group_tests_name("store", tests, th_group_setup,
                                          th_group_teardown);
     stores_cleanup();
     return rc | th_final_check();
 }
 
-static volatile sig_atomic_t got_signal;
-static void on_signal(int sig)
-{
-    got_signal = sig;
-}
-
-static void remove_shm_of(pid_t pid)
-{
-    char prefix[32];
-    snprintf(prefix, sizeof prefix, "wq.t%ld-", (long)pid);
-    DIR *d = opendir("/dev/shm");
-    if (d == NULL)
-        return;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL)
-        if (strncmp(e->d_name, prefix, strlen(prefix)) == 0) {
-            char p[512];
-            snprintf(p, sizeof p, "/dev/shm/%s", e->d_name);
-            fprintf(stderr, "removing leftover %s\n", p);
-            (void)unlink(p);
-        }
-    closedir(d);
-}
-
 int main(void)
 {
-    snprintf(topdir, sizeof topdir, "/tmp/wq-test-store-XXXXXX");
-    if (mkdtemp(topdir) == NULL) {
-        perror("mkdtemp");
-        return 1;
-    }
-    /* Traversable, so a child running as nobody reaches its store. */
-    chmod(topdir, 0711);
-    if (getenv("WQ_TEST_NOFORK") != NULL) { /* debugging: no guardian */
-        int rc = run_group();
-        rm_rf(topdir);
-        return rc;
-    }
-    fflush(stdout);
-    pid_t c = fork();
-    if (c < 0) {
-        perror("fork");
-        rm_rf(topdir);
-        return 1;
-    }
-    if (c == 0) {
-        setpgid(0, 0);
-        _exit(run_group());
-    }
-    setpgid(c, c);
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGHUP, &sa, NULL);
-    int st = 0, forwarded = 0;
-    uint64_t deadline = th_now_ns() + (uint64_t)300 * th_scale() * SEC;
-    for (;;) {
-        pid_t r = waitpid(c, &st, WNOHANG);
-        if (r == c)
-            break;
-        if (got_signal && !forwarded) {
-            kill(c, got_signal); /* the runner cleans up and dies */
-            forwarded = 1;
-        }
-        if (th_now_ns() > deadline) {
-            fprintf(stderr, "test-store: runner hung, killing it\n");
-            kill(-c, SIGKILL);
-            kill(c, SIGKILL);
-            deadline = UINT64_MAX;
-        }
-        th_sleep_ms(20);
-    }
-    kill(-c, SIGKILL); /* stragglers of the runner, if any */
-    rm_rf(topdir);
-    remove_shm_of(c);
-    if (WIFEXITED(st))
-        return WEXITSTATUS(st);
-    fprintf(stderr, "test-store: runner killed by signal %d\n",
-            WIFSIGNALED(st) ? WTERMSIG(st) : 0);
-    return 1;
+    static const struct fx_guard g = {
+        .prog = "test-store",
+        .max_stores = 64,
+        /* Traversable, so a child running as nobody reaches its store. */
+        .topdir_mode = 0711,
+        .deadline_s = 300,
+        .run_group = run_group,
+    };
+    return fx_guard_main(&g);
 }

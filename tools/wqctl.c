@@ -6,8 +6,9 @@
  * options and positional counts before a command runs, so every command
  * body starts from validated input. The tool uses nothing but <wq.h>
  * (and the C library: CLOCK_MONOTONIC, the clock of wq_key_info.ready_ns,
- * to show how soon a waiting key is ready; and, for `work`, the POSIX and
- * Linux process calls it needs to run commands: see the note there).
+ * to show how soon a waiting key is ready; stat(2) and access(2), for
+ * `restore` to check that a store is there; and, for `work`, the POSIX
+ * and Linux process calls it needs to run commands: see the note there).
  *
  * Two rules shape the code:
  *   - Callbacks that run under the region lock (wq_dump, wq_check_report)
@@ -35,6 +36,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <math.h>
 #include <poll.h>
 #include <signal.h>
@@ -48,6 +50,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/uio.h>
@@ -92,13 +95,20 @@ enum opt_id {
     O_REQUEUE_STATUS,
     O_REQUEUE_AFTER,
     O_EXIT_WHEN_EMPTY,
+    O_STORE,
+    O_DURABILITY,
+    O_SNAPSHOT_INTERVAL,
+    O_FAIR,
+    O_FAIR_SHARE,
+    O_TENANT_SEP,
+    O_PRIORITY,
     O_HELP,
     O_COUNT
 };
 
-_Static_assert(O_COUNT <= 32, "command option masks are 32 bits");
+_Static_assert(O_COUNT <= 64, "command option masks are 64 bits");
 
-#define OPT(id) (1u << (id))
+#define OPT(id) (UINT64_C(1) << (id))
 
 struct opt_def {
     const char *name; /* long name, without "--" */
@@ -132,6 +142,13 @@ static const struct opt_def opt_defs[O_COUNT] = {
     [O_REQUEUE_STATUS] = { "requeue-status", true, 0 },
     [O_REQUEUE_AFTER] = { "requeue-after", true, 0 },
     [O_EXIT_WHEN_EMPTY] = { "exit-when-empty", false, 0 },
+    [O_STORE]       = { "store", true, 0 },
+    [O_DURABILITY]  = { "durability", true, 0 },
+    [O_SNAPSHOT_INTERVAL] = { "snapshot-interval", true, 0 },
+    [O_FAIR]        = { "fair", false, 0 },
+    [O_FAIR_SHARE]  = { "fair-share", true, 0 },
+    [O_TENANT_SEP]  = { "tenant-sep", true, 0 },
+    [O_PRIORITY]    = { "priority", true, 0 },
     [O_HELP]        = { "help", false, 'h' },
 };
 
@@ -139,6 +156,25 @@ static const struct opt_def opt_defs[O_COUNT] = {
 #define RL_OPTS (OPT(O_RL_BASE) | OPT(O_RL_MAX) | OPT(O_RL_QPS) |           \
                  OPT(O_RL_BURST) | OPT(O_RL_LIMITERS) | OPT(O_RL_FAST) |    \
                  OPT(O_RL_SLOW) | OPT(O_RL_MAX_FAST))
+
+/* The store and fair mode options of `create` and `restore`. */
+#define STORE_OPTS (OPT(O_STORE) | OPT(O_DURABILITY) | OPT(O_SNAPSHOT_INTERVAL))
+#define FAIR_OPTS  (OPT(O_FAIR) | OPT(O_FAIR_SHARE) | OPT(O_TENANT_SEP))
+
+/* What `create` and `restore` share: the queue's creation options. */
+#define CREATE_OPTS (OPT(O_CAPACITY) | OPT(O_MAX_KEY_LEN) | OPT(O_MAX_PROCS) | \
+                     OPT(O_MODE) | OPT(O_NO_METRICS) |                       \
+                     OPT(O_RESULT_CAPACITY) | RL_OPTS | STORE_OPTS | FAIR_OPTS)
+
+/* The options of `create` and `restore` after NAME in their synopses. */
+#define CREATE_SYNOPSIS                                                     \
+    "                    [--result-capacity N] [--mode OCTAL] [--no-metrics]\n" \
+    "                    [--rl-limiters LIST] [--rl-base DUR] [--rl-max DUR]\n" \
+    "                    [--rl-qps X] [--rl-burst N]\n"                     \
+    "                    [--rl-fast DUR] [--rl-slow DUR] [--rl-max-fast N]\n" \
+    "                    [--durability process|fsync|none]\n"               \
+    "                    [--snapshot-interval DUR]\n"                       \
+    "                    [--fair [--fair-share N] [--tenant-sep C|none]]"
 
 struct command;
 
@@ -153,7 +189,7 @@ struct args {
 struct command {
     const char *name;
     int (*run)(const struct args *a);
-    unsigned opts;          /* OPT() bits this command accepts */
+    uint64_t opts;          /* OPT() bits this command accepts */
     size_t min_pos, max_pos;
     size_t cmd_pos;         /* > 0: the positional with this index starts a
                                command line; it and every word after it are
@@ -164,6 +200,8 @@ struct command {
 };
 
 static int cmd_create(const struct args *a);
+static int cmd_restore(const struct args *a);
+static int cmd_snapshot(const struct args *a);
 static int cmd_ls(const struct args *a);
 static int cmd_stat(const struct args *a);
 static int cmd_add(const struct args *a);
@@ -180,25 +218,29 @@ static int cmd_rm(const struct args *a);
 static int cmd_help(const struct args *a);
 
 static const struct command commands[] = {
-    { "create", cmd_create,
-      OPT(O_CAPACITY) | OPT(O_MAX_KEY_LEN) | OPT(O_MAX_PROCS) | OPT(O_MODE) |
-      OPT(O_EXIST_OK) | OPT(O_NO_METRICS) | OPT(O_RESULT_CAPACITY) | RL_OPTS,
-      1, 1, 0,
+    { "create", cmd_create, CREATE_OPTS | OPT(O_EXIST_OK), 1, 1, 0,
       "NAME [--capacity N] [--max-key-len N] [--max-procs N]\n"
-      "                    [--result-capacity N]\n"
-      "                    [--mode OCTAL] [--exist-ok] [--no-metrics]\n"
-      "                    [--rl-limiters LIST] [--rl-base DUR] [--rl-max DUR]\n"
-      "                    [--rl-qps X] [--rl-burst N]\n"
-      "                    [--rl-fast DUR] [--rl-slow DUR] [--rl-max-fast N]",
+      "                    [--exist-ok] [--store DIR]\n"
+      CREATE_SYNOPSIS,
       "create a queue" },
+    { "restore", cmd_restore, CREATE_OPTS, 1, 1, 0,
+      "NAME --store DIR [--capacity N] [--max-key-len N]\n"
+      "                    [--max-procs N]\n"
+      CREATE_SYNOPSIS,
+      "build a missing queue from its store" },
+    { "snapshot", cmd_snapshot, 0, 1, 1, 0,
+      "NAME",
+      "write what the queue's store lacks, now" },
     { "ls", cmd_ls, OPT(O_JSON), 0, 0, 0,
       "[--json]",
       "list the queues on this machine" },
     { "stat", cmd_stat, OPT(O_JSON), 1, 1, 0,
       "NAME [--json]",
       "show a queue's counters" },
-    { "add", cmd_add, OPT(O_AFTER) | OPT(O_RATE_LIMITED), 2, SIZE_MAX, 0,
-      "NAME [--after DUR | --rate-limited] {[--] KEY... | -}",
+    { "add", cmd_add, OPT(O_AFTER) | OPT(O_RATE_LIMITED) | OPT(O_PRIORITY),
+      2, SIZE_MAX, 0,
+      "NAME [--after DUR | --rate-limited] [--priority N]\n"
+      "                 {[--] KEY... | -}",
       "add keys (\"-\": one key per line from stdin)" },
     { "forget", cmd_forget, 0, 2, SIZE_MAX, 0,
       "NAME [--] KEY...",
@@ -664,15 +706,23 @@ static int queue_stats(wq *q, const char *name, struct wq_stats *st)
     return EXIT_OK;
 }
 
+/* Attach and read the stats; on failure print why and return EXIT_FAIL. */
+static int open_queue_stats(const char *name, wq **q, struct wq_stats *st)
+{
+    int rc;
+
+    if ((rc = open_queue(name, q)) != EXIT_OK)
+        return rc;
+    return queue_stats(*q, name, st);
+}
+
 /* Attach and read max_key_len; on failure print why and return EXIT_FAIL. */
 static int open_queue_keys(const char *name, wq **q, uint64_t *max_key_len)
 {
     struct wq_stats st;
     int rc;
 
-    if ((rc = open_queue(name, q)) != EXIT_OK)
-        return rc;
-    if ((rc = queue_stats(*q, name, &st)) != EXIT_OK)
+    if ((rc = open_queue_stats(name, q, &st)) != EXIT_OK)
         return rc;
     *max_key_len = st.max_key_len;
     return EXIT_OK;
@@ -820,31 +870,275 @@ static int create_limiter(const struct args *a, struct wq_options *o)
     return EXIT_OK;
 }
 
+/* wq_options.durability by name, as --durability takes it and `stat`
+   prints it. */
+static const struct {
+    const char *name;
+    int value;
+} durability_names[] = {
+    { "process", WQ_DURABLE_PROCESS },
+    { "fsync", WQ_DURABLE_FSYNC },
+    { "none", WQ_DURABLE_NONE },
+};
+
+#define N_DURABILITY (sizeof durability_names / sizeof durability_names[0])
+
+static const char *durability_name(uint64_t d)
+{
+    for (size_t i = 0; i < N_DURABILITY; i++)
+        if ((uint64_t)durability_names[i].value == d)
+            return durability_names[i].name;
+    return NULL;
+}
+
+/*
+ * --store, --durability and --snapshot-interval into o. The library
+ * rejects a durability or an interval without a store, and an interval
+ * without WQ_DURABLE_NONE, with -EINVAL; here they are usage errors that
+ * say which option is missing.
+ */
+static int create_store(const struct args *a, struct wq_options *o)
+{
+    const char *d = a->val[O_DURABILITY];
+    int64_t iv;
+    size_t i;
+
+    if (!a->val[O_STORE]) {
+        if (d || a->val[O_SNAPSHOT_INTERVAL])
+            return usage_error(a->cmd, "--%s needs --store",
+                               d ? "durability" : "snapshot-interval");
+        return EXIT_OK;
+    }
+    if (a->val[O_STORE][0] == '\0')
+        return usage_error(a->cmd, "--store needs a directory");
+    o->store_path = a->val[O_STORE];
+    if (d) {
+        for (i = 0; i < N_DURABILITY; i++)
+            if (strcmp(d, durability_names[i].name) == 0)
+                break;
+        if (i == N_DURABILITY)
+            return usage_error(a->cmd, "bad value '%s' for --durability "
+                               "(process, fsync or none)", d);
+        o->durability = durability_names[i].value;
+    }
+    if (a->val[O_SNAPSHOT_INTERVAL]) {
+        if (o->durability != WQ_DURABLE_NONE)
+            return usage_error(a->cmd, "--snapshot-interval needs "
+                               "--durability none");
+        if (!opt_duration(a, O_SNAPSHOT_INTERVAL, false, 0, &iv))
+            return EXIT_USAGE;
+        if (iv % 1000000 != 0 || iv / 1000000 > UINT32_MAX)
+            return usage_error(a->cmd, "bad value '%s' for "
+                               "--snapshot-interval (whole milliseconds, at "
+                               "most %" PRIu32 "ms)",
+                               a->val[O_SNAPSHOT_INTERVAL], UINT32_MAX);
+        o->snapshot_interval_ms = (uint32_t)(iv / 1000000);
+    }
+    return EXIT_OK;
+}
+
+/* --fair, --fair-share and --tenant-sep into o (the latter two need
+   --fair: the library says -EINVAL, we say which). */
+static int create_fair(const struct args *a, struct wq_options *o)
+{
+    const char *sep = a->val[O_TENANT_SEP];
+
+    if (!a->val[O_FAIR]) {
+        if (a->val[O_FAIR_SHARE] || sep)
+            return usage_error(a->cmd, "--%s needs --fair",
+                               sep ? "tenant-sep" : "fair-share");
+        return EXIT_OK;
+    }
+    o->flags |= WQ_FAIR;
+    if (!opt_u32(a, O_FAIR_SHARE, 10, UINT32_MAX, &o->fair_share))
+        return EXIT_USAGE;
+    if (!sep)
+        return EXIT_OK;
+    if (strcmp(sep, "none") == 0)
+        o->tenant_sep = -1;
+    else if (strlen(sep) == 1)
+        o->tenant_sep = (unsigned char)sep[0];
+    else
+        return usage_error(a->cmd, "bad value '%s' for --tenant-sep (one "
+                           "character, or none)", sep);
+    return EXIT_OK;
+}
+
+/* The options `create` and `restore` share, into o (flags: WQ_CREATE and
+   the mode bits; the caller adds WQ_EXCL). */
+static int create_options(const struct args *a, struct wq_options *o)
+{
+    uint32_t mode = 0;
+    int rc;
+
+    if (!opt_u32(a, O_CAPACITY, 10, WQ_MAX_CAPACITY, &o->capacity) ||
+        !opt_u32(a, O_MAX_KEY_LEN, 10, WQ_MAX_KEY_LEN, &o->max_key_len) ||
+        !opt_u32(a, O_MAX_PROCS, 10, WQ_MAX_PROCS, &o->max_procs) ||
+        !opt_u32(a, O_RESULT_CAPACITY, 10, WQ_MAX_CAPACITY,
+                 &o->result_capacity) ||
+        !opt_u32(a, O_MODE, 8, 0777, &mode))
+        return EXIT_USAGE;
+    if ((rc = create_limiter(a, o)) != EXIT_OK ||
+        (rc = create_store(a, o)) != EXIT_OK ||
+        (rc = create_fair(a, o)) != EXIT_OK)
+        return rc;
+    o->mode = (mode_t)mode;
+    o->flags |= WQ_CREATE | (a->val[O_NO_METRICS] ? WQ_NO_METRICS : 0);
+    return EXIT_OK;
+}
+
+/* wq_list callback: is this the queue named arg? */
+static int match_name(const char *name, void *arg)
+{
+    return strcmp(name, arg) == 0;
+}
+
+/* "restored N keys (Q queued, W waiting, F failing)": what a new queue
+   took from its store (keys that were processing come back queued). */
+static void print_restored(const struct wq_stats *st)
+{
+    uint64_t n = st->queued + st->waiting + st->failing;
+
+    printf("restored %" PRIu64 " key%s (%" PRIu64 " queued, %" PRIu64
+           " waiting, %" PRIu64 " failing)\n", n, n == 1 ? "" : "s",
+           st->queued, st->waiting, st->failing);
+}
+
 static int cmd_create(const struct args *a)
 {
     const char *name = a->pos[0];
     struct wq_options o = { 0 };
-    uint32_t mode = 0;
+    struct wq_stats st;
     wq *q;
     int rc;
 
-    if (!opt_u32(a, O_CAPACITY, 10, WQ_MAX_CAPACITY, &o.capacity) ||
-        !opt_u32(a, O_MAX_KEY_LEN, 10, WQ_MAX_KEY_LEN, &o.max_key_len) ||
-        !opt_u32(a, O_MAX_PROCS, 10, WQ_MAX_PROCS, &o.max_procs) ||
-        !opt_u32(a, O_RESULT_CAPACITY, 10, WQ_MAX_CAPACITY,
-                 &o.result_capacity) ||
-        !opt_u32(a, O_MODE, 8, 0777, &mode))
-        return EXIT_USAGE;
-    if ((rc = create_limiter(a, &o)) != EXIT_OK)
+    if ((rc = create_options(a, &o)) != EXIT_OK)
         return rc;
-    o.mode = (mode_t)mode;
-    o.flags = WQ_CREATE | (a->val[O_EXIST_OK] ? 0 : WQ_EXCL) |
-              (a->val[O_NO_METRICS] ? WQ_NO_METRICS : 0);
+    if (!a->val[O_EXIST_OK])
+        o.flags |= WQ_EXCL;
+    /* wq_open would read the whole store into a region it then cannot
+       publish, and rewrite the store's options: fail before that. */
+    if (o.store_path && (o.flags & WQ_EXCL) &&
+        wq_list(match_name, (void *)name) > 0)
+        return queue_error(name, NULL, -EEXIST);
 
     rc = wq_open(name, &o, &q);
     if (rc < 0)
         return queue_error(name, NULL, rc);
+    /* A new queue over a store that holds keys is built from them (the
+       library restores whenever it creates a region): say so. With --exist-ok the
+       queue may have been there already, and nothing was restored. */
+    if (o.store_path && (o.flags & WQ_EXCL)) {
+        if ((rc = queue_stats(q, name, &st)) != EXIT_OK)
+            return rc;
+        if (st.queued + st.waiting + st.failing > 0)
+            print_restored(&st);
+    }
     wq_close(q);
+    return EXIT_OK;
+}
+
+/* ------------------------------------------------------------------ */
+/* restore, snapshot                                                   */
+/* ------------------------------------------------------------------ */
+
+static int queue_exists_error(const char *name)
+{
+    fputs("wqctl: queue '", stderr);
+    put_text(stderr, name, strlen(name));
+    fputs("': queue exists: restore only builds a missing queue; wqctl rm "
+          "it first\n", stderr);
+    return EXIT_FAIL;
+}
+
+/*
+ * DIR must hold a store already: wq_open would make a new, empty one
+ * (and an empty queue) out of a mistyped path. An LMDB environment is a
+ * directory with a data.mdb.
+ */
+static int check_store_dir(const char *dir)
+{
+    struct stat sb;
+    char *data;
+    int rc = EXIT_OK, err = 0;
+
+    if (stat(dir, &sb) < 0)
+        err = errno;
+    else if (!S_ISDIR(sb.st_mode))
+        err = ENOTDIR;
+    if (err) {
+        fprintf(stderr, "wqctl: restore: store '%s': %s\n", dir,
+                strerror(err));
+        return EXIT_FAIL;
+    }
+    if (asprintf(&data, "%s/data.mdb", dir) < 0)
+        return out_of_memory();
+    if (access(data, F_OK) < 0) {
+        fprintf(stderr, "wqctl: restore: '%s' holds no store (no data.mdb)"
+                "\n", dir);
+        rc = EXIT_FAIL;
+    }
+    free(data);
+    return rc;
+}
+
+/*
+ * Explicit restore: build the missing queue NAME from the store in DIR
+ * (wq_open with WQ_CREATE|WQ_EXCL and store_path; geometry left out is
+ * taken from the store). Never into an existing queue: the check by name
+ * comes first, so that the store is not even opened then, and WQ_EXCL
+ * settles a race with another creator.
+ */
+static int cmd_restore(const struct args *a)
+{
+    const char *name = a->pos[0];
+    struct wq_options o = { 0 };
+    struct wq_stats st;
+    wq *q;
+    int rc;
+
+    if (!a->val[O_STORE])
+        return usage_error(a->cmd, "--store is required");
+    if ((rc = create_options(a, &o)) != EXIT_OK)
+        return rc;
+    o.flags |= WQ_EXCL;
+    if (wq_list(match_name, (void *)name) > 0)
+        return queue_exists_error(name);
+    if ((rc = check_store_dir(o.store_path)) != EXIT_OK)
+        return rc;
+
+    rc = wq_open(name, &o, &q);
+    if (rc == -EEXIST)
+        return queue_exists_error(name);
+    if (rc < 0)
+        return queue_error(name, "restore", rc);
+    if ((rc = queue_stats(q, name, &st)) != EXIT_OK)
+        return rc;
+    wq_close(q);
+    print_restored(&st);
+    return EXIT_OK;
+}
+
+static int cmd_snapshot(const struct args *a)
+{
+    const char *name = a->pos[0];
+    wq *q;
+    int rc, n;
+
+    if ((rc = open_queue(name, &q)) != EXIT_OK)
+        return rc;
+    n = wq_snapshot(q);
+    wq_close(q);
+    if (n == -ENOENT) {
+        fputs("wqctl: queue '", stderr);
+        put_text(stderr, name, strlen(name));
+        fputs("': no store to write to (wqctl create --store DIR)\n",
+              stderr);
+        return EXIT_FAIL;
+    }
+    if (n < 0)
+        return queue_error(name, "snapshot", n);
+    printf("wrote %d record%s\n", n, n == 1 ? "" : "s");
     return EXIT_OK;
 }
 
@@ -887,8 +1181,152 @@ static uint64_t stat_value(const struct wq_stats *st, size_t i)
     return v;
 }
 
-static void print_stats_text(const char *name, const struct wq_stats *st)
+/* ---- fair mode: the queued keys by priority and by tenant ---- */
+
+#define STAT_TOP_TENANTS 10   /* tenants `stat` lists; the rest are counted */
+
+/* One queued key of a fair queue: its priority and a copy of its tenant
+   (the key's first tenant_len bytes; NULL when it has none). */
+struct fair_key {
+    int priority;
+    char *tenant;
+    size_t tenant_len;
+};
+
+/* Queued keys of one priority, or of one tenant. */
+struct fair_group {
+    int priority;
+    const char *tenant;
+    size_t tenant_len;
+    uint64_t n;
+};
+
+struct fair_view {
+    struct fair_key *keys;      /* as wq_dump handed them out */
+    size_t nkeys, cap;
+    struct fair_group *prio;    /* highest priority first */
+    size_t nprio;
+    struct fair_group *tenant;  /* deepest tenant first */
+    size_t ntenant;
+};
+
+/* wq_dump callback (under the lock: copies only). The queued keys come
+   first, so the walk stops at the first other key. */
+static int collect_fair(const struct wq_key_info *ki, void *arg)
 {
+    struct fair_view *v = arg;
+    struct fair_key *k;
+
+    if (!(ki->state & WQ_KEY_QUEUED))
+        return 1;
+    if (v->nkeys == v->cap) {
+        size_t cap = v->cap ? 2 * v->cap : 64;
+        struct fair_key *keys = realloc(v->keys, cap * sizeof *keys);
+
+        if (!keys)
+            return -ENOMEM;
+        v->keys = keys;
+        v->cap = cap;
+    }
+    k = &v->keys[v->nkeys];
+    k->priority = ki->priority;
+    k->tenant_len = ki->tenant_len <= ki->len ? ki->tenant_len : 0;
+    k->tenant = NULL;
+    if (k->tenant_len) {
+        k->tenant = malloc(k->tenant_len);
+        if (!k->tenant)
+            return -ENOMEM;
+        memcpy(k->tenant, ki->key, k->tenant_len);
+    }
+    v->nkeys++;
+    return 0;
+}
+
+static int cmp_bytes(const void *x, size_t xn, const void *y, size_t yn)
+{
+    size_t n = xn < yn ? xn : yn;
+    int c = n ? memcmp(x, y, n) : 0;   /* x or y may be NULL when empty */
+
+    return c ? c : (xn > yn) - (xn < yn);
+}
+
+static int cmp_key_priority(const void *x, const void *y)
+{
+    const struct fair_key *a = x, *b = y;
+
+    return (a->priority < b->priority) - (a->priority > b->priority);
+}
+
+static int cmp_key_tenant(const void *x, const void *y)
+{
+    const struct fair_key *a = x, *b = y;
+
+    return cmp_bytes(a->tenant, a->tenant_len, b->tenant, b->tenant_len);
+}
+
+/* Deepest first; ties by tenant, so the output is stable. */
+static int cmp_group_depth(const void *x, const void *y)
+{
+    const struct fair_group *a = x, *b = y;
+
+    if (a->n != b->n)
+        return a->n < b->n ? 1 : -1;
+    return cmp_bytes(a->tenant, a->tenant_len, b->tenant, b->tenant_len);
+}
+
+/* Group the collected keys: by priority, and by tenant (keys without a
+   tenant, as with --tenant-sep none, are in no tenant group). */
+static int fair_view_build(struct fair_view *v)
+{
+    size_t n = v->nkeys;
+
+    v->prio = calloc(n ? n : 1, sizeof *v->prio);
+    v->tenant = calloc(n ? n : 1, sizeof *v->tenant);
+    if (!v->prio || !v->tenant)
+        return -ENOMEM;
+    if (n == 0)
+        return 0;
+    qsort(v->keys, n, sizeof *v->keys, cmp_key_priority);
+    for (size_t i = 0; i < n; i++) {
+        if (v->nprio == 0 ||
+            v->prio[v->nprio - 1].priority != v->keys[i].priority)
+            v->prio[v->nprio++].priority = v->keys[i].priority;
+        v->prio[v->nprio - 1].n++;
+    }
+    qsort(v->keys, n, sizeof *v->keys, cmp_key_tenant);
+    for (size_t i = 0; i < n; i++) {
+        const struct fair_key *k = &v->keys[i];
+        struct fair_group *g = v->ntenant ? &v->tenant[v->ntenant - 1] : NULL;
+
+        if (k->tenant_len == 0)
+            continue;
+        if (!g || cmp_bytes(g->tenant, g->tenant_len, k->tenant,
+                            k->tenant_len) != 0) {
+            g = &v->tenant[v->ntenant++];
+            g->tenant = k->tenant;
+            g->tenant_len = k->tenant_len;
+        }
+        g->n++;
+    }
+    qsort(v->tenant, v->ntenant, sizeof *v->tenant, cmp_group_depth);
+    return 0;
+}
+
+static void fair_view_free(struct fair_view *v)
+{
+    for (size_t i = 0; i < v->nkeys; i++)
+        free(v->keys[i].tenant);
+    free(v->keys);
+    free(v->prio);
+    free(v->tenant);
+}
+
+/* ---- printing ---- */
+
+static void print_stats_text(const char *name, const struct wq_stats *st,
+                             const struct fair_view *fv)
+{
+    const char *dur = durability_name(st->durability);
     char buf[32];
 
     printf("%-21s ", "name");
@@ -911,10 +1349,39 @@ static void print_stats_text(const char *name, const struct wq_stats *st)
             break;
         }
     }
+    printf("%-21s %s\n", "mode", st->fair ? "fair" : "default");
+    printf("%-21s %s\n", "store", st->has_store ? "yes" : "no");
+    if (!st->has_store)
+        printf("%-21s -\n%-21s -\n", "durability", "store_unsynced");
+    else if (dur)
+        printf("%-21s %s\n%-21s %" PRIu64 "\n", "durability", dur,
+               "store_unsynced", st->store_unsynced);
+    else
+        printf("%-21s %" PRIu64 "\n%-21s %" PRIu64 "\n", "durability",
+               st->durability, "store_unsynced", st->store_unsynced);
+    if (!fv)
+        return;
+    printf("queued_by_priority\n");
+    for (size_t i = 0; i < fv->nprio; i++)
+        printf("  %-19d %" PRIu64 "\n", fv->prio[i].priority, fv->prio[i].n);
+    printf("queued_by_tenant\n");
+    for (size_t i = 0; i < fv->ntenant && i < STAT_TOP_TENANTS; i++) {
+        const struct fair_group *g = &fv->tenant[i];
+        size_t w = text_width(g->tenant, g->tenant_len);
+
+        fputs("  ", stdout);
+        put_text(stdout, g->tenant, g->tenant_len);
+        printf("%*s %" PRIu64 "\n", w < 19 ? (int)(19 - w) : 0, "", g->n);
+    }
+    if (fv->ntenant > STAT_TOP_TENANTS)
+        printf("  (%zu more)\n", fv->ntenant - STAT_TOP_TENANTS);
 }
 
-static void print_stats_json(const char *name, const struct wq_stats *st)
+static void print_stats_json(const char *name, const struct wq_stats *st,
+                             const struct fair_view *fv)
 {
+    const char *dur = durability_name(st->durability);
+
     printf("{\"name\":");
     put_json_str(stdout, name);
     for (size_t i = 0; i < N_STAT_FIELDS; i++) {
@@ -936,25 +1403,66 @@ static void print_stats_json(const char *name, const struct wq_stats *st)
             break;
         }
     }
-    printf("}\n");
+    printf(",\"fair\":%s,\"store\":", st->fair ? "true" : "false");
+    if (!st->has_store)
+        printf("null");
+    else if (dur)
+        printf("{\"durability\":\"%s\",\"unsynced\":%" PRIu64 "}", dur,
+               st->store_unsynced);
+    else
+        printf("{\"durability\":%" PRIu64 ",\"unsynced\":%" PRIu64 "}",
+               st->durability, st->store_unsynced);
+    if (!fv) {
+        printf(",\"priorities\":null,\"tenants\":null,\"tenants_more\":null}\n");
+        return;
+    }
+    printf(",\"priorities\":{");
+    for (size_t i = 0; i < fv->nprio; i++)
+        printf("%s\"%d\":%" PRIu64, i ? "," : "", fv->prio[i].priority,
+               fv->prio[i].n);
+    printf("},\"tenants\":{");
+    for (size_t i = 0; i < fv->ntenant && i < STAT_TOP_TENANTS; i++) {
+        if (i)
+            putchar(',');
+        put_json(stdout, fv->tenant[i].tenant, fv->tenant[i].tenant_len);
+        printf(":%" PRIu64, fv->tenant[i].n);
+    }
+    printf("},\"tenants_more\":%zu}\n", fv->ntenant > STAT_TOP_TENANTS ?
+           fv->ntenant - STAT_TOP_TENANTS : 0);
 }
 
+/*
+ * The counters, and on a fair queue the queued keys by priority and by
+ * tenant, computed here from wq_dump (the library keeps no such counts):
+ * a second look, so under load the two can differ by a few keys.
+ */
 static int cmd_stat(const struct args *a)
 {
     const char *name = a->pos[0];
+    struct fair_view fv = { 0 };
     struct wq_stats st;
     wq *q;
-    int rc;
+    int rc, err = 0;
 
     if ((rc = open_queue(name, &q)) != EXIT_OK)
         return rc;
     if ((rc = queue_stats(q, name, &st)) != EXIT_OK)
         return rc;
+    if (st.fair)
+        err = wq_dump(q, collect_fair, &fv);
     wq_close(q);
+    if (err >= 0 && st.fair)
+        err = fair_view_build(&fv);
+    if (err < 0) {
+        fair_view_free(&fv);
+        return err == -ENOMEM ? out_of_memory()
+                              : queue_error(name, "dump", err);
+    }
     if (a->val[O_JSON])
-        print_stats_json(name, &st);
+        print_stats_json(name, &st, st.fair ? &fv : NULL);
     else
-        print_stats_text(name, &st);
+        print_stats_text(name, &st, st.fair ? &fv : NULL);
+    fair_view_free(&fv);
     return EXIT_OK;
 }
 
@@ -1078,7 +1586,8 @@ static int cmd_ls(const struct args *a)
 enum add_mode {
     ADD_NOW,          /* wq_add_many, a batch at a time */
     ADD_AFTER,        /* wq_add_after(delay_ns), a key at a time */
-    ADD_RATE_LIMITED  /* wq_add_rate_limited, a key at a time */
+    ADD_RATE_LIMITED, /* wq_add_rate_limited, a key at a time */
+    ADD_OPTS          /* --priority: wq_add_opts(opts), a key at a time */
 };
 
 /* Running totals of an `add`. */
@@ -1088,8 +1597,19 @@ struct add_state {
     uint64_t max_key_len;
     enum add_mode mode;
     uint64_t delay_ns;
+    struct wq_add_opts opts;  /* ADD_OPTS: priority, and --after or
+                                 --rate-limited */
     uint64_t added, coalesced;
 };
+
+/* Priorities on a queue made without --fair: wq_add_opts says -EINVAL. */
+static int not_fair_error(const char *name)
+{
+    fputs("wqctl: queue '", stderr);
+    put_text(stderr, name, strlen(name));
+    fputs("': priorities need a fair queue (wqctl create --fair)\n", stderr);
+    return EXIT_FAIL;
+}
 
 /*
  * Add one batch: with wq_add_many (all or none), or key by key with the
@@ -1114,8 +1634,13 @@ static int add_batch(struct add_state *s, const struct iovec *keys, size_t n)
         if (s->mode == ADD_AFTER)
             rc = wq_add_after(s->q, keys[i].iov_base, keys[i].iov_len,
                               s->delay_ns);
-        else
+        else if (s->mode == ADD_RATE_LIMITED)
             rc = wq_add_rate_limited(s->q, keys[i].iov_base, keys[i].iov_len);
+        else
+            rc = wq_add_opts(s->q, keys[i].iov_base, keys[i].iov_len,
+                             &s->opts);
+        if (rc == -EINVAL && s->mode == ADD_OPTS && s->opts.priority != 0)
+            return not_fair_error(s->name);   /* the keys were checked */
         if (rc < 0)
             return queue_error(s->name, "add", rc);
         if (rc > 0)
@@ -1202,7 +1727,29 @@ static int add_from_stdin(struct add_state *s)
     return rc;
 }
 
-/* --after / --rate-limited into s->mode and s->delay_ns. */
+/* Option --priority: a decimal int, with an optional '-'. */
+static bool opt_priority(const struct args *a, int *out)
+{
+    const char *s = a->val[O_PRIORITY];
+    bool neg = s && s[0] == '-';
+    uint64_t v;
+
+    if (!s)
+        return true;
+    if (!parse_u64(s + neg, 10, neg ? (uint64_t)INT_MAX + 1 : INT_MAX, &v)) {
+        usage_error(a->cmd, "bad value '%s' for --priority (a whole number "
+                    "from %d to %d)", s, INT_MIN, INT_MAX);
+        return false;
+    }
+    *out = neg ? (int)(-(int64_t)v) : (int)v;
+    return true;
+}
+
+/*
+ * --after / --rate-limited / --priority into s->mode, s->delay_ns and
+ * s->opts. Without --priority the calls of client-go's interfaces are
+ * used; with it, wq_add_opts carries the delay or the rate limiting too.
+ */
 static int add_options(const struct args *a, struct add_state *s)
 {
     int64_t delay;
@@ -1210,9 +1757,14 @@ static int add_options(const struct args *a, struct add_state *s)
     if (a->val[O_AFTER] && a->val[O_RATE_LIMITED])
         return usage_error(a->cmd, "--after and --rate-limited exclude "
                            "each other");
-    if (!opt_duration(a, O_AFTER, false, 0, &delay))
+    if (!opt_duration(a, O_AFTER, false, 0, &delay) ||
+        !opt_priority(a, &s->opts.priority))
         return EXIT_USAGE;
-    if (a->val[O_AFTER]) {
+    if (a->val[O_PRIORITY]) {
+        s->mode = ADD_OPTS;
+        s->opts.after_ns = a->val[O_AFTER] ? (uint64_t)delay : 0;
+        s->opts.rate_limited = a->val[O_RATE_LIMITED] != NULL;
+    } else if (a->val[O_AFTER]) {
         s->mode = ADD_AFTER;
         s->delay_ns = (uint64_t)delay;
     } else if (a->val[O_RATE_LIMITED]) {
@@ -1225,12 +1777,18 @@ static int cmd_add(const struct args *a)
 {
     struct add_state s = { .name = a->pos[0], .mode = ADD_NOW };
     bool from_stdin = a->npos == 2 && strcmp(a->pos[1], "-") == 0;
+    struct wq_stats st;
     int rc;
 
     if ((rc = add_options(a, &s)) != EXIT_OK)
         return rc;
-    if ((rc = open_queue_keys(s.name, &s.q, &s.max_key_len)) != EXIT_OK)
+    if ((rc = open_queue_stats(s.name, &s.q, &st)) != EXIT_OK)
         return rc;
+    s.max_key_len = st.max_key_len;
+    if (s.opts.priority != 0 && !st.fair) {
+        wq_close(s.q);
+        return not_fair_error(s.name);   /* before any key is added */
+    }
 
     if (from_stdin)
         rc = add_from_stdin(&s);
@@ -1341,6 +1899,9 @@ struct dump_rec {
     uint64_t position;
     uint64_t ready_ns;
     uint32_t failures;
+    int priority;       /* fair queues: its priority */
+    uint32_t seq;       /* its add order (wraps) */
+    size_t tenant_len;  /* fair queues: key[0..tenant_len) is its tenant */
     enum wq_state result;
     int result_code;
     char *result_message;
@@ -1355,6 +1916,12 @@ static int collect_key(const struct wq_key_info *ki, void *arg)
 {
     struct dump_list *l = arg;
     struct dump_rec *r;
+
+    /* No state at all: not a key the queue holds, but the library's
+       bookkeeping for its store (a removal not yet written, a new key
+       not yet stored); wq_dump shows them, we do not. */
+    if (ki->state == 0)
+        return 0;
 
     if (l->n == l->cap) {
         size_t cap = l->cap ? 2 * l->cap : 64;
@@ -1381,6 +1948,9 @@ static int collect_key(const struct wq_key_info *ki, void *arg)
     r->position = ki->position;
     r->ready_ns = ki->ready_ns;
     r->failures = ki->failures;
+    r->priority = ki->priority;
+    r->seq = ki->seq;
+    r->tenant_len = ki->tenant_len <= ki->len ? ki->tenant_len : 0;
     r->result = ki->result;
     r->result_code = ki->result_code;
     l->n++;
@@ -1434,10 +2004,41 @@ static uint64_t now_mono(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-static void dump_print_text(const struct dump_list *l, uint64_t now)
+/* The width of the TENANT column of a fair queue's dump. */
+static size_t tenant_width(const struct dump_list *l)
 {
-    printf("%-10s %-18s %-8s %-12s %-8s %-9s %-5s %s\n", "POSITION", "STATE",
-           "OWNER", "READY", "FAILURES", "RESULT", "CODE", "KEY");
+    size_t w = 6;
+
+    for (size_t i = 0; i < l->n; i++) {
+        size_t tw = text_width(l->v[i].key, l->v[i].tenant_len);
+
+        if (tw > w)
+            w = tw;
+    }
+    return w;
+}
+
+/* A fair queue's columns: priority, add order, tenant ("-" if none). */
+static void dump_fair_columns(const struct dump_rec *r, size_t tw)
+{
+    printf("%-8d %-10" PRIu32 " ", r->priority, r->seq);
+    if (r->tenant_len) {
+        put_text(stdout, r->key, r->tenant_len);
+        printf("%*s ", (int)(tw - text_width(r->key, r->tenant_len)), "");
+    } else {
+        printf("%-*s ", (int)tw, "-");
+    }
+}
+
+static void dump_print_text(const struct dump_list *l, uint64_t now, bool fair)
+{
+    size_t tw = fair ? tenant_width(l) : 0;
+
+    printf("%-10s %-18s %-8s %-12s %-8s %-9s %-5s ", "POSITION", "STATE",
+           "OWNER", "READY", "FAILURES", "RESULT", "CODE");
+    if (fair)
+        printf("%-8s %-10s %-*s ", "PRIORITY", "SEQ", (int)tw, "TENANT");
+    printf("KEY\n");
     for (size_t i = 0; i < l->n; i++) {
         const struct dump_rec *r = &l->v[i];
         char state[64] = "", ready[32], code[16] = "-";
@@ -1467,13 +2068,15 @@ static void dump_print_text(const struct dump_list *l, uint64_t now)
             r->result_code != 0 || r->result_message[0] != '\0')
             snprintf(code, sizeof code, "%d", r->result_code);
         printf("%-9s %-5s ", result_state_name(r->result), code);
+        if (fair)
+            dump_fair_columns(r, tw);
         put_text(stdout, r->key, r->len);
         putchar('\n');
     }
 }
 
 static void dump_print_json(const char *name, const struct dump_list *l,
-                            uint64_t now)
+                            uint64_t now, bool fair)
 {
     printf("{\"name\":");
     put_json_str(stdout, name);
@@ -1510,6 +2113,14 @@ static void dump_print_json(const char *name, const struct dump_list *l,
                ",\"result_message\":", r->failures, result_state_name(r->result),
                r->result_code);
         put_json_str(stdout, r->result_message);
+        if (fair) {
+            printf(",\"priority\":%d,\"tenant\":", r->priority);
+            if (r->tenant_len)
+                put_json(stdout, r->key, r->tenant_len);
+            else
+                printf("null");
+            printf(",\"seq\":%" PRIu32, r->seq);
+        }
         putchar('}');
     }
     printf("]}\n");
@@ -1519,11 +2130,12 @@ static int cmd_dump(const struct args *a)
 {
     const char *name = a->pos[0];
     struct dump_list l = { 0 };
+    struct wq_stats st;
     uint64_t now;
     wq *q;
     int rc;
 
-    if ((rc = open_queue(name, &q)) != EXIT_OK)
+    if ((rc = open_queue_stats(name, &q, &st)) != EXIT_OK)
         return rc;
     rc = wq_dump(q, collect_key, &l);
     now = now_mono();
@@ -1532,9 +2144,9 @@ static int cmd_dump(const struct args *a)
         rc = rc == -ENOMEM ? out_of_memory() : queue_error(name, "dump", rc);
     } else {
         if (a->val[O_JSON])
-            dump_print_json(name, &l, now);
+            dump_print_json(name, &l, now, st.fair != 0);
         else
-            dump_print_text(&l, now);
+            dump_print_text(&l, now, st.fair != 0);
         rc = EXIT_OK;
     }
     for (size_t i = 0; i < l.n; i++) {
