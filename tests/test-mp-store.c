@@ -488,7 +488,12 @@ static void test_chaos(void **state)
     unsigned seed = base_seed();
     chaos_round(WQ_DURABLE_PROCESS, seed);
     chaos_round(WQ_DURABLE_PROCESS, seed + 1);
-    chaos_round(WQ_DURABLE_FSYNC, seed + 2);
+    /* Under valgrind an fsync round carries too little traffic in its
+       time to test anything (the minimum-traffic check would fail); the
+       memory checking is done by the two rounds above, and the fsync path
+       by the commit-kill tests below. */
+    if (!getenv("WQ_TEST_VALGRIND"))
+        chaos_round(WQ_DURABLE_FSYNC, seed + 2);
     printf("totals: rounds %ld, kills %ld, acknowledged %ld, done %ld, restored %ld, "
            "lost=%ld, duplicates=%ld, done-but-back=%ld\n",
            tot.rounds, tot.kills, tot.acked, tot.done_acked, tot.restored, tot.lost,
