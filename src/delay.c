@@ -237,6 +237,16 @@ int wq__delay_entry(wq *q, uint32_t idx, uint64_t ready)
     e->t_b = ready;
     e->seq = h->seq_next++;
     WQ_STEP("wait.ready");
+    if ((st == WQ_ST_RETAINED || st == 0) && wq__store_sync_adds(q) && !q->restoring) {
+        /* Idle or a zombie with a store: invisible until stored again,
+           as a new key (see wq__activate). */
+        wq__set_state(e, WQ_ST_STORING);   /* commit */
+        WQ_STEP("wait.state");
+        if (st == WQ_ST_RETAINED)
+            h->failing--;
+        atomic_fetch_add_explicit(&h->live, 1, memory_order_relaxed);
+        return 0;
+    }
     if (st == WQ_ST_RETAINED || st == 0) {   /* idle, or a zombie */
         wq__set_state(e, WQ_ST_WAITING);   /* commit */
         WQ_STEP("wait.state");

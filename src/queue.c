@@ -163,12 +163,16 @@ int wq__activate(wq *q, uint32_t idx, uint64_t now, bool *queued)
         wq__set_state(e, WQ_ST_PROCESSING | WQ_ST_DIRTY);   /* commit */
         WQ_STEP("add.mark");
         e->t_b = now;
-    } else if (st == 0 && wq__store_sync_adds(q) && !q->restoring) {
-        /* A zombie whose removal may already be in the store: like a new
-           key, it stays invisible until the store has it again. */
+    } else if ((st == 0 || st == WQ_ST_RETAINED) && wq__store_sync_adds(q) &&
+               !q->restoring) {
+        /* A zombie (its removal may already be written) or an idle key
+           (stored as idle): like a new key, it stays invisible until the
+           store has it as pending, so nothing is handed out unstored. */
         e->t_b = 0;
         wq__set_state(e, WQ_ST_STORING);   /* commit */
         WQ_STEP("add.mark");
+        if (st == WQ_ST_RETAINED)
+            h->failing--;
         atomic_fetch_add_explicit(&h->live, 1, memory_order_relaxed);
     } else {
         if (!q->fair)
