@@ -98,6 +98,10 @@ static inline int fx_clock_teardown(void **state)
     return th_teardown(state);
 }
 
+/* A cmocka test of a fake-clock program. */
+#define FX_CLOCK_TEST(fn) \
+    cmocka_unit_test_setup_teardown(fn, fx_clock_setup, fx_clock_teardown)
+
 /* ------------------------------------------------------------------ */
 /* Queues                                                              */
 /* ------------------------------------------------------------------ */

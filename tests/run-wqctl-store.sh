@@ -16,7 +16,7 @@ WORK_PID=
 cleanup() {
     [ -n "$WORK_PID" ] && kill -9 "$WORK_PID" 2>/dev/null
     for q in "$P" "$N" "$C" "$F" "$G" "$D" "$X"; do
-        "$WQCTL" rm "$q" >/dev/null 2>&1
+        "$WQCTL" rm "$q" >/dev/null 2>&1 || rm -f "/dev/shm/wq.$q"
     done
     rm -rf "$DIR"
 }

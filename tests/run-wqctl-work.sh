@@ -14,7 +14,7 @@ wpid=
 cleanup() {
     [ -n "$wpid" ] && kill -9 "$wpid" 2>/dev/null
     for q in $QUEUES; do
-        "$WQCTL" rm "$P-$q" >/dev/null 2>&1
+        "$WQCTL" rm "$P-$q" >/dev/null 2>&1 || rm -f "/dev/shm/wq.$P-$q"
     done
     rm -rf "$T"
 }

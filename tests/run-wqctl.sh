@@ -12,7 +12,7 @@ OUT="/tmp/wqctl.out.$$"
 cleanup() {
     rm -f "$OUT"
     for q in "$Q" "$D" "$R" "$F" "$M" "$N"; do
-        "$WQCTL" rm "$q" >/dev/null 2>&1
+        "$WQCTL" rm "$q" >/dev/null 2>&1 || rm -f "/dev/shm/wq.$q"
     done
 }
 fail() { echo "FAIL: $*"; cleanup; trap - EXIT; exit 1; }

@@ -714,8 +714,7 @@ static void waiting_keys_are_live(void **state)
     close_q(q);
 }
 
-#define T(fn) \
-    cmocka_unit_test_setup_teardown(fn, fx_clock_setup, fx_clock_teardown)
+#define T(fn) FX_CLOCK_TEST(fn)
 
 int main(void)
 {

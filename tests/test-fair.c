@@ -1228,8 +1228,7 @@ static void stats_attach(void **state)
     close_q(q);
 }
 
-#define T(fn) \
-    cmocka_unit_test_setup_teardown(fn, fx_clock_setup, fx_clock_teardown)
+#define T(fn) FX_CLOCK_TEST(fn)
 
 int main(void)
 {

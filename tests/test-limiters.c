@@ -475,8 +475,7 @@ static void limiter_defaults_and_attach(void **state)
     close_q(q1);
 }
 
-#define T(fn) \
-    cmocka_unit_test_setup_teardown(fn, fx_clock_setup, fx_clock_teardown)
+#define T(fn) FX_CLOCK_TEST(fn)
 
 int main(void)
 {

@@ -439,8 +439,7 @@ static void failing_key_reuses_its_slot(void **state)
     close_q(q);
 }
 
-#define T(fn) \
-    cmocka_unit_test_setup_teardown(fn, fx_clock_setup, fx_clock_teardown)
+#define T(fn) FX_CLOCK_TEST(fn)
 
 int main(void)
 {
