@@ -681,6 +681,8 @@ WQ_API int wq_stats(wq *q, struct wq_stats *out);
 #define WQ_KEY_PROCESSING (1u << 2) /* handed out, wq_done not called */
 #define WQ_KEY_WAITING    (1u << 3) /* added with a delay, not yet ready */
 #define WQ_KEY_FAILING    (1u << 4) /* idle, kept for a failure count or result */
+#define WQ_KEY_STORING    (1u << 5) /* added, not in the store yet: no wq_get
+                                       sees it until its commit (store) */
 
 struct wq_key_info {
     const void *key;        /* valid only during the callback */

@@ -76,7 +76,7 @@ static void fill(const wq *q, const struct wq_entry *e, struct wq_key_info *ki)
     if (e->state & WQ_ST_RETAINED)
         ki->state |= WQ_KEY_FAILING;
     if (e->state & WQ_ST_STORING)
-        ki->state |= WQ_KEY_DIRTY;   /* added, waiting for its store commit */
+        ki->state |= WQ_KEY_STORING;   /* added, waiting for its store commit */
     ki->ready_ns = (e->state & WQ_ST_WAITING) ? e->t_b : 0;
     ki->failures = e->failures;
     ki->seq = e->seq;
