@@ -412,7 +412,7 @@ WQ_API int wq_num_requeues(wq *q, const void *key, size_t len);
  *      so a tenant that adds 100,000 keys does not delay another tenant's
  *      single key behind them. Within a tenant, add order. Tenants are
  *      hashed onto a fixed table of counters (4 per slot of capacity, at
- *      most 2^20): two tenants that share a counter take turns together.
+ *      most 65536): two tenants that share a counter take turns together.
  *      A key without the separator is a tenant of its own (the whole key).
  *   4. No starvation: one hand-out in fair_share (wq_options, default 8)
  *      goes to the oldest queued key, whatever its priority and tenant. So

@@ -15,6 +15,16 @@
 
 #include "internal.h"
 
+/* Relaxed load + store, not a read-modify-write: every writer holds the
+   region lock, so the increments cannot race; the atomics are only there
+   so a reader without the lock sees whole values. (A locked RMW costs
+   ~20 cycles; three per observation, two observations per cycle.) */
+static inline void bump(_Atomic uint64_t *v, uint64_t by)
+{
+    atomic_store_explicit(v, atomic_load_explicit(v, memory_order_relaxed) + by,
+                          memory_order_relaxed);
+}
+
 void wq__observe(struct wq_hist *h, uint64_t ns)
 {
     uint64_t bound = 10;   /* 1e-8 s */
@@ -23,9 +33,9 @@ void wq__observe(struct wq_hist *h, uint64_t ns)
         bound *= 10;
         b++;
     }
-    atomic_fetch_add_explicit(&h->bucket[b], 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&h->count, 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&h->sum_ns, ns, memory_order_relaxed);
+    bump(&h->bucket[b], 1);
+    bump(&h->count, 1);
+    bump(&h->sum_ns, ns);
 }
 
 static void read_hist(struct wq_hist *h, struct wq_histogram *out)

@@ -84,7 +84,9 @@ int wq__geometry(struct wq_geom *g, uint32_t capacity, uint32_t max_key_len,
     uint32_t tags = 0;
     if (fair) {
         tags = 1;
-        while (tags < 4ull * capacity && tags < (1u << 20))
+        /* Small enough to stay in cache (512 KiB at most): one lookup per
+           add must not cost a miss. */
+        while (tags < 4ull * capacity && tags < (1u << 16))
             tags <<= 1;
     }
     g->ftag_slots = tags;
