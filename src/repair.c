@@ -552,10 +552,10 @@ int wq__repair(wq *q, bool apply, bool thorough, wq_report_fn report, void *arg)
         wq__fair_rebuild(q);
     else
         wq__fair_verify(q, report_cb, &c);
-    if (apply && (thorough || wq__results_damaged(q)))
-        wq__results_rebuild(q);
-    else
+    if (!apply)
         wq__results_verify(q, report_cb, &c);
+    else if (thorough || wq__results_damaged(q))
+        wq__results_rebuild(q);
     if (apply) {
         WQ_STEP("repair.done");
         q->hdr->busy = 0;
