@@ -100,6 +100,8 @@ static void floor_mutex_variant(const struct wqb_cfg *c, const char *variant, bo
 {
     static struct floor_ring ring;
     struct wqb_result r;
+    if (!wqb_want(c, variant))
+        return;
     ring_init(&ring, robust);
     wqb_result_init(&r, "floor-mutex", variant, "cycles/s");
     loop_floor(&ring, 0, n < 1000 ? n : 1000);
@@ -167,6 +169,8 @@ void wqb_run_floor_mq(const struct wqb_cfg *c)
     struct mq_attr attr = { .mq_maxmsg = 10, .mq_msgsize = WQB_BUF_LEN };
     uint64_t n = wqb_size(c, 100000, 500000);
     struct wqb_result r;
+    if (!wqb_want(c, "mq_send"))
+        return;
     snprintf(mqname, sizeof mqname, "/wqbench.%d.mq", (int)getpid());
     snprintf(reg, sizeof reg, "mq:%s", mqname);
     wqb_register_path(reg);

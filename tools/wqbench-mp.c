@@ -98,6 +98,8 @@ void wqb_run_drain(const struct wqb_cfg *c)
         char name[64], variant[16];
         struct wqb_result r;
         snprintf(variant, sizeof variant, "C=%d", consumers);
+        if (!wqb_want(c, variant))
+            continue;
         wqb_queue_create("drain", (uint32_t)n, &q, name);
         wqb_result_init(&r, "drain", variant, "keys/s");
         for (int rep = 0; rep < wqb_reps(c); rep++)
@@ -270,6 +272,8 @@ static void mpmc_variant(const struct wqb_cfg *c, const struct mpmc_params *p)
     struct wqb_result r;
     double p50[WQB_MAX_REPS], p99[WQB_MAX_REPS], proc[WQB_MAX_REPS], coal[WQB_MAX_REPS];
     int reps = wqb_reps(c) < 3 ? wqb_reps(c) : 3;   /* costly: 3 are enough */
+    if (!wqb_want(c, p->variant))
+        return;
     wqb_result_init(&r, "mpmc", p->variant, "adds/s");
     for (int i = 0; i < reps; i++) {
         struct mpmc_rep one;
@@ -394,6 +398,8 @@ static void starve_variant(const struct wqb_cfg *c, const char *variant, unsigne
     struct wqb_result r;
     double ahead[WQB_MAX_REPS], add_ns[WQB_MAX_REPS], after[WQB_MAX_REPS];
     int reps = wqb_reps(c);
+    if (!wqb_want(c, variant))
+        return;
     wqb_result_init(&r, "starve", variant, "ns");
     for (int i = 0; i < reps; i++) {
         wq *q;

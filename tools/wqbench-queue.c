@@ -10,9 +10,15 @@
  *         get the front key, done it, add it back. A rotation touches the
  *         front entry, its index slot and the ring tail, so for large L it
  *         shows what cache and TLB misses cost. Figures: cycles/s and
- *         region_bytes / L.
+ *         region_bytes / L, with default options (the results table has
+ *         result_capacity = capacity slots) and, as bytes_per_key_r1, for
+ *         the same queue with result_capacity = 1.
  * durable The cycle loop against a queue with an LMDB store, per
  *         durability level; skipped while wq_open answers -ENOTSUP.
+ * restore (the recover workload's second half) N keys are put in a store
+ *         (WQ_DURABLE_NONE, filled at memory speed, then one wq_snapshot,
+ *         timed as snapshot_ns); the region is removed and wq_open with
+ *         WQ_CREATE rebuilds it from the store: that wq_open is timed.
  *
  * Loops are separate noinline functions so that callgrind can count just
  * them (--toggle-collect=loop_memory).
@@ -91,12 +97,21 @@ static NOINLINE void loop_add_many(wq *q, uint64_t first, uint64_t n)
 typedef void (*loop_fn)(wq *q, uint64_t first, uint64_t n);
 
 static void cycle_variant(const struct wqb_cfg *c, const char *variant, loop_fn fn,
-                          uint64_t n)
+                          unsigned flags, uint64_t n)
 {
     wq *q;
-    char name[64];
+    char name[64], why[128];
     struct wqb_result r;
-    wqb_queue_create("cycle", 1024, &q, name);
+    struct wq_options o = { .capacity = 1024, .flags = flags };
+    if (!wqb_want(c, variant))
+        return;
+    int rc = wqb_open_new("cycle", &o, &q, name);
+    if (rc < 0 && flags) {   /* a mode this build does not have */
+        snprintf(why, sizeof why, "wq_open with flags 0x%x says %s", flags, wq_strerror(rc));
+        wqb_skip(c, "cycle", variant, why);
+        return;
+    }
+    wqb_check(rc, "cycle: wq_open");
     wqb_result_init(&r, "cycle", variant, "cycles/s");
     fn(q, 0, n < 1000 ? n : 1000);   /* warm up: fault in, settle caches */
     for (int rep = 0; rep < wqb_reps(c); rep++) {
@@ -115,12 +130,18 @@ static void cycle_variant(const struct wqb_cfg *c, const char *variant, loop_fn 
     wqb_queue_destroy(q, name);
 }
 
+#ifndef WQ_NO_METRICS
+#define WQ_NO_METRICS 0   /* a library without metrics: same as "memory" */
+#endif
+
 void wqb_run_cycle(const struct wqb_cfg *c)
 {
     uint64_t n = wqb_size(c, 200000, 1000000);
-    cycle_variant(c, "memory", loop_memory, n);
-    cycle_variant(c, "done_get", loop_done_get, n);
-    cycle_variant(c, "add_many", loop_add_many, n);
+    cycle_variant(c, "memory", loop_memory, 0, n);
+    cycle_variant(c, "done_get", loop_done_get, 0, n);
+    cycle_variant(c, "add_many", loop_add_many, 0, n);
+    cycle_variant(c, "no_metrics", loop_memory, WQ_NO_METRICS, n);
+    cycle_variant(c, "fair", loop_memory, WQ_FAIR, n);
 }
 
 /* ------------------------------------------------------------------ */
@@ -140,6 +161,20 @@ static NOINLINE void loop_rotate(wq *q, uint64_t n)
     }
 }
 
+/* Region size of the same geometry with the smallest results table
+   (result_capacity = 1): what the queue itself costs per key. */
+static double region_bytes_r1(uint64_t live)
+{
+    wq *q;
+    char name[64];
+    struct wq_stats st;
+    struct wq_options o = { .capacity = (uint32_t)live, .result_capacity = 1 };
+    wqb_check(wqb_open_new("scale-r1", &o, &q, name), "wq_open (result_capacity 1)");
+    wqb_check(wq_stats(q, &st), "wq_stats");
+    wqb_queue_destroy(q, name);
+    return (double)st.region_bytes;
+}
+
 static void scale_one(const struct wqb_cfg *c, uint64_t live, uint64_t rotations)
 {
     wq *q;
@@ -147,6 +182,8 @@ static void scale_one(const struct wqb_cfg *c, uint64_t live, uint64_t rotations
     struct wqb_result r;
     struct wq_stats st;
     snprintf(variant, sizeof variant, "L=1e%d", (int)(0.5 + log10((double)live)));
+    if (!wqb_want(c, variant))
+        return;
     wqb_queue_create("scale", (uint32_t)live, &q, name);
     uint64_t t0 = wqb_now();
     wqb_fill(q, 0, live);
@@ -165,6 +202,8 @@ static void scale_one(const struct wqb_cfg *c, uint64_t live, uint64_t rotations
     wqb_result_extra(&r, "bytes_per_key", (double)st.region_bytes / (double)live, WQB_X_NUM);
     wqb_result_extra(&r, "region_bytes", (double)st.region_bytes, WQB_X_INT);
     wqb_result_extra(&r, "fill_ns_per_key", (double)fill_ns / (double)live, WQB_X_NUM);
+    wqb_result_extra(&r, "bytes_per_key_r1", region_bytes_r1(live) / (double)live,
+                     WQB_X_NUM);
     wqb_emit(c, &r);
     wqb_queue_destroy(q, name);
 }
@@ -210,6 +249,8 @@ static void durable_variant(const struct wqb_cfg *c, int i)
 {
     char dir[64], name[64], why[160];
     wq *q;
+    if (!wqb_want(c, durable_variants[i].variant))
+        return;
     int rc = durable_open(durable_variants[i].durability, dir, name, &q);
     if (rc < 0) {
         snprintf(why, sizeof why, "LMDB store not built: wq_open with store_path says %s",
@@ -235,4 +276,77 @@ void wqb_run_durable(const struct wqb_cfg *c)
 {
     for (size_t i = 0; i < sizeof durable_variants / sizeof durable_variants[0]; i++)
         durable_variant(c, (int)i);
+}
+
+/* ------------------------------------------------------------------ */
+/* restore                                                             */
+/* ------------------------------------------------------------------ */
+
+/* A store holding keys 0..n-1 and no region; the time of the snapshot. */
+static double restore_prepare(const char *dir, uint64_t n, char name[64])
+{
+    wq *q;
+    struct wq_options o = { .capacity = (uint32_t)n, .store_path = dir,
+                            .durability = WQ_DURABLE_NONE,
+                            .snapshot_interval_ms = 3600 * 1000 };
+    wqb_check(wqb_open_new("restore", &o, &q, name), "restore: wq_open");
+    wqb_fill(q, 0, n);
+    uint64_t t0 = wqb_now();
+    int rc = wq_snapshot(q);
+    double ns = (double)(wqb_now() - t0);
+    if (rc < 0)
+        wqb_die("restore: wq_snapshot: %s", wq_strerror(rc));
+    wq_close(q);
+    wqb_check(wq_unlink(name), "restore: wq_unlink");
+    return ns;
+}
+
+/* Rebuild the region from the store once; remove it again. */
+static double restore_once(const char *dir, const char *name, uint64_t n)
+{
+    wq *q;
+    struct wq_stats st;
+    struct wq_options o = { .store_path = dir, .flags = WQ_CREATE | WQ_EXCL };
+    uint64_t t0 = wqb_now();
+    int rc = wq_open(name, &o, &q);
+    double ns = (double)(wqb_now() - t0);
+    wqb_check(rc, "restore: wq_open from the store");
+    wqb_check(wq_stats(q, &st), "wq_stats");
+    if (st.live != n)
+        wqb_die("restore: %llu keys restored of %llu", (unsigned long long)st.live,
+                (unsigned long long)n);
+    wq_close(q);
+    wqb_check(wq_unlink(name), "restore: wq_unlink");
+    return ns;
+}
+
+void wqb_run_restore(const struct wqb_cfg *c)
+{
+    char dir[64], name[64], why[160];
+    wq *probe;
+    if (!wqb_want(c, "restore"))
+        return;
+    int rc = durable_open(WQ_DURABLE_NONE, dir, name, &probe);
+    if (rc < 0) {
+        snprintf(why, sizeof why, "LMDB store not built: wq_open with store_path says %s",
+                 wq_strerror(rc));
+        wqb_skip(c, "recover", "restore", why);
+        return;
+    }
+    wqb_queue_destroy(probe, name);
+    wqb_unregister_path(dir);
+    uint64_t n = wqb_size(c, 100000, 1000000);
+    snprintf(dir, sizeof dir, "/tmp/wqbench-store.%d.XXXXXX", (int)getpid());
+    if (!mkdtemp(dir))
+        wqb_die("mkdtemp: %s", strerror(errno));
+    wqb_register_path(dir);
+    struct wqb_result r;
+    wqb_result_init(&r, "recover", "restore", "ns");
+    double snap_ns = restore_prepare(dir, n, name);
+    for (int rep = 0; rep < wqb_reps(c); rep++)
+        wqb_result_add(&r, restore_once(dir, name, n));
+    wqb_result_extra(&r, "live", (double)n, WQB_X_INT);
+    wqb_result_extra(&r, "snapshot_ns", snap_ns, WQB_X_NS);
+    wqb_emit(c, &r);
+    wqb_unregister_path(dir);
 }

@@ -10,13 +10,15 @@
  *
  * Cleanup. Queue names, an mq name and store directories in use are kept
  * in small static tables; normal teardown, wqb_die() and the SIGINT /
- * SIGTERM / SIGHUP handler all remove what is registered and kill the
- * children still registered, so nothing is left in /dev/shm. The handler
- * only makes async-signal-safe calls (unlink, getdents64, kill).
+ * SIGTERM / SIGHUP handler all stop the children still registered
+ * (SIGTERM, so that the recover helper removes its own queue) and remove
+ * what is registered, so nothing is left in /dev/shm or /tmp. The handler
+ * sticks to plain system calls (kill, waitpid, unlink, getdents64;
+ * wq_unlink only formats a path and unlinks it).
  *
- * Children. wqb_fork() children get the default signal dispositions, die
- * with their parent (PR_SET_PDEATHSIG) and end with _exit(), so they never
- * run the parent's cleanup.
+ * Children. wqb_fork() children get the default signal dispositions, get
+ * SIGTERM when their parent dies (PR_SET_PDEATHSIG) and end with _exit(),
+ * so they never run the parent's cleanup.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -65,6 +67,15 @@ int wqb_reps(const struct wqb_cfg *c)
     return c->mode == WQB_QUICK ? 3 : 5;
 }
 
+/* Whether --variant selects this variant (all when not given). */
+bool wqb_want(const struct wqb_cfg *c, const char *variant)
+{
+    for (int i = 0; i < c->nvariants; i++)
+        if (strcmp(c->variants[i], variant) == 0)
+            return true;
+    return c->nvariants == 0;
+}
+
 /* A workload's size: --n if given, else the quick or default size. */
 uint64_t wqb_size(const struct wqb_cfg *c, uint64_t quick, uint64_t dflt)
 {
@@ -77,23 +88,24 @@ void wqb_usage(FILE *f)
 {
     fprintf(f,
         "usage: wqbench [--quick | --full] [--workload NAME[,NAME...]]... [--json | --table]\n"
-        "               [--n N] [--reps R]\n"
+        "               [--variant NAME[,NAME...]] [--n N] [--reps R]\n"
         "  workloads: floor-mutex cycle floor-mq drain mpmc scale starve recover durable\n"
         "             (default: all, in that order)\n"
         "  --quick    small sizes, whole run under 30 s (CI)\n"
         "  --full     also scale L = 1e7\n"
         "  --json     one JSON line per variant (default)\n"
         "  --table    a human-readable table\n"
+        "  --variant  only these variants (e.g. memory, C=2, L=1e6, paced50k-p1c1)\n"
         "  --n N      override the main size of each selected workload\n"
         "  --reps R   repetitions per variant (default 5, --quick 3)\n");
 }
 
-/* Split a comma list of workload names into names[]. */
-static int add_names(char *list, const char **names, int *nnames)
+/* Split a comma list into names[] (max entries); -1 if too many. */
+static int add_names(char *list, const char **names, int *nnames, int max)
 {
     for (char *save = NULL, *t = strtok_r(list, ",", &save); t;
          t = strtok_r(NULL, ",", &save)) {
-        if (*nnames >= WQB_MAX_NAMES)
+        if (*nnames >= max)
             return -1;
         names[(*nnames)++] = t;
     }
@@ -121,6 +133,7 @@ int wqb_parse_args(int argc, char **argv, struct wqb_cfg *c, const char **names,
         { "json", no_argument, NULL, 'j' },      { "table", no_argument, NULL, 't' },
         { "n", required_argument, NULL, 'n' },   { "reps", required_argument, NULL, 'r' },
         { "no-header", no_argument, NULL, 'H' }, { "help", no_argument, NULL, 'h' },
+        { "variant", required_argument, NULL, 'v' },
         { NULL, 0, NULL, 0 },
     };
     uint64_t v;
@@ -135,7 +148,11 @@ int wqb_parse_args(int argc, char **argv, struct wqb_cfg *c, const char **names,
         case 't': c->table = true; break;
         case 'H': c->no_header = true; break;
         case 'w':
-            if (add_names(optarg, names, nnames) < 0)
+            if (add_names(optarg, names, nnames, WQB_MAX_NAMES) < 0)
+                return -1;
+            break;
+        case 'v':
+            if (add_names(optarg, c->variants, &c->nvariants, 8) < 0)
                 return -1;
             break;
         case 'n':
@@ -464,7 +481,7 @@ static void cleanup(void)
 {
     for (int i = 0; i < MAX_PIDS; i++)
         if (pids[i] > 0) {
-            kill(pids[i], SIGKILL);
+            kill(pids[i], SIGTERM);
             waitpid(pids[i], NULL, 0);
             pids[i] = 0;
         }
@@ -651,7 +668,7 @@ pid_t wqb_fork(void)
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
     signal(SIGHUP, SIG_DFL);
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (getppid() != main_pid)
         _exit(1);
     for (int i = 0; i < MAX_PIDS; i++)

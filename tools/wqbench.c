@@ -2,13 +2,13 @@
  * wqbench - throughput and latency of libwq, with baselines.
  *
  *     wqbench [--quick | --full] [--workload NAME[,NAME]]... [--json | --table]
- *             [--n N] [--reps R]
+ *             [--variant NAME[,NAME]] [--n N] [--reps R]
  *
  * METHODOLOGY
  *   Every workload runs on its own fresh queue, named
  *   wqbench.<pid>.<seq>.<workload> so that concurrent runs never meet, and
  *   removed afterwards (also on failure and on SIGINT/SIGTERM): nothing is
- *   left in /dev/shm. Keys are 12 bytes ('k' + 11 digits, formatted
+ *   left in /dev/shm, nor store directories in /tmp. Keys are 12 bytes ('k' + 11 digits, formatted
  *   without printf) and queues are created with max_key_len = 12.
  *
  *   Time is CLOCK_MONOTONIC around the measured loop only. Setup (creating
@@ -20,7 +20,10 @@
  *   Each variant is repeated (5 times, 3 with --quick; mpmc always 3) after
  *   a short warm-up, and reported as the median with min, max and spread
  *   = (max - min) / median. Extra fields of repeated measurements (p50,
- *   p99, ...) are medians over the repetitions as well.
+ *   p99, ...) are medians over the repetitions as well. The load average
+ *   is printed with the results (and a warning when it exceeds half the
+ *   CPUs): on a small VM shared with other jobs, the scheduler, not the
+ *   queue, decides multi-process figures and tail latencies.
  *
  *   Workloads (see the file that implements each for details):
  *     floor-mutex  cost floor of the locking alone     wqbench-floor.c
@@ -31,13 +34,15 @@
  *     scale        rotation cost vs live keys          wqbench-queue.c
  *     starve       a re-added slow key's wait          wqbench-mp.c
  *     recover      repair time after a crash           wqbench-recover.c
+ *                  and restore from the LMDB store     wqbench-queue.c
  *     durable      the cycle with an LMDB store        wqbench-queue.c
  *
  *   recover needs crash points, which only the test-only fault-injection
  *   build of the library has. wqbench itself is installed and links the
  *   release library, so it runs recover by executing the noinst helper
  *   wqbench-recover (same output format) found next to it, in the build
- *   tree, or at $WQBENCH_RECOVER; without it, recover prints a skip line.
+ *   tree, or at $WQBENCH_RECOVER; without it, the repair variants print a
+ *   skip line. Restore from the store needs no crash points and runs here.
  *
  * Output: one JSON line per variant (default), or a table with --table.
  * A skipped variant prints {"workload":...,"variant":...,"skipped":"why"}.
@@ -110,7 +115,7 @@ static int find_helper(char *out, size_t cap)
 
 static void exec_helper(const char *path, const struct wqb_cfg *c)
 {
-    char n[32], reps[32];
+    char n[32], reps[32], variants[256] = "--variant=";
     const char *argv[16];
     int a = 0;
     argv[a++] = path;
@@ -126,20 +131,26 @@ static void exec_helper(const char *path, const struct wqb_cfg *c)
         snprintf(reps, sizeof reps, "--reps=%d", c->reps);
         argv[a++] = reps;
     }
+    for (int i = 0; i < c->nvariants; i++) {
+        strncat(variants, c->variants[i], sizeof variants - strlen(variants) - 2);
+        strcat(variants, ",");
+    }
+    if (c->nvariants)
+        argv[a++] = variants;
     argv[a] = NULL;
     execv(path, (char *const *)argv);
     fprintf(stderr, "wqbench: exec %s: %s\n", path, strerror(errno));
     _exit(127);
 }
 
-static void run_recover(const struct wqb_cfg *c)
+/* The repair variants, measured by the helper in a child process. */
+static void run_repair_helper(const struct wqb_cfg *c)
 {
     char path[PATH_MAX + 32], why[PATH_MAX + 64];
     if (find_helper(path, sizeof path) != 0) {
         wqb_skip(c, "recover", "repair",
                  "fault-injection build not available: wqbench-recover is built in "
                  "the source tree only (or set WQBENCH_RECOVER)");
-        wqb_skip(c, "recover", "restore", "no LMDB store yet");
         return;
     }
     pid_t pid = wqb_fork();
@@ -152,6 +163,15 @@ static void run_recover(const struct wqb_cfg *c)
         wqb_skip(c, "recover", "error", why);
         failed = true;
     }
+}
+
+/* Repair through the helper, then restore here: it needs no crash
+   points. */
+static void run_recover(const struct wqb_cfg *c)
+{
+    if (wqb_want(c, "repair") || wqb_want(c, "repair-r1"))
+        run_repair_helper(c);
+    wqb_run_restore(c);
 }
 
 /* ------------------------------------------------------------------ */

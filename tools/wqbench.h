@@ -32,6 +32,8 @@ struct wqb_cfg {
     int reps;          /* 0: the mode's default */
     uint64_t n;        /* 0: each workload's default size */
     bool no_header;    /* table mode: the caller printed the header */
+    const char *variants[8];   /* --variant filter; none: all */
+    int nvariants;
 };
 
 #define WQB_MAX_NAMES 32
@@ -59,6 +61,7 @@ struct wqb_result {
 
 /* wqbench-util.c: configuration */
 int wqb_reps(const struct wqb_cfg *c);
+bool wqb_want(const struct wqb_cfg *c, const char *variant);
 uint64_t wqb_size(const struct wqb_cfg *c, uint64_t quick, uint64_t dflt);
 int wqb_parse_args(int argc, char **argv, struct wqb_cfg *c, const char **names,
                    int *nnames);
@@ -114,6 +117,7 @@ uint64_t wqb_gate_release(struct wqb_gate *g, uint32_t n);
 void wqb_run_cycle(const struct wqb_cfg *c);
 void wqb_run_scale(const struct wqb_cfg *c);
 void wqb_run_durable(const struct wqb_cfg *c);
+void wqb_run_restore(const struct wqb_cfg *c);
 void wqb_run_drain(const struct wqb_cfg *c);
 void wqb_run_mpmc(const struct wqb_cfg *c);
 void wqb_run_starve(const struct wqb_cfg *c);
