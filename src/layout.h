@@ -217,6 +217,9 @@ struct wq_hdr {
                                              locker repairs (like busy) */
     uint32_t pad5;
     uint64_t reserved[7];                 /* room for later counters */
+    /* Store flushers (store.c): one at a time, from reading the store
+       queue's front to popping it; robust, holds no state of its own. */
+    pthread_mutex_t flush_lock;
 };
 
 /*

@@ -179,6 +179,7 @@ static void init_region(unsigned char *base, const struct wq_geom *g)
     struct wq_hdr *h = (struct wq_hdr *)base;
     h->g = *g;
     wq__mutex_init(&h->lock);
+    wq__mutex_init(&h->flush_lock);
     struct wq_proc *procs = (struct wq_proc *)(base + g->off_procs);
     for (uint32_t i = 0; i < g->max_procs; i++)
         wq__mutex_init(&procs[i].lease);

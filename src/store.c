@@ -92,6 +92,7 @@ struct env {
     MDB_env *env;
     MDB_dbi recs, meta;
     size_t mapsize;
+    bool synced;            /* MDB_NOSYNC cleared (an FSYNC queue) */
     struct env *next;
 };
 
@@ -584,6 +585,7 @@ static int flush_round(wq *q, struct env *e, bool sync, int *written)
     int rc = txn_begin(e, 0, &txn);
     if (rc < 0)
         return rc;
+    (void)sync;
     /* From here we are the only flusher in any process. */
     struct item *items = NULL;
     unsigned char *buf = NULL;
@@ -629,19 +631,20 @@ static int flush_round(wq *q, struct env *e, bool sync, int *written)
         rc = meta_put(txn, e, &m);
     if (rc < 0)
         goto abort;
-    /* Settle under the region lock taken before the commit: the commit
-       releases LMDB's writer lock, and the next flusher must not read the
-       front of the store queue before we have popped what we wrote. */
-    if ((rc = wq__lock(q)) < 0)
-        goto abort;
+    /* The commit releases LMDB's writer lock; the next flusher must still
+       not read the store queue's front before we popped it: the flush
+       lock (held by our caller) keeps it out until then. The region lock
+       is free meanwhile, so other processes keep marking: the next flush
+       takes them all at once (group commit). */
     WQ_FAULT("store.commit");
     if ((rc = mdb_err(mdb_txn_commit(txn))) < 0) {
         txn = NULL;
-        wq__unlock(q);
         goto out;
     }
     WQ_FAULT("store.committed");
     txn = NULL;
+    if ((rc = wq__lock(q)) < 0)
+        goto out;
     bool queued = false;
     if (h->sq_epoch == epoch)   /* a repair reordered the queue: redo */
         settle(q, items, n, wq__now_mono(), &queued);
@@ -650,8 +653,6 @@ static int flush_round(wq *q, struct env *e, bool sync, int *written)
     if (queued)
         wq__wake_getters(q, (int)n);
     wq__unlock(q);
-    if (sync && (rc = mdb_err(mdb_env_sync(e->env, 1))) < 0)
-        goto out;
     *written += (int)n;
     rc = n > 0 ? 1 : 0;
     goto out;
@@ -684,22 +685,38 @@ int wq__store_flush(wq *q, bool all)
     if (rc < 0)
         return rc;
     bool sync = q->g.durability == WQ_DURABLE_FSYNC;
+    /* FSYNC: let LMDB sync inside the commit, i.e. while it still holds
+       its writer lock. Callers blocked on that lock then find their
+       records committed AND on disk: one fsync serves the whole group.
+       (A sync after the commit would let the next writer commit
+       meanwhile and need its own fsync.) */
+    if (sync && !e->synced) {
+        mdb_env_set_flags(e->env, MDB_NOSYNC, 0);
+        e->synced = true;
+    }
     int written = 0;
+    /* Order: flush lock, LMDB's writer lock, region lock. */
+    int lr = pthread_mutex_lock(&q->hdr->flush_lock);
+    if (lr == EOWNERDEAD)   /* a flusher died: nothing to repair here */
+        pthread_mutex_consistent(&q->hdr->flush_lock);
+    else if (lr != 0)
+        return -lr;
     for (int rounds = 0; rounds < 1000000; rounds++) {
         rc = flush_round(q, e, sync, &written);
         if (rc == -ENOSPC) {
             if ((rc = grow(e)) < 0)
-                return rc;
+                break;
             continue;
         }
         if (rc < 0)
-            return rc;
+            break;
         if (rc == 0)
             break;   /* nothing was left */
         if (!all && __atomic_load_n(&q->hdr->sq_count, __ATOMIC_RELAXED) == 0)
             break;
     }
-    return written;
+    pthread_mutex_unlock(&q->hdr->flush_lock);
+    return rc < 0 ? rc : written;
 }
 
 /* After an operation that marked entries: make them durable if the
