@@ -362,16 +362,11 @@ int wq__add_delayed_prio(wq *q, const void *key, size_t len, bool limited, uint6
         wq__unlock(q);
         if (rc != -WQ_EFLUSH)
             break;
-        int f = wq__store_flush(q, true);   /* free removed keys' slots */
-        if (f < 0)
-            return f;
-        if (tries == 2)
-            return -ENOSPC;
+        int room = wq__store_make_room(q, tries);
+        if (room < 0)
+            return room;
     }
-    int st = rc >= 0 ? wq__store_after(q) : 0;
-    if (st < 0)
-        wq__store_rollback(q, key, len);   /* not stored: not added */
-    return st < 0 ? st : rc;
+    return wq__store_finish_add(q, key, len, rc);
 }
 
 int wq_add_after(wq *q, const void *key, size_t len, uint64_t delay_ns)

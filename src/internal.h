@@ -119,6 +119,8 @@ bool wq__store_sync_adds(const wq *q);
 int wq__store_flush(wq *q, bool all);
 int wq__store_after(wq *q);
 void wq__store_rollback(wq *q, const void *key, size_t len);
+int wq__store_make_room(wq *q, int tries);
+int wq__store_finish_add(wq *q, const void *key, size_t len, int rc);
 int wq__store_prepare(const struct wq_options *o, struct wq_options *eff, char *abs,
                       size_t abslen, bool *has_meta);
 int wq__store_init_meta(const struct wq_geom *g);
@@ -181,6 +183,7 @@ static inline uint32_t wq__home(const wq *q, uint32_t hash)
 #define WQ_LOOKUP_CORRUPT 0xfffffffeu
 #define WQ_EVICTING 0xfffffffdu   /* wq__entry_alloc: made room, flush first */
 uint32_t wq__table_lookup(wq *q, const void *key, size_t len, uint32_t hash);
+int wq__lock_lookup(wq *q, const void *key, size_t len, uint32_t *idx);
 int wq__table_insert(wq *q, uint32_t idx, uint32_t hash);
 int wq__table_remove(wq *q, uint32_t idx, uint32_t hash);
 uint32_t wq__entry_alloc(wq *q);

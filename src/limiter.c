@@ -130,18 +130,11 @@ int wq_forget(wq *q, const void *key, size_t len)
 
 static int forget_locked(wq *q, const void *key, size_t len)
 {
-    if (!q)
-        return -EINVAL;
-    int rc = wq__key_ok(q, key, len);
+    uint32_t idx;
+    int rc = wq__lock_lookup(q, key, len, &idx);
     if (rc < 0)
         return rc;
-    uint32_t hash = wq__hash(q->seed, key, len);
-    if ((rc = wq__lock(q)) < 0)
-        return rc;
-    uint32_t idx = wq__table_lookup(q, key, len, hash);
-    if (idx == WQ_LOOKUP_CORRUPT) {
-        rc = -EBADMSG;
-    } else if (idx != WQ_NIL) {
+    if (idx != WQ_NIL) {
         struct wq_entry *e = wq__entry(q, idx);
         q->hdr->busy = 1;
         WQ_STEP("forget.busy");
@@ -161,18 +154,11 @@ static int forget_locked(wq *q, const void *key, size_t len)
 
 int wq_num_requeues(wq *q, const void *key, size_t len)
 {
-    if (!q)
-        return -EINVAL;
-    int rc = wq__key_ok(q, key, len);
+    uint32_t idx;
+    int rc = wq__lock_lookup(q, key, len, &idx);
     if (rc < 0)
         return rc;
-    uint32_t hash = wq__hash(q->seed, key, len);
-    if ((rc = wq__lock(q)) < 0)
-        return rc;
-    uint32_t idx = wq__table_lookup(q, key, len, hash);
-    if (idx == WQ_LOOKUP_CORRUPT)
-        rc = -EBADMSG;
-    else if (idx != WQ_NIL)
+    if (idx != WQ_NIL)
         rc = (int)(wq__entry(q, idx)->failures > INT32_MAX ? INT32_MAX
                                                             : wq__entry(q, idx)->failures);
     wq__unlock(q);

@@ -470,18 +470,11 @@ int wq__add_prio(wq *q, const void *key, size_t len, int prio)
             wq__futex_wake(&q->hdr->wake_seq, 1);
         if (rc != -WQ_EFLUSH)
             break;
-        /* The only room is held by removals the store has not seen:
-           write them (freeing their entries), then try again. */
-        int f = wq__store_flush(q, true);
-        if (f < 0)
-            return f;
-        if (tries == 2)
-            return -ENOSPC;
+        int room = wq__store_make_room(q, tries);
+        if (room < 0)
+            return room;
     }
-    int st = rc >= 0 ? wq__store_after(q) : 0;
-    if (st < 0)
-        wq__store_rollback(q, key, len);   /* not stored: not added */
-    return st < 0 ? st : rc;
+    return wq__store_finish_add(q, key, len, rc);
 }
 
 int wq_add(wq *q, const void *key, size_t len)

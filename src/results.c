@@ -266,20 +266,13 @@ int wq__results_verify(wq *q, void (*violation)(void *c, const char *what), void
 
 int wq_result(wq *q, const void *key, size_t len, struct wq_result *out)
 {
-    if (!q || !out)
+    if (!out)
         return -EINVAL;
-    int rc = wq__key_ok(q, key, len);
+    uint32_t idx;
+    int rc = wq__lock_lookup(q, key, len, &idx);
     if (rc < 0)
         return rc;
-    uint32_t hash = wq__hash(q->seed, key, len);
-    if ((rc = wq__lock(q)) < 0)
-        return rc;
     struct wq_result res = { .state = WQ_STATE_NONE };
-    uint32_t idx = wq__table_lookup(q, key, len, hash);
-    if (idx == WQ_LOOKUP_CORRUPT) {
-        wq__unlock(q);
-        return -EBADMSG;
-    }
     if (idx != WQ_NIL) {
         const struct wq_entry *e = wq__entry(q, idx);
         if (wq__has_result(q, e)) {

@@ -765,6 +765,26 @@ void wq__store_rollback(wq *q, const void *key, size_t len)
     wq__unlock(q);
 }
 
+/* An add met -WQ_EFLUSH: the only room is held by removals the store has
+   not seen; write them (freeing their entries). 0: try again. */
+int wq__store_make_room(wq *q, int tries)
+{
+    int f = wq__store_flush(q, true);
+    if (f < 0)
+        return f;
+    return tries >= 2 ? -ENOSPC : 0;
+}
+
+/* An add is done with the region (rc): make it as durable as the queue
+   says before returning, or undo it if the store cannot take it. */
+int wq__store_finish_add(wq *q, const void *key, size_t len, int rc)
+{
+    int st = rc >= 0 ? wq__store_after(q) : 0;
+    if (st < 0)
+        wq__store_rollback(q, key, len);   /* not stored: not added */
+    return st < 0 ? st : rc;
+}
+
 int wq_snapshot(wq *q)
 {
     if (!q)

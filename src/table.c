@@ -48,6 +48,29 @@ uint32_t wq__table_lookup(wq *q, const void *key, size_t len, uint32_t hash)
     return WQ_LOOKUP_CORRUPT;
 }
 
+/*
+ * The prologue of the calls that look one key up: check the key, hash
+ * it, take the lock, find it. Returns 0 with the lock held and *idx the
+ * entry or WQ_NIL; or a negative errno without the lock.
+ */
+int wq__lock_lookup(wq *q, const void *key, size_t len, uint32_t *idx)
+{
+    if (!q)
+        return -EINVAL;
+    int rc = wq__key_ok(q, key, len);
+    if (rc < 0)
+        return rc;
+    uint32_t hash = wq__hash(q->seed, key, len);
+    if ((rc = wq__lock(q)) < 0)
+        return rc;
+    *idx = wq__table_lookup(q, key, len, hash);
+    if (*idx == WQ_LOOKUP_CORRUPT) {
+        wq__unlock(q);
+        return -EBADMSG;
+    }
+    return 0;
+}
+
 int wq__table_insert(wq *q, uint32_t idx, uint32_t hash)
 {
     uint32_t i = wq__home(q, hash);
