@@ -83,15 +83,21 @@
  *     repairs the region (robust mutex, EOWNERDEAD): every key keeps its
  *     state and FIFO position; an operation cut short is either fully
  *     applied or not at all from the point of view of its keys. Repair is
- *     deterministic and bounded: one pass over the entries, one over the
- *     hash index, one over the ring and one over the process table, so
- *     O(capacity), and it is skipped entirely when the dead holder was
+ *     deterministic and bounded: linear passes over the entries, the hash
+ *     index, the ring, the process table (and the delay heap, store queue
+ *     and fair-mode heaps), so O(capacity), about 60 ms for 1,000,000 live
+ *     keys on a small VM; it is skipped entirely when the dead holder was
  *     not in the middle of a mutation.
  *   - A key that a dead process was processing is queued again once that
  *     process is certainly dead (its lease mutex reports EOWNERDEAD), never
- *     before. A stopped or slow process is alive; PID reuse cannot fool the
- *     check because liveness is a robust mutex held by a thread of the
- *     owning handle, not a pid.
+ *     before, counted in crash_requeues_total. It goes through the rate
+ *     limiter (its failure count rises and it waits the limiter's delay, so
+ *     a key that kills every worker backs off), unless it had been re-added
+ *     meanwhile or the queue is shutting down: then it is queued at once.
+ *     A stopped or slow process is alive; PID reuse cannot fool the check
+ *     because liveness is a robust mutex held by a thread of the owning
+ *     handle, not a pid.
+ *   - With a store, see "Persistence" for what survives the region.
  *
  * PROCESSES, THREADS AND FORK
  *   Each handle registers in the region's process table and holds a lease:
