@@ -19,6 +19,9 @@
  *         producer stamps stamp[k] (CAS 0 -> now) before wq_add, a consumer
  *         swaps it back to 0 at wq_get and records now - stamp: the time
  *         from the first add not yet served to the get that serves it.
+ * tenants One worker. Tenant "a" adds TENANT_FLOOD keys, then tenant "b"
+ *         adds one key: how long b's key waits for the worker, and how
+ *         many keys are handed out before it (default vs fair mode).
  * starve  One worker. Key A's processing takes 10 ms; while it runs the
  *         parent re-adds A and then adds 10,000 other keys (whose
  *         processing is empty). At wq_done, A goes behind all of them;
@@ -31,6 +34,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include <sys/uio.h>
 
 #include "wqbench.h"
 
@@ -426,6 +431,96 @@ static void starve_variant(const struct wqb_cfg *c, const char *variant, unsigne
     wqb_result_extra(&r, "after_done_ns", wqb_median(after, reps), WQB_X_NS);
     wqb_result_extra(&r, "add_others_ns", wqb_median(add_ns, reps), WQB_X_NS);
     wqb_emit(c, &r);
+}
+
+/* ------------------------------------------------------------------ */
+/* tenants                                                             */
+/* ------------------------------------------------------------------ */
+
+#define TENANT_FLOOD 100000
+#define TENANT_BATCH 256
+
+struct tenant_shared {
+    _Atomic uint64_t handed;
+    _Atomic uint64_t b_handed;   /* `handed` when b's key came out */
+    _Atomic uint64_t b_time;
+};
+
+static void tenant_worker(const char *name, struct tenant_shared *sh)
+{
+    wq *q = wqb_attach(name);
+    char buf[WQB_BUF_LEN];
+    int len;
+    while ((len = wq_get(q, buf, sizeof buf, GET_TIMEOUT_NS)) > 0) {
+        uint64_t n = atomic_fetch_add(&sh->handed, 1) + 1;
+        if (len == 3 && memcmp(buf, "b/x", 3) == 0) {
+            atomic_store(&sh->b_handed, n);
+            atomic_store(&sh->b_time, wqb_now());
+        }
+        wqb_check(wq_done(q, buf, (size_t)len), "tenants: wq_done");
+    }
+    if (len != -ESHUTDOWN)
+        wqb_die("tenants: wq_get: %s", wq_strerror(len));
+    wq_close(q);
+    _exit(0);
+}
+
+static void tenants_variant(const struct wqb_cfg *c, const char *variant, unsigned flags)
+{
+    struct wqb_result r;
+    double ahead[WQB_MAX_REPS];
+    int reps = wqb_reps(c);
+    if (!wqb_want(c, variant))
+        return;
+    wqb_result_init(&r, "tenants", variant, "ns");
+    for (int i = 0; i < reps; i++) {
+        wq *q;
+        char name[64];
+        struct wq_options o = { .capacity = TENANT_FLOOD + 16, .max_key_len = 16,
+                                .flags = flags };
+        wqb_check(wqb_open_new("tenants", &o, &q, name), "tenants: wq_open");
+        struct tenant_shared *sh = wqb_shared_alloc(sizeof *sh);
+        char keys[TENANT_BATCH][16];
+        struct iovec iov[TENANT_BATCH];
+        for (int k = 0; k < TENANT_FLOOD; k += TENANT_BATCH) {   /* the flood */
+            int m = TENANT_FLOOD - k < TENANT_BATCH ? TENANT_FLOOD - k : TENANT_BATCH;
+            for (int j = 0; j < m; j++) {
+                iov[j].iov_base = keys[j];
+                iov[j].iov_len = (size_t)snprintf(keys[j], sizeof keys[j], "a/%d", k + j);
+            }
+            if (wq_add_many(q, iov, (size_t)m) < 0)
+                wqb_die("tenants: wq_add_many");
+        }
+        pid_t pid = wqb_fork();
+        if (pid == 0)
+            tenant_worker(name, sh);
+        while (atomic_load(&sh->handed) < 100)   /* the worker is busy */
+            wqb_sleep_ns(20 * 1000);
+        uint64_t t_add = wqb_now();
+        wqb_check(wq_add(q, "b/x", 3), "tenants: wq_add b/x");
+        uint64_t before = atomic_load(&sh->handed);
+        uint64_t limit = wqb_now() + 60ull * 1000000000u;
+        while (!atomic_load(&sh->b_time)) {
+            if (wqb_now() > limit)
+                wqb_die("tenants: the quiet tenant's key never came out");
+            wqb_sleep_ns(20 * 1000);
+        }
+        wqb_result_add(&r, (double)(atomic_load(&sh->b_time) - t_add));
+        ahead[i] = (double)(atomic_load(&sh->b_handed) - before - 1);
+        wqb_check(wq_shutdown(q), "tenants: wq_shutdown");
+        wqb_wait_child(pid);
+        wqb_shared_free(sh, sizeof *sh);
+        wqb_queue_destroy(q, name);
+    }
+    wqb_result_extra(&r, "flood", TENANT_FLOOD, WQB_X_INT);
+    wqb_result_extra(&r, "ahead", wqb_median(ahead, reps), WQB_X_INT);
+    wqb_emit(c, &r);
+}
+
+void wqb_run_tenants(const struct wqb_cfg *c)
+{
+    tenants_variant(c, "default", 0);
+    tenants_variant(c, "fair", WQ_FAIR);
 }
 
 void wqb_run_starve(const struct wqb_cfg *c)

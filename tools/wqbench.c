@@ -75,6 +75,7 @@ static const struct {
     { "mpmc", wqb_run_mpmc },
     { "scale", wqb_run_scale },
     { "starve", wqb_run_starve },
+    { "tenants", wqb_run_tenants },
     { "recover", run_recover },
     { "durable", wqb_run_durable },
 };

@@ -121,6 +121,7 @@ void wqb_run_restore(const struct wqb_cfg *c);
 void wqb_run_drain(const struct wqb_cfg *c);
 void wqb_run_mpmc(const struct wqb_cfg *c);
 void wqb_run_starve(const struct wqb_cfg *c);
+void wqb_run_tenants(const struct wqb_cfg *c);
 void wqb_run_floor_mutex(const struct wqb_cfg *c);
 void wqb_run_floor_mq(const struct wqb_cfg *c);
 
