@@ -784,19 +784,28 @@ struct strv {
     size_t n, cap;
 };
 
+/* Make room for one more element in a growable array (*arr, n used of
+   *cap): doubles it, starting at `first`. 0 or -ENOMEM. */
+static int grow(void **arr, size_t n, size_t *cap, size_t elem, size_t first)
+{
+    if (n < *cap)
+        return 0;
+    size_t c = *cap ? 2 * *cap : first;
+    void *v = realloc(*arr, c * elem);
+
+    if (!v)
+        return -ENOMEM;
+    *arr = v;
+    *cap = c;
+    return 0;
+}
+
 static int strv_push(struct strv *sv, const char *s)
 {
     char *dup;
 
-    if (sv->n == sv->cap) {
-        size_t cap = sv->cap ? 2 * sv->cap : 16;
-        char **v = realloc(sv->v, cap * sizeof *v);
-
-        if (!v)
-            return -ENOMEM;
-        sv->v = v;
-        sv->cap = cap;
-    }
+    if (grow((void **)&sv->v, sv->n, &sv->cap, sizeof *sv->v, 16) < 0)
+        return -ENOMEM;
     dup = strdup(s);
     if (!dup)
         return -ENOMEM;
@@ -1219,15 +1228,8 @@ static int collect_fair(const struct wq_key_info *ki, void *arg)
 
     if (!(ki->state & WQ_KEY_QUEUED))
         return 1;
-    if (v->nkeys == v->cap) {
-        size_t cap = v->cap ? 2 * v->cap : 64;
-        struct fair_key *keys = realloc(v->keys, cap * sizeof *keys);
-
-        if (!keys)
-            return -ENOMEM;
-        v->keys = keys;
-        v->cap = cap;
-    }
+    if (grow((void **)&v->keys, v->nkeys, &v->cap, sizeof *v->keys, 64) < 0)
+        return -ENOMEM;
     k = &v->keys[v->nkeys];
     k->priority = ki->priority;
     k->tenant_len = ki->tenant_len <= ki->len ? ki->tenant_len : 0;
@@ -1923,15 +1925,8 @@ static int collect_key(const struct wq_key_info *ki, void *arg)
     if (ki->state == 0)
         return 0;
 
-    if (l->n == l->cap) {
-        size_t cap = l->cap ? 2 * l->cap : 64;
-        struct dump_rec *v = realloc(l->v, cap * sizeof *v);
-
-        if (!v)
-            return -ENOMEM;
-        l->v = v;
-        l->cap = cap;
-    }
+    if (grow((void **)&l->v, l->n, &l->cap, sizeof *l->v, 64) < 0)
+        return -ENOMEM;
     r = &l->v[l->n];
     r->key = malloc(ki->len ? ki->len : 1);
     if (!r->key)
