@@ -750,6 +750,21 @@ WQ_API int wq_check(wq *q, unsigned flags);
 /* wq_name - the queue's name as given to wq_open (owned by the handle). */
 WQ_API const char *wq_name(wq *q);
 
+/* wq_max_key_len - the queue's max_key_len: the size wq_get's buffer
+   needs. -EINVAL for NULL. */
+WQ_API int wq_max_key_len(wq *q);
+
+/*
+ * wq_release_pid - for a supervisor that killed one of its own workers on
+ * purpose: give the keys that process held back to the queue at once, at
+ * the back and without counting a failure (as wq_close would have), and
+ * free its process slot. Only a process that is certainly dead is touched
+ * (its lease says so); a live one is left alone. Returns the number of
+ * keys given back (>= 0), -EINVAL. Keys of processes that died on their
+ * own are requeued as crashes by the library without this call.
+ */
+WQ_API int wq_release_pid(wq *q, pid_t pid);
+
 /* wq_strerror - libwq's wording for a negative (or positive) errno. */
 WQ_API const char *wq_strerror(int err);
 

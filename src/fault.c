@@ -14,6 +14,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <pthread.h>
+
 #include "internal.h"
 #include "fault-api.h"
 
@@ -38,12 +40,18 @@ void wq__fault_hit(const char *point)
             seen[nseen++] = point;   /* string literals: static storage */
         pthread_mutex_unlock(&mu);
     }
-    if (armed[0] && strcmp(point, armed) == 0 && --countdown == 0) {
+    if (armed[0] && how != WQ_FAULT_FAIL && strcmp(point, armed) == 0 && --countdown == 0) {
         if (how == WQ_FAULT_EXIT)
             _exit(WQ_FAULT_EXIT_CODE);
         raise(SIGKILL);
         _exit(WQ_FAULT_EXIT_CODE);   /* not reached */
     }
+}
+
+bool wq__fault_fail(const char *point)
+{
+    return armed[0] && how == WQ_FAULT_FAIL && strcmp(point, armed) == 0 &&
+           --countdown == 0;
 }
 
 int wq_fault_arm(const char *point, unsigned nth, int mode)
@@ -53,7 +61,7 @@ int wq_fault_arm(const char *point, unsigned nth, int mode)
         return 0;
     }
     if (strlen(point) >= sizeof armed || nth == 0 ||
-        (mode != WQ_FAULT_KILL && mode != WQ_FAULT_EXIT))
+        (mode != WQ_FAULT_KILL && mode != WQ_FAULT_EXIT && mode != WQ_FAULT_FAIL))
         return -EINVAL;
     strcpy(armed, point);
     countdown = nth;
@@ -70,11 +78,11 @@ void wq_fault_record(bool on)
     pthread_mutex_unlock(&mu);
 }
 
-extern _Atomic uint64_t wq__test_clock;
+extern uint64_t wq__test_clock;
 
 void wq_test_clock_set(uint64_t now_ns)
 {
-    atomic_store_explicit(&wq__test_clock, now_ns, memory_order_relaxed);
+    wq_store_relaxed(&wq__test_clock, now_ns);
 }
 
 int wq_fault_seen(const char **names, int max)

@@ -7,15 +7,25 @@
  * wq_fault_arm() and the process kills itself (SIGKILL, or _exit) when it
  * reaches that point, so crash tests can stop a lock holder between any
  * two mutations. In release builds the macro is a compiler barrier only.
+ *
+ * WQ_FAIL("component.what") marks a call whose failure the code handles
+ * but a test cannot provoke (a mutex attribute the system refuses): armed
+ * with WQ_FAULT_FAIL, it reports a failure at its n-th occurrence. False
+ * in release builds.
  */
 #ifndef WQ_FAULT_H
 #define WQ_FAULT_H
 
+#include <stdbool.h>
+
 #ifdef WQ_FAULT_INJECTION
 void wq__fault_hit(const char *point);
+bool wq__fault_fail(const char *point);
 #define WQ_FAULT(point) wq__fault_hit(point)
+#define WQ_FAIL(point) wq__fault_fail(point)
 #else
-#define WQ_FAULT(point) ((void)0)
+#define WQ_FAULT(point) ((void)(point))
+#define WQ_FAIL(point) false
 #endif
 
 #endif

@@ -21,6 +21,7 @@
  * processing, so dying between the two steps loses nothing.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,12 +31,19 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "wq.h"
 
 #define MAX_WORKERS 1024
 #define BACKOFF_MIN_NS (100ull * 1000 * 1000)
 #define BACKOFF_MAX_NS (10ull * 1000 * 1000 * 1000)
 #define HEALTHY_NS (10ull * 1000 * 1000 * 1000)
+
+static uint64_t now_mono(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
 
 struct worker {
     pid_t pid;              /* 0: not running */
@@ -68,7 +76,7 @@ static void reconcile_one(wq *q, char *key, int n, wq_reconcile_fn fn, void *arg
 /* A page shared with the workers: the first error that makes working
    impossible (e.g. the process table is full), so the supervisor stops
    instead of restarting workers that cannot work. */
-static _Atomic int *fatal_err;
+static int *fatal_err;
 
 static void worker_main(wq *q, wq_reconcile_fn fn, void *arg, const sigset_t *orig)
 {
@@ -77,17 +85,19 @@ static void worker_main(wq *q, wq_reconcile_fn fn, void *arg, const sigset_t *or
     signal(SIGTERM, SIG_IGN);
     signal(SIGCHLD, SIG_DFL);
     sigprocmask(SIG_SETMASK, orig, NULL);
-    char *key = malloc((size_t)q->max_key_len + 1);
+    size_t cap = (size_t)wq_max_key_len(q) + 1;
+    char *key = malloc(cap);
     if (!key)
         _exit(1);
     for (;;) {
-        int n = wq_get(q, key, q->max_key_len + 1, -1);
+        int n = wq_get(q, key, cap, -1);
         if (n == -ESHUTDOWN)
             break;
         if (n < 0) {
             int none = 0;
             if (n == -EUSERS || n == -ENOMEM || n == -EBADMSG || n == -ENOTRECOVERABLE)
-                atomic_compare_exchange_strong(fatal_err, &none, n);
+                __atomic_compare_exchange_n(fatal_err, &none, n, false, __ATOMIC_SEQ_CST,
+                                            __ATOMIC_SEQ_CST);
             _exit(1);   /* the supervisor restarts us, or gives up */
         }
         reconcile_one(q, key, n, fn, arg);
@@ -106,7 +116,7 @@ static int spawn(wq *q, struct worker *w, wq_reconcile_fn fn, void *arg,
     if (pid == 0)
         worker_main(q, fn, arg, orig);
     w->pid = pid;
-    w->started_ns = wq__now_mono();
+    w->started_ns = now_mono();
     w->restart_at_ns = 0;
     return 0;
 }
@@ -114,7 +124,7 @@ static int spawn(wq *q, struct worker *w, wq_reconcile_fn fn, void *arg,
 /* A worker ended: schedule its replacement unless it left cleanly. */
 static void ended(wq *q, struct worker *w, int status)
 {
-    uint64_t now = wq__now_mono();
+    uint64_t now = now_mono();
     bool clean = WIFEXITED(status) && WEXITSTATUS(status) == 0;
     w->pid = 0;
     if (clean)
@@ -158,7 +168,7 @@ int wq_run_workers(wq *q, unsigned workers, wq_reconcile_fn fn, void *arg)
     }
     for (;;) {
         unsigned running = 0;
-        uint64_t now = wq__now_mono(), next = now + 100 * 1000 * 1000;
+        uint64_t now = now_mono(), next = now + 100 * 1000 * 1000;
         bool down = wq_shutting_down(q);
         for (unsigned i = 0; i < workers; i++) {
             struct worker *w = &ws[i];
@@ -195,27 +205,17 @@ int wq_run_workers(wq *q, unsigned workers, wq_reconcile_fn fn, void *arg)
     }
     goto out;
 stop:
-    {
-        pid_t *killed = calloc(workers, sizeof *killed);
-        unsigned nk = 0;
-        for (unsigned i = 0; i < workers; i++)
-            if (ws[i].pid > 0)
-                kill(ws[i].pid, SIGKILL);
-        for (unsigned i = 0; i < workers; i++)
-            if (ws[i].pid > 0) {
-                waitpid(ws[i].pid, NULL, 0);
-                if (killed)
-                    killed[nk++] = ws[i].pid;
-            }
-        /* A stop we chose is not the keys' fault: they go back to the
-           queue as on a close, without a failure. */
-        if (killed && wq__lock(q) == 0) {
-            wq__procs_release_pids(q, killed, nk);
-            wq__unlock(q);
+    for (unsigned i = 0; i < workers; i++)
+        if (ws[i].pid > 0)
+            kill(ws[i].pid, SIGKILL);
+    /* A stop we chose is not the keys' fault: they go back to the queue
+       as on a close, without a failure. */
+    for (unsigned i = 0; i < workers; i++)
+        if (ws[i].pid > 0) {
+            waitpid(ws[i].pid, NULL, 0);
+            wq_release_pid(q, ws[i].pid);
         }
-        free(killed);
-        wq_check(q, WQ_CHECK_REAP);
-    }
+    wq_check(q, WQ_CHECK_REAP);
 out:
     sigaction(SIGCHLD, &old_chld, NULL);
     /* Consume the stop signals we acted on; a pending SIGCHLD stays

@@ -1,25 +1,22 @@
 /*
  * util.c - small pure helpers: key hash, header checksum, clocks, name
- * and timeout validation, fork detection, wq_strerror.
+ * and timeout validation, fork detection.
  *
  * Fork detection: a pthread_atfork child handler bumps wq__fork_gen; a
  * handle remembers the value it registered under and re-registers when it
  * differs. That costs one relaxed load per operation instead of a
  * getpid() system call.
  */
-#include <errno.h>
 #include <pthread.h>
-#include <stdio.h>
-#include <string.h>
 #include <time.h>
 
 #include "internal.h"
 
-_Atomic unsigned wq__fork_gen;
+unsigned wq__fork_gen;   /* written by the atfork handler, read relaxed */
 
 static void on_fork_child(void)
 {
-    atomic_fetch_add_explicit(&wq__fork_gen, 1, memory_order_relaxed);
+    wq_store_relaxed(&wq__fork_gen, wq_load_relaxed(&wq__fork_gen) + 1);
 }
 
 static void fork_setup(void)
@@ -99,13 +96,13 @@ uint64_t wq__fnv1a(const void *p, size_t n)
 }
 
 #ifdef WQ_FAULT_INJECTION
-_Atomic uint64_t wq__test_clock;
+uint64_t wq__test_clock;
 #endif
 
 uint64_t wq__now_mono(void)
 {
 #ifdef WQ_FAULT_INJECTION
-    uint64_t fake = atomic_load_explicit(&wq__test_clock, memory_order_relaxed);
+    uint64_t fake = wq_load_relaxed(&wq__test_clock);
     if (fake)
         return fake;
 #endif
@@ -149,31 +146,4 @@ int wq__deadline(int64_t timeout_ns, uint64_t *deadline)
     else
         *deadline = wq__now_mono() + (uint64_t)timeout_ns;
     return 0;
-}
-
-const char *wq_strerror(int err)
-{
-    if (err < 0)
-        err = -err;
-    switch (err) {
-    case 0: return "success";
-    case EINVAL: return "invalid argument";
-    case ENOTSUP: return "option not supported by this version of libwq";
-    case ENOENT: return "no such queue, or key not processing";
-    case EEXIST: return "queue already exists";
-    case EACCES: return "permission denied";
-    case EPROTO: return "not a libwq region of a compatible version";
-    case EBADMSG: return "corrupt or foreign data (a region: run wqctl check --repair)";
-    case ENOTRECOVERABLE: return "region lock is unrecoverable; remove and recreate the queue";
-    case ENOSPC: return "queue is full (capacity live keys), or no room for the region";
-    case EMSGSIZE: return "key longer than max_key_len";
-    case ENOBUFS: return "buffer smaller than max_key_len";
-    case EAGAIN: return "nothing queued";
-    case ETIMEDOUT: return "timed out";
-    case ESHUTDOWN: return "queue is shutting down";
-    case ECANCELED: return "drain cancelled by shutdown";
-    case EUSERS: return "process table full (max_procs handles attached)";
-    case ENOMEM: return "out of memory";
-    default: return strerror(err);
-    }
 }

@@ -2,7 +2,7 @@
  * test-procs.c - liveness is the lease, never the pid.
  *
  * White-box (links libwq-fault.la and looks at the process table through
- * src/internal.h): PID reuse is simulated by rewriting the pid recorded
+ * src/shm/shm.h): PID reuse is simulated by rewriting the pid recorded
  * in process slots, which must change nothing:
  *   - a dead holder whose slot now names a live pid (ours) is still
  *     reaped and its key requeued;
@@ -18,7 +18,7 @@
 #include <unistd.h>
 
 #include "helpers.h"
-#include "internal.h"
+#include "shm/shm.h"
 
 /* Keys of dead holders come back through the rate limiter (5 ms for a
    first failure): wait up to a second. */
@@ -33,8 +33,8 @@ static int get_key(wq *q, const char *want)
 
 static uint32_t slot_of(wq *q, pid_t pid)
 {
-    for (uint32_t i = 0; i < q->max_procs; i++)
-        if (q->procs[i].state == WQ_PROC_LIVE && q->procs[i].pid == pid)
+    for (uint32_t i = 0; i < wq__shm(q)->max_procs; i++)
+        if (wq__shm(q)->procs[i].state == WQ_PROC_LIVE && wq__shm(q)->procs[i].pid == pid)
             return i;
     return WQ_NIL;
 }
@@ -64,9 +64,9 @@ static void dead_holder_with_reused_pid(void **state)
     kill(c, SIGKILL);
     assert_int_equal(th_wait(c, 5000), 128 + SIGKILL);
     /* The dead child's pid now "belongs" to a live process: us. */
-    q->procs[s].pid = getpid();
+    wq__shm(q)->procs[s].pid = getpid();
     assert_int_equal(get_key(q, "k"), 0);   /* reaped anyway */
-    assert_int_equal(q->procs[s].state, WQ_PROC_FREE);
+    assert_int_equal(wq__shm(q)->procs[s].state, WQ_PROC_FREE);
     assert_int_equal(wq_num_requeues(q, "k", 1), 1);   /* through the limiter */
     struct wq_stats st;
     assert_int_equal(wq_stats(q, &st), 0);
@@ -101,10 +101,10 @@ static void live_holder_with_dead_pid(void **state)
     uint32_t s = slot_of(q, c);
     assert_int_not_equal(s, WQ_NIL);
     /* A pid that cannot exist: pid-based liveness would call it dead. */
-    q->procs[s].pid = 0x3fffffff;
+    wq__shm(q)->procs[s].pid = 0x3fffffff;
     assert_int_equal(wq_check(q, WQ_CHECK_REAP), 0);
     assert_int_equal(wq_get(q, (char[64]){0}, 64, 200 * TH_MS), -ETIMEDOUT);
-    assert_int_equal(q->procs[s].state, WQ_PROC_LIVE);
+    assert_int_equal(wq__shm(q)->procs[s].state, WQ_PROC_LIVE);
     sync[1] = 1;
     assert_int_equal(th_wait(c, 5000), 0);
     struct wq_stats st;

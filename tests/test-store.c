@@ -12,7 +12,7 @@
  *     and a reopen without wq_unlink, keep the region as it is;
  *   - WQ_DURABLE_NONE: keys not snapshotted are lost, snapshotted ones
  *     come back; the periodic snapshot (100 ms) runs under a lock;
- *   - damaged, foreign and unusable stores fail cleanly (-EBADMSG, -EIO,
+ *   - damaged, foreign and unusable stores fail cleanly (-EUCLEAN, -EIO,
  *     -ENOTDIR, ...) without a crash and without creating the region;
  *   - option checks and the permissions of the store files;
  *   - a full store (WQ_TEST_STORE_MAX_MAP, fault build only): the add that
@@ -854,7 +854,7 @@ static void test_corrupt_store(void **state)
     snprintf(data, sizeof data, "%s/data.mdb", s1);
     fill_random(data, 0, file_size(data));
     o.store_path = s1;
-    expect_open_fails(n1, &o, "garbage data.mdb", -EBADMSG, -EIO);
+    expect_open_fails(n1, &o, "garbage data.mdb", -EUCLEAN, -EIO);
 
     /* Truncated to its two meta pages: the data pages are gone. */
     const char *s2 = mkstore();
@@ -865,7 +865,7 @@ static void test_corrupt_store(void **state)
     if (truncate(data, 2 * psz) != 0)
         fail_msg("truncate: %s", strerror(errno));
     o.store_path = s2;
-    expect_open_fails(n2, &o, "data.mdb truncated to its meta pages", -EBADMSG, -EIO);
+    expect_open_fails(n2, &o, "data.mdb truncated to its meta pages", -EUCLEAN, -EIO);
 
     /* Truncated to 100 bytes (not even a meta page). */
     const char *s3 = mkstore();
@@ -875,7 +875,7 @@ static void test_corrupt_store(void **state)
     if (truncate(data, 100) != 0)
         fail_msg("truncate: %s", strerror(errno));
     o.store_path = s3;
-    expect_open_fails(n3, &o, "data.mdb truncated to 100 bytes", -EBADMSG, -EIO);
+    expect_open_fails(n3, &o, "data.mdb truncated to 100 bytes", -EUCLEAN, -EIO);
 
     /* Meta pages intact, garbage in every data page. LMDB has no page
        checksums; reported, not asserted. */
@@ -923,7 +923,7 @@ static void test_foreign_store(void **state)
     memset(&o, 0, sizeof o);
     o.store_path = s;
     o.flags = WQ_CREATE | WQ_EXCL;
-    expect_open_fails(name, &o, "foreign LMDB environment", -EBADMSG);
+    expect_open_fails(name, &o, "foreign LMDB environment", -EUCLEAN);
 
     /* The foreign environment was not written to. */
     assert_int_equal(mdb_env_create(&env), 0);

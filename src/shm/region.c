@@ -1,6 +1,6 @@
 /*
- * region.c - create, attach, validate and unlink the shm object; the life
- * cycle calls wq_open, wq_close, wq_unlink, wq_list.
+ * region.c - create, attach, validate, unlink and list the shm objects of
+ * shared-memory queues (engine.c opens handles on top of these).
  *
  * Creation is atomic: the region is built in an unnamed tmpfs file
  * (O_TMPFILE in /dev/shm), fully initialised, its pages reserved with
@@ -26,27 +26,24 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "shm.h"
 
 #define SHM_DIR "/dev/shm"
 #define SHM_PREFIX "wq."
-
-#define DEF_CAPACITY 65536u
-#define DEF_KEY_LEN 256u
-#define DEF_PROCS 256u
 
 static uint64_t align_up(uint64_t v, uint64_t a)
 {
     return (v + a - 1) / a * a;
 }
 
-int wq__geometry(struct wq_geom *g, uint32_t capacity, uint32_t max_key_len,
-                 uint32_t max_procs, uint32_t result_capacity, bool store, bool fair)
+/* The region's layout for a conf (options.c checked it). */
+int wq__geometry(struct wq_geom *g, const struct wq_conf *c)
 {
-    if (capacity == 0 || capacity > WQ_MAX_CAPACITY || max_key_len == 0 ||
-        max_key_len > WQ_MAX_KEY_LEN || max_procs == 0 || max_procs > WQ_MAX_PROCS ||
-        result_capacity == 0 || result_capacity > WQ_MAX_CAPACITY)
+    if (wq__conf_valid(c) < 0)
         return -EINVAL;
+    uint32_t capacity = c->capacity, max_key_len = c->max_key_len;
+    uint32_t max_procs = c->max_procs, result_capacity = c->result_capacity;
+    bool store = c->has_store, fair = c->flags & WQ_FAIR;
     memset(g, 0, sizeof *g);
     g->magic = WQ_MAGIC;
     g->version = WQ_LAYOUT_VER;
@@ -90,6 +87,20 @@ int wq__geometry(struct wq_geom *g, uint32_t capacity, uint32_t max_key_len,
             tags <<= 1;
     }
     g->ftag_slots = tags;
+    g->flags = c->flags;
+    g->mode = c->mode;
+    g->durability = c->durability;
+    g->snapshot_ms = c->snapshot_ms;
+    g->fair_share = c->fair_share;
+    g->tenant_sep = c->tenant_sep;
+    g->rl_limiters = c->rl_limiters;
+    g->rl_burst = c->rl_burst;
+    g->rl_base_delay_ns = c->rl_base_delay_ns;
+    g->rl_max_delay_ns = c->rl_max_delay_ns;
+    g->rl_qps = c->rl_qps;
+    g->rl_fast_delay_ns = c->rl_fast_delay_ns;
+    g->rl_slow_delay_ns = c->rl_slow_delay_ns;
+    g->rl_max_fast_attempts = c->rl_max_fast_attempts;
     g->off_fx = off;
     off = align_up(off + fcap * sizeof(struct wq_fx), WQ_ALIGN);
     g->off_fheap_p = off;
@@ -102,87 +113,74 @@ int wq__geometry(struct wq_geom *g, uint32_t capacity, uint32_t max_key_len,
     return 0;
 }
 
+/* A header's settings as a conf (to validate, or to compare with). */
+void wq__geom_conf(const struct wq_geom *g, struct wq_conf *c)
+{
+    memset(c, 0, sizeof *c);
+    c->capacity = g->capacity;
+    c->max_key_len = g->max_key_len;
+    c->max_procs = g->max_procs;
+    c->result_capacity = g->result_capacity;
+    c->flags = g->flags;
+    c->mode = g->mode;
+    c->has_store = g->has_store != 0;
+    c->durability = g->durability;
+    c->snapshot_ms = g->snapshot_ms;
+    c->fair_share = g->fair_share;
+    c->tenant_sep = g->tenant_sep;
+    c->rl_limiters = g->rl_limiters;
+    c->rl_burst = g->rl_burst;
+    c->rl_base_delay_ns = g->rl_base_delay_ns;
+    c->rl_max_delay_ns = g->rl_max_delay_ns;
+    c->rl_qps = g->rl_qps;
+    c->rl_fast_delay_ns = g->rl_fast_delay_ns;
+    c->rl_slow_delay_ns = g->rl_slow_delay_ns;
+    c->rl_max_fast_attempts = g->rl_max_fast_attempts;
+}
+
+/* Everything an attacher uses must be what the creator would have
+   written for these settings: recompute and compare. */
 int wq__region_validate(const struct wq_geom *g, uint64_t file_size)
 {
     struct wq_geom want;
+    struct wq_conf c;
     if (g->magic != WQ_MAGIC || g->version != WQ_LAYOUT_VER ||
         g->hdr_size != sizeof(struct wq_hdr))
         return -EPROTO;
     if (g->checksum != wq__fnv1a(g, offsetof(struct wq_geom, checksum)))
         return -EPROTO;
-    if (g->has_store > 1 ||
-        wq__geometry(&want, g->capacity, g->max_key_len, g->max_procs,
-                     g->result_capacity, g->has_store, g->flags & WQ_FAIR) < 0)
+    if (g->has_store > 1 || g->store_path[sizeof g->store_path - 1] != 0 ||
+        (g->has_store && g->store_path[0] != '/'))
+        return -EPROTO;
+    wq__geom_conf(g, &c);
+    if (wq__geometry(&want, &c) < 0)
         return -EPROTO;
     if (g->entry_size != want.entry_size || g->index_slots != want.index_slots ||
         g->off_procs != want.off_procs || g->off_entries != want.off_entries ||
         g->off_index != want.off_index || g->off_ring != want.off_ring ||
         g->off_heap != want.off_heap || g->off_results != want.off_results ||
-        g->off_sq != want.off_sq || g->durability > WQ_DURABLE_NONE ||
-        g->off_fx != want.off_fx || g->off_fheap_p != want.off_fheap_p ||
-        g->off_fheap_a != want.off_fheap_a || g->off_ftags != want.off_ftags ||
-        g->ftag_slots != want.ftag_slots ||
-        ((g->flags & WQ_FAIR) && (g->fair_share == 0 || g->tenant_sep < -1 ||
-                                  g->tenant_sep > 255)) ||
-        g->has_store > 1 || g->store_path[sizeof g->store_path - 1] != 0 ||
-        g->total_size != want.total_size ||
-        g->total_size != file_size)
-        return -EPROTO;
-    if (g->flags & ~(WQ_NO_METRICS | WQ_FAIR))
-        return -EPROTO;
-    if (g->rl_limiters == 0 || (g->rl_limiters & ~WQ_RL_ALL) || g->rl_burst == 0 ||
-        !(g->rl_qps > 0) || g->rl_base_delay_ns > g->rl_max_delay_ns)
+        g->off_sq != want.off_sq || g->off_fx != want.off_fx ||
+        g->off_fheap_p != want.off_fheap_p || g->off_fheap_a != want.off_fheap_a ||
+        g->off_ftags != want.off_ftags || g->ftag_slots != want.ftag_slots ||
+        g->total_size != want.total_size || g->total_size != file_size)
         return -EPROTO;
     return 0;
 }
 
-static int shm_path(char *buf, size_t cap, const char *name)
-{
-    int n = snprintf(buf, cap, SHM_DIR "/" SHM_PREFIX "%s", name);
-    return (n < 0 || (size_t)n >= cap) ? -EINVAL : 0;
-}
-
-static int check_options(const struct wq_options *o)
-{
-    const unsigned known = WQ_CREATE | WQ_EXCL | WQ_FAIR | WQ_NO_METRICS;
-    if (o->flags & ~known)
-        return -EINVAL;
-    if ((o->flags & WQ_EXCL) && !(o->flags & WQ_CREATE))
-        return -EINVAL;
-    if (o->mode & ~(mode_t)0777)
-        return -EINVAL;
-    if (o->capacity > WQ_MAX_CAPACITY || o->max_key_len > WQ_MAX_KEY_LEN ||
-        o->max_procs > WQ_MAX_PROCS || o->result_capacity > WQ_MAX_CAPACITY)
-        return -EINVAL;
-    if (o->durability != WQ_DURABLE_PROCESS && o->durability != WQ_DURABLE_FSYNC &&
-        o->durability != WQ_DURABLE_NONE)
-        return -EINVAL;
-    struct wq_geom g;
-    int rc = wq__limiter_options(o, &g);
-    if (rc < 0)
-        return rc;
-    if (!o->store_path && (o->durability || o->snapshot_interval_ms))
-        return -EINVAL;
-    if (o->snapshot_interval_ms && o->durability != WQ_DURABLE_NONE)
-        return -EINVAL;
-    if (o->store_path && !o->store_path[0])
-        return -EINVAL;
-    if (!(o->flags & WQ_FAIR) && (o->fair_share || o->tenant_sep))
-        return -EINVAL;
-    if (o->tenant_sep < -1 || o->tenant_sep > 255)
-        return -EINVAL;
-    return 0;
-}
-
-static void init_region(unsigned char *base, const struct wq_geom *g)
+/* A fresh (zero-filled) region's initial state; -errno if a lock cannot
+   be made robust and process-shared (nothing is published then). */
+static int init_region(unsigned char *base, const struct wq_geom *g)
 {
     struct wq_hdr *h = (struct wq_hdr *)base;
     h->g = *g;
-    wq__mutex_init(&h->lock);
-    wq__mutex_init(&h->flush_lock);
+    int rc = wq__mutex_init(&h->lock);
+    if (rc == 0)
+        rc = wq__mutex_init(&h->flush_lock);
     struct wq_proc *procs = (struct wq_proc *)(base + g->off_procs);
-    for (uint32_t i = 0; i < g->max_procs; i++)
-        wq__mutex_init(&procs[i].lease);
+    for (uint32_t i = 0; i < g->max_procs && rc == 0; i++)
+        rc = wq__mutex_init(&procs[i].lease);
+    if (rc < 0)
+        return rc;
     for (uint32_t i = 0; i < g->capacity; i++) {
         struct wq_entry *e = (struct wq_entry *)(base + g->off_entries +
                                                  (size_t)i * g->entry_size);
@@ -200,6 +198,7 @@ static void init_region(unsigned char *base, const struct wq_geom *g)
     h->next_snapshot_ns = h->last_reap_ns + (uint64_t)g->snapshot_ms * 1000000ull;
     wq__limiter_init(h);
     h->g.checksum = wq__fnv1a(&h->g, offsetof(struct wq_geom, checksum));
+    return 0;
 }
 
 static int create_tmp(mode_t mode, char *tmpname, size_t cap)
@@ -250,7 +249,8 @@ static int publish(int fd, const char *tmpname, const char *path)
 
 /* Build a new region and link it at path. -EEXIST if one appeared. */
 /* Point the handle at a mapped, validated region. */
-static void map_view(wq *q, unsigned char *base, size_t size, const struct wq_geom *g)
+/* Point the handle at a mapped, validated region. */
+static void map_view(shmq *q, unsigned char *base, size_t size, const struct wq_geom *g)
 {
     q->base = base;
     q->size = size;
@@ -276,15 +276,19 @@ static void map_view(wq *q, unsigned char *base, size_t size, const struct wq_ge
     q->entry_size = g->entry_size;
     q->index_slots = g->index_slots;
     q->seed = g->hash_seed;
+    q->pub.max_key_len = g->max_key_len;
+    q->pub.fair = q->fair;
 }
 
-static int create_region(const char *path, const struct wq_options *opts)
+/* Build a new region from the options (and its store) and link it at
+   path: -EEXIST if one appeared meanwhile. */
+int wq__region_create(const char *path, const struct wq_options *opts)
 {
     struct wq_geom g;
+    struct wq_conf c;
     char tmpname[128];
     char abs[sizeof g.store_path] = { 0 };
     struct wq_options eff = *opts;
-    const struct wq_options *o = &eff;
     bool has_meta = false;
     int rc;
 #ifdef WQ_FAULT_INJECTION
@@ -297,21 +301,12 @@ static int create_region(const char *path, const struct wq_options *opts)
     }
 #endif
     if (opts->store_path &&
-        (rc = wq__store_prepare(o, &eff, abs, sizeof abs, &has_meta)) < 0)
+        (rc = wq__store_prepare(&eff, &eff, abs, sizeof abs, &has_meta)) < 0)
         return rc;
-    mode_t mode = o->mode ? o->mode : 0600;
-    uint32_t cap = o->capacity ? o->capacity : DEF_CAPACITY;
-    rc = wq__geometry(&g, cap, o->max_key_len ? o->max_key_len : DEF_KEY_LEN,
-                      o->max_procs ? o->max_procs : DEF_PROCS,
-                      o->result_capacity ? o->result_capacity : cap, opts->store_path != NULL,
-                      o->flags & WQ_FAIR);
-    if (rc < 0)
+    if ((rc = wq__options_resolve(&eff, &c)) < 0 || (rc = wq__geometry(&g, &c)) < 0)
         return rc;
-    if (opts->store_path) {
+    if (c.has_store)
         memcpy(g.store_path, abs, sizeof g.store_path);
-        g.durability = (uint32_t)o->durability;
-        g.snapshot_ms = o->snapshot_interval_ms ? o->snapshot_interval_ms : 1000;
-    }
     if (getrandom(&g.hash_seed, sizeof g.hash_seed, 0) != sizeof g.hash_seed)
         g.hash_seed = wq__now_real() ^ ((uint64_t)getpid() << 32);
 #ifdef WQ_FAULT_INJECTION
@@ -321,17 +316,9 @@ static int create_region(const char *path, const struct wq_options *opts)
     if (fixed)
         g.hash_seed = strtoull(fixed, NULL, 0);
 #endif
-    g.mode = (uint32_t)mode;
     g.created_ns = wq__now_real();
-    g.flags = o->flags & (WQ_NO_METRICS | WQ_FAIR);
-    if (o->flags & WQ_FAIR) {
-        g.fair_share = o->fair_share ? o->fair_share : 8;
-        g.tenant_sep = o->tenant_sep ? o->tenant_sep : '/';
-    }
-    if ((rc = wq__limiter_options(o, &g)) < 0)
-        return rc;
 
-    int fd = create_tmp(mode, tmpname, sizeof tmpname);
+    int fd = create_tmp((mode_t)c.mode, tmpname, sizeof tmpname);
     if (fd < 0)
         return fd;
     rc = posix_fallocate(fd, 0, (off_t)g.total_size);
@@ -344,23 +331,21 @@ static int create_region(const char *path, const struct wq_options *opts)
         rc = -errno;
         goto out;
     }
-    init_region(base, &g);
-    if (g.has_store) {
+    rc = init_region(base, &g);
+    if (rc == 0 && g.has_store) {
         /* Restore before anyone can see the region: nobody else can be
            restoring into it, and no key comes back twice. */
-        wq view;
+        shmq view;
         memset(&view, 0, sizeof view);
         map_view(&view, base, g.total_size, &((struct wq_hdr *)base)->g);
         view.restoring = true;
         rc = has_meta ? wq__store_restore(&view) : wq__store_init_meta(&view.g);
         if (rc >= 0 && has_meta)
             rc = wq__store_init_meta(&view.g);   /* keep the meta current */
-        if (rc < 0) {
-            munmap(base, g.total_size);
-            goto out;
-        }
     }
     munmap(base, g.total_size);
+    if (rc < 0)
+        goto out;
     rc = publish(fd, tmpname, path);
     tmpname[0] = 0;
 out:
@@ -370,7 +355,8 @@ out:
     return rc;
 }
 
-static int attach(wq *q, const char *path)
+/* Map and validate the region at path into q. */
+int wq__region_attach(shmq *q, const char *path)
 {
     struct stat st;
     int fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
@@ -402,94 +388,21 @@ out:
     return rc;
 }
 
-int wq_open(const char *name, const struct wq_options *opts, wq **out)
+int wq__region_path(char *buf, size_t cap, const char *name)
 {
-    char path[WQ_MAX_NAME_LEN + 32];
-    int rc;
-
-    if (!out || !wq__name_ok(name))
-        return -EINVAL;
-    if (opts && (rc = check_options(opts)) < 0)
-        return rc;
-    shm_path(path, sizeof path, name);
-    wq__fork_init();
-
-    wq *q = calloc(1, sizeof *q);
-    if (!q)
-        return -ENOMEM;
-    strcpy(q->name, name);
-    q->slot = WQ_NIL;
-
-    bool create = opts && (opts->flags & WQ_CREATE);
-    bool excl = opts && (opts->flags & WQ_EXCL);
-    /* EXCL on an existing queue: say so before touching a store (publish
-       still decides a creation race). */
-    if (excl && access(path, F_OK) == 0) {
-        free(q);
-        return -EEXIST;
-    }
-    for (int tries = 0;; tries++) {
-        rc = excl ? -ENOENT : attach(q, path);
-        if (rc != -ENOENT || !create)
-            break;
-        rc = create_region(path, opts);
-        if (rc == -EEXIST && !excl && tries < 3)
-            continue;   /* lost a creation race: attach to the winner */
-        if (rc < 0)
-            break;
-        rc = attach(q, path);
-        if (rc != -ENOENT || tries >= 3)
-            break;      /* unlinked between link and open: try again */
-    }
-    if (rc < 0)
-        goto fail;
-    q->scratch = calloc(3 * ((q->capacity + 63) / 64), sizeof(uint64_t));
-    q->held = calloc(q->max_procs, sizeof(uint32_t));
-    if (!q->scratch || !q->held) {
-        rc = -ENOMEM;
-        goto fail;
-    }
-    rc = wq__lock(q);   /* registers this process (see procs.c) */
-    if (rc < 0)
-        goto fail;
-    wq__unlock(q);
-    *out = q;
-    return 0;
-fail:
-    if (q->base)
-        munmap(q->base, q->size);
-    free(q->scratch);
-    free(q->held);
-    free(q->rscratch);
-    free(q);
-    return rc;
+    int n = snprintf(buf, cap, SHM_DIR "/" SHM_PREFIX "%s", name);
+    return (n < 0 || (size_t)n >= cap) ? -EINVAL : 0;
 }
 
-void wq_close(wq *q)
-{
-    if (!q)
-        return;
-    wq__procs_unregister(q);
-    munmap(q->base, q->size);
-    free(q->scratch);
-    free(q->held);
-    free(q->rscratch);
-    free(q);
-}
-
-int wq_unlink(const char *name)
+int wq__shm_unlink(const char *name)
 {
     char path[WQ_MAX_NAME_LEN + 32];
-    if (!wq__name_ok(name))
-        return -EINVAL;
-    shm_path(path, sizeof path, name);
+    wq__region_path(path, sizeof path, name);
     return unlink(path) < 0 ? -errno : 0;
 }
 
-int wq_list(int (*fn)(const char *name, void *arg), void *arg)
+int wq__shm_list(int (*fn)(const char *name, void *arg), void *arg)
 {
-    if (!fn)
-        return -EINVAL;
     DIR *d = opendir(SHM_DIR);
     if (!d)
         return -errno;
@@ -507,9 +420,4 @@ int wq_list(int (*fn)(const char *name, void *arg), void *arg)
     }
     closedir(d);
     return rc;
-}
-
-const char *wq_name(wq *q)
-{
-    return q ? q->name : NULL;
 }

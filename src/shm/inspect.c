@@ -5,36 +5,28 @@
  * keys whose delay is over to the queue (as any lock holder may), so they
  * never report a key as waiting after its ready time.
  */
-#include <errno.h>
 #include <stdlib.h>
 
-#include "internal.h"
+#include "shm.h"
 
-static int stats_locked(wq *q, struct wq_stats *out);
-
-int wq_stats(wq *q, struct wq_stats *out)
+int wq__shm_stats(wq *pub, struct wq_stats *out)
 {
-    if (!q || !out)
-        return -EINVAL;
+    shmq *q = wq__shm(pub);
     /* A due snapshot (WQ_DURABLE_NONE) is taken by whoever comes by. */
     if (q->g.has_store)
         wq__store_after(q);
-    return stats_locked(q, out);
-}
-
-static int stats_locked(wq *q, struct wq_stats *out)
-{
     int rc = wq__lock(q);
     if (rc < 0)
         return rc;
     struct wq_hdr *h = q->hdr;
-    struct wq_stats s = {0};
+    struct wq_stats s;
+    memset(&s, 0, sizeof s);
     s.now_ns = wq__now_mono();
     wq__promote(q, s.now_ns);
     s.queued = wq__queued(q) <= q->capacity ? wq__queued(q) : q->capacity;
     s.fair = q->fair;
-    s.processing = atomic_load_explicit(&h->processing, memory_order_relaxed);
-    s.live = atomic_load_explicit(&h->live, memory_order_relaxed);
+    s.processing = h->processing;
+    s.live = h->live;
     s.waiting = h->heap_count;
     s.failing = h->failing;
     s.results = h->r_count;
@@ -60,7 +52,8 @@ static int stats_locked(wq *q, struct wq_stats *out)
     return 0;
 }
 
-static void fill(const wq *q, const struct wq_entry *e, struct wq_key_info *ki)
+static void fill(const shmq *q, const struct wq_entry *e, struct wq_key_info *ki,
+                 struct wq_result *res)
 {
     ki->key = e->key;
     ki->len = e->keylen;
@@ -87,19 +80,10 @@ static void fill(const wq *q, const struct wq_entry *e, struct wq_key_info *ki)
         ki->priority = q->fx[idx].prio;
         ki->tenant_len = wq__fair_tenant_len(q, e);
     }
-    ki->result = WQ_STATE_NONE;
-    ki->result_code = 0;
-    ki->result_message = "";
-    if (wq__has_result(q, e)) {
-        const struct wq_rslot *r = &q->rslots[e->rslot];
-        ki->result = r->code == 0 ? WQ_STATE_SUCCEEDED : WQ_STATE_FAILED;
-        ki->result_code = r->code;
-        ki->result_message = r->message;   /* NUL-terminated by snprintf */
-    }
-    if (e->state & WQ_ST_PROCESSING)
-        ki->result = WQ_STATE_RUNNING;
-    else if (e->state & (WQ_ST_QUEUED | WQ_ST_DIRTY | WQ_ST_WAITING))
-        ki->result = WQ_STATE_PENDING;
+    wq__result_read(q, e, res);
+    ki->result = res->state;
+    ki->result_code = res->code;
+    ki->result_message = res->message;
     ki->owner_pid = 0;
     if ((e->state & WQ_ST_PROCESSING) && e->owner < q->max_procs)
         ki->owner_pid = q->procs[e->owner].pid;
@@ -110,7 +94,7 @@ static void fill(const wq *q, const struct wq_entry *e, struct wq_key_info *ki)
    order); the oldest-key share is not predicted. */
 static int cmp_fair(const void *a, const void *b, void *arg)
 {
-    const wq *q = arg;
+    const shmq *q = arg;
     uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
     const struct wq_fx *fx = &q->fx[x], *fy = &q->fx[y];
     if (fx->prio != fy->prio)
@@ -121,7 +105,7 @@ static int cmp_fair(const void *a, const void *b, void *arg)
     return d < 0 ? -1 : d > 0;
 }
 
-static int dump_fair_queued(wq *q, wq_dump_fn fn, void *arg)
+static int dump_fair_queued(shmq *q, wq_dump_fn fn, void *arg)
 {
     uint32_t n = q->hdr->fq_count;
     if (n > q->capacity)
@@ -139,11 +123,12 @@ static int dump_fair_queued(wq *q, wq_dump_fn fn, void *arg)
     qsort_r(order, n, sizeof *order, cmp_fair, q);
     int rc = 0;
     struct wq_key_info ki;
+    struct wq_result res;
     for (uint32_t k = 0; k < n && rc == 0; k++) {
         struct wq_entry *e = wq__entry(q, order[k]);
         if (e->keylen == 0 || e->keylen > q->max_key_len)
             continue;
-        fill(q, e, &ki);
+        fill(q, e, &ki, &res);
         ki.position = k;
         rc = fn(&ki, arg);
     }
@@ -151,16 +136,16 @@ static int dump_fair_queued(wq *q, wq_dump_fn fn, void *arg)
     return rc;
 }
 
-int wq_dump(wq *q, wq_dump_fn fn, void *arg)
+int wq__shm_dump(wq *pub, wq_dump_fn fn, void *arg)
 {
-    if (!q || !fn)
-        return -EINVAL;
+    shmq *q = wq__shm(pub);
+    struct wq_result res;
     int rc = wq__lock(q);
     if (rc < 0)
         return rc;
     struct wq_key_info ki;
     wq__promote(q, wq__now_mono());
-    uint64_t pos = atomic_load_explicit(&q->hdr->ring_pos, memory_order_relaxed);
+    uint64_t pos = q->hdr->ring_pos;
     uint32_t head = (uint32_t)pos, count = (uint32_t)(pos >> 32);
     if (head >= q->capacity || count > q->capacity) {
         rc = -EBADMSG;
@@ -178,7 +163,7 @@ int wq_dump(wq *q, wq_dump_fn fn, void *arg)
         struct wq_entry *e = wq__entry(q, idx);
         if (e->keylen == 0 || e->keylen > q->max_key_len)
             continue;
-        fill(q, e, &ki);
+        fill(q, e, &ki, &res);
         ki.position = k;
         if ((rc = fn(&ki, arg)) != 0)
             goto out;
@@ -188,7 +173,7 @@ int wq_dump(wq *q, wq_dump_fn fn, void *arg)
         if (wq__st(e) == 0 || (e->state & WQ_ST_QUEUED) || e->keylen == 0 ||
             e->keylen > q->max_key_len)
             continue;   /* free, or a removal the store has yet to write */
-        fill(q, e, &ki);
+        fill(q, e, &ki, &res);
         if ((rc = fn(&ki, arg)) != 0)
             goto out;
     }

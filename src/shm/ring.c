@@ -7,20 +7,20 @@
  * single store: a holder killed mid-operation leaves either the old or
  * the new ring, never a torn one. A push writes the slot first, then the
  * word; repair appends a queued entry whose push was cut short.
- * All calls need the region lock.
+ * All calls need the region lock (and a mutation in progress to change
+ * it); wq_len reads the count without it (relaxed). Data structure only.
  */
-#include <errno.h>
-
-#include "internal.h"
+#include "shm.h"
 
 static inline uint64_t pos_make(uint32_t head, uint32_t count)
 {
     return (uint64_t)count << 32 | head;
 }
 
-int wq__ring_push(wq *q, uint32_t idx)
+int wq__ring_push(shmq *q, uint32_t idx)
 {
-    uint64_t pos = atomic_load_explicit(&q->hdr->ring_pos, memory_order_relaxed);
+    WQ_ASSERT_MUTATING(q);
+    uint64_t pos = wq_load_relaxed(&q->hdr->ring_pos);
     uint32_t head = (uint32_t)pos, count = (uint32_t)(pos >> 32);
     if (WQ_UNLIKELY(head >= q->capacity || count >= q->capacity))
         return -EBADMSG;
@@ -29,31 +29,30 @@ int wq__ring_push(wq *q, uint32_t idx)
         tail -= q->capacity;
     q->ring[tail] = idx;
     WQ_STEP("ring.push.slot");
-    atomic_store_explicit(&q->hdr->ring_pos, pos_make(head, count + 1),
-                          memory_order_relaxed);
+    wq_store_relaxed(&q->hdr->ring_pos, pos_make(head, count + 1));
     return 0;
 }
 
-/* The front entry index, WQ_NIL when empty, WQ_LOOKUP_CORRUPT when the
+/* The front entry index, WQ_NIL when empty, WQ_CORRUPT when the
    ring or the index it holds is out of range. */
-uint32_t wq__ring_front(wq *q)
+uint32_t wq__ring_front(shmq *q)
 {
-    uint64_t pos = atomic_load_explicit(&q->hdr->ring_pos, memory_order_relaxed);
+    uint64_t pos = wq_load_relaxed(&q->hdr->ring_pos);
     uint32_t head = (uint32_t)pos, count = (uint32_t)(pos >> 32);
     if (count == 0)
         return WQ_NIL;
     if (WQ_UNLIKELY(head >= q->capacity || count > q->capacity))
-        return WQ_LOOKUP_CORRUPT;
+        return WQ_CORRUPT;
     uint32_t idx = q->ring[head];
-    return WQ_LIKELY(idx < q->capacity) ? idx : WQ_LOOKUP_CORRUPT;
+    return WQ_LIKELY(idx < q->capacity) ? idx : WQ_CORRUPT;
 }
 
 /* Drop the front; only after wq__ring_front returned a valid index. */
-void wq__ring_pop(wq *q)
+void wq__ring_pop(shmq *q)
 {
-    uint64_t pos = atomic_load_explicit(&q->hdr->ring_pos, memory_order_relaxed);
+    WQ_ASSERT_MUTATING(q);
+    uint64_t pos = wq_load_relaxed(&q->hdr->ring_pos);
     uint32_t head = (uint32_t)pos, count = (uint32_t)(pos >> 32);
     head = head + 1 == q->capacity ? 0 : head + 1;
-    atomic_store_explicit(&q->hdr->ring_pos, pos_make(head, count - 1),
-                          memory_order_relaxed);
+    wq_store_relaxed(&q->hdr->ring_pos, pos_make(head, count - 1));
 }

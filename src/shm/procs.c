@@ -26,14 +26,14 @@
  * Keys held by a dead slot are found by scanning the entries for
  * (owner, owner_gen); slot->held says whether the scan is needed at all.
  * The generation makes a reused slot never inherit a previous holder's
- * keys.
+ * keys. A slot is given up in one place (slot_free), whether its holder
+ * died, closed, or was killed on purpose by its supervisor.
  */
-#include <errno.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "shm.h"
 
 enum { LEASE_STARTING, LEASE_HELD, LEASE_STOP };
 
@@ -105,7 +105,9 @@ static int lease_start(pthread_mutex_t *target, struct wq_lease **out)
         pthread_cond_destroy(&l->cv);
         pthread_mutex_destroy(&l->mu);
         free(l);
-        return -rc;
+        /* EAGAIN here means "no thread left", not "try again": callers
+           would mistake it for wq_get's "nothing queued". */
+        return rc == EAGAIN ? -ENOMEM : -rc;
     }
     pthread_mutex_lock(&l->mu);
     while (l->state == LEASE_STARTING)
@@ -120,7 +122,7 @@ static int lease_start(pthread_mutex_t *target, struct wq_lease **out)
     return 0;
 }
 
-static uint32_t find_free_slot(wq *q, uint32_t from)
+static uint32_t find_free_slot(shmq *q, uint32_t from)
 {
     for (uint32_t i = from; i < q->max_procs; i++)
         if (q->procs[i].state == WQ_PROC_FREE)
@@ -128,25 +130,37 @@ static uint32_t find_free_slot(wq *q, uint32_t from)
     return WQ_NIL;
 }
 
-/* Lock held: does someone hold this slot's lease? */
-bool wq__lease_held(struct wq_proc *p)
+/*
+ * Lock held: does the handle that registered this slot still live? The
+ * one liveness probe. EBUSY: it lives (however slow or stopped).
+ * EOWNERDEAD: its lease thread died, so its process is gone. 0: a LIVE
+ * slot whose lease nobody holds, which only a close cut short between
+ * releasing the lease and freeing the slot leaves: gone as well. Any
+ * other answer means the lease word itself is damaged: then, and only
+ * then, the pid decides (a process that no longer exists is dead; one
+ * that exists, or that we may not signal, is taken as alive), so a key is
+ * never requeued while its holder may live.
+ */
+bool wq__lease_alive(struct wq_proc *p)
 {
     int rc = pthread_mutex_trylock(&p->lease);
     if (rc == EBUSY)
         return true;
     if (rc == EOWNERDEAD)
         pthread_mutex_consistent(&p->lease);
-    if (rc == 0 || rc == EOWNERDEAD)
+    if (rc == 0 || rc == EOWNERDEAD) {
         pthread_mutex_unlock(&p->lease);
-    return false;
+        return false;
+    }
+    return !(p->pid > 0 && kill(p->pid, 0) < 0 && errno == ESRCH);
 }
 
 /* Lock held. Also used in a forked child, whose inherited handle still
    names the parent's slot and lease thread: neither is ours. */
-int wq__procs_register(wq *q)
+int wq__procs_register(shmq *q)
 {
-    unsigned fg = atomic_load_explicit(&wq__fork_gen, memory_order_relaxed);
-    if (atomic_load_explicit(&q->forkgen, memory_order_relaxed) != fg) {
+    unsigned fg = wq_load_relaxed(&wq__fork_gen);
+    if (q->forkgen != fg) {
         /* The parent's lease thread does not exist here; its record is
            our private copy: release the memory, touch nothing in it. */
         free(q->lease);
@@ -187,15 +201,60 @@ int wq__procs_register(wq *q)
     q->slot = i;
     q->gen = p->gen;
     q->lease = l;
-    atomic_store_explicit(&q->forkgen, fg, memory_order_relaxed);
+    q->forkgen = fg;
     return 0;
 }
 
-/* wq_close: give back our keys (not a crash), then our slot. */
-void wq__procs_unregister(wq *q)
+/*
+ * Lock held. Give back every entry that slot/gen holds (entry.c,
+ * wq__entry_requeue: at once on a close, through the rate limiter after a
+ * crash); returns how many. Each entry is one mutation of its own.
+ */
+static int requeue_owned(shmq *q, uint32_t slot, uint32_t gen, bool crash)
 {
-    unsigned fg = atomic_load_explicit(&wq__fork_gen, memory_order_relaxed);
-    if (atomic_load_explicit(&q->forkgen, memory_order_relaxed) != fg) {
+    struct wq_proc *p = &q->procs[slot];
+    int n = 0;
+    bool queued_any = false;
+    uint64_t now = wq__now_mono();
+    for (uint32_t idx = 0; idx < q->capacity && p->held > 0; idx++) {
+        struct wq_entry *e = wq__entry(q, idx);
+        if (!(wq__st(e) & WQ_ST_PROCESSING) || e->owner != slot ||
+            e->owner_gen != wq__gen16(gen))
+            continue;
+        wq__mut_begin(q);
+        if (wq__mut_end(q, wq__entry_requeue(q, idx, crash, now, &queued_any)) < 0)
+            break;   /* corrupt: busy stays set, repair redoes it */
+        n++;
+    }
+    /* A sleeper re-arms for the new earliest ready time, or takes a
+       queued key. */
+    if (n > 0)
+        wq__wake_getters(q, queued_any ? n : 1);
+    return n;
+}
+
+/*
+ * Lock held: the one way a process slot is given up. Its keys go back
+ * (as crashes when its holder died, as on a close otherwise), its
+ * sleepers stop counting, and the slot is free for the next registrant.
+ * Returns the keys given back.
+ */
+static int slot_free(shmq *q, uint32_t i, bool crash)
+{
+    struct wq_proc *p = &q->procs[i];
+    int n = p->held > 0 ? requeue_owned(q, i, p->gen, crash) : 0;
+    if (q->hdr->waiters >= p->waiting)
+        q->hdr->waiters -= p->waiting;
+    p->waiting = 0;
+    WQ_STEP("reap.waiters");
+    p->state = WQ_PROC_FREE;
+    return n;
+}
+
+/* wq_close: give back our keys (not a crash), then our slot. */
+void wq__procs_unregister(shmq *q)
+{
+    if (q->forkgen != wq_load_relaxed(&wq__fork_gen)) {
         /* A forked child that never used the handle: the slot and the
            lease thread are the parent's; only the memory copy is ours. */
         free(q->lease);
@@ -207,133 +266,29 @@ void wq__procs_unregister(wq *q)
     int rc = wq__lock(q);
     if (rc == 0) {
         struct wq_proc *p = &q->procs[q->slot];
-        wq__requeue_owned(q, q->slot, q->gen, false);
-        if (q->hdr->waiters >= p->waiting)
-            q->hdr->waiters -= p->waiting;
-        p->waiting = 0;
+        if (p->held > 0)
+            requeue_owned(q, q->slot, q->gen, false);
     }
     lease_stop(q->lease);   /* the lease is free before the slot is */
     q->lease = NULL;
     if (rc == 0) {
         WQ_STEP("procs.unregister.lease");
-        q->procs[q->slot].state = WQ_PROC_FREE;
+        slot_free(q, q->slot, false);
         wq__unlock(q);
     }
     q->slot = WQ_NIL;
 }
 
-/*
- * Lock held. Give back every entry that slot/gen holds; returns how many.
- * On close (crash false) each goes to the back of the queue at once. After
- * a crash it goes through the rate limiter, as the API promises: its
- * failure count rises, so a key that kills every worker backs off; it
- * waits for the limiter's delay (keeping an earlier wait it had). Each
- * commits with the entry's state store; repair redoes what follows.
- */
-int wq__requeue_owned(wq *q, uint32_t slot, uint32_t gen, bool crash)
-{
-    struct wq_hdr *h = q->hdr;
-    struct wq_proc *p = &q->procs[slot];
-    int n = 0, rc;
-    bool queued_any = false;
-    if (p->held == 0)
-        return 0;
-    uint64_t now = wq__now_mono();
-    for (uint32_t idx = 0; idx < q->capacity && p->held > 0; idx++) {
-        struct wq_entry *e = wq__entry(q, idx);
-        uint16_t st = wq__st(e);
-        if (!(st & WQ_ST_PROCESSING) || e->owner != slot || e->owner_gen != wq__gen16(gen))
-            continue;
-        h->busy = 1;
-        if (crash)
-            wq__pend(q, WQ_PEND_CRASH, idx);
-        WQ_STEP("requeue.busy");
-        uint64_t delay = crash ? wq__limiter_when(q, e, now) : 0;
-        /* The failure counts either way; but a key re-added meanwhile has
-           an acknowledged add pending, and after shutdown nothing fires:
-           both go back to the queue at once. */
-        if ((st & WQ_ST_DIRTY) || h->shutdown)
-            delay = 0;
-        if (crash)
-            wq__store_mark(q, idx);   /* its failure count rose */
-        if (delay > 0) {
-            uint64_t ready = now + delay < now ? UINT64_MAX : now + delay;
-            bool waiting = st & WQ_ST_WAITING;
-            if (!waiting) {
-                e->t_b = ready;
-                e->seq = h->seq_next++;
-            } else if (ready < e->t_b) {
-                e->t_b = ready;
-            }
-            wq__set_state(e, WQ_ST_WAITING);   /* commit */
-            WQ_STEP("requeue.state");
-            if (waiting)
-                wq__heap_earlier(q, idx);
-            else if ((rc = wq__heap_push(q, idx)) < 0)
-                return n;   /* corrupt: busy stays set, repair redoes it */
-        } else {
-            if ((st & WQ_ST_WAITING) && wq__heap_remove(q, idx) < 0)
-                return n;
-            e->t_b = now;
-            e->seq = h->seq_next++;
-            if (!(st & WQ_ST_DIRTY))
-                wq__fair_dirty(q, idx);   /* a re-added key keeps its place */
-            wq__set_state(e, WQ_ST_DIRTY | WQ_ST_QUEUED);   /* commit */
-            WQ_STEP("requeue.state");
-            if (wq__enqueue(q, idx) < 0)
-                return n;
-            queued_any = true;
-        }
-        WQ_STEP("requeue.ring");
-        atomic_fetch_sub_explicit(&h->processing, 1, memory_order_relaxed);
-        if (q->metrics)
-            h->sum_start -= e->t_start;
-        p->held--;
-        if (crash) {
-            h->crash_requeues_total++;
-            h->retries_total++;
-        }
-        wq__pend(q, WQ_PEND_NONE, 0);
-        WQ_STEP("requeue.counters");
-        h->busy = 0;
-        n++;
-    }
-    if (n > 0) {
-        /* A sleeper re-arms for the new earliest ready time, or takes a
-           queued key. */
-        wq__wake_getters(q, queued_any ? n : 1);
-        if (atomic_load_explicit(&h->processing, memory_order_relaxed) == 0)
-            wq__wake_drainers(q);
-    }
-    return n;
-}
-
-static bool holder_dead(struct wq_proc *p)
-{
-    int rc = pthread_mutex_trylock(&p->lease);
-    if (rc == EOWNERDEAD)
-        pthread_mutex_consistent(&p->lease);
-    else if (rc != 0)
-        return false;   /* EBUSY: alive */
-    pthread_mutex_unlock(&p->lease);
-    return true;
-}
-
 /* Lock held. Reclaim the slots of dead processes and requeue their keys.
    Returns the number of keys requeued. */
-unsigned wq__procs_reap(wq *q)
+unsigned wq__procs_reap(shmq *q)
 {
     unsigned requeued = 0;
     for (uint32_t i = 0; i < q->max_procs; i++) {
         struct wq_proc *p = &q->procs[i];
-        if (i == q->slot || p->state != WQ_PROC_LIVE || !holder_dead(p))
+        if (i == q->slot || p->state != WQ_PROC_LIVE || wq__lease_alive(p))
             continue;
-        requeued += (unsigned)wq__requeue_owned(q, i, p->gen, true);
-        if (q->hdr->waiters >= p->waiting)
-            q->hdr->waiters -= p->waiting;
-        p->waiting = 0;
-        WQ_STEP("reap.waiters");
-        p->state = WQ_PROC_FREE;
+        requeued += (unsigned)slot_free(q, i, true);
     }
     q->hdr->last_reap_ns = wq__now_mono();
     q->hdr->reap_tick = 0;
@@ -341,32 +296,37 @@ unsigned wq__procs_reap(wq *q)
 }
 
 /*
- * Lock held. The caller killed these processes on purpose (a pool being
- * stopped): give their keys back like a close would, at the back of the
+ * Lock held. The caller killed this process on purpose (a pool being
+ * stopped): give its keys back like a close would, at the back of the
  * queue without a failure, instead of as crashes. Only slots whose lease
- * says their holder is gone are touched.
+ * says their holder is gone are touched. Returns the keys given back.
  */
-void wq__procs_release_pids(wq *q, const pid_t *pids, unsigned n)
+int wq__procs_release_pid(shmq *q, pid_t pid)
 {
+    int n = 0;
     for (uint32_t i = 0; i < q->max_procs; i++) {
         struct wq_proc *p = &q->procs[i];
-        bool ours = false;
-        for (unsigned k = 0; k < n && !ours; k++)
-            ours = pids[k] == p->pid;
-        if (!ours || i == q->slot || p->state != WQ_PROC_LIVE || !holder_dead(p))
+        if (p->pid != pid || i == q->slot || p->state != WQ_PROC_LIVE || wq__lease_alive(p))
             continue;
-        wq__requeue_owned(q, i, p->gen, false);
-        if (q->hdr->waiters >= p->waiting)
-            q->hdr->waiters -= p->waiting;
-        p->waiting = 0;
-        WQ_STEP("reap.waiters");
-        p->state = WQ_PROC_FREE;
+        n += slot_free(q, i, false);
     }
+    return n;
+}
+
+int wq__shm_release_pid(wq *pub, pid_t pid)
+{
+    shmq *q = wq__shm(pub);
+    int rc = wq__lock(q);
+    if (rc < 0)
+        return rc;
+    rc = wq__procs_release_pid(q, pid);
+    wq__unlock(q);
+    return rc;
 }
 
 /* Lock held. The periodic reap of busy queues: a clock read every
    WQ_REAP_TICKS operations, a table scan every WQ_REAP_INTERVAL_NS. */
-void wq__procs_maybe_reap(wq *q)
+void wq__procs_maybe_reap(shmq *q)
 {
     if (WQ_LIKELY(++q->hdr->reap_tick < WQ_REAP_TICKS))
         return;

@@ -23,15 +23,12 @@
  * holder died mid-mutation, and skips re-hashing keys; wq_check runs it
  * "thoroughly" (hashes verified) and without writing unless asked.
  */
-#include <errno.h>
-#include <limits.h>
 #include <stdarg.h>
-#include <stdio.h>
 
-#include "internal.h"
+#include "shm.h"
 
 struct ctx {
-    wq *q;
+    shmq *q;
     bool apply, thorough;
     wq_report_fn report;
     void *arg;
@@ -72,7 +69,7 @@ static inline void bit_set(uint64_t *b, uint32_t i)
     b[i >> 6] |= 1ull << (i & 63);
 }
 
-static bool owner_valid(const wq *q, const struct wq_entry *e)
+static bool owner_valid(const shmq *q, const struct wq_entry *e)
 {
     return e->owner < q->max_procs && q->procs[e->owner].state == WQ_PROC_LIVE &&
            wq__gen16(q->procs[e->owner].gen) == e->owner_gen;
@@ -80,9 +77,9 @@ static bool owner_valid(const wq *q, const struct wq_entry *e)
 
 /* The legal state an entry should have (layout.h lists them). Pure: used
    by check and repair alike. */
-static uint16_t norm_queue_state(const wq *q, uint32_t idx, uint16_t st);
+static uint16_t norm_queue_state(const shmq *q, uint32_t idx, uint16_t st);
 
-static uint16_t norm_state(const wq *q, uint32_t idx)
+static uint16_t norm_state(const shmq *q, uint32_t idx)
 {
     const struct wq_entry *e = wq__entry(q, idx);
     uint16_t st = e->state & WQ_ST_ALL;
@@ -101,7 +98,7 @@ static uint16_t norm_state(const wq *q, uint32_t idx)
     return n | sd;   /* SDIRTY alone: a zombie, its removal pending */
 }
 
-static uint16_t norm_queue_state(const wq *q, uint32_t idx, uint16_t st)
+static uint16_t norm_queue_state(const shmq *q, uint32_t idx, uint16_t st)
 {
     const struct wq_entry *e = wq__entry(q, idx);
     if (st == 0)
@@ -128,7 +125,7 @@ static uint16_t norm_queue_state(const wq *q, uint32_t idx, uint16_t st)
 
 /* Apply, before anything changes states: count the operation that the
    dead holder committed but did not count. */
-static void settle_pending(wq *q)
+static void settle_pending(shmq *q)
 {
     struct wq_hdr *h = q->hdr;
     uint32_t kind = h->pend_kind, idx = h->pend_idx;
@@ -144,12 +141,12 @@ static void settle_pending(wq *q)
             h->retries_total++;
         }
     }
-    wq__pend(q, WQ_PEND_NONE, 0);
+    wq__mut_settled(q);
 }
 
 static void check_header(struct ctx *c)
 {
-    wq *q = c->q;
+    shmq *q = c->q;
     if (memcmp(&q->hdr->g, &q->g, sizeof q->g) != 0) {
         violation(c, "header: immutable geometry changed since attach");
         if (c->apply)
@@ -159,7 +156,7 @@ static void check_header(struct ctx *c)
 
 static void check_procs(struct ctx *c)
 {
-    wq *q = c->q;
+    shmq *q = c->q;
     for (uint32_t i = 0; i < q->max_procs; i++) {
         struct wq_proc *p = &q->procs[i];
         if (p->state != WQ_PROC_FREE && p->state != WQ_PROC_LIVE) {
@@ -167,7 +164,7 @@ static void check_procs(struct ctx *c)
             /* A held lease means a live handle: keep it, whatever the
                state word says. */
             if (c->apply)
-                p->state = wq__lease_held(p) ? WQ_PROC_LIVE : WQ_PROC_FREE;
+                p->state = wq__lease_alive(p) ? WQ_PROC_LIVE : WQ_PROC_FREE;
         }
         q->held[i] = 0;
     }
@@ -176,7 +173,7 @@ static void check_procs(struct ctx *c)
 /* Pass over the entries: normalise states. */
 static void check_entries(struct ctx *c)
 {
-    wq *q = c->q;
+    shmq *q = c->q;
     for (uint32_t idx = 0; idx < q->capacity; idx++) {
         struct wq_entry *e = wq__entry(q, idx);
         uint16_t st = e->state, want = norm_state(q, idx);
@@ -213,7 +210,7 @@ static void check_entries(struct ctx *c)
 /* Apply: clear and refill the index from the entries. */
 static int rebuild_index(struct ctx *c)
 {
-    wq *q = c->q;
+    shmq *q = c->q;
     enum { AHEAD = 16 };
     memset(q->index, 0, (size_t)q->index_slots * sizeof *q->index);
     for (uint32_t idx = 0; idx < q->capacity; idx++) {
@@ -241,7 +238,7 @@ static int rebuild_index(struct ctx *c)
    reachable from its home slot, and every live entry is found once. */
 static void verify_index(struct ctx *c)
 {
-    wq *q = c->q;
+    shmq *q = c->q;
     uint32_t n = q->index_slots, start = n;
     for (uint32_t i = 0; i < n; i++)
         if (q->index[i].ref == 0) {
@@ -288,15 +285,15 @@ static void verify_index(struct ctx *c)
 /* Compact the ring in FIFO order (apply) or verify it. Returns kept. */
 static uint32_t check_ring(struct ctx *c)
 {
-    wq *q = c->q;
-    if (q->fair && (atomic_load_explicit(&q->hdr->ring_pos, memory_order_relaxed) >> 32)) {
+    shmq *q = c->q;
+    if (q->fair && (wq_load_relaxed(&q->hdr->ring_pos) >> 32)) {
         violation(c, "ring: not empty in fair mode");
         if (c->apply)
-            atomic_store_explicit(&q->hdr->ring_pos, 0, memory_order_relaxed);
+            wq_store_relaxed(&q->hdr->ring_pos, 0);
         return 0;
     }
     enum { AHEAD = 8 };
-    uint64_t pos = atomic_load_explicit(&q->hdr->ring_pos, memory_order_relaxed);
+    uint64_t pos = wq_load_relaxed(&q->hdr->ring_pos);
     uint32_t head = (uint32_t)pos, count = (uint32_t)(pos >> 32);
     if (head >= q->capacity || count > q->capacity) {
         violation(c, "ring: head %u count %u out of range", head, count);
@@ -332,9 +329,13 @@ static uint32_t check_ring(struct ctx *c)
         kept++;
     }
     if (c->apply)
-        atomic_store_explicit(&q->hdr->ring_pos, (uint64_t)kept << 32 | head,
-                              memory_order_relaxed);
+        wq_store_relaxed(&q->hdr->ring_pos, (uint64_t)kept << 32 | head);
     return kept;
+}
+
+static bool waiting_member(const shmq *q, uint32_t idx)
+{
+    return norm_state(q, idx) & WQ_ST_WAITING;
 }
 
 /* Check only: the delay heap lists waiting entries once each, their
@@ -342,38 +343,14 @@ static uint32_t check_ring(struct ctx *c)
    (ring members are queued, heap members waiting: the sets are disjoint). */
 static void verify_heap(struct ctx *c)
 {
-    wq *q = c->q;
-    uint32_t n = q->hdr->heap_count;
-    if (n > q->capacity) {
-        violation(c, "heap: count %u out of range", n);
-        return;
-    }
-    for (uint32_t i = 0; i < n; i++) {
-        uint32_t idx = q->heap[i];
-        if (idx >= q->capacity) {
-            violation(c, "heap position %u: entry %u out of range", i, idx);
-            continue;
-        }
-        const struct wq_entry *e = wq__entry(q, idx);
-        if (!(norm_state(q, idx) & WQ_ST_WAITING))
-            violation(c, "heap position %u: entry %u is not waiting", i, idx);
-        if (e->link != i)
-            violation(c, "heap position %u: entry %u says position %u", i, idx, e->link);
-        if (bit_get(c->in_ring, idx))
-            violation(c, "heap position %u: entry %u listed twice", i, idx);
-        bit_set(c->in_ring, idx);
-        if (i > 0 && q->heap[(i - 1) / 2] < q->capacity) {
-            const struct wq_entry *p = wq__entry(q, q->heap[(i - 1) / 2]);
-            if (e->t_b < p->t_b || (e->t_b == p->t_b && (int32_t)(e->seq - p->seq) < 0))
-                violation(c, "heap position %u: ready before its parent", i);
-        }
-    }
+    wq__heap_verify(c->q, WQ_HEAP_DELAY, c->q->hdr->heap_count, c->in_ring, waiting_member,
+                    report_cb, c);
 }
 
 /* Check only: the store queue lists SDIRTY entries, each once. */
 static void verify_sq(struct ctx *c)
 {
-    wq *q = c->q;
+    shmq *q = c->q;
     struct wq_hdr *h = q->hdr;
     if (!q->g.has_store)
         return;
@@ -399,7 +376,7 @@ static void verify_sq(struct ctx *c)
 /* Last pass: queued entries missing from the ring, free list, counters. */
 static void finish(struct ctx *c, uint32_t queued)
 {
-    wq *q = c->q;
+    shmq *q = c->q;
     struct wq_hdr *h = q->hdr;
     uint32_t live = 0, processing = 0, failing = 0, waiting = 0, sdirty = 0, zombies = 0;
     uint32_t free_first = WQ_NIL, free_last = WQ_NIL;
@@ -463,7 +440,7 @@ static void finish(struct ctx *c, uint32_t queued)
         if (free_last != WQ_NIL)
             wq__entry(q, free_last)->link = WQ_NIL;
         h->free_head = free_first;
-        wq__heap_build(q);
+        wq__heap_build(q, WQ_HEAP_DELAY, h->heap_count);   /* members listed above */
     } else {
         uint32_t n = 0, i = h->free_head;
         while (i != WQ_NIL && n <= q->capacity) {
@@ -486,16 +463,16 @@ static void finish(struct ctx *c, uint32_t queued)
     }
     if (h->failing != failing)
         violation(c, "counter failing %u, expected %u", h->failing, failing);
+    if (q->g.has_store && h->zombies != zombies)
+        violation(c, "counter zombies %u, expected %u", h->zombies, zombies);
     if (!c->apply && q->g.has_store && h->sq_count != sdirty)
         violation(c, "store queue: %u listed, %u entries stale", h->sq_count, sdirty);
     if (q->metrics && h->sum_start != sum_start)
         violation(c, "metrics: start-time sum differs from the processing entries");
-    if (atomic_load_explicit(&h->live, memory_order_relaxed) != live)
-        violation(c, "counter live %u, expected %u",
-                  atomic_load_explicit(&h->live, memory_order_relaxed), live);
-    if (atomic_load_explicit(&h->processing, memory_order_relaxed) != processing)
-        violation(c, "counter processing %u, expected %u",
-                  atomic_load_explicit(&h->processing, memory_order_relaxed), processing);
+    if (h->live != live)
+        violation(c, "counter live %u, expected %u", h->live, live);
+    if (h->processing != processing)
+        violation(c, "counter processing %u, expected %u", h->processing, processing);
     uint32_t waiters = 0;
     for (uint32_t i = 0; i < q->max_procs; i++) {
         struct wq_proc *p = &q->procs[i];
@@ -509,22 +486,25 @@ static void finish(struct ctx *c, uint32_t queued)
             waiters += p->waiting;
     }
     if (c->apply) {
-        atomic_store_explicit(&h->live, live, memory_order_relaxed);
-        atomic_store_explicit(&h->processing, processing, memory_order_relaxed);
+        h->live = live;
+        h->processing = processing;
         h->waiters = waiters;
         h->failing = failing;
+        h->zombies = zombies;
         h->sum_start = sum_start;
     }
     (void)queued;
 }
 
-int wq__repair(wq *q, bool apply, bool thorough, wq_report_fn report, void *arg)
+int wq__repair(shmq *q, bool apply, bool thorough, wq_report_fn report, void *arg)
 {
     struct ctx c = { .q = q, .apply = apply, .thorough = thorough, .report = report,
                      .arg = arg };
     size_t words = (q->capacity + 63) / 64;
     if (apply && !thorough && !q->hdr->busy && !q->hdr->corrupt)
         return 0;   /* the dead holder was not mutating: nothing to rebuild */
+    if (apply)
+        q->hdr->busy = 1;   /* a repairer that dies is repaired after, too */
     c.in_ring = q->scratch;
     c.in_index = q->scratch + words;
     c.in_sq = q->scratch + 2 * words;
@@ -548,10 +528,13 @@ int wq__repair(wq *q, bool apply, bool thorough, wq_report_fn report, void *arg)
         verify_sq(&c);
     }
     finish(&c, queued);
-    if (apply)
-        wq__fair_rebuild(q);
-    else
+    if (apply) {
+        int rc = wq__fair_rebuild(q);
+        if (rc < 0)
+            return rc;
+    } else {
         wq__fair_verify(q, report_cb, &c);
+    }
     if (!apply)
         wq__results_verify(q, report_cb, &c);
     else if (thorough || wq__results_damaged(q))
@@ -560,19 +543,14 @@ int wq__repair(wq *q, bool apply, bool thorough, wq_report_fn report, void *arg)
         WQ_STEP("repair.done");
         q->hdr->busy = 0;
         q->hdr->corrupt = 0;
-        /* Let every sleeper re-evaluate the repaired state. */
-        atomic_fetch_add_explicit(&q->hdr->wake_seq, 1, memory_order_release);
-        atomic_fetch_add_explicit(&q->hdr->idle_seq, 1, memory_order_release);
-        wq__futex_wake(&q->hdr->wake_seq, INT_MAX);
-        wq__futex_wake(&q->hdr->idle_seq, INT_MAX);
+        wq__wake_all(q);   /* every sleeper re-evaluates the repaired state */
     }
     return c.found;
 }
 
-int wq_check_report(wq *q, unsigned flags, wq_report_fn report, void *arg)
+int wq__shm_check(wq *pub, unsigned flags, wq_report_fn report, void *arg)
 {
-    if (!q || (flags & ~(WQ_CHECK_REPAIR | WQ_CHECK_REAP)))
-        return -EINVAL;
+    shmq *q = wq__shm(pub);
     int rc = wq__lock(q);
     if (rc < 0)
         return rc;
@@ -583,9 +561,4 @@ int wq_check_report(wq *q, unsigned flags, wq_report_fn report, void *arg)
         wq__procs_reap(q);
     wq__unlock(q);
     return found;
-}
-
-int wq_check(wq *q, unsigned flags)
-{
-    return wq_check_report(q, flags, NULL, NULL);
 }

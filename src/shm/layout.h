@@ -7,7 +7,7 @@
  *   [result slots][store queue][fair: per-entry data, 2 heaps, tenant tags]
  *
  * Every section starts on a 64-byte boundary. Offsets and sizes are
- * computed by wq__geometry() from (capacity, max_key_len, max_procs) and
+ * computed by wq__geometry() (region.c) from the queue's settings and
  * stored in the immutable header, which carries a checksum; an attacher
  * recomputes the geometry and refuses any mismatch (-EPROTO).
  *
@@ -20,24 +20,24 @@
  * that are missing. See repair.c.
  *
  * Write discipline. Everything below marked "lock" is written only while
- * holding hdr->lock. Within a critical section, mutations are ordered so
- * that a holder killed at any instruction leaves a state repair handles:
- * the key bytes and hash are written before the state word that makes an
- * entry live; an entry's state word is the single store that moves it
- * between states. hdr->busy is set before the first mutation and cleared
- * after the last (compiler barriers in between), so repair can skip its
- * rebuild when the dead holder was not mutating.
+ * holding hdr->lock; the few words read without it say so, and are
+ * accessed through atomics.h. How a critical section orders its stores
+ * so that a holder killed at any instruction leaves a state repair
+ * handles is mutate.h's rule, and entry.c is the only file that moves an
+ * entry between states.
+ *
+ * Byte order and word size are the machine's: a region is shared by the
+ * processes of one machine, never moved to another.
  */
 #ifndef WQ_LAYOUT_H
 #define WQ_LAYOUT_H
 
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #define WQ_MAGIC        0x31515762696c0a57ull /* "W\nlibWQ1" little-endian */
-#define WQ_LAYOUT_VER   5u
+#define WQ_LAYOUT_VER   6u
 #define WQ_ALIGN        64u
 #define WQ_NIL          0xffffffffu          /* "no entry" */
 
@@ -116,56 +116,55 @@ struct wq_geom {
 };
 
 /*
- * The mutable header. Writers and orderings:
- *   lock        the robust process-shared mutex guarding everything below
- *               (but the futex words and atomics noted otherwise).
- *   busy        lock; 1 while a critical section mutates shared state.
- *   ring_pos, free_head, counters: lock.
- *   queued/live/processing are also read without the lock by wq_len and
- *               monitoring with relaxed atomics: they are only ever a hint
- *               there; every decision reads them under the lock.
- *   wake_seq    futex word for wq_get sleepers: incremented (lock held,
- *               release) by whoever makes a key available or shuts down,
- *               then FUTEX_WAKE after unlock. A sleeper reads it under the
- *               lock and sleeps with FUTEX_WAIT on that value, so an
- *               increment between its unlock and its sleep is never lost.
- *   idle_seq    futex word for drain waiters, same protocol: incremented
- *               when processing drops to 0 or on shutdown.
- *   waiters     lock; sleepers on wake_seq, summed from the per-process
- *               counts so a dead sleeper's count is dropped when its slot
- *               is reaped.
+ * The mutable header. Who writes each field and who reads it without the
+ * lock ("lock" alone: written and read only by the holder of `lock`).
+ * Words read without the lock are accessed through atomics.h on both
+ * sides, and say so below; they are hints or snapshots there: every
+ * decision that matters reads them again under the lock.
+ *
+ * Futex protocol (wait.c): a sleeper reads wake_seq (or idle_seq) under
+ * the lock, unlocks and FUTEX_WAITs on that value; whoever makes a key
+ * available (or shuts down) bumps the word under the lock with release
+ * order and issues FUTEX_WAKE after unlocking. A bump between the
+ * sleeper's unlock and its wait makes the wait return at once, so no
+ * wake is ever lost.
  */
 struct wq_hdr {
     struct wq_geom g;
     char pad0[WQ_ALIGN - (sizeof(struct wq_geom) % WQ_ALIGN)];
 
     pthread_mutex_t lock;                 /* robust, process-shared */
-    uint32_t busy;
-    uint32_t shutdown;                    /* lock; 1 once shut down */
+    uint32_t busy;                        /* lock; 1 while a mutation runs
+                                             (mutate.h) */
+    uint32_t shutdown;                    /* lock to write; read without it by
+                                             wq_shutting_down (relaxed: a hint) */
     uint32_t free_head;                   /* lock; free-entry list, WQ_NIL = empty */
-    _Atomic uint32_t live;                /* lock to write */
-    _Atomic uint32_t processing;          /* lock to write */
-    uint32_t waiters;                     /* lock */
-    uint32_t drainers;                    /* lock */
+    uint32_t live;                        /* lock; queued+processing+waiting */
+    uint32_t processing;                  /* lock */
+    uint32_t waiters;                     /* lock; sleepers on wake_seq, the sum
+                                             of the per-slot counts, so a dead
+                                             sleeper's count goes with its slot */
+    uint32_t drainers;                    /* lock; sleepers on idle_seq */
     uint32_t shutdown_calls;              /* lock; bumped by wq_shutdown */
     /* lock: the counter an in-flight mutation will bump once its commit
-       store is done (WQ_PEND_*), and its entry. Counters are not derivable
-       from entries, so repair uses this to count a committed operation
-       whose holder died before counting it, exactly once. */
+       store is done (WQ_PEND_*), and its entry (mutate.h, rule 3). */
     uint32_t pend_kind;
     uint32_t pend_idx;
     uint32_t reap_tick;                   /* lock; ops since the last reap */
-    /* lock to write: front index (low 32 bits) and count (high 32 bits)
-       in one word so a pop or push commits with a single store. */
-    _Atomic uint64_t ring_pos;
+    /* lock to write; read without it by wq_len and monitoring (relaxed).
+       Front index (low 32 bits) and count (high 32 bits) in one word so a
+       pop or push commits with a single store. */
+    uint64_t ring_pos;
     char pad1[WQ_ALIGN];
 
-    _Atomic uint32_t wake_seq;            /* futex, see above */
-    _Atomic uint32_t idle_seq;            /* futex, see above */
-    uint32_t pad2;
+    uint32_t wake_seq;                    /* futex; lock to bump (release);
+                                             sleepers load it under the lock */
+    uint32_t idle_seq;                    /* futex; as wake_seq, for drainers */
+    uint32_t zombies;                     /* lock; entries whose store record is
+                                             still to be removed (SDIRTY alone) */
     uint32_t pad3;
     uint64_t last_reap_ns;                /* lock; CLOCK_MONOTONIC */
-    /* Counters: lock to write; read under lock by wq_stats. */
+    /* Counters: lock; read under the lock by wq_stats and wq_metrics. */
     uint64_t adds_total;
     uint64_t coalesced_total;
     uint64_t retries_total;
@@ -182,15 +181,14 @@ struct wq_hdr {
     /* Token bucket (limiter.c): lock. */
     double bucket_tokens;
     uint64_t bucket_last_ns;
-    /* Metrics (metrics.c): written under the lock with relaxed atomics so
-       a reader without the lock sees whole values. sum_start is the sum
-       of t_start over processing entries (unfinished work = processing *
-       now - sum_start); lock. */
+    /* Metrics (metrics.c): sum_start is the sum of t_start over processing
+       entries (unfinished work = processing * now - sum_start); lock. The
+       histograms too: lock (wq_metrics reads them under it). */
     uint64_t sum_start;
     struct wq_hist {
-        _Atomic uint64_t bucket[11];      /* non-cumulative; [10] is +Inf */
-        _Atomic uint64_t count;
-        _Atomic uint64_t sum_ns;
+        uint64_t bucket[11];              /* non-cumulative; [10] is +Inf */
+        uint64_t count;
+        uint64_t sum_ns;
     } qdur, wdur;
     /* Results (results.c): lock. Used slots form a list in update order
        (least recently updated at the head, evicted first); free slots a
@@ -201,14 +199,19 @@ struct wq_hdr {
                                              repair rebuilds it only then */
     uint32_t sq_epoch;                    /* lock; bumped by repair (store.c) */
     /* Store queue (store.c): lock. sq[] is a ring of the SDIRTY entries in
-       the order they became out of date. Only the process holding LMDB's
-       write transaction pops from it, so its front is stable while that
-       process writes what it read there. */
+       the order they became out of date. Only the process holding the flush
+       lock pops from it, so its front is stable while that process writes
+       what it read there. sq_count is also read without the lock (relaxed)
+       as "anything to write?" before taking LMDB's locks. */
     uint32_t sq_head, sq_count;
-    uint64_t next_snapshot_ns;            /* lock; WQ_DURABLE_NONE */
+    /* WQ_DURABLE_NONE: when the next periodic snapshot is due. Read and
+       written without the lock (relaxed): two processes that both see it
+       due both flush, which is harmless (a flush writes what is listed). */
+    uint64_t next_snapshot_ns;
     /* Fair mode (fair.c): lock. fq_count keys are queued, each in both
-       heaps; vtime is the start tag of the last key handed out by
-       priority; ticks counts hand-outs for the oldest-key share. */
+       heaps (also read without the lock by wq_len, relaxed); vtime is the
+       start tag of the last key handed out by priority; ticks counts
+       hand-outs for the oldest-key share. */
     uint32_t fq_count;
     uint32_t fair_ticks;
     uint64_t fair_vtime;

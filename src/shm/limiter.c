@@ -2,8 +2,9 @@
  * limiter.c - client-go's rate limiters, shared by all processes:
  * wq_add_rate_limited's delay, wq_forget, wq_num_requeues.
  *
- * Parameters are resolved at creation and stored in the immutable header
- * (checksummed), so every process computes the same delays. State:
+ * Parameters are resolved at creation (options.c) and stored in the
+ * immutable header (checksummed), so every process computes the same
+ * delays. State:
  *   - per key: entry->failures (one counter serves both per-item limiters:
  *     client-go's exponential and fast-slow limiters each count every
  *     When(), so their counts are always equal);
@@ -19,46 +20,7 @@
  *   max-of       the largest delay of the selected limiters; each of them
  *                is consulted (so the bucket is charged) on every call.
  */
-#include <errno.h>
-#include <math.h>
-
-#include "internal.h"
-
-#define DEF_BASE  (5ull * 1000 * 1000)             /* 5 ms */
-#define DEF_MAX   (1000ull * 1000 * 1000 * 1000)   /* 1000 s */
-#define DEF_QPS   10.0
-#define DEF_BURST 100u
-
-int wq__limiter_options(const struct wq_options *o, struct wq_geom *g)
-{
-    unsigned lim = o->rl_limiters ? o->rl_limiters : WQ_RL_EXPONENTIAL | WQ_RL_BUCKET;
-    if (lim & ~WQ_RL_ALL)
-        return -EINVAL;
-    if (!(o->rl_qps >= 0) || isinf(o->rl_qps))   /* negative, NaN, inf */
-        return -EINVAL;
-    uint64_t base = o->rl_base_delay_ns ? o->rl_base_delay_ns : DEF_BASE;
-    uint64_t max = o->rl_max_delay_ns ? o->rl_max_delay_ns : DEF_MAX;
-    if (o->rl_base_delay_ns > o->rl_max_delay_ns && o->rl_max_delay_ns != 0)
-        return -EINVAL;
-    if (base > max)   /* a base above the default max */
-        return -EINVAL;
-    if (lim & WQ_RL_FAST_SLOW) {
-        if (!o->rl_fast_delay_ns || !o->rl_slow_delay_ns || !o->rl_max_fast_attempts ||
-            o->rl_fast_delay_ns > o->rl_slow_delay_ns)
-            return -EINVAL;
-    } else if (o->rl_fast_delay_ns || o->rl_slow_delay_ns || o->rl_max_fast_attempts) {
-        return -EINVAL;   /* parameters for a limiter that is not selected */
-    }
-    g->rl_limiters = lim;
-    g->rl_base_delay_ns = base;
-    g->rl_max_delay_ns = max;
-    g->rl_qps = o->rl_qps > 0 ? o->rl_qps : DEF_QPS;
-    g->rl_burst = o->rl_burst ? o->rl_burst : DEF_BURST;
-    g->rl_fast_delay_ns = o->rl_fast_delay_ns;
-    g->rl_slow_delay_ns = o->rl_slow_delay_ns;
-    g->rl_max_fast_attempts = o->rl_max_fast_attempts;
-    return 0;
-}
+#include "shm.h"
 
 void wq__limiter_init(struct wq_hdr *h)
 {
@@ -94,7 +56,7 @@ static uint64_t bucket(struct wq_hdr *h, uint64_t now)
 }
 
 /* Lock held: client-go's When(key). Raises the failure count. */
-uint64_t wq__limiter_when(wq *q, struct wq_entry *e, uint64_t now)
+uint64_t wq__limiter_when(shmq *q, struct wq_entry *e, uint64_t now)
 {
     struct wq_hdr *h = q->hdr;
     const struct wq_geom *g = &q->g;
@@ -118,49 +80,35 @@ uint64_t wq__limiter_when(wq *q, struct wq_entry *e, uint64_t now)
     return d;
 }
 
-static int forget_locked(wq *q, const void *key, size_t len);
-
-int wq_forget(wq *q, const void *key, size_t len)
+int wq__shm_forget(wq *pub, const void *key, size_t len)
 {
-    int rc = forget_locked(q, key, len);
-    if (rc >= 0)
-        wq__store_after(q);   /* a removal that fails now is retried later */
-    return rc;
-}
-
-static int forget_locked(wq *q, const void *key, size_t len)
-{
+    shmq *q = wq__shm(pub);
     uint32_t idx;
     int rc = wq__lock_lookup(q, key, len, &idx);
     if (rc < 0)
         return rc;
     if (idx != WQ_NIL) {
-        struct wq_entry *e = wq__entry(q, idx);
-        q->hdr->busy = 1;
+        wq__mut_begin(q);
         WQ_STEP("forget.busy");
-        if (wq__st(e) != 0)
-            wq__store_mark(q, idx);   /* a retained one ends as a zombie */
-        e->failures = 0;   /* commit: an idle entry with nothing left is free */
-        WQ_STEP("forget.reset");
-        wq__result_drop(q, idx);
-        if (wq__st(e) == WQ_ST_RETAINED)
-            rc = wq__release(q, idx);
-        if (rc == 0)
-            q->hdr->busy = 0;
+        rc = wq__mut_end(q, wq__entry_forget(q, idx));
     }
     wq__unlock(q);
+    if (rc >= 0)
+        wq__store_after(q);   /* a removal that fails now is retried later */
     return rc;
 }
 
-int wq_num_requeues(wq *q, const void *key, size_t len)
+int wq__shm_num_requeues(wq *pub, const void *key, size_t len)
 {
+    shmq *q = wq__shm(pub);
     uint32_t idx;
     int rc = wq__lock_lookup(q, key, len, &idx);
     if (rc < 0)
         return rc;
-    if (idx != WQ_NIL)
-        rc = (int)(wq__entry(q, idx)->failures > INT32_MAX ? INT32_MAX
-                                                            : wq__entry(q, idx)->failures);
+    if (idx != WQ_NIL) {
+        uint32_t f = wq__entry(q, idx)->failures;
+        rc = f > INT32_MAX ? INT32_MAX : (int)f;
+    }
     wq__unlock(q);
     return rc;
 }

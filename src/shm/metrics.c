@@ -4,26 +4,15 @@
  *
  * Histograms (queue duration: add -> get, work duration: get -> done) use
  * client-go's buckets, 10 ns to 10 s by powers of ten. They are stored
- * non-cumulative with relaxed atomics, written under the lock, and made
- * cumulative when read. The two gauges come from the processing entries:
+ * non-cumulative, written and read under the lock (plain increments: a
+ * locked read-modify-write would cost ~20 cycles three times per
+ * observation, for nothing), and made cumulative when read. The two gauges come from the processing entries:
  * unfinished work = processing * now - sum of their start times
  * (hdr->sum_start, kept exact by get/done and rebuilt by repair), and the
  * longest running processor needs the oldest start time, found by a pass
  * over the entries (O(capacity); scrape-time only, never on a hot path).
  */
-#include <errno.h>
-
-#include "internal.h"
-
-/* Relaxed load + store, not a read-modify-write: every writer holds the
-   region lock, so the increments cannot race; the atomics are only there
-   so a reader without the lock sees whole values. (A locked RMW costs
-   ~20 cycles; three per observation, two observations per cycle.) */
-static inline void bump(_Atomic uint64_t *v, uint64_t by)
-{
-    atomic_store_explicit(v, atomic_load_explicit(v, memory_order_relaxed) + by,
-                          memory_order_relaxed);
-}
+#include "shm.h"
 
 void wq__observe(struct wq_hist *h, uint64_t ns)
 {
@@ -33,26 +22,25 @@ void wq__observe(struct wq_hist *h, uint64_t ns)
         bound *= 10;
         b++;
     }
-    bump(&h->bucket[b], 1);
-    bump(&h->count, 1);
-    bump(&h->sum_ns, ns);
+    h->bucket[b]++;
+    h->count++;
+    h->sum_ns += ns;
 }
 
-static void read_hist(struct wq_hist *h, struct wq_histogram *out)
+static void read_hist(const struct wq_hist *h, struct wq_histogram *out)
 {
     uint64_t acc = 0;
     for (int b = 0; b <= WQ_HIST_BUCKETS; b++) {
-        acc += atomic_load_explicit(&h->bucket[b], memory_order_relaxed);
+        acc += h->bucket[b];
         out->bucket[b] = acc;
     }
-    out->count = atomic_load_explicit(&h->count, memory_order_relaxed);
-    out->sum_seconds = (double)atomic_load_explicit(&h->sum_ns, memory_order_relaxed) / 1e9;
+    out->count = h->count;
+    out->sum_seconds = (double)h->sum_ns / 1e9;
 }
 
-int wq_metrics(wq *q, struct wq_metrics *out)
+int wq__shm_metrics(wq *pub, struct wq_metrics *out)
 {
-    if (!q || !out)
-        return -EINVAL;
+    shmq *q = wq__shm(pub);
     int rc = wq__lock(q);
     if (rc < 0)
         return rc;
@@ -68,7 +56,7 @@ int wq_metrics(wq *q, struct wq_metrics *out)
     m.coalesced_total = h->coalesced_total;
     m.crash_requeues_total = h->crash_requeues_total;
     m.waiting = h->heap_count;
-    m.processing = atomic_load_explicit(&h->processing, memory_order_relaxed);
+    m.processing = h->processing;
     uint64_t oldest = now;
     if (m.processing > 0) {
         /* client-go's depth counts every add not yet handed out, so a key

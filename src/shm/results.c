@@ -17,18 +17,16 @@
  * place may leave a torn message if its writer dies mid-copy; the
  * structure stays sound.
  */
-#include <errno.h>
-#include <stdio.h>
 #include <stdlib.h>
 
-#include "internal.h"
+#include "shm.h"
 
-static inline struct wq_rslot *slot(const wq *q, uint32_t s)
+static inline struct wq_rslot *slot(const shmq *q, uint32_t s)
 {
     return &q->rslots[s];
 }
 
-static void unlink_slot(wq *q, uint32_t s)
+static void unlink_slot(shmq *q, uint32_t s)
 {
     struct wq_hdr *h = q->hdr;
     struct wq_rslot *r = slot(q, s);
@@ -42,7 +40,7 @@ static void unlink_slot(wq *q, uint32_t s)
         h->r_tail = r->prev;
 }
 
-static void append_slot(wq *q, uint32_t s)
+static void append_slot(shmq *q, uint32_t s)
 {
     struct wq_hdr *h = q->hdr;
     struct wq_rslot *r = slot(q, s);
@@ -56,7 +54,7 @@ static void append_slot(wq *q, uint32_t s)
 }
 
 /* Lock and busy held: the entry loses its result (if it has one). */
-void wq__result_drop(wq *q, uint32_t idx)
+void wq__result_drop(shmq *q, uint32_t idx)
 {
     struct wq_hdr *h = q->hdr;
     struct wq_entry *e = wq__entry(q, idx);
@@ -76,7 +74,7 @@ void wq__result_drop(wq *q, uint32_t idx)
     h->r_busy = 0;
 }
 
-static void fill(wq *q, struct wq_rslot *r, int code, const char *message)
+static void fill(shmq *q, struct wq_rslot *r, int code, const char *message)
 {
     r->code = code;
     r->updated_ns = wq__now_real();
@@ -85,7 +83,7 @@ static void fill(wq *q, struct wq_rslot *r, int code, const char *message)
 }
 
 /* Lock and busy held; idx is live. Record (or replace) its result. */
-int wq__result_record(wq *q, uint32_t idx, int code, const char *message)
+int wq__result_record(shmq *q, uint32_t idx, int code, const char *message)
 {
     struct wq_hdr *h = q->hdr;
     struct wq_entry *e = wq__entry(q, idx);
@@ -108,7 +106,7 @@ int wq__result_record(wq *q, uint32_t idx, int code, const char *message)
         wq__result_drop(q, victim);
         struct wq_entry *v = wq__entry(q, victim);
         if (wq__st(v) == WQ_ST_RETAINED && v->failures == 0) {
-            int rc = wq__release(q, victim);   /* kept for nothing now */
+            int rc = wq__entry_release(q, victim, true);   /* kept for nothing now */
             if (rc < 0)
                 return rc;
         }
@@ -133,7 +131,7 @@ int wq__result_record(wq *q, uint32_t idx, int code, const char *message)
 
 static int cmp_seq(const void *a, const void *b, void *arg)
 {
-    const wq *q = arg;
+    const shmq *q = arg;
     uint64_t x = q->rslots[*(const uint32_t *)a].seq, y = q->rslots[*(const uint32_t *)b].seq;
     return x < y ? -1 : x > y;
 }
@@ -144,7 +142,7 @@ static int cmp_seq(const void *a, const void *b, void *arg)
  * update-order list (sorted on seq) and the free list. Entries pointing at
  * a slot that is not theirs lose the pointer.
  */
-void wq__results_rebuild(wq *q)
+void wq__results_rebuild(shmq *q)
 {
     struct wq_hdr *h = q->hdr;
     uint32_t n = 0;
@@ -196,7 +194,7 @@ void wq__results_rebuild(wq *q)
 /* Repair: does the table need wq__results_rebuild? Only when a change to
    it was cut short, or an entry holding a result was freed or lost its
    back pointer: O(entries with results) otherwise, not O(result_capacity). */
-bool wq__results_damaged(wq *q)
+bool wq__results_damaged(shmq *q)
 {
     if (q->hdr->r_busy)
         return true;
@@ -212,7 +210,7 @@ bool wq__results_damaged(wq *q)
 }
 
 /* Check only: ownership both ways, the list, the free list, the count. */
-int wq__results_verify(wq *q, void (*violation)(void *c, const char *what), void *c)
+int wq__results_verify(shmq *q, void (*violation)(void *c, const char *what), void *c)
 {
     struct wq_hdr *h = q->hdr;
     char what[128];
@@ -264,30 +262,37 @@ int wq__results_verify(wq *q, void (*violation)(void *c, const char *what), void
     return found;
 }
 
-int wq_result(wq *q, const void *key, size_t len, struct wq_result *out)
+/* Lock held: what wq_result and wq_dump report for an entry. */
+void wq__result_read(const shmq *q, const struct wq_entry *e, struct wq_result *out)
 {
-    if (!out)
-        return -EINVAL;
+    memset(out, 0, sizeof *out);
+    out->state = WQ_STATE_NONE;
+    if (wq__has_result(q, e)) {
+        const struct wq_rslot *r = slot(q, e->rslot);
+        out->state = r->code == 0 ? WQ_STATE_SUCCEEDED : WQ_STATE_FAILED;
+        out->code = r->code;
+        out->updated_ns = r->updated_ns;
+        memcpy(out->message, r->message, sizeof out->message);
+        out->message[sizeof out->message - 1] = 0;
+    }
+    if (e->state & WQ_ST_PROCESSING)
+        out->state = WQ_STATE_RUNNING;
+    else if (e->state & (WQ_ST_QUEUED | WQ_ST_DIRTY | WQ_ST_WAITING | WQ_ST_STORING))
+        out->state = WQ_STATE_PENDING;
+}
+
+int wq__shm_result(wq *pub, const void *key, size_t len, struct wq_result *out)
+{
+    shmq *q = wq__shm(pub);
     uint32_t idx;
     int rc = wq__lock_lookup(q, key, len, &idx);
     if (rc < 0)
         return rc;
-    struct wq_result res = { .state = WQ_STATE_NONE };
-    if (idx != WQ_NIL) {
-        const struct wq_entry *e = wq__entry(q, idx);
-        if (wq__has_result(q, e)) {
-            const struct wq_rslot *r = slot(q, e->rslot);
-            res.state = r->code == 0 ? WQ_STATE_SUCCEEDED : WQ_STATE_FAILED;
-            res.code = r->code;
-            res.updated_ns = r->updated_ns;
-            memcpy(res.message, r->message, sizeof res.message);
-            res.message[sizeof res.message - 1] = 0;
-        }
-        if (e->state & WQ_ST_PROCESSING)
-            res.state = WQ_STATE_RUNNING;
-        else if (e->state & (WQ_ST_QUEUED | WQ_ST_DIRTY | WQ_ST_WAITING))
-            res.state = WQ_STATE_PENDING;
-    }
+    struct wq_result res;
+    memset(&res, 0, sizeof res);
+    res.state = WQ_STATE_NONE;
+    if (idx != WQ_NIL)
+        wq__result_read(q, wq__entry(q, idx), &res);
     wq__unlock(q);
     *out = res;
     return 0;

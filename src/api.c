@@ -1,0 +1,331 @@
+/*
+ * api.c - the public entry points of wq.h: every argument is checked
+ * here, once, and the call goes to the handle's engine (engine.h).
+ *
+ * What every call may assume after this file: the handle and pointers
+ * are not NULL, keys are 1..max_key_len bytes, buffers hold max_key_len
+ * bytes, timeouts are turned into absolute CLOCK_MONOTONIC deadlines,
+ * flags have no unknown bits, and a priority is only given to a WQ_FAIR
+ * queue. Queue names select the engine: a plain name is a shared-memory
+ * queue.
+ *
+ * wq_strerror is here too: libwq's wording of every errno its calls
+ * return (wq.h's ERRORS table).
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "internal.h"
+#include "engine.h"
+
+static inline int key_ok(const wq *q, const void *key, size_t len)
+{
+    if (WQ_UNLIKELY(!key || len == 0))
+        return -EINVAL;
+    return WQ_UNLIKELY(len > q->max_key_len) ? -EMSGSIZE : 0;
+}
+
+static int keys_ok(const wq *q, const struct iovec *keys, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        int rc = key_ok(q, keys[i].iov_base, keys[i].iov_len);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Life cycle                                                          */
+/* ------------------------------------------------------------------ */
+
+int wq_open(const char *name, const struct wq_options *opts, wq **out)
+{
+    if (!out || !wq__name_ok(name))
+        return -EINVAL;
+    if (opts) {
+        int rc = wq__options_check(opts);
+        if (rc < 0)
+            return rc;
+    }
+    return wq__shm_open(name, opts, out);
+}
+
+void wq_close(wq *q)
+{
+    if (q)
+        q->eng->close(q);
+}
+
+int wq_unlink(const char *name)
+{
+    if (!wq__name_ok(name))
+        return -EINVAL;
+    return wq__shm_unlink(name);
+}
+
+int wq_list(int (*fn)(const char *name, void *arg), void *arg)
+{
+    if (!fn)
+        return -EINVAL;
+    return wq__shm_list(fn, arg);
+}
+
+const char *wq_name(wq *q)
+{
+    return q ? q->name : NULL;
+}
+
+int wq_max_key_len(wq *q)
+{
+    return q ? (int)q->max_key_len : -EINVAL;
+}
+
+/* ------------------------------------------------------------------ */
+/* Adds: one request, one engine call                                  */
+/* ------------------------------------------------------------------ */
+
+int wq_add(wq *q, const void *key, size_t len)
+{
+    if (WQ_UNLIKELY(!q))
+        return -EINVAL;
+    int rc = key_ok(q, key, len);
+    if (WQ_UNLIKELY(rc < 0))
+        return rc;
+    struct wq_add_req r = { .key = key, .len = len };
+    return q->eng->add(q, &r);
+}
+
+int wq_add_after(wq *q, const void *key, size_t len, uint64_t delay_ns)
+{
+    if (!q)
+        return -EINVAL;
+    int rc = key_ok(q, key, len);
+    if (rc < 0)
+        return rc;
+    struct wq_add_req r = { .key = key, .len = len, .after_ns = delay_ns, .delayed = true };
+    return q->eng->add(q, &r);
+}
+
+int wq_add_rate_limited(wq *q, const void *key, size_t len)
+{
+    if (!q)
+        return -EINVAL;
+    int rc = key_ok(q, key, len);
+    if (rc < 0)
+        return rc;
+    struct wq_add_req r = { .key = key, .len = len, .rate_limited = true, .delayed = true };
+    return q->eng->add(q, &r);
+}
+
+int wq_add_opts(wq *q, const void *key, size_t len, const struct wq_add_opts *o)
+{
+    if (!o)
+        return wq_add(q, key, len);
+    if (!q)
+        return -EINVAL;
+    if (o->priority != 0 && !q->fair)
+        return -EINVAL;   /* the default mode stays client-go's */
+    int rc = key_ok(q, key, len);
+    if (rc < 0)
+        return rc;
+    struct wq_add_req r = { .key = key, .len = len, .priority = o->priority,
+                            .after_ns = o->after_ns, .rate_limited = o->rate_limited,
+                            .delayed = o->after_ns || o->rate_limited };
+    return q->eng->add(q, &r);
+}
+
+int wq_add_many(wq *q, const struct iovec *keys, size_t n)
+{
+    if (!q || (!keys && n > 0) || n > INT32_MAX)
+        return -EINVAL;
+    int rc = keys_ok(q, keys, n);
+    if (rc < 0)
+        return rc;
+    return q->eng->add_many(q, keys, n);
+}
+
+/* ------------------------------------------------------------------ */
+/* Get and done                                                        */
+/* ------------------------------------------------------------------ */
+
+static int get_args(wq *q, void *buf, size_t cap, int64_t timeout_ns, uint64_t *deadline)
+{
+    if (WQ_UNLIKELY(!q || !buf))
+        return -EINVAL;
+    if (WQ_UNLIKELY(cap < q->max_key_len))
+        return -ENOBUFS;
+    return wq__deadline(timeout_ns, deadline);
+}
+
+int wq_get(wq *q, void *buf, size_t cap, int64_t timeout_ns)
+{
+    uint64_t deadline;
+    int rc = get_args(q, buf, cap, timeout_ns, &deadline);
+    if (WQ_UNLIKELY(rc < 0))
+        return rc;
+    return q->eng->get(q, buf, deadline);
+}
+
+int wq_done(wq *q, const void *key, size_t len)
+{
+    if (WQ_UNLIKELY(!q))
+        return -EINVAL;
+    int rc = key_ok(q, key, len);
+    if (WQ_UNLIKELY(rc < 0))
+        return rc;
+    return q->eng->done(q, key, len, NULL);
+}
+
+int wq_finish(wq *q, const void *key, size_t len, int code, const char *message)
+{
+    if (!q)
+        return -EINVAL;
+    int rc = key_ok(q, key, len);
+    if (rc < 0)
+        return rc;
+    struct wq_outcome o = { true, code, message };
+    return q->eng->done(q, key, len, &o);
+}
+
+int wq_done_get(wq *q, const void *done_key, size_t done_len, void *buf, size_t cap,
+                int64_t timeout_ns)
+{
+    uint64_t deadline;
+    int rc = get_args(q, buf, cap, timeout_ns, &deadline);
+    if (WQ_UNLIKELY(rc < 0) || WQ_UNLIKELY((rc = key_ok(q, done_key, done_len)) < 0))
+        return rc;
+    return q->eng->done_get(q, done_key, done_len, buf, deadline);
+}
+
+int wq_len(wq *q)
+{
+    return q ? q->eng->len(q) : -EINVAL;
+}
+
+/* ------------------------------------------------------------------ */
+/* Shutdown                                                            */
+/* ------------------------------------------------------------------ */
+
+int wq_shutdown(wq *q)
+{
+    return q ? q->eng->shutdown(q) : -EINVAL;
+}
+
+int wq_shutdown_drain(wq *q, int64_t timeout_ns)
+{
+    uint64_t deadline;
+    if (!q)
+        return -EINVAL;
+    int rc = wq__deadline(timeout_ns, &deadline);
+    return rc < 0 ? rc : q->eng->drain(q, deadline);
+}
+
+bool wq_shutting_down(wq *q)
+{
+    return q && q->eng->shutting_down(q);
+}
+
+/* ------------------------------------------------------------------ */
+/* Keys                                                                */
+/* ------------------------------------------------------------------ */
+
+int wq_forget(wq *q, const void *key, size_t len)
+{
+    if (!q)
+        return -EINVAL;
+    int rc = key_ok(q, key, len);
+    return rc < 0 ? rc : q->eng->forget(q, key, len);
+}
+
+int wq_num_requeues(wq *q, const void *key, size_t len)
+{
+    if (!q)
+        return -EINVAL;
+    int rc = key_ok(q, key, len);
+    return rc < 0 ? rc : q->eng->num_requeues(q, key, len);
+}
+
+int wq_result(wq *q, const void *key, size_t len, struct wq_result *out)
+{
+    if (!q || !out)
+        return -EINVAL;
+    int rc = key_ok(q, key, len);
+    return rc < 0 ? rc : q->eng->result(q, key, len, out);
+}
+
+int wq_release_pid(wq *q, pid_t pid)
+{
+    if (!q || pid <= 0)
+        return -EINVAL;
+    return q->eng->release_pid(q, pid);
+}
+
+/* ------------------------------------------------------------------ */
+/* Inspection                                                          */
+/* ------------------------------------------------------------------ */
+
+int wq_stats(wq *q, struct wq_stats *out)
+{
+    return q && out ? q->eng->stats(q, out) : -EINVAL;
+}
+
+int wq_metrics(wq *q, struct wq_metrics *out)
+{
+    return q && out ? q->eng->metrics(q, out) : -EINVAL;
+}
+
+int wq_dump(wq *q, wq_dump_fn fn, void *arg)
+{
+    return q && fn ? q->eng->dump(q, fn, arg) : -EINVAL;
+}
+
+int wq_check_report(wq *q, unsigned flags, wq_report_fn report, void *arg)
+{
+    if (!q || (flags & ~(WQ_CHECK_REPAIR | WQ_CHECK_REAP)))
+        return -EINVAL;
+    return q->eng->check(q, flags, report, arg);
+}
+
+int wq_check(wq *q, unsigned flags)
+{
+    return wq_check_report(q, flags, NULL, NULL);
+}
+
+int wq_snapshot(wq *q)
+{
+    return q ? q->eng->snapshot(q) : -EINVAL;
+}
+
+/* ------------------------------------------------------------------ */
+/* Errors                                                              */
+/* ------------------------------------------------------------------ */
+
+const char *wq_strerror(int err)
+{
+    if (err < 0)
+        err = -err;
+    switch (err) {
+    case 0: return "success";
+    case EINVAL: return "invalid argument";
+    case ENOTSUP: return "not supported by this queue or this version of libwq";
+    case ENOENT: return "no such queue, or key not processing";
+    case EEXIST: return "queue already exists";
+    case EACCES: return "permission denied";
+    case EPROTO: return "not a libwq region of a compatible version";
+    case EBADMSG: return "corrupt region (wqctl check --repair rebuilds it)";
+    case EUCLEAN: return "damaged or foreign store";
+    case ENOTRECOVERABLE: return "region lock is unrecoverable; remove and recreate the queue";
+    case ENOSPC: return "queue is full (capacity live keys), or no room in /dev/shm or the store";
+    case EMSGSIZE: return "key longer than max_key_len";
+    case ENOBUFS: return "buffer smaller than max_key_len";
+    case EAGAIN: return "nothing queued";
+    case ETIMEDOUT: return "timed out";
+    case ESHUTDOWN: return "queue is shutting down";
+    case ECANCELED: return "drain cancelled by shutdown";
+    case EUSERS: return "process table full (max_procs handles), or the store's reader table";
+    case ENOMEM: return "out of memory (or out of threads)";
+    case EIO: return "the store could not be read or written";
+    default: return strerror(err);
+    }
+}

@@ -1,0 +1,80 @@
+/*
+ * engine.h - the seam between the public API (api.c) and an engine.
+ *
+ * api.c checks every argument once (NULL pointers, key lengths, timeouts,
+ * flag bits) and then calls the handle's engine through this table; an
+ * engine may assume its arguments are valid. Every handle starts with
+ * struct wq, so api.c can read what it needs without knowing the engine.
+ *
+ * Engines: the shared-memory engine (shm/engine.c), selected for every
+ * plain queue name. A second engine implements the same table; what an
+ * engine cannot do it answers with -ENOTSUP.
+ */
+#ifndef WQ_ENGINE_H
+#define WQ_ENGINE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+#include "wq.h"
+
+/* One add, whichever public call made it: wq_add, wq_add_after,
+   wq_add_rate_limited, wq_add_opts and each key of wq_add_many. */
+struct wq_add_req {
+    const void *key;
+    size_t len;
+    int priority;          /* WQ_FAIR queues only (api.c checks) */
+    uint64_t after_ns;     /* > 0: ready after this delay */
+    bool rate_limited;     /* the limiter's delay (the smaller one wins) */
+    bool delayed;          /* a DelayingInterface call: counts in
+                              retries_total and merges with a wait even
+                              when its delay comes out 0 */
+};
+
+/* What wq_finish records with its done (record false: plain wq_done). */
+struct wq_outcome {
+    bool record;
+    int code;
+    const char *message;
+};
+
+struct wq_engine {
+    const char *name;
+    void (*close)(wq *q);
+    int (*add)(wq *q, const struct wq_add_req *r);
+    int (*add_many)(wq *q, const struct iovec *keys, size_t n);
+    /* deadline: absolute CLOCK_MONOTONIC ns, 0 = do not block,
+       UINT64_MAX = forever; buf holds at least max_key_len bytes. */
+    int (*get)(wq *q, void *buf, uint64_t deadline);
+    int (*done)(wq *q, const void *key, size_t len, const struct wq_outcome *o);
+    int (*done_get)(wq *q, const void *key, size_t len, void *buf, uint64_t deadline);
+    int (*len)(wq *q);
+    int (*shutdown)(wq *q);
+    int (*drain)(wq *q, uint64_t deadline);
+    bool (*shutting_down)(wq *q);
+    int (*forget)(wq *q, const void *key, size_t len);
+    int (*num_requeues)(wq *q, const void *key, size_t len);
+    int (*result)(wq *q, const void *key, size_t len, struct wq_result *out);
+    int (*stats)(wq *q, struct wq_stats *out);
+    int (*metrics)(wq *q, struct wq_metrics *out);
+    int (*dump)(wq *q, wq_dump_fn fn, void *arg);
+    int (*check)(wq *q, unsigned flags, wq_report_fn report, void *arg);
+    int (*snapshot)(wq *q);
+    int (*release_pid)(wq *q, pid_t pid);
+};
+
+/* The head of every handle. Written once by the engine's open. */
+struct wq {
+    const struct wq_engine *eng;
+    uint32_t max_key_len;
+    bool fair;
+    char name[WQ_MAX_NAME_LEN + 1];
+};
+
+/* The shared-memory engine (shm/engine.c). Names are plain queue names. */
+int wq__shm_open(const char *name, const struct wq_options *o, wq **out);
+int wq__shm_unlink(const char *name);
+int wq__shm_list(int (*fn)(const char *name, void *arg), void *arg);
+
+#endif

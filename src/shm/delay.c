@@ -1,0 +1,75 @@
+/*
+ * delay.c - waiting keys over time: moving ready keys to the queue, the
+ * next ready time sleepers bound their sleep by, and dropping waits at
+ * shutdown. (Adds with a delay are queue.c's one add path; the delay
+ * heap itself is heap.c, its count kept by entry.c.)
+ *
+ * Waiting entries (WQ_ST_WAITING) form a binary min-heap in the region,
+ * ordered by (ready time, add sequence). Ready times are CLOCK_MONOTONIC,
+ * which is one clock for every process on the machine.
+ *
+ * No daemon: wq__promote() moves ready keys to the queue and is called by
+ * every lock holder that is about to hand out keys (wq_get and friends,
+ * wq_stats); sleepers bound their sleep by the earliest ready time, and an
+ * add that becomes the new earliest wakes one of them to re-arm.
+ *
+ * Crash safety: the entry's WAITING bit and ready time are the truth; the
+ * heap is a cache of them, rebuilt by repair.
+ */
+#include "shm.h"
+
+uint64_t wq__next_ready(const shmq *q)
+{
+    uint32_t idx = wq__heap_top(q, WQ_HEAP_DELAY, q->hdr->heap_count);
+    return idx < q->capacity ? wq__entry(q, idx)->t_b : 0;
+}
+
+/* Lock held: move every key whose ready time has come to the queue (or
+   mark it dirty if it is processing). Returns how many were queued. */
+uint32_t wq__promote(shmq *q, uint64_t now)
+{
+    struct wq_hdr *h = q->hdr;
+    uint32_t queued = 0;
+    if (h->shutdown)
+        return 0;   /* client-go: after shutdown the waiting loop is gone */
+    for (;;) {
+        uint32_t idx = wq__heap_top(q, WQ_HEAP_DELAY, h->heap_count);
+        if (idx == WQ_NIL)
+            break;
+        if (WQ_UNLIKELY(idx == WQ_CORRUPT)) {
+            h->corrupt = 1;   /* the next locker rebuilds the heap */
+            break;
+        }
+        struct wq_entry *e = wq__entry(q, idx);
+        if (WQ_UNLIKELY(!(e->state & WQ_ST_WAITING) || e->link != 0)) {
+            h->corrupt = 1;
+            break;
+        }
+        if (e->t_b > now)
+            break;
+        bool in_queue = false;
+        wq__mut_begin(q);
+        if (wq__mut_end(q, wq__entry_mark_dirty(q, idx, now, &in_queue)) < 0)
+            break;   /* busy stays set: the next locker repairs */
+        queued += in_queue;
+    }
+    return queued;
+}
+
+/* Lock held, at shutdown: client-go's waiting loop stops, so waiting keys
+   never fire (entry.c, wq__entry_drop_wait). */
+void wq__drop_waiting(shmq *q)
+{
+    struct wq_hdr *h = q->hdr;
+    while (h->heap_count > 0) {
+        if (h->heap_count > q->capacity || q->heap[h->heap_count - 1] >= q->capacity) {
+            h->corrupt = 1;
+            return;
+        }
+        uint32_t idx = q->heap[h->heap_count - 1];
+        wq__mut_begin(q);
+        WQ_STEP("drop.busy");
+        if (wq__mut_end(q, wq__entry_drop_wait(q, idx)) < 0)
+            return;
+    }
+}

@@ -1,0 +1,105 @@
+/*
+ * engine.c - the shared-memory engine as api.c sees it: opening and
+ * closing handles, and the table of operations (engine.h). The
+ * operations themselves live with their components (queue.c, delay.c,
+ * limiter.c, results.c, metrics.c, inspect.c, repair.c, store.c).
+ */
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "shm.h"
+
+static const struct wq_engine shm_engine = {
+    .name = "shm",
+    .close = wq__shm_close,
+    .add = wq__shm_add,
+    .add_many = wq__shm_add_many,
+    .get = wq__shm_get,
+    .done = wq__shm_done,
+    .done_get = wq__shm_done_get,
+    .len = wq__shm_len,
+    .shutdown = wq__shm_shutdown,
+    .drain = wq__shm_drain,
+    .shutting_down = wq__shm_shutting_down,
+    .forget = wq__shm_forget,
+    .num_requeues = wq__shm_num_requeues,
+    .result = wq__shm_result,
+    .stats = wq__shm_stats,
+    .metrics = wq__shm_metrics,
+    .dump = wq__shm_dump,
+    .check = wq__shm_check,
+    .snapshot = wq__shm_snapshot,
+    .release_pid = wq__shm_release_pid,
+};
+
+static void free_handle(shmq *q)
+{
+    if (q->base)
+        munmap(q->base, q->size);
+    free(q->scratch);
+    free(q->held);
+    free(q->rscratch);
+    free(q);
+}
+
+int wq__shm_open(const char *name, const struct wq_options *opts, wq **out)
+{
+    char path[WQ_MAX_NAME_LEN + 32];
+    int rc = wq__region_path(path, sizeof path, name);
+    if (rc < 0)
+        return rc;
+    wq__fork_init();
+    shmq *q = calloc(1, sizeof *q);
+    if (!q)
+        return -ENOMEM;
+    q->pub.eng = &shm_engine;
+    snprintf(q->pub.name, sizeof q->pub.name, "%s", name);
+    q->slot = WQ_NIL;
+
+    bool create = opts && (opts->flags & WQ_CREATE);
+    bool excl = opts && (opts->flags & WQ_EXCL);
+    /* EXCL on an existing queue: say so before touching a store (publish
+       still decides a creation race). */
+    if (excl && access(path, F_OK) == 0) {
+        free(q);
+        return -EEXIST;
+    }
+    for (int tries = 0;; tries++) {
+        rc = excl ? -ENOENT : wq__region_attach(q, path);
+        if (rc != -ENOENT || !create)
+            break;
+        rc = wq__region_create(path, opts);
+        if (rc == -EEXIST && !excl && tries < 3)
+            continue;   /* lost a creation race: attach to the winner */
+        if (rc < 0)
+            break;
+        rc = wq__region_attach(q, path);
+        if (rc != -ENOENT || tries >= 3)
+            break;      /* unlinked between link and open: try again */
+    }
+    if (rc < 0)
+        goto fail;
+    q->scratch = calloc(3 * ((q->capacity + 63) / 64), sizeof(uint64_t));
+    q->held = calloc(q->max_procs, sizeof(uint32_t));
+    if (!q->scratch || !q->held) {
+        rc = -ENOMEM;
+        goto fail;
+    }
+    rc = wq__lock(q);   /* registers this process (see procs.c) */
+    if (rc < 0)
+        goto fail;
+    wq__unlock(q);
+    *out = &q->pub;
+    return 0;
+fail:
+    free_handle(q);
+    return rc;
+}
+
+void wq__shm_close(wq *pub)
+{
+    shmq *q = wq__shm(pub);
+    wq__procs_unregister(q);
+    free_handle(q);
+}

@@ -1,0 +1,117 @@
+/*
+ * lock.c - the region lock: one robust, process-shared mutex.
+ *
+ * On EOWNERDEAD the new owner repairs the region (repair.c) and only then
+ * calls pthread_mutex_consistent(); unlocking without it would leave the
+ * mutex ENOTRECOVERABLE for everyone. If the dead holder was not in the
+ * middle of a mutation (hdr->busy == 0) nothing needs rebuilding.
+ *
+ * A region whose busy flag is found set on a normal acquisition (a
+ * mutation that failed half way, mutate.h rule 2, or a repair that failed
+ * and was marked consistent so others get errors instead of a dead lock)
+ * is repaired again here, as is one a holder flagged corrupt.
+ *
+ * wq__lock also notices a fork: a handle used for the first time in a
+ * child registers the child as a new process before doing anything else.
+ * wq__unlock issues the futex wakes the holder owed (wait.c): waking
+ * after the unlock means a woken sleeper never blocks on our lock.
+ *
+ * Mutex set-up checks every attribute call (as LMDB's lock-table set-up
+ * does): a region must never be published with a lock that is not robust
+ * and process-shared.
+ */
+#include <pthread.h>
+
+#include "shm.h"
+
+int wq__mutex_init(pthread_mutex_t *m)
+{
+    pthread_mutexattr_t a;
+    int rc = pthread_mutexattr_init(&a);
+    if (rc)
+        return -rc;
+    if (WQ_FAIL("mutex.attr"))
+        rc = ENOTSUP;
+    if (!rc)
+        rc = pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+    if (!rc)
+        rc = pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
+    if (!rc)
+        rc = pthread_mutex_init(m, &a);
+    pthread_mutexattr_destroy(&a);
+    return -rc;
+}
+
+#ifdef WQ_DEBUG
+/* One address per thread: who holds the lock, for WQ_ASSERT_LOCKED. */
+static _Thread_local char me;
+
+bool wq__lock_held(const shmq *q)
+{
+    return wq_load_relaxed(&q->holder) == (const void *)&me;
+}
+#define HOLDER_SET(q) wq_store_relaxed(&(q)->holder, (const void *)&me)
+#define HOLDER_CLEAR(q) wq_store_relaxed(&(q)->holder, (const void *)NULL)
+#else
+#define HOLDER_SET(q) ((void)0)
+#define HOLDER_CLEAR(q) ((void)0)
+#endif
+
+static int recover(shmq *q)
+{
+    int rc = wq__repair(q, true, false, NULL, NULL);
+    q->hdr->repairs_total++;
+    /* Consistent even if repair failed: the next locker sees busy set and
+       retries, instead of everyone being locked out for good. */
+    pthread_mutex_consistent(&q->hdr->lock);
+    return rc < 0 ? rc : 0;
+}
+
+static void release(shmq *q)
+{
+    HOLDER_CLEAR(q);
+    q->wake_get = 0;
+    q->wake_idle = false;
+    pthread_mutex_unlock(&q->hdr->lock);
+}
+
+int wq__lock(shmq *q)
+{
+    int rc = pthread_mutex_lock(&q->hdr->lock);
+    if (WQ_UNLIKELY(rc != 0 && rc != EOWNERDEAD))
+        return rc == ENOTRECOVERABLE ? -ENOTRECOVERABLE : -rc;
+    HOLDER_SET(q);
+    if (WQ_UNLIKELY(rc == EOWNERDEAD)) {
+        rc = recover(q);
+        if (rc == 0)
+            wq__procs_reap(q);
+    } else if (WQ_UNLIKELY(q->hdr->busy || q->hdr->corrupt)) {
+        rc = wq__repair(q, true, q->hdr->corrupt != 0, NULL, NULL);
+    }
+    if (WQ_UNLIKELY(rc < 0)) {
+        release(q);
+        return rc;
+    }
+    /* Re-register after a fork, or if our slot is no longer ours (it can
+       only be taken from a live handle by repairing a corrupt table). */
+    if (WQ_UNLIKELY(q->forkgen != wq_load_relaxed(&wq__fork_gen) ||
+                    q->slot >= q->max_procs ||
+                    q->procs[q->slot].state != WQ_PROC_LIVE ||
+                    q->procs[q->slot].gen != q->gen)) {
+        rc = wq__procs_register(q);
+        if (rc < 0) {
+            release(q);
+            return rc;
+        }
+    }
+    return 0;
+}
+
+void wq__unlock(shmq *q)
+{
+    int get = q->wake_get;
+    bool idle = q->wake_idle;
+    release(q);
+    if (WQ_UNLIKELY(get | idle))
+        wq__wake_flush(q, get, idle);
+}

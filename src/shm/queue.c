@@ -1,0 +1,484 @@
+/*
+ * queue.c - client-go's Interface and DelayingInterface over the region:
+ * the one add path (wq_add, wq_add_after, wq_add_rate_limited,
+ * wq_add_opts, wq_add_many), get, done, the fast paths, len, shutdown
+ * and drain.
+ *
+ * Each operation is one critical section (hashes computed and clocks read
+ * before locking); the state changes themselves are entry.c's
+ * transitions, inside mutate.h's busy bracket.
+ *
+ * The add path: add_locked() decides, for one key under the lock, between
+ * a new entry, a coalesced add, a new or merged wait, and marking an
+ * existing key dirty. Every public add goes through add_call() (one key)
+ * or wq__shm_add_many() (a batch), and both end the same way: when the
+ * only room is held by removals the store has not written (-WQ_EFLUSH),
+ * they flush and try again; a batch makes all the room it needs before
+ * adding any key, so it adds all or none; then the store epilogue makes
+ * the adds durable or rolls them back (store.c).
+ *
+ * Waking: whoever makes a key available owes one sleeper a wake (wait.c:
+ * issued after the unlock). A getter that takes a key and sees more
+ * queued with sleepers waiting passes the wake on, so a wake consumed by
+ * a sleeper that then died or lost the race is not lost for long;
+ * sleepers also wake every WQ_REAP_INTERVAL_NS to requeue dead holders'
+ * keys.
+ */
+#include <limits.h>
+#include <stdlib.h>
+
+#include "shm.h"
+
+/*
+ * Lock held: one add. 0 new or marked, 1 coalesced (into a dirty key, a
+ * wait, or a new key not stored yet). *wake when a sleeper should look
+ * again: a key entered the queue, or the earliest ready time moved.
+ */
+static int add_locked(shmq *q, const struct wq_add_req *r, uint32_t hash, uint64_t now,
+                      bool *wake)
+{
+    struct wq_hdr *h = q->hdr;
+    if (WQ_UNLIKELY(h->shutdown))
+        return -ESHUTDOWN;
+    uint32_t idx = wq__table_lookup(q, r->key, r->len, hash);
+    if (WQ_UNLIKELY(idx == WQ_CORRUPT))
+        return -EBADMSG;
+    int rc;
+    bool fresh = idx == WQ_NIL;
+    /* The common case first: a plain add of a key that is already dirty
+       changes nothing but a counter (and, in fair mode, a priority). */
+    if (!fresh && !r->delayed &&
+        (wq__entry(q, idx)->state & (WQ_ST_DIRTY | WQ_ST_STORING))) {
+        struct wq_entry *e = wq__entry(q, idx);
+        h->coalesced_total++;
+        if (e->state & WQ_ST_DIRTY) {
+            if (!q->fair)
+                return 1;
+            wq__mut_begin(q);
+            return wq__mut_end(q, wq__fair_prio(q, idx, r->priority, false)) < 0 ? -EBADMSG : 1;
+        }
+        /* A new key waiting for its store commit: it becomes ready at once
+           (a direct add of a waiting key queues it at once). */
+        wq__mut_begin(q);
+        if (q->fair)
+            q->fx[idx].prio = q->fx[idx].prio > r->priority ? q->fx[idx].prio : r->priority;
+        return wq__mut_end(q, wq__entry_delay(q, idx, now));
+    }
+    wq__mut_begin(q);
+    if (r->delayed)
+        WQ_STEP("delay.busy");
+    else
+        WQ_STEP("add.busy");
+    if (fresh && (idx = wq__entry_new(q, r->key, r->len, hash, &rc)) == WQ_NIL) {
+        /* No room: nothing is half done (an eviction it made is complete),
+           unless the free list was found corrupt: then repair. */
+        if (rc != -EBADMSG)
+            wq__mut_end(q, 0);
+        return rc;
+    }
+    struct wq_entry *e = wq__entry(q, idx);
+    uint16_t st = fresh ? 0 : wq__st(e);
+    uint64_t delay = r->after_ns;
+    if (r->delayed) {
+        if (r->rate_limited) {
+            if (!fresh)
+                wq__store_mark(q, idx);   /* its failure count is about to change */
+            /* client-go's When(): the count rises even when merged; with
+               an explicit delay too, the smaller one wins. */
+            uint64_t d = wq__limiter_when(q, e, now);
+            delay = delay && delay < d ? delay : d;
+        }
+        h->retries_total++;
+        WQ_STEP("delay.counted");
+    }
+    /* Priorities: an idle or processing key was handed out (or never
+       was): its add is a new add with its own priority, as
+       controller-runtime's. A queued or waiting one keeps the higher. */
+    if (q->fair) {
+        if (fresh || st == WQ_ST_RETAINED || st == 0 || st == WQ_ST_PROCESSING)
+            q->fx[idx].prio = r->priority;
+        else if ((rc = wq__fair_prio(q, idx, r->priority, false)) < 0)
+            return rc;
+    }
+    if (st & WQ_ST_DIRTY) {   /* already going to be handed out */
+        h->coalesced_total++;
+        return wq__mut_end(q, 1);
+    }
+    bool queued = false;
+    if (delay == 0) {   /* an add now (client-go: AddAfter(0) is Add) */
+        if (fresh) {
+            e->t_b = now;
+            rc = wq__entry_commit_new(q, idx, WQ_ST_DIRTY | WQ_ST_QUEUED, &queued);
+        } else if (st == WQ_ST_STORING) {
+            rc = wq__entry_delay(q, idx, now);   /* merged: ready at once */
+        } else {
+            rc = wq__entry_mark_dirty(q, idx, now, &queued);
+        }
+        if (rc < 0)
+            return rc;   /* busy stays set: the next locker repairs */
+        if (rc == 1)
+            h->coalesced_total++;
+        *wake = queued;
+        return wq__mut_end(q, rc);
+    }
+    uint64_t ready = now + delay < now ? UINT64_MAX : now + delay;
+    uint64_t top = wq__next_ready(q);
+    if (fresh) {
+        e->t_b = ready;
+        rc = wq__entry_commit_new(q, idx, WQ_ST_WAITING, &queued);
+    } else {
+        rc = wq__entry_delay(q, idx, ready);
+    }
+    if (rc < 0)
+        return rc;
+    WQ_STEP("delay.heap");
+    if (rc == 1)
+        h->coalesced_total++;
+    *wake = top == 0 || ready < top;
+    return wq__mut_end(q, rc);
+}
+
+/* One key, any kind of add: lock, add, make room and retry, epilogue. */
+static int add_call(shmq *q, const struct wq_add_req *r)
+{
+    uint32_t hash = wq__hash(q->seed, r->key, r->len);
+    /* The index slot is a likely cache miss: start it while we lock. */
+    __builtin_prefetch(&q->index[wq__home(q, hash)]);
+    uint64_t now = r->delayed ? wq__now_mono() : wq__metrics_now(q);
+    int rc;
+    for (int tries = 0;; tries++) {
+        if ((rc = wq__lock(q)) < 0)
+            return rc;
+        bool wake = false;
+        rc = add_locked(q, r, hash, now, &wake);
+        if (wake)
+            wq__wake_getters(q, 1);
+        wq__unlock(q);
+        if (rc != -WQ_EFLUSH)
+            break;
+        int room = wq__store_make_room(q, tries);
+        if (room < 0)
+            return room;
+    }
+    struct iovec key = { (void *)r->key, r->len };
+    return wq__store_finish_add(q, &key, 1, rc);
+}
+
+int wq__shm_add(wq *pub, const struct wq_add_req *r)
+{
+    return add_call(wq__shm(pub), r);
+}
+
+/* Exact number of distinct keys in the batch that have no entry yet. */
+static int count_new(shmq *q, const struct iovec *keys, const uint32_t *hashes, size_t n,
+                     size_t *out)
+{
+    size_t cap = 16;
+    while (cap < 2 * n)
+        cap <<= 1;
+    uint32_t *seen = calloc(cap, sizeof *seen);   /* batch index + 1 */
+    if (!seen)
+        return -ENOMEM;
+    size_t fresh = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t idx = wq__table_lookup(q, keys[i].iov_base, keys[i].iov_len, hashes[i]);
+        if (idx == WQ_CORRUPT) {
+            free(seen);
+            return -EBADMSG;
+        }
+        if (idx != WQ_NIL)
+            continue;
+        size_t s = hashes[i] & (cap - 1);
+        for (;; s = (s + 1) & (cap - 1)) {
+            if (seen[s] == 0) {
+                seen[s] = (uint32_t)i + 1;
+                fresh++;
+                break;
+            }
+            const struct iovec *o = &keys[seen[s] - 1];
+            if (hashes[seen[s] - 1] == hashes[i] && o->iov_len == keys[i].iov_len &&
+                memcmp(o->iov_base, keys[i].iov_base, o->iov_len) == 0)
+                break;
+        }
+    }
+    free(seen);
+    *out = fresh;
+    return 0;
+}
+
+/*
+ * Lock held: room for the batch's new keys, or none of it is added.
+ * -ENOSPC when they exceed capacity; -WQ_EFLUSH (after turning idle keys
+ * into zombies if needed) when the room is held by removals the store
+ * must write first: the caller flushes and tries again.
+ */
+static int batch_room(shmq *q, const struct iovec *keys, const uint32_t *hashes, size_t n)
+{
+    struct wq_hdr *h = q->hdr;
+    size_t room = q->capacity - h->live;
+    size_t free_now = wq__entry_free_count(q);
+    if (n <= free_now)
+        return 0;   /* fits whatever the keys are */
+    size_t fresh;
+    int rc = count_new(q, keys, hashes, n, &fresh);
+    if (rc < 0)
+        return rc;
+    if (fresh > room)
+        return -ENOSPC;
+    if (fresh <= free_now || !q->g.has_store)
+        return 0;   /* without a store, idle keys are evicted in place */
+    wq__mut_begin(q);
+    rc = wq__mut_end(q, wq__entry_evict_room(q, (uint32_t)fresh));
+    return rc < 0 ? rc : -WQ_EFLUSH;
+}
+
+int wq__shm_add_many(wq *pub, const struct iovec *keys, size_t n)
+{
+    shmq *q = wq__shm(pub);
+    uint32_t stack_h[64], *hashes = stack_h;
+    int rc;
+    if (n == 0)
+        return 0;
+    if (n > 64 && !(hashes = malloc(n * sizeof *hashes)))
+        return -ENOMEM;
+    for (size_t i = 0; i < n; i++)
+        hashes[i] = wq__hash(q->seed, keys[i].iov_base, keys[i].iov_len);
+    uint64_t now = wq__metrics_now(q);
+    for (int tries = 0;; tries++) {
+        if ((rc = wq__lock(q)) < 0)
+            goto out;
+        if (q->hdr->shutdown) {
+            rc = -ESHUTDOWN;
+        } else if ((rc = batch_room(q, keys, hashes, n)) == 0) {
+            int coalesced = 0, queued_n = 0;
+            for (size_t i = 0; i < n && rc >= 0; i++) {
+                struct wq_add_req r = { .key = keys[i].iov_base, .len = keys[i].iov_len };
+                bool queued = false;
+                rc = add_locked(q, &r, hashes[i], now, &queued);
+                coalesced += rc > 0;
+                queued_n += queued;
+            }
+            if (rc >= 0)
+                rc = coalesced;
+            wq__wake_getters(q, queued_n);
+        }
+        wq__unlock(q);
+        if (rc != -WQ_EFLUSH)
+            break;
+        int room = wq__store_make_room(q, tries);
+        if (room < 0) {
+            rc = room;
+            goto out;
+        }
+    }
+    rc = wq__store_finish_add(q, keys, n, rc);
+out:
+    if (hashes != stack_h)
+        free(hashes);
+    return rc;
+}
+
+/* Lock held. Pop the front into buf: its length, or -EAGAIN if empty.
+   Ready waiting keys are queued first. `now` is a clock reading the
+   caller already made (before locking, to keep it out of the critical
+   section), or 0. */
+static int get_locked(shmq *q, void *buf, uint64_t now)
+{
+    struct wq_hdr *h = q->hdr;
+    if (now == 0 && (q->metrics || h->heap_count > 0))
+        now = wq__now_mono();
+    if (h->heap_count > 0)
+        wq__promote(q, now);
+    uint32_t idx = q->fair ? wq__fair_front(q) : wq__ring_front(q);
+    if (idx == WQ_NIL)
+        return -EAGAIN;
+    if (WQ_UNLIKELY(idx == WQ_CORRUPT))
+        return -EBADMSG;
+    struct wq_entry *e = wq__entry(q, idx);
+    uint32_t len = e->keylen;
+    if (WQ_UNLIKELY(!(e->state & WQ_ST_QUEUED) || len == 0 || len > q->max_key_len))
+        return -EBADMSG;
+    memcpy(buf, e->key, len);
+    wq__mut_begin(q);
+    WQ_STEP("get.busy");
+    int rc = wq__mut_end(q, wq__entry_hand_out(q, idx, now));
+    return rc < 0 ? rc : (int)len;
+}
+
+/* Lock held; done of a key: -ENOENT unless it is processing. */
+static int done_locked(shmq *q, const void *key, size_t len, uint32_t hash, uint64_t now,
+                       const struct wq_outcome *o, bool *queued)
+{
+    uint32_t idx = wq__table_lookup(q, key, len, hash);
+    if (idx == WQ_NIL)
+        return -ENOENT;
+    if (WQ_UNLIKELY(idx == WQ_CORRUPT))
+        return -EBADMSG;
+    if (!(wq__st(wq__entry(q, idx)) & WQ_ST_PROCESSING))
+        return -ENOENT;
+    wq__mut_begin(q);
+    WQ_STEP("done.busy");
+    return wq__mut_end(q, wq__entry_done(q, idx, now, o, queued));
+}
+
+/* Lock held on entry, released on return: hand out a key or sleep. */
+static int get_wait(shmq *q, void *buf, uint64_t deadline, uint64_t now)
+{
+    struct wq_hdr *h = q->hdr;
+    for (;; now = 0) {
+        int n = get_locked(q, buf, now);
+        if (n > 0) {
+            if (wq__queued(q) > 0)
+                wq__wake_getters(q, 1);   /* pass it on */
+            wq__unlock(q);
+            return n;
+        }
+        if (n == -EAGAIN && h->shutdown)
+            n = -ESHUTDOWN;
+        else if (n == -EAGAIN && wq__procs_reap(q) > 0)
+            continue;   /* a dead holder's key may be first in line now */
+        if (n != -EAGAIN || deadline == 0) {
+            wq__unlock(q);
+            return n;
+        }
+        now = wq__now_mono();
+        if (now >= deadline) {
+            wq__unlock(q);
+            return -ETIMEDOUT;
+        }
+        uint64_t until = now + WQ_REAP_INTERVAL_NS;
+        uint64_t ready = wq__next_ready(q);   /* sleep no longer than a delay */
+        if (ready && ready < until)
+            until = ready > now ? ready : now + 1;
+        int rc = wq__sleep(q, &h->wake_seq, deadline, until, true);
+        if (rc < 0)
+            return rc;
+    }
+}
+
+int wq__shm_get(wq *pub, void *buf, uint64_t deadline)
+{
+    shmq *q = wq__shm(pub);
+    uint64_t now = wq__metrics_now(q);
+    int rc = wq__lock(q);
+    if (rc < 0)
+        return rc;
+    wq__procs_maybe_reap(q);
+    rc = get_wait(q, buf, deadline, now);
+    if (WQ_UNLIKELY(q->g.has_store))
+        wq__store_after(q);   /* crash requeues, periodic snapshots */
+    return rc;
+}
+
+int wq__shm_done(wq *pub, const void *key, size_t len, const struct wq_outcome *o)
+{
+    shmq *q = wq__shm(pub);
+    uint32_t hash = wq__hash(q->seed, key, len);
+    __builtin_prefetch(&q->index[wq__home(q, hash)]);
+    uint64_t now = wq__metrics_now(q);
+    int rc = wq__lock(q);
+    if (rc < 0)
+        return rc;
+    bool queued = false;
+    rc = done_locked(q, key, len, hash, now, o, &queued);
+    if (queued)
+        wq__wake_getters(q, 1);
+    wq__unlock(q);
+    /* The done is applied; a removal the store cannot take now stays
+       listed and is written by a later flush (wq.h, Persistence). */
+    if (rc >= 0 && WQ_UNLIKELY(q->g.has_store))
+        wq__store_after(q);
+    return rc;
+}
+
+int wq__shm_done_get(wq *pub, const void *key, size_t len, void *buf, uint64_t deadline)
+{
+    shmq *q = wq__shm(pub);
+    uint32_t hash = wq__hash(q->seed, key, len);
+    uint64_t now = wq__metrics_now(q);   /* one reading serves both halves */
+    int rc = wq__lock(q);
+    if (rc < 0)
+        return rc;
+    bool queued = false;
+    rc = done_locked(q, key, len, hash, now, NULL, &queued);
+    if (rc < 0) {
+        wq__unlock(q);
+        return rc;
+    }
+    /* A key we just requeued may be handed straight back to us; any
+       sleeper is woken by get_wait's pass-on if more remain. */
+    wq__procs_maybe_reap(q);
+    rc = get_wait(q, buf, deadline, now);
+    if (WQ_UNLIKELY(q->g.has_store)) {
+        int st = wq__store_after(q);   /* the done's removal, before we return */
+        if (st < 0 && rc >= 0)
+            rc = st;   /* the key is still ours: the caller sees the error */
+    }
+    return rc;
+}
+
+int wq__shm_len(wq *pub)
+{
+    shmq *q = wq__shm(pub);
+    uint32_t n = wq__queued(q);
+    return n <= q->capacity ? (int)n : -EBADMSG;
+}
+
+/* Lock held: the shutdown flag and its consequences (waiting keys are
+   dropped, every sleeper looks again). */
+static void shut(shmq *q)
+{
+    wq_store_relaxed(&q->hdr->shutdown, 1);
+    wq__drop_waiting(q);
+    wq__wake_all(q);
+}
+
+int wq__shm_shutdown(wq *pub)
+{
+    shmq *q = wq__shm(pub);
+    int rc = wq__lock(q);
+    if (rc < 0)
+        return rc;
+    q->hdr->shutdown_calls++;
+    shut(q);
+    wq__unlock(q);
+    return 0;
+}
+
+int wq__shm_drain(wq *pub, uint64_t deadline)
+{
+    shmq *q = wq__shm(pub);
+    int rc = wq__lock(q);
+    if (rc < 0)
+        return rc;
+    struct wq_hdr *h = q->hdr;
+    shut(q);
+    uint32_t calls = h->shutdown_calls;
+    for (;;) {
+        if (h->processing == 0) {
+            rc = 0;
+            break;
+        }
+        if (h->shutdown_calls != calls) {
+            rc = -ECANCELED;
+            break;
+        }
+        if (wq__procs_reap(q) > 0)
+            continue;
+        uint64_t now = wq__now_mono();
+        if (now >= deadline) {
+            rc = -ETIMEDOUT;
+            break;
+        }
+        if ((rc = wq__sleep(q, &h->idle_seq, deadline, now + WQ_REAP_INTERVAL_NS,
+                            false)) < 0)
+            return rc;
+    }
+    wq__unlock(q);
+    return rc;
+}
+
+bool wq__shm_shutting_down(wq *pub)
+{
+    return wq_load_relaxed(&wq__shm(pub)->hdr->shutdown) != 0;
+}

@@ -1,0 +1,261 @@
+/*
+ * shm.h - the shared-memory engine's handle and the wq__* calls shared
+ * between its files (and the store, which persists its regions).
+ *
+ * Files, top to bottom (arrows point down):
+ *   engine.c    the operations table api.c calls
+ *   queue.c delay.c limiter.c results.c fair.c metrics.c inspect.c
+ *               the operations, composed from what is below
+ *   repair.c    rebuild from entries; wq_check shares its passes
+ *   procs.c     process table, leases, the one liveness probe, reaping
+ *   entry.c     every entry state transition (the one state machine)
+ *   mutate.h    the crash protocol: begin/end of a mutation
+ *   lock.c wait.c region.c
+ *   table.c ring.c heap.c   data structures only; never call up
+ *   layout.h    the region format
+ */
+#ifndef WQ_SHM_H
+#define WQ_SHM_H
+
+#include <pthread.h>
+#include <stdio.h>
+#include <sys/types.h>
+
+#include "internal.h"
+#include "engine.h"
+#include "layout.h"
+
+/* How often a blocked waiter wakes to look for dead key holders. */
+#define WQ_REAP_INTERVAL_NS (100ull * 1000 * 1000)
+/* Lock acquisitions between two time checks for the periodic reap. */
+#define WQ_REAP_TICKS 1024u
+
+/* Lookups and allocations return an entry index, or one of these. */
+#define WQ_CORRUPT  0xfffffffeu   /* an out-of-range index was found */
+#define WQ_EVICTING 0xfffffffdu   /* made room that the store must free first */
+/* internal: "flush the store, then try again" (never returned to callers) */
+#define WQ_EFLUSH EALREADY
+
+struct wq_lease;
+
+/*
+ * The per-process handle of a shared-memory queue. Geometry is copied
+ * from the header when it is validated at attach and never re-read from
+ * shared memory, so a later corruption of the header cannot move our
+ * bounds. Fields below `slot` are written under the region lock.
+ */
+typedef struct wq_shm {
+    struct wq pub;                 /* engine, max_key_len, fair, name */
+    unsigned char *base;
+    size_t size;
+    struct wq_hdr *hdr;
+    struct wq_proc *procs;
+    unsigned char *entries;
+    struct wq_islot *index;
+    uint32_t *ring;
+
+    struct wq_geom g;              /* validated copy of the header */
+    uint32_t capacity, max_key_len, max_procs, entry_size, index_slots;
+    uint64_t seed;
+    uint32_t *heap;                /* delay heap (layout.h) */
+    uint32_t *sq;                  /* store queue (layout.h), NULL without store */
+    bool restoring;                /* filling a new region nobody sees yet */
+    bool fair;                     /* WQ_FAIR: fair.c orders the queue */
+    struct wq_fx *fx;
+    uint32_t *fheap_p, *fheap_a;
+    uint64_t *ftags;
+    struct wq_rslot *rslots;       /* result slots (layout.h) */
+    uint32_t result_capacity;
+    bool metrics;                  /* duration metrics on (no WQ_NO_METRICS) */
+
+    /* Registration: written under the region lock. */
+    uint32_t slot;                 /* our process table slot */
+    uint32_t gen;                  /* its generation */
+    unsigned forkgen;              /* wq__fork_gen when registered */
+    struct wq_lease *lease;        /* lease thread, NULL in a forked child */
+
+    /* Wakes owed once the lock is released (wait.c): region lock. Any
+       thread of this process holding the region lock owns them. */
+    int wake_get;                  /* wake_seq sleepers to wake */
+    bool wake_idle;                /* wake every idle_seq sleeper */
+#ifdef WQ_DEBUG
+    const void *holder;            /* the thread holding the lock (lock.c) */
+#endif
+
+    uint64_t *scratch;             /* 3 x capacity bits, check/repair; lock */
+    uint32_t *held;                /* max_procs counters, check/repair; lock */
+    uint32_t *rscratch;            /* result_capacity slots, repair; lock */
+} shmq;
+
+static inline shmq *wq__shm(wq *q)
+{
+    return (shmq *)q;
+}
+
+/* lock.c */
+int wq__lock(shmq *q);
+void wq__unlock(shmq *q);
+int wq__mutex_init(pthread_mutex_t *m);
+#ifdef WQ_DEBUG
+bool wq__lock_held(const shmq *q);
+#define WQ_ASSERT_LOCKED(q) WQ_ASSERT((q)->restoring || wq__lock_held(q))
+#else
+#define WQ_ASSERT_LOCKED(q) ((void)0)
+#endif
+
+#include "mutate.h"
+
+/* wait.c: wakes are owed under the lock and issued by wq__unlock. */
+void wq__wake_getters(shmq *q, int n);
+void wq__wake_drainers(shmq *q);
+void wq__wake_all(shmq *q);
+void wq__wake_flush(shmq *q, int get, bool idle);
+int wq__futex_wait(uint32_t *word, uint32_t val, uint64_t deadline_mono);
+int wq__sleep(shmq *q, uint32_t *word, uint64_t deadline, uint64_t until, bool getter);
+
+/* region.c */
+int wq__region_create(const char *path, const struct wq_options *opts);
+int wq__region_attach(shmq *q, const char *path);
+int wq__region_path(char *buf, size_t cap, const char *name);
+int wq__geometry(struct wq_geom *g, const struct wq_conf *c);
+int wq__region_validate(const struct wq_geom *g, uint64_t file_size);
+void wq__geom_conf(const struct wq_geom *g, struct wq_conf *c);
+
+/* table.c: the key index */
+uint32_t wq__table_lookup(shmq *q, const void *key, size_t len, uint32_t hash);
+int wq__table_insert(shmq *q, uint32_t idx, uint32_t hash);
+int wq__table_remove(shmq *q, uint32_t idx, uint32_t hash);
+int wq__lock_lookup(shmq *q, const void *key, size_t len, uint32_t *idx);
+static inline uint32_t wq__home(const shmq *q, uint32_t hash)
+{
+    return (uint32_t)(((uint64_t)hash * q->index_slots) >> 32);
+}
+
+/* ring.c: the FIFO */
+int wq__ring_push(shmq *q, uint32_t idx);
+uint32_t wq__ring_front(shmq *q);
+void wq__ring_pop(shmq *q);
+static inline uint32_t wq__ring_count(const shmq *q)
+{
+    return (uint32_t)(wq_load_relaxed(&q->hdr->ring_pos) >> 32);
+}
+
+/* heap.c: heaps of entry indices; n = members before the call */
+enum { WQ_HEAP_DELAY, WQ_HEAP_PRIO, WQ_HEAP_AGE };
+int wq__heap_insert(shmq *q, int kind, uint32_t n, uint32_t idx);
+int wq__heap_delete(shmq *q, int kind, uint32_t n, uint32_t idx);
+int wq__heap_raise(shmq *q, int kind, uint32_t n, uint32_t idx);
+int wq__heap_build(shmq *q, int kind, uint32_t n);
+uint32_t wq__heap_top(const shmq *q, int kind, uint32_t n);
+void wq__heap_verify(shmq *q, int kind, uint32_t n, uint64_t *seen,
+                     bool (*member)(const shmq *q, uint32_t idx),
+                     void (*bad)(void *c, const char *what), void *c);
+
+/* entry.c: the state machine (see its design note) */
+static inline struct wq_entry *wq__entry(const shmq *q, uint32_t idx)
+{
+    return (struct wq_entry *)(q->entries + (size_t)idx * q->entry_size);
+}
+/* The entry's state without the store bit. */
+static inline uint16_t wq__st(const struct wq_entry *e)
+{
+    return e->state & (uint16_t)~WQ_ST_SDIRTY;
+}
+static inline bool wq__has_result(const shmq *q, const struct wq_entry *e)
+{
+    return e->rslot < q->result_capacity;
+}
+static inline uint16_t wq__gen16(uint32_t gen)
+{
+    return (uint16_t)gen;
+}
+uint32_t wq__entry_new(shmq *q, const void *key, size_t len, uint32_t hash, int *err);
+int wq__entry_commit_new(shmq *q, uint32_t idx, uint16_t state, bool *queued);
+int wq__entry_restore_idle(shmq *q, uint32_t idx);
+int wq__entry_mark_dirty(shmq *q, uint32_t idx, uint64_t now, bool *queued);
+int wq__entry_hand_out(shmq *q, uint32_t idx, uint64_t now);
+int wq__entry_done(shmq *q, uint32_t idx, uint64_t now, const struct wq_outcome *o,
+                   bool *queued);
+int wq__entry_delay(shmq *q, uint32_t idx, uint64_t ready);
+int wq__entry_requeue(shmq *q, uint32_t idx, bool crash, uint64_t now, bool *queued);
+int wq__entry_drop_wait(shmq *q, uint32_t idx);
+int wq__entry_release(shmq *q, uint32_t idx, bool stored);
+int wq__entry_forget(shmq *q, uint32_t idx);
+int wq__entry_stored(shmq *q, uint32_t idx, uint64_t now, bool *queued);
+void wq__entry_unstore(shmq *q, uint32_t idx);
+int wq__entry_evict_room(shmq *q, uint32_t want);
+uint32_t wq__entry_free_count(const shmq *q);
+/* Queued keys, in either mode (lock held, or as a hint without it). */
+static inline uint32_t wq__queued(const shmq *q)
+{
+    return q->fair ? wq_load_relaxed(&q->hdr->fq_count) : wq__ring_count(q);
+}
+
+/* delay.c */
+uint32_t wq__promote(shmq *q, uint64_t now);
+uint64_t wq__next_ready(const shmq *q);
+void wq__drop_waiting(shmq *q);
+
+/* limiter.c */
+uint64_t wq__limiter_when(shmq *q, struct wq_entry *e, uint64_t now);
+void wq__limiter_init(struct wq_hdr *h);
+
+/* results.c */
+int wq__result_record(shmq *q, uint32_t idx, int code, const char *message);
+void wq__result_drop(shmq *q, uint32_t idx);
+void wq__results_rebuild(shmq *q);
+bool wq__results_damaged(shmq *q);
+int wq__results_verify(shmq *q, void (*violation)(void *c, const char *what), void *c);
+void wq__result_read(const shmq *q, const struct wq_entry *e, struct wq_result *out);
+
+/* metrics.c */
+void wq__observe(struct wq_hist *h, uint64_t ns);
+static inline uint64_t wq__metrics_now(const shmq *q)
+{
+    return q->metrics ? wq__now_mono() : 0;
+}
+
+/* fair.c */
+void wq__fair_dirty(shmq *q, uint32_t idx);
+uint32_t wq__fair_tenant_len(const shmq *q, const struct wq_entry *e);
+int wq__fair_push(shmq *q, uint32_t idx);
+uint32_t wq__fair_front(shmq *q);
+int wq__fair_pop(shmq *q, uint32_t idx);
+int wq__fair_prio(shmq *q, uint32_t idx, int prio, bool fresh);
+int wq__fair_rebuild(shmq *q);
+void wq__fair_verify(shmq *q, void (*violation)(void *c, const char *what), void *c);
+
+/* procs.c */
+int wq__procs_register(shmq *q);
+void wq__procs_unregister(shmq *q);
+unsigned wq__procs_reap(shmq *q);
+void wq__procs_maybe_reap(shmq *q);
+int wq__procs_release_pid(shmq *q, pid_t pid);
+bool wq__lease_alive(struct wq_proc *p);
+
+/* repair.c */
+int wq__repair(shmq *q, bool apply, bool thorough, wq_report_fn report, void *arg);
+
+/* queue.c, inspect.c, ...: the engine's operations (engine.c lists them) */
+int wq__shm_add(wq *q, const struct wq_add_req *r);
+int wq__shm_add_many(wq *q, const struct iovec *keys, size_t n);
+int wq__shm_get(wq *q, void *buf, uint64_t deadline);
+int wq__shm_done(wq *q, const void *key, size_t len, const struct wq_outcome *o);
+int wq__shm_done_get(wq *q, const void *key, size_t len, void *buf, uint64_t deadline);
+int wq__shm_len(wq *q);
+int wq__shm_shutdown(wq *q);
+int wq__shm_drain(wq *q, uint64_t deadline);
+bool wq__shm_shutting_down(wq *q);
+int wq__shm_forget(wq *q, const void *key, size_t len);
+int wq__shm_num_requeues(wq *q, const void *key, size_t len);
+int wq__shm_result(wq *q, const void *key, size_t len, struct wq_result *out);
+int wq__shm_stats(wq *q, struct wq_stats *out);
+int wq__shm_metrics(wq *q, struct wq_metrics *out);
+int wq__shm_dump(wq *q, wq_dump_fn fn, void *arg);
+int wq__shm_check(wq *q, unsigned flags, wq_report_fn report, void *arg);
+int wq__shm_release_pid(wq *q, pid_t pid);
+void wq__shm_close(wq *q);
+
+#include "../store/store.h"
+
+#endif

@@ -1,0 +1,128 @@
+/*
+ * wait.c - sleeping and waking: futexes on 32-bit sequence words in the
+ * region, the one sleep loop, and the one wake rule.
+ *
+ * Why not pthread_cond_t: glibc's process-shared condition variables are
+ * not robust (glibc bug 21422): a waiter killed inside pthread_cond_wait
+ * can make later signals hang. A futex word holds no waiter state at all,
+ * so a dead sleeper leaves nothing behind. All queue state stays under
+ * the robust mutex; the word only says "something changed".
+ *
+ * Wake rule: a lock holder that makes a key available (or ends what a
+ * drainer waits for) calls wq__wake_getters / wq__wake_drainers. Those
+ * bump the sequence word at once, under the lock (release order, so a
+ * sleeper that reads the word under the lock cannot miss it), and only
+ * record how many sleepers are owed a FUTEX_WAKE; wq__unlock issues the
+ * wakes after releasing the lock, so a woken sleeper never runs into the
+ * lock its waker still holds. No other code issues FUTEX_WAKE.
+ *
+ * Sleep: wq__sleep is the one place a thread blocks on the region. It
+ * is entered with the lock held, reads the word, counts itself as a
+ * sleeper, unlocks, waits, and locks again. Non-private futexes (the
+ * words are shared between processes), absolute CLOCK_MONOTONIC deadlines
+ * (FUTEX_WAIT_BITSET).
+ */
+#include <limits.h>
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "shm.h"
+
+int wq__futex_wait(uint32_t *word, uint32_t val, uint64_t deadline_mono)
+{
+    struct timespec ts, *tp = NULL;
+    if (deadline_mono != UINT64_MAX) {
+        ts.tv_sec = (time_t)(deadline_mono / 1000000000ull);
+        ts.tv_nsec = (long)(deadline_mono % 1000000000ull);
+        tp = &ts;
+    }
+    long rc = syscall(SYS_futex, word, FUTEX_WAIT_BITSET, val, tp, NULL,
+                      FUTEX_BITSET_MATCH_ANY);
+    if (rc == 0)
+        return 0;
+    return errno == ETIMEDOUT ? -ETIMEDOUT : 0; /* EAGAIN, EINTR: re-check */
+}
+
+static void futex_wake(uint32_t *word, int n)
+{
+    syscall(SYS_futex, word, FUTEX_WAKE, n, NULL, NULL, 0);
+}
+
+/* Lock held: n blocked getters are owed a wake (INT_MAX: all). */
+void wq__wake_getters(shmq *q, int n)
+{
+    WQ_ASSERT_LOCKED(q);
+    if (WQ_LIKELY(q->hdr->waiters == 0) || n <= 0)
+        return;
+    wq_bump_release(&q->hdr->wake_seq);
+    q->wake_get = n > INT_MAX - q->wake_get ? INT_MAX : q->wake_get + n;
+}
+
+/* Lock held: every drainer is owed a wake. */
+void wq__wake_drainers(shmq *q)
+{
+    WQ_ASSERT_LOCKED(q);
+    if (q->hdr->drainers == 0)
+        return;
+    wq_bump_release(&q->hdr->idle_seq);
+    q->wake_idle = true;
+}
+
+/* Lock held: every sleeper of either kind re-evaluates (shutdown, repair). */
+void wq__wake_all(shmq *q)
+{
+    WQ_ASSERT_LOCKED(q);
+    wq_bump_release(&q->hdr->wake_seq);
+    wq_bump_release(&q->hdr->idle_seq);
+    q->wake_get = INT_MAX;
+    q->wake_idle = true;
+}
+
+/* Called by wq__unlock, after the unlock. */
+void wq__wake_flush(shmq *q, int get, bool idle)
+{
+    if (get > 0)
+        futex_wake(&q->hdr->wake_seq, get);
+    if (idle)
+        futex_wake(&q->hdr->idle_seq, INT_MAX);
+}
+
+/*
+ * Lock held on entry. Sleep on `word` (wake_seq for getters, idle_seq for
+ * drainers) until it changes, `until` passes, or a signal: the caller
+ * has bounded `until` by its deadline, the reap interval and any ready
+ * time. Returns 0 with the lock held again (the caller re-checks), or a
+ * negative errno from the lock without it.
+ */
+int wq__sleep(shmq *q, uint32_t *word, uint64_t deadline, uint64_t until, bool getter)
+{
+    struct wq_hdr *h = q->hdr;
+    uint32_t seq = wq_load_acquire(word);
+    if (until > deadline)
+        until = deadline;
+    if (getter) {
+        h->waiters++;
+        q->procs[q->slot].waiting++;
+    } else {
+        h->drainers++;
+    }
+    wq__unlock(q);
+    wq__futex_wait(word, seq, until);
+    int rc = wq__lock(q);
+    if (rc < 0)
+        return rc;
+    /* Our slot may have been re-registered meanwhile (fork, repair): the
+       counts are only ever decremented, never below zero. */
+    struct wq_proc *me = &q->procs[q->slot];
+    if (getter) {
+        if (h->waiters > 0)
+            h->waiters--;
+        if (me->waiting > 0)
+            me->waiting--;
+    } else if (h->drainers > 0) {
+        h->drainers--;
+    }
+    return 0;
+}

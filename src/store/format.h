@@ -1,0 +1,111 @@
+/*
+ * format.h - the store's on-disk format, and the calls of its LMDB layer
+ * (lmdb.c).
+ *
+ * A store is an LMDB environment (a directory with data.mdb and lock.mdb)
+ * holding exactly two named databases and nothing else:
+ *
+ *   "meta"     one record under the key "meta": struct wq_meta, the
+ *              queue's settings and the next first-add order number;
+ *   "records"  one record per key the queue must bring back: struct
+ *              wq_rec followed by the key bytes and the result message.
+ *
+ * Record keys (10 bytes): the key's 64-bit store hash, big-endian (so
+ * LMDB's byte order keeps one hash's records together), then a 16-bit
+ * big-endian collision index: keys whose hashes collide take the next
+ * free index, and lookups compare the full key stored in the value. So
+ * keys of up to WQ_MAX_KEY_LEN bytes fit under LMDB's 511-byte key limit.
+ * The hash is fixed (FNV-1a, then a 64-bit finaliser) and independent of
+ * any region's seed, since regions come and go while the store stays.
+ *
+ * Values are the structs below in the machine's byte order, which is
+ * little-endian (checked at compile time): a store written on one
+ * little-endian machine reads on another. Both structs have no implicit
+ * padding (asserted) and magic numbers that a foreign or big-endian
+ * reader would not match.
+ */
+#ifndef WQ_STORE_FORMAT_H
+#define WQ_STORE_FORMAT_H
+
+#include <lmdb.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "the store's on-disk format is little-endian; see store/format.h"
+#endif
+
+#define WQ_REC_MAGIC  0x31525157u   /* "WQR1" */
+#define WQ_META_MAGIC "libwq-store-v1"
+
+/* wq_rec.cls: what the key comes back as. */
+enum { WQ_CLS_PENDING = 1, WQ_CLS_WAITING = 2, WQ_CLS_IDLE = 3,
+       WQ_CLS_DELETE = 4 /* in memory only: remove the record */ };
+
+struct wq_rec {
+    uint32_t magic;           /* WQ_REC_MAGIC */
+    uint8_t cls;              /* WQ_CLS_PENDING .. WQ_CLS_IDLE */
+    uint8_t has_result;       /* 0 or 1 */
+    uint16_t keylen;          /* 1 .. WQ_MAX_KEY_LEN; the key follows */
+    uint32_t failures;        /* rate limiter failure count */
+    int32_t code;             /* result code (has_result) */
+    uint64_t ready_wall_ns;   /* WAITING: CLOCK_REALTIME ready time */
+    uint64_t updated_ns;      /* result: CLOCK_REALTIME of its wq_finish */
+    uint64_t order;           /* first-add order: restore keeps it */
+    uint16_t msglen;          /* result message bytes, <= 255, after the key */
+    uint16_t pad0;            /* 0 */
+    int32_t prio;             /* WQ_FAIR priority */
+};
+_Static_assert(sizeof(struct wq_rec) == 48, "store record header is 48 bytes");
+_Static_assert(offsetof(struct wq_rec, order) == 32 && offsetof(struct wq_rec, prio) == 44,
+               "store record header layout");
+
+struct wq_meta {
+    char magic[16];           /* WQ_META_MAGIC, NUL-padded */
+    uint32_t version;         /* 1 */
+    uint32_t capacity, max_key_len, max_procs, result_capacity;
+    uint32_t durability, snapshot_ms, flags;
+    uint32_t rl_limiters, rl_burst, rl_max_fast_attempts;
+    uint32_t pad0;            /* 0 */
+    uint64_t rl_base_delay_ns, rl_max_delay_ns, rl_fast_delay_ns, rl_slow_delay_ns;
+    double rl_qps;
+    uint64_t next_order;      /* the order the next new record gets */
+    uint32_t fair_share;
+    int32_t tenant_sep;
+};
+_Static_assert(sizeof(struct wq_meta) == 120, "store meta record is 120 bytes");
+_Static_assert(offsetof(struct wq_meta, rl_base_delay_ns) == 64, "store meta layout");
+
+/* One environment per store path and process (LMDB forbids opening one
+   twice in a process, and using one across fork()). */
+struct wq_env {
+    char path[1024];
+    pid_t pid;
+    MDB_env *env;
+    MDB_dbi recs, meta;
+    size_t mapsize;
+    bool synced;            /* MDB_NOSYNC cleared (an FSYNC queue) */
+    struct wq_env *next;
+};
+
+/* A record to write, copied out of the region under the lock. */
+struct wq_item {
+    uint32_t idx, sgen;       /* the entry and its change count then */
+    struct wq_rec r;
+    const unsigned char *key;
+    const char *msg;
+};
+
+int wq__lmdb_err(int rc);
+int wq__lmdb_env(const char *path, mode_t mode, bool create, struct wq_env **out);
+int wq__lmdb_txn(struct wq_env *e, unsigned flags, MDB_txn **txn);
+int wq__lmdb_grow(struct wq_env *e);
+int wq__lmdb_decode(const MDB_val *v, struct wq_rec *r, const unsigned char **key,
+                    const char **msg);
+int wq__lmdb_put(MDB_txn *txn, struct wq_env *e, struct wq_item *it, uint64_t *next_order);
+int wq__lmdb_meta_get(MDB_txn *txn, struct wq_env *e, struct wq_meta *m);
+int wq__lmdb_meta_put(MDB_txn *txn, struct wq_env *e, const struct wq_meta *m);
+
+#endif

@@ -1,0 +1,339 @@
+/*
+ * lmdb.c - the store's LMDB layer: environments (one per path and
+ * process), transactions, map growth, and reading and writing the
+ * records whose format format.h documents. It knows nothing of regions.
+ *
+ * Environments: LMDB forbids opening one environment twice in a process
+ * and using one across fork(), so each process keeps a registry of open
+ * environments keyed by path and pid; a child opens its own, lazily.
+ * Opening checks that the environment is a libwq store: LMDB verifies
+ * nothing on its pages, so a data file shorter than LMDB's own idea of it,
+ * or a main database holding anything but our two named databases, is
+ * refused before it is used.
+ *
+ * Errors: LMDB's codes map to libwq's (wq__lmdb_err): a damaged or
+ * foreign store is -EUCLEAN, a full map -ENOSPC (grown by the caller), a
+ * full reader table -EUSERS, everything else the system's errno or -EIO.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "format.h"
+
+#define INITIAL_MAP (64ull << 20)
+
+static pthread_mutex_t envs_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct wq_env *envs;
+
+int wq__lmdb_err(int rc)
+{
+    switch (rc) {
+    case 0: return 0;
+    case MDB_MAP_FULL: case MDB_TXN_FULL: return -ENOSPC;
+    case MDB_INVALID: case MDB_CORRUPTED: case MDB_PAGE_NOTFOUND:
+    case MDB_VERSION_MISMATCH: case MDB_INCOMPATIBLE: case MDB_BAD_TXN:
+        return -EUCLEAN;
+    case MDB_NOTFOUND: return -ENOENT;
+    case MDB_READERS_FULL: return -EUSERS;
+    default: return rc > 0 ? -rc : -EIO;
+    }
+}
+
+static size_t max_map(void)
+{
+#ifdef WQ_FAULT_INJECTION
+    const char *cap = getenv("WQ_TEST_STORE_MAX_MAP");   /* "full disk" tests */
+    if (cap)
+        return (size_t)strtoull(cap, NULL, 0);
+#endif
+    return (size_t)1 << 40;
+}
+
+/* A truncated data file would make LMDB fault on a page past its end. */
+static int check_size(MDB_env *env, const char *path)
+{
+    MDB_envinfo info;
+    MDB_stat st;
+    char file[1100];
+    struct stat sb;
+    if (mdb_env_info(env, &info) || mdb_env_stat(env, &st))
+        return -EUCLEAN;
+    snprintf(file, sizeof file, "%s/data.mdb", path);
+    if (stat(file, &sb) < 0)
+        return -EIO;
+    if ((uint64_t)(info.me_last_pgno + 1) * st.ms_psize > (uint64_t)sb.st_size)
+        return -EUCLEAN;
+    return 0;
+}
+
+/* Open (or find) this process's environment for path. create: make the
+   directory and the meta database if missing. */
+int wq__lmdb_env(const char *path, mode_t mode, bool create, struct wq_env **out)
+{
+    pid_t me = getpid();
+    pthread_mutex_lock(&envs_mu);
+    for (struct wq_env *e = envs; e; e = e->next) {
+        if (e->pid == me && strcmp(e->path, path) == 0) {
+            pthread_mutex_unlock(&envs_mu);
+            *out = e;
+            return 0;
+        }
+    }
+    int rc;
+    struct wq_env *e = calloc(1, sizeof *e);
+    if (!e) {
+        rc = -ENOMEM;
+        goto fail;
+    }
+    snprintf(e->path, sizeof e->path, "%s", path);
+    e->pid = me;
+    e->mapsize = INITIAL_MAP;
+    if (e->mapsize > max_map())
+        e->mapsize = max_map();
+    if (create && mkdir(path, (mode & 0777) | 0700) < 0 && errno != EEXIST) {
+        rc = -errno;
+        goto fail;
+    }
+    if ((rc = wq__lmdb_err(mdb_env_create(&e->env))) < 0)
+        goto fail;
+    mdb_env_set_maxdbs(e->env, 4);
+    mdb_env_set_maxreaders(e->env, 1024);
+    mdb_env_set_mapsize(e->env, e->mapsize);
+    /* NOSYNC: commits reach the page cache (PROCESS durability); FSYNC
+       callers sync explicitly after their group commit. NOTLS: one handle
+       serves every thread of the process. */
+    rc = mdb_env_open(e->env, path, MDB_NOSYNC | MDB_NOTLS | MDB_NORDAHEAD, mode & 0777);
+    if (rc) {
+        rc = rc == ENOENT ? -ENOENT : rc == EACCES ? -EACCES : rc == ENOTDIR ? -ENOTDIR
+                                                                             : wq__lmdb_err(rc);
+        mdb_env_close(e->env);
+        goto fail;
+    }
+    int dead;
+    mdb_reader_check(e->env, &dead);   /* slots of dead readers */
+    if (create) {   /* the umask must not decide the files' mode */
+        char f[1100];
+        snprintf(f, sizeof f, "%s/data.mdb", path);
+        chmod(f, mode & 0777);
+        snprintf(f, sizeof f, "%s/lock.mdb", path);
+        chmod(f, mode & 0777);
+    }
+    MDB_envinfo info;
+    if (mdb_env_info(e->env, &info) == 0 && info.me_mapsize > e->mapsize)
+        e->mapsize = info.me_mapsize;
+    if ((rc = check_size(e->env, path)) < 0)
+        goto close;
+    MDB_txn *txn;
+    if ((rc = wq__lmdb_err(mdb_txn_begin(e->env, NULL, 0, &txn))) < 0)
+        goto close;
+    /* Named databases are keys of the main one: anything else there
+       means somebody else's environment. */
+    MDB_dbi main_db;
+    MDB_cursor *cur;
+    MDB_val k, v;
+    if ((rc = mdb_dbi_open(txn, NULL, 0, &main_db)) == 0 &&
+        (rc = mdb_cursor_open(txn, main_db, &cur)) == 0) {
+        for (int r = mdb_cursor_get(cur, &k, &v, MDB_FIRST); r == 0;
+             r = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+            if (!(k.mv_size == 4 && memcmp(k.mv_data, "meta", 4) == 0) &&
+                !(k.mv_size == 7 && memcmp(k.mv_data, "records", 7) == 0)) {
+                rc = MDB_INCOMPATIBLE;
+                break;
+            }
+        }
+        mdb_cursor_close(cur);
+    }
+    if (rc) {
+        mdb_txn_abort(txn);
+        rc = rc == MDB_INCOMPATIBLE ? -EUCLEAN : wq__lmdb_err(rc);
+        goto close;
+    }
+    unsigned flags = create ? MDB_CREATE : 0;
+    rc = mdb_dbi_open(txn, "meta", flags, &e->meta);
+    if (rc == 0)
+        rc = mdb_dbi_open(txn, "records", flags, &e->recs);
+    if (rc == MDB_NOTFOUND) {
+        rc = -EUCLEAN;   /* an LMDB environment, but not a libwq store */
+        mdb_txn_abort(txn);
+        goto close;
+    }
+    if (rc) {
+        mdb_txn_abort(txn);
+        rc = rc == MDB_INCOMPATIBLE ? -EUCLEAN : wq__lmdb_err(rc);
+        goto close;
+    }
+    if ((rc = mdb_txn_commit(txn)) != 0) {   /* frees the txn either way */
+        rc = wq__lmdb_err(rc);
+        goto close;
+    }
+    e->next = envs;
+    envs = e;
+    pthread_mutex_unlock(&envs_mu);
+    *out = e;
+    return 0;
+close:
+    mdb_env_close(e->env);
+fail:
+    pthread_mutex_unlock(&envs_mu);
+    free(e);
+    return rc;
+}
+
+/* MDB_MAP_RESIZED from another process's growth: adopt its size. */
+int wq__lmdb_txn(struct wq_env *e, unsigned flags, MDB_txn **txn)
+{
+    int rc = mdb_txn_begin(e->env, NULL, flags, txn);
+    if (rc == MDB_MAP_RESIZED) {
+        mdb_env_set_mapsize(e->env, 0);
+        rc = mdb_txn_begin(e->env, NULL, flags, txn);
+    }
+    return wq__lmdb_err(rc);
+}
+
+int wq__lmdb_grow(struct wq_env *e)
+{
+    MDB_envinfo info;
+    if (mdb_env_info(e->env, &info) == 0 && info.me_mapsize > e->mapsize)
+        e->mapsize = info.me_mapsize;
+    if (e->mapsize >= max_map())
+        return -ENOSPC;
+    size_t want = e->mapsize * 2 > max_map() ? max_map() : e->mapsize * 2;
+    if (mdb_env_set_mapsize(e->env, want))
+        return -ENOSPC;
+    e->mapsize = want;
+    return 0;
+}
+
+/* The store's own key hash: fixed, since regions (and their seeds) come
+   and go while the store stays. */
+static uint64_t store_hash(const void *key, size_t len)
+{
+    uint64_t h = wq__fnv1a(key, len);
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdull;
+    h ^= h >> 33;
+    return h;
+}
+
+static void lkey(unsigned char out[10], uint64_t h, uint16_t n)
+{
+    for (int i = 0; i < 8; i++)
+        out[i] = (unsigned char)(h >> (56 - 8 * i));
+    out[8] = (unsigned char)(n >> 8);
+    out[9] = (unsigned char)n;
+}
+
+/* Decode and check a record value; key and message point into it. */
+int wq__lmdb_decode(const MDB_val *v, struct wq_rec *r, const unsigned char **key,
+                    const char **msg)
+{
+    if (v->mv_size < sizeof *r)
+        return -EUCLEAN;
+    memcpy(r, v->mv_data, sizeof *r);
+    if (r->magic != WQ_REC_MAGIC || r->keylen == 0 || r->keylen > WQ_MAX_KEY_LEN ||
+        r->msglen > 255 || r->cls < WQ_CLS_PENDING || r->cls > WQ_CLS_IDLE ||
+        v->mv_size != sizeof *r + r->keylen + r->msglen)
+        return -EUCLEAN;
+    *key = (const unsigned char *)v->mv_data + sizeof *r;
+    *msg = (const char *)*key + r->keylen;
+    return 0;
+}
+
+/* Find the LMDB key holding `key`; *n = its collision index, or the next
+   free one when absent (returns 0 found, -ENOENT absent). */
+static int find(MDB_txn *txn, struct wq_env *e, const void *key, size_t len, uint64_t h,
+                uint16_t *n, struct wq_rec *old)
+{
+    unsigned char kb[10];
+    MDB_cursor *c;
+    MDB_val k, v;
+    int rc = mdb_cursor_open(txn, e->recs, &c);
+    if (rc)
+        return wq__lmdb_err(rc);
+    lkey(kb, h, 0);
+    k.mv_data = kb;
+    k.mv_size = sizeof kb;
+    uint16_t next = 0;
+    rc = mdb_cursor_get(c, &k, &v, MDB_SET_RANGE);
+    while (rc == 0 && k.mv_size == 10 && memcmp(k.mv_data, kb, 8) == 0) {
+        const unsigned char *kp = k.mv_data;
+        uint16_t idx = (uint16_t)(kp[8] << 8 | kp[9]);
+        const unsigned char *rk;
+        const char *msg;
+        struct wq_rec r;
+        if (wq__lmdb_decode(&v, &r, &rk, &msg) == 0 && r.keylen == len &&
+            memcmp(rk, key, len) == 0) {
+            *n = idx;
+            if (old)
+                *old = r;
+            mdb_cursor_close(c);
+            return 0;
+        }
+        next = idx + 1;
+        rc = mdb_cursor_get(c, &k, &v, MDB_NEXT);
+    }
+    mdb_cursor_close(c);
+    if (rc && rc != MDB_NOTFOUND)
+        return wq__lmdb_err(rc);
+    *n = next;
+    return -ENOENT;
+}
+
+/* Write (or, for WQ_CLS_DELETE, remove) the item's record; a new record
+   takes the next first-add order. */
+int wq__lmdb_put(MDB_txn *txn, struct wq_env *e, struct wq_item *it, uint64_t *next_order)
+{
+    uint64_t h = store_hash(it->key, it->r.keylen);
+    uint16_t n = 0;
+    struct wq_rec old = { 0 };
+    unsigned char kb[10];
+    int rc = find(txn, e, it->key, it->r.keylen, h, &n, &old);
+    if (rc < 0 && rc != -ENOENT)
+        return rc;
+    lkey(kb, h, n);
+    MDB_val k = { sizeof kb, kb }, v;
+    if (it->r.cls == WQ_CLS_DELETE) {
+        if (rc == -ENOENT)
+            return 0;
+        return wq__lmdb_err(mdb_del(txn, e->recs, &k, NULL));
+    }
+    it->r.order = rc == 0 ? old.order : (*next_order)++;
+    v.mv_size = sizeof it->r + it->r.keylen + it->r.msglen;
+    rc = mdb_put(txn, e->recs, &k, &v, MDB_RESERVE);
+    if (rc)
+        return wq__lmdb_err(rc);
+    memcpy(v.mv_data, &it->r, sizeof it->r);
+    memcpy((char *)v.mv_data + sizeof it->r, it->key, it->r.keylen);
+    memcpy((char *)v.mv_data + sizeof it->r + it->r.keylen, it->msg, it->r.msglen);
+    return 0;
+}
+
+int wq__lmdb_meta_get(MDB_txn *txn, struct wq_env *e, struct wq_meta *m)
+{
+    MDB_val k = { 4, "meta" }, v;
+    int rc = mdb_get(txn, e->meta, &k, &v);
+    if (rc)
+        return wq__lmdb_err(rc);
+    if (v.mv_size != sizeof *m)
+        return -EUCLEAN;
+    memcpy(m, v.mv_data, sizeof *m);
+    if (memcmp(m->magic, WQ_META_MAGIC, sizeof WQ_META_MAGIC) != 0 || m->version != 1 ||
+        m->capacity == 0 || m->capacity > WQ_MAX_CAPACITY || m->max_key_len == 0 ||
+        m->max_key_len > WQ_MAX_KEY_LEN)
+        return -EUCLEAN;
+    return 0;
+}
+
+int wq__lmdb_meta_put(MDB_txn *txn, struct wq_env *e, const struct wq_meta *m)
+{
+    MDB_val k = { 4, "meta" }, v = { sizeof *m, (void *)m };
+    return wq__lmdb_err(mdb_put(txn, e->meta, &k, &v, 0));
+}
+

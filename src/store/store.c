@@ -1,0 +1,353 @@
+/*
+ * store.c - the region side of persistence: marks, the store queue,
+ * flushing and settling, the add epilogue, wq_snapshot.
+ *
+ * Ordering rule (why a key is never in one and not the other):
+ *   - The region is the truth while it exists; the store follows it.
+ *     Every change the store must see marks the entry SDIRTY (and pushes
+ *     it on the store queue, a ring in the region) inside the same busy
+ *     critical section as the change, before its commit (entry.c). A
+ *     flush writes the marked entries' current records to LMDB and only
+ *     then, under the region lock, clears the marks of entries that did
+ *     not change meanwhile (entry->sgen). So after any crash, the region
+ *     still lists every entry whose record may be stale, and the next
+ *     flush rewrites it (writes are idempotent).
+ *   - A new key added with PROCESS or FSYNC durability starts invisible
+ *     (STORING): in the index, not in the queue. It becomes a queued (or
+ *     waiting) key only after the commit that stored it (entry.c,
+ *     wq__entry_stored). A key is never handed out unless it is stored,
+ *     and the add returns only after that.
+ *   - A key that leaves the queue stays as a zombie (state SDIRTY alone,
+ *     still indexed, not live) until the flush that deletes its record;
+ *     then the flusher frees the entry. So "gone from the region but still
+ *     stored" only ever exists as a pending, listed deletion.
+ *   - Lock order: the flush lock, LMDB's write lock, the region lock;
+ *     never the reverse. Only the holder of the flush lock pops the store
+ *     queue, so the front it read is still there when it commits; a
+ *     flusher killed anywhere leaves the queue as it was, and LMDB's own
+ *     robust writer mutex releases its transaction.
+ *   - Group commit: a caller that needs durability flushes everything
+ *     queued so far. Callers blocked behind it find their changes already
+ *     written (often with nothing left to do), so concurrent adders share
+ *     commits and fsyncs.
+ */
+#include <stdlib.h>
+#include <sys/uio.h>
+
+#include "shm/shm.h"
+#include "format.h"
+
+#define BATCH_MAX 4096u
+#define BATCH_BYTES (4u << 20)
+
+/* ------------------------------------------------------------------ */
+/* Marking                                                             */
+/* ------------------------------------------------------------------ */
+
+/* Lock and busy held; the entry is SDIRTY: append it to the store queue. */
+static void sq_push(shmq *q, uint32_t idx)
+{
+    struct wq_hdr *h = q->hdr;
+    if (h->sq_count >= q->capacity || h->sq_head >= q->capacity) {
+        h->corrupt = 1;   /* the next locker rebuilds the queue from SDIRTY bits */
+        return;
+    }
+    uint32_t tail = h->sq_head + h->sq_count;
+    if (tail >= q->capacity)
+        tail -= q->capacity;
+    q->sq[tail] = idx;
+    WQ_STEP("store.push");
+    wq_store_relaxed(&h->sq_count, h->sq_count + 1);
+}
+
+void wq__store_mark(shmq *q, uint32_t idx)
+{
+    if (!q->g.has_store)
+        return;
+    WQ_ASSERT_MUTATING(q);
+    struct wq_entry *e = wq__entry(q, idx);
+    e->sgen++;
+    if (e->state & WQ_ST_SDIRTY)
+        return;   /* already queued: the flush will read the new state */
+    e->state |= WQ_ST_SDIRTY;
+    WQ_STEP("store.mark");
+    sq_push(q, idx);
+}
+
+/* Lock held: copy the record the store should have for entry idx. */
+static void snapshot_entry(shmq *q, uint32_t idx, struct wq_item *it, unsigned char *kbuf,
+                           char *mbuf, uint64_t mono, uint64_t real)
+{
+    struct wq_entry *e = wq__entry(q, idx);
+    uint16_t st = wq__st(e);
+    memset(&it->r, 0, sizeof it->r);
+    it->idx = idx;
+    it->sgen = e->sgen;
+    it->r.magic = WQ_REC_MAGIC;
+    it->r.keylen = e->keylen;
+    it->r.failures = e->failures;
+    it->r.prio = q->fair ? q->fx[idx].prio : 0;
+    memcpy(kbuf, e->key, e->keylen);
+    it->key = kbuf;
+    it->msg = mbuf;
+    mbuf[0] = 0;
+    if (st == 0) {
+        it->r.cls = WQ_CLS_DELETE;
+        return;
+    }
+    bool waiting = (st & WQ_ST_WAITING) || ((st & WQ_ST_STORING) && e->t_b > mono);
+    if (st & (WQ_ST_PROCESSING | WQ_ST_DIRTY | WQ_ST_QUEUED))
+        it->r.cls = WQ_CLS_PENDING;   /* processing comes back queued */
+    else if (waiting)
+        it->r.cls = WQ_CLS_WAITING;
+    else if (st & WQ_ST_STORING)
+        it->r.cls = WQ_CLS_PENDING;
+    else
+        it->r.cls = WQ_CLS_IDLE;
+    if (it->r.cls == WQ_CLS_WAITING)
+        it->r.ready_wall_ns = real + (e->t_b > mono ? e->t_b - mono : 0);
+    if (wq__has_result(q, e)) {
+        const struct wq_rslot *r = &q->rslots[e->rslot];
+        it->r.has_result = 1;
+        it->r.code = r->code;
+        it->r.updated_ns = r->updated_ns;
+        size_t n = strnlen(r->message, sizeof r->message - 1);
+        memcpy(mbuf, r->message, n);
+        it->r.msglen = (uint16_t)n;
+    }
+}
+
+/*
+ * Lock held: the items are committed. Pop them from the store queue and
+ * settle each entry that did not change meanwhile: its mark is cleared
+ * and entry.c makes a new key visible or frees a written deletion. An
+ * entry that changed is marked again for the next flush.
+ */
+static int settle(shmq *q, struct wq_item *items, uint32_t n, uint64_t now, bool *queued)
+{
+    struct wq_hdr *h = q->hdr;
+    wq__mut_begin(q);
+    WQ_STEP("store.settle");
+    h->sq_head = (h->sq_head + n) % q->capacity;   /* pop what we wrote */
+    wq_store_relaxed(&h->sq_count, h->sq_count - n);
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t idx = items[i].idx;
+        struct wq_entry *e = wq__entry(q, idx);
+        if (!(e->state & WQ_ST_SDIRTY))
+            continue;
+        e->state &= (uint16_t)~WQ_ST_SDIRTY;
+        if (e->sgen != items[i].sgen) {
+            wq__store_mark(q, idx);   /* changed meanwhile: again */
+            continue;
+        }
+        WQ_STEP("store.clean");
+        int rc = wq__entry_stored(q, idx, now, queued);
+        if (rc < 0)
+            return rc;   /* busy stays set: the next locker repairs */
+    }
+    return wq__mut_end(q, 0);
+}
+
+static int flush_round(shmq *q, struct wq_env *e, int *written)
+{
+    struct wq_hdr *h = q->hdr;
+    MDB_txn *txn;
+    int rc = wq__lmdb_txn(e, 0, &txn);
+    if (rc < 0)
+        return rc;
+    struct wq_item *items = NULL;
+    unsigned char *buf = NULL;
+    uint32_t n = 0, epoch;
+    if ((rc = wq__lock(q)) < 0)
+        goto abort;
+    epoch = h->sq_epoch;
+    uint32_t count = h->sq_count < BATCH_MAX ? h->sq_count : BATCH_MAX;
+    if (count == 0 || h->sq_head >= q->capacity || h->sq_count > q->capacity) {
+        wq__unlock(q);
+        rc = 0;
+        goto abort;
+    }
+    size_t per = (size_t)q->max_key_len + 256;
+    if (count > BATCH_BYTES / per)
+        count = (uint32_t)(BATCH_BYTES / per) ? (uint32_t)(BATCH_BYTES / per) : 1;
+    items = malloc(count * sizeof *items);
+    buf = malloc(count * per);
+    if (!items || !buf) {
+        wq__unlock(q);
+        rc = -ENOMEM;
+        goto abort;
+    }
+    uint64_t mono = wq__now_mono(), real = wq__now_real();
+    for (uint32_t i = 0, p = h->sq_head; i < count; i++, p = p + 1 == q->capacity ? 0 : p + 1) {
+        uint32_t idx = q->sq[p];
+        if (idx >= q->capacity) {
+            h->corrupt = 1;   /* the next locker rebuilds the store queue */
+            break;
+        }
+        snapshot_entry(q, idx, &items[n], buf + (size_t)n * per,
+                       (char *)buf + (size_t)n * per + q->max_key_len, mono, real);
+        n++;
+    }
+    wq__unlock(q);
+
+    struct wq_meta m;
+    if ((rc = wq__lmdb_meta_get(txn, e, &m)) < 0)
+        goto abort;
+    for (uint32_t i = 0; i < n && rc == 0; i++) {
+        rc = wq__lmdb_put(txn, e, &items[i], &m.next_order);
+        WQ_STEP("store.put");
+    }
+    if (rc == 0)
+        rc = wq__lmdb_meta_put(txn, e, &m);
+    if (rc < 0)
+        goto abort;
+    /* The commit releases LMDB's writer lock; the next flusher must still
+       not read the store queue's front before we popped it: the flush
+       lock (held by our caller) keeps it out until then. The region lock
+       is free meanwhile, so other processes keep marking: the next flush
+       takes them all at once (group commit). */
+    WQ_FAULT("store.commit");
+    if ((rc = wq__lmdb_err(mdb_txn_commit(txn))) < 0) {
+        txn = NULL;
+        goto out;
+    }
+    WQ_FAULT("store.committed");
+    txn = NULL;
+    if ((rc = wq__lock(q)) < 0)
+        goto out;
+    bool queued = false;
+    if (h->sq_epoch == epoch)   /* else a repair reordered the queue: redo */
+        rc = settle(q, items, n, wq__now_mono(), &queued);
+    else
+        n = 0;
+    if (queued)
+        wq__wake_getters(q, (int)n);
+    wq__unlock(q);
+    if (rc < 0)
+        goto out;
+    *written += (int)n;
+    rc = n > 0 ? 1 : 0;
+    goto out;
+abort:
+    if (txn)
+        mdb_txn_abort(txn);
+out:
+    free(items);
+    free(buf);
+    return rc;
+}
+
+/*
+ * Write everything marked so far (and, with `all`, keep going until the
+ * store queue is empty). Grows the map when it is full. Returns the number
+ * of records written or a negative errno. Never called with the region
+ * lock held.
+ */
+int wq__store_flush(shmq *q, bool all)
+{
+    if (!q->g.has_store)
+        return 0;
+    struct wq_env *e;
+    int rc = wq__lmdb_env(q->g.store_path, (mode_t)q->g.mode, false, &e);
+    if (rc < 0)
+        return rc;
+    /* FSYNC: let LMDB sync inside the commit, i.e. while it still holds
+       its writer lock. Callers blocked on that lock then find their
+       records committed AND on disk: one fsync serves the whole group.
+       (A sync after the commit would let the next writer commit
+       meanwhile and need its own fsync.) */
+    if (q->g.durability == WQ_DURABLE_FSYNC && !e->synced) {
+        mdb_env_set_flags(e->env, MDB_NOSYNC, 0);
+        e->synced = true;
+    }
+    int written = 0;
+    /* Order: flush lock, LMDB's writer lock, region lock. */
+    int lr = pthread_mutex_lock(&q->hdr->flush_lock);
+    if (lr == EOWNERDEAD)   /* a flusher died: nothing to repair here */
+        pthread_mutex_consistent(&q->hdr->flush_lock);
+    else if (lr != 0)
+        return -lr;
+    for (int rounds = 0; rounds < 1000000; rounds++) {
+        rc = flush_round(q, e, &written);
+        if (rc == -ENOSPC) {
+            if ((rc = wq__lmdb_grow(e)) < 0)
+                break;
+            continue;
+        }
+        if (rc <= 0)
+            break;   /* an error, or nothing was left */
+        if (!all && wq_load_relaxed(&q->hdr->sq_count) == 0)
+            break;
+    }
+    pthread_mutex_unlock(&q->hdr->flush_lock);
+    return rc < 0 ? rc : written;
+}
+
+int wq__store_after(shmq *q)
+{
+    if (!q->g.has_store)
+        return 0;
+    struct wq_hdr *h = q->hdr;
+    if (wq_load_relaxed(&h->sq_count) == 0)
+        return 0;
+    if (q->g.durability == WQ_DURABLE_NONE) {
+        uint64_t now = wq__now_mono();
+        if (now < wq_load_relaxed(&h->next_snapshot_ns))
+            return 0;
+        wq_store_relaxed(&h->next_snapshot_ns, now + (uint64_t)q->g.snapshot_ms * 1000000ull);
+        int rc = wq__store_flush(q, true);
+        return rc < 0 ? rc : 0;
+    }
+    int rc = wq__store_flush(q, false);
+    return rc < 0 ? rc : 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* The add epilogue                                                    */
+/* ------------------------------------------------------------------ */
+
+int wq__store_make_room(shmq *q, int tries)
+{
+    int f = wq__store_flush(q, true);
+    if (f < 0)
+        return f;
+    return tries >= 2 ? -ENOSPC : 0;
+}
+
+/* Undo the adds of keys the store could not take: those still STORING
+   (never visible) become zombies; keys stored before are left as they
+   are. */
+static void rollback(shmq *q, const struct iovec *keys, size_t n)
+{
+    if (wq__lock(q) < 0)
+        return;
+    wq__mut_begin(q);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t hash = wq__hash(q->seed, keys[i].iov_base, keys[i].iov_len);
+        uint32_t idx = wq__table_lookup(q, keys[i].iov_base, keys[i].iov_len, hash);
+        if (idx < q->capacity && wq__st(wq__entry(q, idx)) == WQ_ST_STORING)
+            wq__entry_unstore(q, idx);
+    }
+    wq__mut_end(q, 0);
+    wq__unlock(q);
+}
+
+int wq__store_finish_add(shmq *q, const struct iovec *keys, size_t n, int rc)
+{
+    if (rc < 0 || !q->g.has_store)
+        return rc;
+    int st = wq__store_after(q);
+    if (st < 0) {
+        rollback(q, keys, n);   /* not stored: not added */
+        return st;
+    }
+    return rc;
+}
+
+int wq__shm_snapshot(wq *pub)
+{
+    shmq *q = wq__shm(pub);
+    if (!q->g.has_store)
+        return -ENOENT;
+    return wq__store_flush(q, true);
+}
