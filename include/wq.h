@@ -50,10 +50,10 @@
  *
  * ERRORS (what each negative errno means for libwq)
  *   -EINVAL       bad argument: NULL pointer, bad name, bad options, empty
- *                 key, timeout below -1, unknown flag bits.
+ *                 key, timeout below -1, unknown flag bits, non-zero
+ *                 reserved fields.
  *   -ENOTDIR, -ENAMETOOLONG, -EACCES  wq_open: the store_path is not a
  *                 usable directory.
- *   -EIO          the store could not be read or written.
  *   -ENOENT       wq_open: no such queue and WQ_CREATE not given;
  *                 wq_done: the key is not processing.
  *   -EEXIST       wq_open with WQ_CREATE|WQ_EXCL: the queue exists.
@@ -62,21 +62,39 @@
  *                 version: foreign, truncated, or failing validation.
  *   -EBADMSG      the region was valid when attached but a structure in it
  *                 is corrupt (an out-of-range index was found). Nothing was
- *                 changed; wq_check(q, WQ_CHECK_REPAIR) rebuilds it.
+ *                 changed; the next call that takes the lock rebuilds what
+ *                 it can, and wq_check(q, WQ_CHECK_REPAIR) rebuilds it all.
+ *                 (The region only: a damaged store is -EUCLEAN.)
+ *   -EUCLEAN      the store (store_path) is damaged, or is not a libwq
+ *                 store: LMDB reported corruption, a record or the store's
+ *                 settings fail validation. Nothing was built from it.
+ *   -ENODATA      wq_open with WQ_RESTORE: the store_path holds no store.
+ *   -EIO          the store could not be read or written.
  *   -ENOTRECOVERABLE the region lock was left unrecoverable; the region
  *                 must be removed (wq_unlink) and recreated.
- *   -ENOSPC       the queue holds `capacity` live keys; nothing was added.
+ *   -ENOSPC       the queue holds `capacity` live keys (nothing was added);
+ *                 or /dev/shm has no room for a new region; or the store's
+ *                 disk or LMDB map is full.
  *   -EMSGSIZE     a key longer than max_key_len.
  *   -ENOBUFS      wq_get: the buffer is smaller than max_key_len.
- *   -EAGAIN       wq_get with timeout 0: nothing queued.
+ *   -EAGAIN       wq_get with timeout 0: nothing queued. (Only that: libwq
+ *                 never passes a system EAGAIN through.)
  *   -ETIMEDOUT    the timeout expired.
  *   -ESHUTDOWN    the queue is shutting down (adds refused; gets find
  *                 nothing left to hand out).
  *   -ECANCELED    wq_shutdown_drain: a wq_shutdown ended the drain early.
- *   -EUSERS       wq_open: the process table is full (max_procs handles).
- *   -ENOMEM, -EMFILE, -ENFILE, -EAGAIN from the system (mmap, shm_open,
- *                 pthread_create) are passed through.
+ *   -EUSERS       the process table is full (max_procs handles attached),
+ *                 or the store's LMDB reader table is (1024 readers).
+ *   -ENOMEM       out of memory, or no thread could be started for a
+ *                 handle's lease.
+ *   -EMFILE, -ENFILE from the system (shm_open, LMDB) are passed through.
  *
+ *   Every call that takes the region lock (all calls on a handle except
+ *   wq_close, wq_name, wq_max_key_len, wq_len and wq_shutting_down) may
+ *   also return: -ENOTRECOVERABLE; -EBADMSG; and, when it is the first
+ *   call in a child after fork() (which registers the child as a new
+ *   process), -EUSERS or -ENOMEM.
+
  * CRASH GUARANTEES
  *   - A key is never handed to two live processes at once.
  *   - If a process dies while holding the region lock, the next locker
@@ -143,6 +161,10 @@ typedef struct wq wq;
 #define WQ_FAIR   (1u << 2) /* fair mode: see "Priorities and fairness" */
 #define WQ_NO_METRICS (1u << 3) /* skip the clock reads behind the duration
                                    histograms and work gauges (faster) */
+#define WQ_RESTORE (1u << 4) /* with WQ_CREATE and store_path: the store
+                                must already hold a queue (-ENODATA if it
+                                does not), so a mistyped path is an error
+                                rather than a new, empty store and queue */
 
 /* wq_options.durability */
 #define WQ_DURABLE_PROCESS 0
@@ -156,25 +178,36 @@ typedef struct wq wq;
 #define WQ_MAX_PROCS       4096
 
 /*
- * Creation options. Zero-initialise, then set what you need. Options only
- * matter when the queue is created; attaching to an existing queue reads
- * its geometry from the region. NULL options means "attach only".
+ * Creation options. Zero-initialise, then set what you need: every zero
+ * field means "the default" (given next to each field, and written once
+ * in the library's options.c). Options only matter when the queue is
+ * created; attaching to an existing queue reads its settings from the
+ * region. NULL options means "attach only".
  *
- * Validation (-EINVAL): unknown flag bits, WQ_EXCL without WQ_CREATE,
- * mode bits outside 0777, rl_base_delay_ns > rl_max_delay_ns, negative
- * rl_qps, capacity > 2^31, max_key_len > 4096, max_procs > 4096, an
- * unknown durability value, unknown rl_limiters bits, WQ_RL_FAST_SLOW
- * without its three parameters or with rl_fast_delay_ns > rl_slow_delay_ns,
- * fast-slow parameters without WQ_RL_FAST_SLOW, a NaN or infinite rl_qps,
- * rl_base_delay_ns above the default maximum when rl_max_delay_ns is 0,
- * result_capacity > 2^31.
- * Zero limiter fields mean the defaults below.
- * fair_share or tenant_sep without WQ_FAIR.
- * A durability or snapshot_interval_ms without store_path is -EINVAL, and
- * snapshot_interval_ms without WQ_DURABLE_NONE too.
+ * wq_open refuses with -EINVAL:
+ *   flags     unknown bits; WQ_EXCL or WQ_RESTORE without WQ_CREATE;
+ *             WQ_RESTORE without store_path.
+ *   sizes     capacity or result_capacity above 2^31, max_key_len above
+ *             4096, max_procs above 4096; mode bits outside 0777.
+ *   store     durability other than the WQ_DURABLE_* values; durability
+ *             or snapshot_interval_ms without store_path;
+ *             snapshot_interval_ms without WQ_DURABLE_NONE; an empty
+ *             store_path.
+ *   limiter   unknown rl_limiters bits; a negative, NaN or infinite
+ *             rl_qps; rl_base_delay_ns above rl_max_delay_ns (or above
+ *             the default maximum when rl_max_delay_ns is 0);
+ *             WQ_RL_FAST_SLOW without all three of its parameters, or
+ *             with rl_fast_delay_ns above rl_slow_delay_ns; fast-slow
+ *             parameters without WQ_RL_FAST_SLOW.
+ *   fair      fair_share or tenant_sep without WQ_FAIR; tenant_sep
+ *             outside -1..255.
+ *   reserved  any non-zero reserved field.
  *
- * Rate limiter defaults (client-go's): rl_base_delay_ns 5 ms,
- * rl_max_delay_ns 1000 s, rl_qps 10, rl_burst 100.
+ * Growth: the struct ends in reserved fields that must be zero. Later
+ * versions give them meanings whose zero value is today's behaviour, so
+ * a program built against this header keeps working, unchanged and
+ * unrebuilt, with a later libwq (the same holds for the reserved tails of
+ * wq_add_opts, wq_stats, wq_metrics and wq_result).
  */
 struct wq_options {
     uint32_t capacity;      /* max live keys (queued+processing+waiting); 0 -> 65536 */
@@ -210,6 +243,7 @@ struct wq_options {
        -1 turns tenant round-robin off. */
     uint32_t fair_share;
     int tenant_sep;
+    uint64_t reserved[8];   /* must be zero (see "Growth" above) */
 };
 
 /* wq_options.rl_limiters */
@@ -268,8 +302,10 @@ WQ_API int wq_unlink(const char *name);
  * Returns 0 when newly queued or newly marked dirty, 1 when coalesced into
  * a key that is already dirty. -ESHUTDOWN after shutdown, -ENOSPC when
  * `capacity` keys are live (nothing changes), -EINVAL on an empty key or
- * NULL, -EMSGSIZE when longer than max_key_len. Never blocks (beyond the
- * region lock). Wakes one blocked wq_get.
+ * NULL, -EMSGSIZE when longer than max_key_len; with a store, its errors
+ * (see "Persistence"; the add is then undone). Blocks only for the region
+ * lock, and with a WQ_DURABLE_PROCESS or WQ_DURABLE_FSYNC store until the
+ * key is committed to it (and, FSYNC, on disk). Wakes one blocked wq_get.
  */
 WQ_API int wq_add(wq *q, const void *key, size_t len);
 
@@ -433,6 +469,7 @@ struct wq_add_opts {
     uint64_t after_ns;     /* > 0: as wq_add_after */
     bool rate_limited;     /* as wq_add_rate_limited; with after_ns, the
                               smaller delay wins (controller-runtime) */
+    uint64_t reserved[4];  /* must be zero (-EINVAL): room to grow */
 };
 
 /*
@@ -463,6 +500,7 @@ struct wq_result {
     int code;              /* the code given to wq_finish (0 if none yet) */
     uint64_t updated_ns;   /* CLOCK_REALTIME of that wq_finish (0 if none) */
     char message[256];     /* its message, NUL-terminated, possibly cut */
+    uint64_t reserved[4];  /* zeroed by the library: room to grow */
 };
 
 /*
@@ -630,6 +668,7 @@ struct wq_metrics {
     uint64_t crash_requeues_total;  /* libwq: keys requeued after a crash */
     uint64_t waiting;               /* libwq: keys waiting for a delay */
     uint64_t processing;            /* libwq: keys being processed */
+    uint64_t reserved[16];          /* zeroed by the library: room to grow */
 };
 
 /*
@@ -672,6 +711,7 @@ struct wq_stats {
     uint64_t next_ready_ns; /* CLOCK_MONOTONIC time the first waiting key is
                                ready; 0 when none waits */
     uint64_t now_ns;        /* CLOCK_MONOTONIC time of this snapshot */
+    uint64_t reserved[16];  /* zeroed by the library: room to grow */
 };
 
 /*
@@ -704,6 +744,8 @@ struct wq_key_info {
     enum wq_state result;   /* as wq_result reports it */
     int result_code;
     const char *result_message; /* valid only during the callback; "" if none */
+    /* The library allocates this struct and may append fields in later
+       versions: read it through the pointer, never allocate one. */
 };
 
 /*

@@ -18,6 +18,16 @@
 #include "internal.h"
 #include "engine.h"
 
+/* The public structs' sizes are ABI (wq.h, "Growth"): they change only
+   by taking reserved space. Checked for LP64 builds. */
+#if defined(__LP64__)
+_Static_assert(sizeof(struct wq_options) == 176, "wq_options is ABI");
+_Static_assert(sizeof(struct wq_add_opts) == 56, "wq_add_opts is ABI");
+_Static_assert(sizeof(struct wq_result) == 304, "wq_result is ABI");
+_Static_assert(sizeof(struct wq_stats) == 320, "wq_stats is ABI");
+_Static_assert(sizeof(struct wq_metrics) == 408, "wq_metrics is ABI");
+#endif
+
 static inline int key_ok(const wq *q, const void *key, size_t len)
 {
     if (WQ_UNLIKELY(!key || len == 0))
@@ -126,6 +136,9 @@ int wq_add_opts(wq *q, const void *key, size_t len, const struct wq_add_opts *o)
         return -EINVAL;
     if (o->priority != 0 && !q->fair)
         return -EINVAL;   /* the default mode stays client-go's */
+    for (size_t i = 0; i < sizeof o->reserved / sizeof o->reserved[0]; i++)
+        if (o->reserved[i])
+            return -EINVAL;
     int rc = key_ok(q, key, len);
     if (rc < 0)
         return rc;

@@ -41,11 +41,16 @@ static int limiter_check(const struct wq_options *o)
 
 int wq__options_check(const struct wq_options *o)
 {
-    const unsigned known = WQ_CREATE | WQ_EXCL | WQ_FAIR | WQ_NO_METRICS;
+    const unsigned known = WQ_CREATE | WQ_EXCL | WQ_FAIR | WQ_NO_METRICS | WQ_RESTORE;
     if (o->flags & ~known)
         return -EINVAL;
-    if ((o->flags & WQ_EXCL) && !(o->flags & WQ_CREATE))
+    if ((o->flags & (WQ_EXCL | WQ_RESTORE)) && !(o->flags & WQ_CREATE))
         return -EINVAL;
+    if ((o->flags & WQ_RESTORE) && !o->store_path)
+        return -EINVAL;
+    for (size_t i = 0; i < sizeof o->reserved / sizeof o->reserved[0]; i++)
+        if (o->reserved[i])
+            return -EINVAL;
     if (o->mode & ~(mode_t)0777)
         return -EINVAL;
     if (o->capacity > WQ_MAX_CAPACITY || o->max_key_len > WQ_MAX_KEY_LEN ||

@@ -13,6 +13,7 @@
  */
 #include <errno.h>
 #include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -83,17 +84,24 @@ int wq__store_prepare(const struct wq_options *o, struct wq_options *eff, char *
                       size_t abslen, bool *has_meta)
 {
     mode_t mode = o->mode ? o->mode : 0600;
+    bool restore = o->flags & WQ_RESTORE;
     if (strlen(o->store_path) >= abslen - 1)
         return -ENAMETOOLONG;
-    if (mkdir(o->store_path, (mode & 0777) | 0700) < 0 && errno != EEXIST)
+    if (!restore && mkdir(o->store_path, (mode & 0777) | 0700) < 0 && errno != EEXIST)
         return -errno;
     if (!realpath(o->store_path, abs))
-        return -errno;
+        return restore && errno == ENOENT ? -ENODATA : -errno;
     struct stat sb;
     if (stat(abs, &sb) < 0)
         return -errno;
     if (!S_ISDIR(sb.st_mode))
         return -ENOTDIR;
+    if (restore) {   /* never make a store out of a mistyped path */
+        char data[PATH_MAX + 16];
+        snprintf(data, sizeof data, "%s/data.mdb", abs);
+        if (access(data, F_OK) < 0)
+            return errno == ENOENT ? -ENODATA : -errno;
+    }
     struct wq_env *e;
     int rc = wq__lmdb_env(abs, mode, true, &e);
     if (rc < 0)
@@ -112,7 +120,7 @@ int wq__store_prepare(const struct wq_options *o, struct wq_options *eff, char *
     if (rc == -ENOENT && records)
         return -EUCLEAN;   /* records without meta: not ours */
     if (rc == -ENOENT)
-        return 0;
+        return restore ? -ENODATA : 0;
     if (rc < 0)
         return rc;
     options_from_meta(eff, &m);
