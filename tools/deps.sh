@@ -1,10 +1,12 @@
 #!/bin/sh
 # Install what building and testing libwq needs, on Debian/Ubuntu, as root.
-# Usage: sh tools/deps.sh [ci]   ("ci" adds clang and valgrind)
+# Usage: sh tools/deps.sh [ci]   ("ci" adds clang, valgrind, and groff-base
+# so that make check also lints the man pages; without groff that part of
+# tests/check-docs.sh is skipped)
 # Only missing packages are installed; nothing happens when all are there.
 set -e
 pkgs="gcc make autoconf automake libtool pkg-config liblmdb-dev libcmocka-dev"
-[ "${1:-}" = ci ] && pkgs="$pkgs clang valgrind"
+[ "${1:-}" = ci ] && pkgs="$pkgs clang valgrind groff-base"
 missing=""
 for p in $pkgs; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
