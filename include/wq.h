@@ -172,10 +172,10 @@ typedef struct wq wq;
 #define WQ_DURABLE_NONE    2
 
 /* Limits. */
-#define WQ_MAX_NAME_LEN    200
-#define WQ_MAX_KEY_LEN     4096
-#define WQ_MAX_CAPACITY    (1u << 31)
-#define WQ_MAX_PROCS       4096
+#define WQ_MAX_NAME_LEN    200        /* bytes of a queue name */
+#define WQ_MAX_KEY_LEN     4096       /* the largest max_key_len */
+#define WQ_MAX_CAPACITY    (1u << 31) /* the largest capacity and result_capacity */
+#define WQ_MAX_PROCS       4096       /* the largest max_procs */
 
 /*
  * Creation options. Zero-initialise, then set what you need: every zero
@@ -250,7 +250,7 @@ struct wq_options {
 #define WQ_RL_EXPONENTIAL (1u << 0) /* per key: base * 2^failures, capped at max */
 #define WQ_RL_BUCKET      (1u << 1) /* token bucket shared by all keys: qps, burst */
 #define WQ_RL_FAST_SLOW   (1u << 2) /* per key: fast delay, then slow delay */
-#define WQ_RL_ALL         (WQ_RL_EXPONENTIAL | WQ_RL_BUCKET | WQ_RL_FAST_SLOW)
+#define WQ_RL_ALL         (WQ_RL_EXPONENTIAL | WQ_RL_BUCKET | WQ_RL_FAST_SLOW) /* every limiter */
 
 /* ------------------------------------------------------------------ */
 /* Life cycle                                                          */
@@ -645,7 +645,7 @@ WQ_API int wq_snapshot(wq *q);
 
 /* client-go's histogram buckets for both durations: 10 ns .. 10 s,
    upper bounds in seconds: 1e-8, 1e-7, ..., 1e+1 (then +Inf). */
-#define WQ_HIST_BUCKETS 10
+#define WQ_HIST_BUCKETS 10   /* finite buckets (plus +Inf) */
 
 struct wq_histogram {
     uint64_t count;                       /* observations */

@@ -9,7 +9,7 @@
 #  3. every command in wqctl's usage (wqctl help) has an entry in the
 #     COMMANDS section of wqctl.1, and every entry there is a command;
 #  4. when groff is installed, wq.3 and wqctl.1 format without warnings.
-# Also printed, without failing unless WQ_DOCS_STRICT=1: public functions
+# Also printed, and failing unless WQ_DOCS_STRICT=0: public functions
 # with no comment and constants that no comment explains.
 # Environment: top_srcdir, top_builddir (default: from $0 and ".").
 set -u
@@ -63,7 +63,7 @@ while read -r c; do
 done < "$tmp/constants"
 [ "$nf" -gt 0 ] || fail "no WQ_API function found in $hdr"
 
-# Comments the header lacks (informative unless WQ_DOCS_STRICT=1).
+# Comments the header lacks (fatal unless WQ_DOCS_STRICT=0).
 awk -v what=undocumented -f "$names_awk" "$hdr" > "$tmp/undocumented"
 while read -r kind name; do
     if [ "$kind" = function ]; then
@@ -71,7 +71,7 @@ while read -r kind name; do
     else
         msg="include/wq.h: constant $name is explained by no comment (none on its line, no mention)"
     fi
-    if [ "${WQ_DOCS_STRICT:-0}" = 1 ]; then fail "$msg"; else echo "WARNING: $msg"; fi
+    if [ "${WQ_DOCS_STRICT:-1}" = 1 ]; then fail "$msg"; else echo "WARNING: $msg"; fi
 done < "$tmp/undocumented"
 
 # 2. name(3) references in wqctl.1 against the installed pages.
