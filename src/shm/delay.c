@@ -32,7 +32,7 @@ uint32_t wq__promote(shmq *q, uint64_t now)
     uint32_t queued = 0;
     if (h->shutdown)
         return 0;   /* client-go: after shutdown the waiting loop is gone */
-    for (;;) {
+    while (!wq__region_broken(q)) {
         uint32_t idx = wq__heap_top(q, WQ_HEAP_DELAY, h->heap_count);
         if (idx == WQ_NIL)
             break;
@@ -61,7 +61,7 @@ uint32_t wq__promote(shmq *q, uint64_t now)
 void wq__drop_waiting(shmq *q)
 {
     struct wq_hdr *h = q->hdr;
-    while (h->heap_count > 0) {
+    while (h->heap_count > 0 && !wq__region_broken(q)) {
         if (h->heap_count > q->capacity || q->heap[h->heap_count - 1] >= q->capacity) {
             h->corrupt = 1;
             return;

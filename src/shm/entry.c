@@ -24,8 +24,14 @@
  * fair-mode tag, the one state store that commits, then what follows the
  * state: index, ring or heap, counters (live, processing, failing,
  * zombies, held, the metrics sum, adds_total through the pending record).
- * A failure after the commit (a corrupt structure, -EBADMSG) returns at
- * once: busy stays set and the next locker rebuilds from the entries.
+ * Errors: a transition fails (-EBADMSG, busy stays set) only before its
+ * commit, and then nothing of it happened. After its commit it always
+ * succeeds: the operation took effect, so its caller must hear so (a key
+ * handed out is the caller's; an add that committed is an add). A
+ * structure found corrupt after the commit is flagged (broken(): the
+ * next locker rebuilds everything from the entries) and the transition
+ * finishes its bookkeeping; callers that apply many transitions under one
+ * lock stop at such a flag (wq__region_broken).
  *
  * The WQ_STEP names are the crash points the crash test sweeps; each
  * lies either before its operation's commit (".busy", ".alloc", ".key",
@@ -37,6 +43,14 @@
  * container (the ring, or fair mode's heaps).
  */
 #include "shm.h"
+
+/* After a commit: a follow-up structure was found corrupt. The operation
+   stands; the region is rebuilt by the next locker (lock.c). */
+static void broken(shmq *q, int rc)
+{
+    if (WQ_UNLIKELY(rc < 0))
+        q->hdr->corrupt = 1;
+}
 
 static inline void set_state(struct wq_entry *e, uint16_t st)
 {
@@ -234,16 +248,12 @@ int wq__entry_commit_new(shmq *q, uint32_t idx, uint16_t state, bool *queued)
         wq__fair_dirty(q, idx);
     set_state(e, storing ? WQ_ST_STORING : state);   /* commit */
     WQ_STEP("add.state");
-    int rc = wq__table_insert(q, idx, e->hash);
-    if (WQ_UNLIKELY(rc < 0))
-        return rc;
+    broken(q, wq__table_insert(q, idx, e->hash));
     WQ_STEP("add.index");
     if (queue)
-        rc = enqueue(q, idx);
+        broken(q, enqueue(q, idx));
     else if (state == WQ_ST_WAITING && !storing)
-        rc = delay_push(q, idx);
-    if (WQ_UNLIKELY(rc < 0))
-        return rc;
+        broken(q, delay_push(q, idx));
     WQ_STEP("add.ring");
     h->live++;
     if (state & WQ_ST_QUEUED) {
@@ -321,8 +331,7 @@ int wq__entry_mark_dirty(shmq *q, uint32_t idx, uint64_t now, bool *queued)
         set_state(e, WQ_ST_DIRTY | WQ_ST_QUEUED);   /* commit */
         WQ_STEP("add.mark");
         e->t_b = now;
-        if ((rc = enqueue(q, idx)) < 0)
-            return rc;
+        broken(q, enqueue(q, idx));
         WQ_STEP("mark.ring");
         if (st == WQ_ST_RETAINED)
             h->failing--;
@@ -362,9 +371,7 @@ int wq__entry_delay(shmq *q, uint32_t idx, uint64_t ready)
             wq__store_mark(q, idx);
             e->t_b = ready;
             WQ_STEP("wait.earlier");
-            int rc = wq__heap_raise(q, WQ_HEAP_DELAY, h->heap_count, idx);
-            if (rc < 0)
-                return rc;
+            broken(q, wq__heap_raise(q, WQ_HEAP_DELAY, h->heap_count, idx));
         }
         return 1;
     }
@@ -387,7 +394,8 @@ int wq__entry_delay(shmq *q, uint32_t idx, uint64_t ready)
         set_state(e, st | WQ_ST_WAITING);   /* commit: processing */
         WQ_STEP("wait.state");
     }
-    return delay_push(q, idx);
+    broken(q, delay_push(q, idx));
+    return 0;
 }
 
 /* ------------------------------------------------------------------ */
@@ -406,13 +414,10 @@ int wq__entry_hand_out(shmq *q, uint32_t idx, uint64_t now)
     WQ_STEP("get.owner");
     set_state(e, WQ_ST_PROCESSING);   /* commit */
     WQ_STEP("get.state");
-    if (q->fair) {
-        int rc = wq__fair_pop(q, idx);
-        if (rc < 0)
-            return rc;
-    } else {
+    if (q->fair)
+        broken(q, wq__fair_pop(q, idx));
+    else
         wq__ring_pop(q);
-    }
     WQ_STEP("get.ring");
     h->processing++;
     q->procs[q->slot].held++;
@@ -450,8 +455,7 @@ int wq__entry_done(shmq *q, uint32_t idx, uint64_t now, const struct wq_outcome 
             e->seq = h->seq_next++;   /* client-go: the back of the queue */
         set_state(e, WQ_ST_DIRTY | WQ_ST_QUEUED);   /* commit */
         WQ_STEP("done.state");
-        if ((rc = enqueue(q, idx)) < 0)
-            return rc;
+        broken(q, enqueue(q, idx));
         WQ_STEP("done.ring");
         *queued = true;
     } else if (st & WQ_ST_WAITING) {
@@ -464,8 +468,8 @@ int wq__entry_done(shmq *q, uint32_t idx, uint64_t now, const struct wq_outcome 
         WQ_STEP("done.state");
         h->failing++;
         h->live--;
-    } else if ((rc = wq__entry_release(q, idx, true)) < 0) {
-        return rc;
+    } else {
+        wq__entry_release(q, idx, true);   /* commits; never fails after */
     }
     if (q->metrics) {
         wq__observe(&h->wdur, now - e->t_start);
@@ -514,10 +518,8 @@ int wq__entry_requeue(shmq *q, uint32_t idx, bool crash, uint64_t now, bool *que
         }
         set_state(e, WQ_ST_WAITING);   /* commit */
         WQ_STEP("requeue.state");
-        rc = waiting ? wq__heap_raise(q, WQ_HEAP_DELAY, h->heap_count, idx)
-                     : delay_push(q, idx);
-        if (rc < 0)
-            return rc;
+        broken(q, waiting ? wq__heap_raise(q, WQ_HEAP_DELAY, h->heap_count, idx)
+                          : delay_push(q, idx));
     } else {
         if ((st & WQ_ST_WAITING) && (rc = delay_remove(q, idx)) < 0)
             return rc;
@@ -527,8 +529,7 @@ int wq__entry_requeue(shmq *q, uint32_t idx, bool crash, uint64_t now, bool *que
             wq__fair_dirty(q, idx);   /* a re-added key keeps its place */
         set_state(e, WQ_ST_DIRTY | WQ_ST_QUEUED);   /* commit */
         WQ_STEP("requeue.state");
-        if ((rc = enqueue(q, idx)) < 0)
-            return rc;
+        broken(q, enqueue(q, idx));
         *queued = true;
     }
     WQ_STEP("requeue.ring");
@@ -611,8 +612,10 @@ int wq__entry_release(shmq *q, uint32_t idx, bool stored)
     e->state = 0;   /* commit: forgotten */
     WQ_STEP("release.state");
     int rc = wq__table_remove(q, idx, e->hash);
-    if (rc < 0)
-        return rc;
+    if (rc < 0) {
+        broken(q, rc);   /* still indexed: not reusable until rebuilt */
+        return 0;
+    }
     WQ_STEP("release.index");
     free_push(q, idx);
     WQ_STEP("release.free");
@@ -642,7 +645,7 @@ int wq__entry_forget(shmq *q, uint32_t idx)
 
 /*
  * Lock and busy held: the store committed the entry's current record (its
- * SDIRTY bit was just cleared). A new key becomes visible: queued, or
+ * SDIRTY bit was just cleared: that is the commit). A new key becomes visible: queued, or
  * waiting when its ready time is still ahead; a zombie's removal is
  * written, so it is freed.
  */
@@ -650,28 +653,30 @@ int wq__entry_stored(shmq *q, uint32_t idx, uint64_t now, bool *queued)
 {
     WQ_ASSERT_MUTATING(q);
     struct wq_entry *e = wq__entry(q, idx);
-    int rc = 0;
     if (e->state == WQ_ST_STORING) {
         if (e->t_b > now) {
             e->state = WQ_ST_WAITING;   /* commit */
             WQ_STEP("store.visible");
-            rc = delay_push(q, idx);
+            broken(q, delay_push(q, idx));
         } else {
             e->t_b = now;
             wq__fair_dirty(q, idx);
             e->state = WQ_ST_DIRTY | WQ_ST_QUEUED;   /* commit */
             WQ_STEP("store.visible");
-            rc = enqueue(q, idx);
-            *queued = rc == 0;
+            broken(q, enqueue(q, idx));
+            *queued = true;
         }
-    } else if (e->state == 0) {   /* a deletion, now written */
-        if ((rc = wq__table_remove(q, idx, e->hash)) < 0)
-            return rc;
+    } else if (e->state == 0) {   /* a deletion, now written: free */
+        q->hdr->zombies--;
+        int rc = wq__table_remove(q, idx, e->hash);
+        if (rc < 0) {
+            broken(q, rc);   /* still indexed: not reusable until rebuilt */
+            return 0;
+        }
         WQ_STEP("store.unindex");
         free_push(q, idx);
-        q->hdr->zombies--;
     }
-    return rc;
+    return 0;
 }
 
 /*

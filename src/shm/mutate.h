@@ -46,8 +46,14 @@ static inline int wq__mut_end(shmq *q, int rc)
     return rc;
 }
 
-/* Inside a mutation: the entry-level transitions assume it. */
-#define WQ_ASSERT_MUTATING(q) WQ_ASSERT((q)->restoring || (q)->hdr->busy)
+/* Inside a mutation (lock held, busy set): the transitions and the
+   structures' writers assume it. */
+#ifdef WQ_DEBUG
+#define WQ_ASSERT_MUTATING(q) \
+    WQ_ASSERT((q)->restoring || (wq__lock_held(q) && (q)->hdr->busy))
+#else
+#define WQ_ASSERT_MUTATING(q) ((void)0)
+#endif
 
 static inline void wq__mut_pend(shmq *q, uint32_t kind, uint32_t idx)
 {

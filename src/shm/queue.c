@@ -254,7 +254,7 @@ int wq__shm_add_many(wq *pub, const struct iovec *keys, size_t n)
             for (size_t i = 0; i < n && rc >= 0; i++) {
                 struct wq_add_req r = { .key = keys[i].iov_base, .len = keys[i].iov_len };
                 bool queued = false;
-                rc = add_locked(q, &r, hashes[i], now, &queued);
+                rc = wq__region_broken(q) ? -EBADMSG : add_locked(q, &r, hashes[i], now, &queued);
                 coalesced += rc > 0;
                 queued_n += queued;
             }

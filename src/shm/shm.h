@@ -185,6 +185,12 @@ int wq__entry_stored(shmq *q, uint32_t idx, uint64_t now, bool *queued);
 void wq__entry_unstore(shmq *q, uint32_t idx);
 int wq__entry_evict_room(shmq *q, uint32_t want);
 uint32_t wq__entry_free_count(const shmq *q);
+/* A transition found a structure corrupt after its commit (entry.c): the
+   next locker rebuilds; loops of transitions stop until then. */
+static inline bool wq__region_broken(const shmq *q)
+{
+    return WQ_UNLIKELY(q->hdr->corrupt != 0);
+}
 /* Queued keys, in either mode (lock held, or as a hint without it). */
 static inline uint32_t wq__queued(const shmq *q)
 {

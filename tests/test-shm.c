@@ -1,0 +1,352 @@
+/*
+ * test-shm.c - regressions of the shared-memory engine's defences, each a
+ * defect the core once had (white-box: links libwq-fault.la and reaches
+ * into the region through src/shm/shm.h where a corruption must be
+ * staged):
+ *   - wq_add_many on a queue with a store whose only room is held by
+ *     removals the store has not written: all keys added, or none;
+ *   - a store settle that meets a corrupt structure leaves the region for
+ *     the next locker to repair (it used to clear busy over a half-done
+ *     change);
+ *   - a fair heap holding an index just past capacity, or far out of
+ *     range: -EBADMSG and a repair, never a stray write;
+ *   - the region lock must be robust and process-shared: a refused
+ *     attribute fails wq_open and publishes nothing;
+ *   - "lock held" preconditions are asserted (debug builds);
+ *   - one liveness probe: a damaged lease asks the pid, and the reaper
+ *     and wq_check agree about it;
+ *   - errors: a damaged store is -EUCLEAN, not the region's -EBADMSG, and
+ *     LMDB's "full" codes never surface as -EAGAIN;
+ *   - WQ_RESTORE refuses a directory that holds no store, creating nothing.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "fixture.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "shm/shm.h"
+#include "store/format.h"
+
+static void get_done(wq *q, const char *key)
+{
+    expect_get(q, key);
+    expect_done(q, key);
+}
+
+/* Capacity 4, store with WQ_DURABLE_NONE and a long snapshot interval:
+   two keys done become zombies (their removals not written yet). A batch
+   of 4 new keys needs their entries: it makes the room first and adds
+   all four (it used to add two and return -ENOSPC). */
+static void test_add_many_room_from_zombies(void **state)
+{
+    (void)state;
+    struct wq_options o = { .capacity = 4, .store_path = mkstore(),
+                            .durability = WQ_DURABLE_NONE,
+                            .snapshot_interval_ms = 3600 * 1000 };
+    wq *q = track(create_q("manyzomb", &o, NULL));
+    assert_int_equal(wq_add(q, KS("z1")), 0);
+    assert_int_equal(wq_add(q, KS("z2")), 0);
+    get_done(q, "z1");
+    get_done(q, "z2");
+    struct iovec keys[4] = { { "n1", 2 }, { "n2", 2 }, { "n3", 2 }, { "n4", 2 } };
+    assert_int_equal(wq_add_many(q, keys, 4), 0);
+    assert_int_equal(wq_len(q), 4);
+    struct iovec more[1] = { { "n5", 2 } };
+    assert_int_equal(wq_add_many(q, more, 1), -ENOSPC);   /* really full */
+    assert_int_equal(wq_len(q), 4);
+    for (int i = 1; i <= 4; i++) {
+        char k[4];
+        snprintf(k, sizeof k, "n%d", i);
+        get_done(q, k);
+    }
+    check_clean(q);
+    close_q(q);
+}
+
+/* Without a store the same batch evicts idle keys kept for a failure
+   count, in place, and a batch that cannot fit adds nothing. */
+static void test_add_many_all_or_none(void **state)
+{
+    (void)state;
+    struct wq_options o = { .capacity = 4 };
+    wq *q = track(create_q("manyall", &o, NULL));
+    assert_int_equal(wq_add(q, KS("a")), 0);
+    assert_int_equal(wq_add(q, KS("b")), 0);
+    struct iovec keys[3] = { { "c", 1 }, { "d", 1 }, { "e", 1 } };
+    assert_int_equal(wq_add_many(q, keys, 3), -ENOSPC);
+    assert_int_equal(wq_len(q), 2);
+    assert_int_equal(key_state(q, "c"), 0);
+    struct iovec dup[3] = { { "c", 1 }, { "c", 1 }, { "a", 1 } };
+    assert_int_equal(wq_add_many(q, dup, 3), 2);   /* 1 new, 2 coalesced */
+    assert_int_equal(wq_len(q), 3);
+    check_clean(q);
+    close_q(q);
+}
+
+/* A corrupt ring count makes the settle of a stored key fail to queue
+   it. The region must be left for repair (flagged): the next locker
+   rebuilds the ring and the key is handed out once. */
+static void test_settle_failure_repaired(void **state)
+{
+    (void)state;
+    struct wq_options o = { .capacity = 4, .store_path = mkstore() };
+    wq *q = track(create_q("settle", &o, NULL));
+    struct wq_shm *s = wq__shm(q);
+    /* head 0, count == capacity: no push fits, no index is out of range */
+    s->hdr->ring_pos = (uint64_t)4 << 32;
+    assert_int_equal(wq_add(q, KS("k")), 0);   /* stored: the add succeeded */
+    assert_int_equal(s->hdr->corrupt, 1);      /* left for the next locker */
+    check_clean(q);                            /* ... which repairs */
+    assert_int_equal(wq_len(q), 1);
+    get_done(q, "k");
+    expect_get_rc(q, -EAGAIN);
+    check_clean(q);
+    close_q(q);
+}
+
+/* Fair heaps with an index of exactly capacity (the first byte past the
+   per-entry fair data: writing through it lands in the next section) or
+   far out of range: the get reports -EBADMSG or hands out a real key,
+   the next locker repairs, and every key comes out exactly once. */
+static void fair_corrupt(uint32_t bad, bool age_heap)
+{
+    struct wq_options o = { .capacity = 8, .flags = WQ_FAIR };
+    wq *q = track(create_q(age_heap ? "fairage" : "fairprio", &o, NULL));
+    const char *keys[] = { "t1/a", "t2/b", "t1/c", "t3/d" };
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(wq_add(q, keys[i], strlen(keys[i])), 0);
+    struct wq_shm *s = wq__shm(q);
+    uint32_t *heap = age_heap ? s->fheap_a : s->fheap_p;
+    heap[1] = bad;
+    int got[4] = { 0 }, rounds = 0, n;
+    char buf[FX_KEYBUF];
+    while ((n = wq_get(q, buf, sizeof buf, 0)) != -EAGAIN && rounds++ < 20) {
+        if (n == -EBADMSG)
+            continue;   /* the next call repairs */
+        assert_true(n > 0);
+        int i;
+        for (i = 0; i < 4 && !((size_t)n == strlen(keys[i]) && !memcmp(buf, keys[i], n)); i++)
+            ;
+        assert_true(i < 4);
+        got[i]++;
+        assert_int_equal(wq_done(q, buf, (size_t)n), 0);
+    }
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(got[i], 1);
+    check_clean(q);
+    close_q(q);
+}
+
+static void test_fair_heap_index_past_capacity(void **state)
+{
+    (void)state;
+    fair_corrupt(8, false);
+    fair_corrupt(8, true);
+    fair_corrupt(0x7fffffff, false);
+}
+
+/* A system that refuses a robust or process-shared mutex: wq_open fails
+   and no region is published. */
+static void test_mutex_attr_refused(void **state)
+{
+    (void)state;
+    const char *name = th_qname("mutexattr");
+    struct wq_options o = { .capacity = 4, .flags = WQ_CREATE };
+    wq *q = NULL;
+    assert_int_equal(wq_fault_arm("mutex.attr", 1, WQ_FAULT_FAIL), 0);
+    assert_int_equal(wq_open(name, &o, &q), -ENOTSUP);
+    wq_fault_arm(NULL, 0, 0);
+    assert_null(q);
+    char path[256];
+    th_shm_path(name, path, sizeof path);
+    assert_int_equal(access(path, F_OK), -1);
+    assert_int_equal(wq_open(name, &o, &q), 0);   /* and works once allowed */
+    wq_close(q);
+}
+
+/* Debug builds assert "lock held" where the comments require it: a ring
+   push without the lock aborts. */
+static void test_lock_held_asserted(void **state)
+{
+    (void)state;
+#ifndef WQ_DEBUG
+    skip();
+#else
+    struct wq_options o = { .capacity = 4 };
+    wq *q = track(create_q("lockheld", &o, NULL));
+    pid_t c = th_fork(10);
+    if (c == 0) {
+        signal(SIGABRT, SIG_DFL);
+        struct wq_shm *s = wq__shm(q);
+        s->hdr->busy = 1;   /* only the lock is missing */
+        wq__ring_push(s, 0);
+        _exit(0);
+    }
+    assert_int_equal(th_wait(c, 10000), 128 + SIGABRT);
+    close_q(q);
+#endif
+}
+
+/* A lease whose mutex word is damaged answers neither "held" nor "owner
+   died": the pid decides. Dead pid: the slot is reaped and its key comes
+   back. Live pid: the key stays with its holder, in the reaper and in
+   wq_check's repair of an illegal slot state alike. */
+static void damage_lease(struct wq_proc *p)
+{
+    memset(&p->lease, 0xff, sizeof p->lease);
+}
+
+static void test_damaged_lease_dead_pid(void **state)
+{
+    (void)state;
+    struct wq_options o = { .capacity = 8, .rl_base_delay_ns = 1, .rl_max_delay_ns = 1 };
+    const char *name;
+    wq *q = track(create_q("leasedead", &o, &name));
+    assert_int_equal(wq_add(q, KS("k")), 0);
+    pid_t c = th_fork(10);
+    if (c == 0) {
+        wq *cq;
+        char buf[FX_KEYBUF];
+        if (wq_open(name, NULL, &cq) < 0 || wq_get(cq, buf, sizeof buf, 0) != 1)
+            _exit(1);
+        raise(SIGKILL);
+    }
+    assert_int_equal(th_wait(c, 10000), 128 + SIGKILL);
+    struct wq_shm *s = wq__shm(q);
+    for (uint32_t i = 0; i < s->max_procs; i++)
+        if (s->procs[i].state == WQ_PROC_LIVE && s->procs[i].pid == c)
+            damage_lease(&s->procs[i]);
+    assert_int_equal(wq_check(q, WQ_CHECK_REAP), 0);
+    struct wq_stats st = stats_of(q);
+    assert_int_equal(st.crash_requeues_total, 1);
+    assert_int_equal(st.processes, 1);
+    char buf[FX_KEYBUF];
+    assert_int_equal(wq_get(q, buf, sizeof buf, TH_S), 1);
+    close_q(q);
+}
+
+static void test_damaged_lease_live_pid(void **state)
+{
+    (void)state;
+    struct wq_options o = { .capacity = 8 };
+    const char *name;
+    wq *q = track(create_q("leaselive", &o, &name));
+    assert_int_equal(wq_add(q, KS("k")), 0);
+    int *sync = th_shared_alloc(4096);
+    pid_t c = th_fork(20);
+    if (c == 0) {
+        wq *cq;
+        char buf[FX_KEYBUF];
+        if (wq_open(name, NULL, &cq) < 0 || wq_get(cq, buf, sizeof buf, 0) != 1)
+            _exit(1);
+        sync[0] = 1;
+        pause();
+        _exit(0);
+    }
+    while (!sync[0])
+        th_sleep_ms(1);
+    struct wq_shm *s = wq__shm(q);
+    uint32_t slot = WQ_NIL;
+    for (uint32_t i = 0; i < s->max_procs; i++)
+        if (s->procs[i].state == WQ_PROC_LIVE && s->procs[i].pid == c)
+            slot = i;
+    assert_int_not_equal(slot, WQ_NIL);
+    damage_lease(&s->procs[slot]);
+    assert_int_equal(wq_check(q, WQ_CHECK_REAP), 0);   /* the reaper: alive */
+    assert_int_equal(key_state(q, "k"), WQ_KEY_PROCESSING);
+    s->procs[slot].state = 7;   /* an illegal state word: wq_check repairs it */
+    assert_true(wq_check(q, WQ_CHECK_REPAIR) > 0);
+    assert_int_equal(s->procs[slot].state, WQ_PROC_LIVE);   /* ... as alive */
+    assert_int_equal(key_state(q, "k"), WQ_KEY_PROCESSING);
+    assert_int_equal(stats_of(q).crash_requeues_total, 0);
+    kill(c, SIGKILL);
+    th_wait(c, 10000);
+    th_shared_free(sync, 4096);
+    /* The pid is gone now: the damaged lease's slot is reaped. */
+    assert_int_equal(wq_check(q, WQ_CHECK_REAP), 0);
+    assert_int_equal(stats_of(q).crash_requeues_total, 1);
+    close_q(q);
+}
+
+/* Errors: a damaged store is -EUCLEAN, the region's corruption -EBADMSG;
+   their messages differ and only the region's suggests a repair. LMDB's
+   "full" codes never look like wq_get's "nothing queued". */
+static void test_store_errors_distinct(void **state)
+{
+    (void)state;
+    assert_int_equal(wq__lmdb_err(MDB_CORRUPTED), -EUCLEAN);
+    assert_int_equal(wq__lmdb_err(MDB_PAGE_NOTFOUND), -EUCLEAN);
+    assert_int_equal(wq__lmdb_err(MDB_READERS_FULL), -EUSERS);
+    assert_int_equal(wq__lmdb_err(MDB_TXN_FULL), -ENOSPC);
+    assert_int_equal(wq__lmdb_err(MDB_MAP_FULL), -ENOSPC);
+    assert_int_not_equal(wq__lmdb_err(MDB_CURSOR_FULL), -EAGAIN);
+    assert_string_not_equal(wq_strerror(-EUCLEAN), wq_strerror(-EBADMSG));
+    assert_null(strstr(wq_strerror(-EUCLEAN), "repair"));
+    assert_non_null(strstr(wq_strerror(-EBADMSG), "repair"));
+}
+
+/* WQ_RESTORE: the store must exist; a mistyped path creates nothing. */
+static void test_restore_needs_a_store(void **state)
+{
+    (void)state;
+    const char *dir = mkstore();
+    char missing[512];
+    snprintf(missing, sizeof missing, "%s/nope", dir);
+    const char *name = th_qname("restoreflag");
+    struct wq_options o = { .store_path = missing, .flags = WQ_CREATE | WQ_RESTORE };
+    wq *q = NULL;
+    assert_int_equal(wq_open(name, &o, &q), -ENODATA);
+    assert_int_equal(access(missing, F_OK), -1);
+    o.store_path = dir;   /* exists, but holds no store */
+    assert_int_equal(wq_open(name, &o, &q), -ENODATA);
+    char data[600];
+    snprintf(data, sizeof data, "%s/data.mdb", dir);
+    assert_int_equal(access(data, F_OK), -1);
+    o.flags = WQ_RESTORE;   /* without WQ_CREATE */
+    assert_int_equal(wq_open(name, &o, &q), -EINVAL);
+    o.flags = WQ_CREATE;    /* make one, then restore it */
+    assert_int_equal(wq_open(name, &o, &q), 0);
+    assert_int_equal(wq_add(q, KS("x")), 0);
+    wq_close(q);
+    assert_int_equal(wq_unlink(name), 0);
+    o.flags = WQ_CREATE | WQ_RESTORE | WQ_EXCL;
+    assert_int_equal(wq_open(name, &o, &q), 0);
+    assert_int_equal(wq_len(q), 1);
+    wq_close(q);
+}
+
+static int run_group(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_add_many_room_from_zombies, th_setup, th_teardown),
+        cmocka_unit_test_setup_teardown(test_add_many_all_or_none, th_setup, th_teardown),
+        cmocka_unit_test_setup_teardown(test_settle_failure_repaired, th_setup, th_teardown),
+        cmocka_unit_test_setup_teardown(test_fair_heap_index_past_capacity, th_setup,
+                                        th_teardown),
+        cmocka_unit_test_setup_teardown(test_mutex_attr_refused, th_setup, th_teardown),
+        cmocka_unit_test_setup_teardown(test_lock_held_asserted, th_setup, th_teardown),
+        cmocka_unit_test_setup_teardown(test_damaged_lease_dead_pid, th_setup, th_teardown),
+        cmocka_unit_test_setup_teardown(test_damaged_lease_live_pid, th_setup, th_teardown),
+        cmocka_unit_test_setup_teardown(test_store_errors_distinct, th_setup, th_teardown),
+        cmocka_unit_test_setup_teardown(test_restore_needs_a_store, th_setup, th_teardown),
+        cmocka_unit_test(th_test_no_leftovers),
+    };
+    fx_test_filters();
+    return cmocka_run_group_tests_name("shm", tests, th_group_setup, th_group_teardown);
+}
+
+int main(void)
+{
+    static const struct fx_guard g = { .prog = "test-shm", .max_stores = 16,
+                                       .deadline_s = 120, .run_group = run_group };
+    return fx_guard_main(&g);
+}
