@@ -11,7 +11,7 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* pthread_timedjoin_np, setgroups */
 #endif
-#include "helpers.h"
+#include "t.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -25,112 +25,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define BUF 4096
-
-/* ------------------------------------------------------------------ */
-/* Small helpers                                                       */
-/* ------------------------------------------------------------------ */
-
-static wq *create_q(const char *name, uint32_t capacity, uint32_t max_key_len)
-{
-    struct wq_options o = { .capacity = capacity, .max_key_len = max_key_len,
-                            .flags = WQ_CREATE | WQ_EXCL };
-    wq *q = NULL;
-    int rc = wq_open(name, &o, &q);
-    if (rc != 0)
-        fail_msg("wq_open(%s) = %d (%s)", name, rc, wq_strerror(rc));
-    assert_non_null(q);
-    return q;
-}
-
-static wq *new_q(const char *tag, uint32_t capacity, uint32_t max_key_len,
-                 const char **name)
-{
-    const char *n = th_qname(tag);
-    if (name != NULL)
-        *name = n;
-    return create_q(n, capacity, max_key_len);
-}
-
-#define ADDS(q, s) wq_add((q), (s), strlen(s))
-#define DONES(q, s) wq_done((q), (s), strlen(s))
-
-static void expect_get_(wq *q, const void *key, size_t len, int64_t timeout,
-                        int line)
-{
-    unsigned char buf[BUF];
-    int n = wq_get(q, buf, sizeof buf, timeout);
-    if (n < 0)
-        fail_msg("line %d: wq_get = %d (%s), expected \"%.*s\"", line, n,
-                 wq_strerror(n), (int)len, (const char *)key);
-    if ((size_t)n != len || memcmp(buf, key, len) != 0)
-        fail_msg("line %d: wq_get returned \"%.*s\" (%d bytes), expected "
-                 "\"%.*s\" (%zu bytes)", line, n, (const char *)buf, n,
-                 (int)len, (const char *)key, len);
-}
-#define EXPECT_GET(q, s) expect_get_((q), (s), strlen(s), 0, __LINE__)
-#define EXPECT_GETN(q, k, l) expect_get_((q), (k), (l), 0, __LINE__)
-
-static int get_rc(wq *q, int64_t timeout)
-{
-    unsigned char buf[BUF];
-    return wq_get(q, buf, sizeof buf, timeout);
-}
-
-static struct wq_stats stats(wq *q)
-{
-    struct wq_stats st;
-    memset(&st, 0xa5, sizeof st);
-    assert_int_equal(wq_stats(q, &st), 0);
-    return st;
-}
-
-static int shm_exists(const char *name)
-{
-    char p[512];
-    th_shm_path(name, p, sizeof p);
-    return access(p, F_OK) == 0;
-}
-
-/* Dump collection. */
-struct dumped {
-    int n;
-    struct {
-        char key[64];
-        size_t len;
-        unsigned state;
-        pid_t owner;
-        uint64_t pos;
-    } e[64];
-    int stop_after; /* return 7 after that many calls when > 0 */
-};
-
-static int dump_cb(const struct wq_key_info *i, void *arg)
-{
-    struct dumped *d = arg;
-    if (d->n < 64) {
-        size_t l = i->len < 63 ? i->len : 63;
-        memcpy(d->e[d->n].key, i->key, l);
-        d->e[d->n].key[l] = '\0';
-        d->e[d->n].len = i->len;
-        d->e[d->n].state = i->state;
-        d->e[d->n].owner = i->owner_pid;
-        d->e[d->n].pos = i->position;
-    }
-    d->n++;
-    if (d->stop_after > 0 && d->n == d->stop_after)
-        return 7;
-    return 0;
-}
-
-static int dump_find(const struct dumped *d, const char *key)
-{
-    for (int i = 0; i < d->n && i < 64; i++)
-        if (d->e[i].len == strlen(key) && strcmp(d->e[i].key, key) == 0)
-            return i;
-    return -1;
-}
-
 /* ------------------------------------------------------------------ */
 /* Capacity                                                            */
 /* ------------------------------------------------------------------ */
@@ -138,16 +32,16 @@ static int dump_find(const struct dumped *d, const char *key)
 static void capacity_full(void **state)
 {
     (void)state;
-    wq *q = new_q("cap", 8, 0, NULL);
+    wq *q = t_create("cap", T_OPTS(.capacity = 8), NULL);
     char k[16];
 
     for (int i = 0; i < 8; i++) {
         snprintf(k, sizeof k, "k%d", i);
-        assert_int_equal(ADDS(q, k), 0);
+        assert_int_equal(wq_add(q, KS(k)), 0);
     }
-    assert_int_equal(ADDS(q, "k8"), -ENOSPC);
+    assert_int_equal(wq_add(q, KS("k8")), -ENOSPC);
     assert_int_equal(wq_len(q), 8);
-    struct wq_stats st = stats(q);
+    struct wq_stats st = t_stats(q);
     assert_int_equal(st.live, 8);
     assert_int_equal(st.queued, 8);
     assert_int_equal(st.capacity, 8);
@@ -155,33 +49,33 @@ static void capacity_full(void **state)
     assert_int_equal(st.coalesced_total, 0);
 
     /* Coalescing into an existing key needs no slot. */
-    assert_int_equal(ADDS(q, "k3"), 1);
+    assert_int_equal(wq_add(q, KS("k3")), 1);
 
-    EXPECT_GET(q, "k0");
+    T_EXPECT_GET(q, "k0");
     /* A processing key still uses its slot. */
-    assert_int_equal(ADDS(q, "k8"), -ENOSPC);
+    assert_int_equal(wq_add(q, KS("k8")), -ENOSPC);
     /* Re-adding the processing key needs no new slot either. */
-    assert_int_equal(ADDS(q, "k0"), 0);
-    assert_int_equal(ADDS(q, "k0"), 1);
-    assert_int_equal(ADDS(q, "k8"), -ENOSPC);
-    assert_int_equal(DONES(q, "k0"), 0);
+    assert_int_equal(wq_add(q, KS("k0")), 0);
+    assert_int_equal(wq_add(q, KS("k0")), 1);
+    assert_int_equal(wq_add(q, KS("k8")), -ENOSPC);
+    assert_int_equal(wq_done(q, KS("k0")), 0);
     assert_int_equal(wq_len(q), 8);
 
     /* Nothing was lost, and the order is exact FIFO. */
     for (int i = 1; i < 8; i++) {
         snprintf(k, sizeof k, "k%d", i);
-        EXPECT_GET(q, k);
-        assert_int_equal(DONES(q, k), 0);
+        T_EXPECT_GET(q, k);
+        assert_int_equal(wq_done(q, KS(k)), 0);
     }
-    EXPECT_GET(q, "k0");
-    assert_int_equal(DONES(q, "k0"), 0);
-    assert_int_equal(get_rc(q, 0), -EAGAIN);
+    T_EXPECT_GET(q, "k0");
+    assert_int_equal(wq_done(q, KS("k0")), 0);
+    assert_int_equal(t_get(q, 0), -EAGAIN);
 
-    assert_int_equal(ADDS(q, "k8"), 0);
-    EXPECT_GET(q, "k8");
-    assert_int_equal(DONES(q, "k8"), 0);
+    assert_int_equal(wq_add(q, KS("k8")), 0);
+    T_EXPECT_GET(q, "k8");
+    assert_int_equal(wq_done(q, KS("k8")), 0);
 
-    st = stats(q);
+    st = t_stats(q);
     assert_int_equal(st.live, 0);
     assert_int_equal(st.adds_total, 10);
     assert_int_equal(st.coalesced_total, 2);
@@ -196,8 +90,8 @@ static void capacity_full(void **state)
 static void key_lengths(void **state)
 {
     (void)state;
-    wq *q = new_q("keylen", 64, 16, NULL);
-    unsigned char buf[BUF];
+    wq *q = t_create("keylen", T_OPTS(.capacity = 64, .max_key_len = 16), NULL);
+    unsigned char buf[WQ_MAX_KEY_LEN];
     const char *k16 = "0123456789abcdef";
     const char *k17 = "0123456789abcdefg";
 
@@ -207,7 +101,7 @@ static void key_lengths(void **state)
     assert_int_equal(wq_add(q, k17, 17), -EMSGSIZE);
     assert_int_equal(wq_add(q, k16, 16), 0);
     assert_int_equal(wq_len(q), 1);
-    assert_int_equal(stats(q).max_key_len, 16);
+    assert_int_equal(t_stats(q).max_key_len, 16);
 
     assert_int_equal(wq_get(q, buf, 16, 0), 16);
     assert_memory_equal(buf, k16, 16);
@@ -228,7 +122,7 @@ static void key_lengths(void **state)
     wq_close(q);
 
     /* The largest allowed max_key_len. */
-    q = new_q("keylen4096", 16, WQ_MAX_KEY_LEN, NULL);
+    q = t_create("keylen4096", T_OPTS(.capacity = 16, .max_key_len = WQ_MAX_KEY_LEN), NULL);
     static unsigned char big[WQ_MAX_KEY_LEN + 1];
     for (size_t i = 0; i < sizeof big; i++)
         big[i] = (unsigned char)(i * 7 + 3);
@@ -247,12 +141,12 @@ static void key_lengths(void **state)
 static void defaults(void **state)
 {
     (void)state;
-    const char *name = th_qname("defaults");
+    const char *name = t_qname("defaults");
     struct wq_options o = { .flags = WQ_CREATE };
     wq *q = NULL;
 
     assert_int_equal(wq_open(name, &o, &q), 0);
-    struct wq_stats st = stats(q);
+    struct wq_stats st = t_stats(q);
     assert_int_equal(st.capacity, 65536);
     assert_int_equal(st.max_key_len, 256);
     assert_int_equal(st.max_procs, 256);
@@ -270,17 +164,16 @@ static void defaults(void **state)
     assert_true(st.region_bytes > 0);
     char p[512];
     struct stat sb;
-    th_shm_path(name, p, sizeof p);
+    t_shm_path(name, p, sizeof p);
     assert_int_equal(stat(p, &sb), 0);
     assert_int_equal((uint64_t)sb.st_size, st.region_bytes);
     assert_string_equal(wq_name(q), name);
     wq_close(q);
 }
-
 static void binary_keys(void **state)
 {
     (void)state;
-    wq *q = new_q("binary", 64, 16, NULL);
+    wq *q = t_create("binary", T_OPTS(.capacity = 64, .max_key_len = 16), NULL);
     static const struct { const char *k; size_t l; } keys[] = {
         { "a\0b", 3 }, { "a\0c", 3 }, { "a", 1 }, { "a\0", 2 },
         { "\0", 1 }, { "\0\0", 2 }, { "b\0a", 3 },
@@ -295,14 +188,14 @@ static void binary_keys(void **state)
     assert_int_equal(wq_add(q, "\0\0", 2), 1);
     assert_int_equal(wq_len(q), (int)n);
     for (size_t i = 0; i < n; i++)
-        EXPECT_GETN(q, keys[i].k, keys[i].l);
+        T_EXPECT_GETN(q, keys[i].k, keys[i].l);
     assert_int_equal(wq_done(q, "a\0d", 3), -ENOENT);
     assert_int_equal(wq_done(q, "\0\0\0", 3), -ENOENT);
     for (size_t i = 0; i < n; i++)
         assert_int_equal(wq_done(q, keys[i].k, keys[i].l), 0);
     for (size_t i = 0; i < n; i++)
         assert_int_equal(wq_done(q, keys[i].k, keys[i].l), -ENOENT);
-    assert_int_equal(stats(q).live, 0);
+    assert_int_equal(t_stats(q).live, 0);
     wq_close(q);
 }
 
@@ -313,41 +206,41 @@ static void binary_keys(void **state)
 static void get_enobufs(void **state)
 {
     (void)state;
-    wq *q = new_q("enobufs", 64, 0, NULL); /* max_key_len 256 */
-    unsigned char buf[BUF];
+    wq *q = t_create("enobufs", T_OPTS(.capacity = 64), NULL); /* max_key_len 256 */
+    unsigned char buf[WQ_MAX_KEY_LEN];
 
     /* Checked first: on an empty queue it must not block. */
-    uint64_t t0 = th_now_ns();
-    assert_int_equal(wq_get(q, buf, 255, TH_S), -ENOBUFS);
-    assert_true(th_now_ns() - t0 < 200 * 1000000ull * th_scale());
+    uint64_t t0 = t_now_ns();
+    assert_int_equal(wq_get(q, buf, 255, SEC), -ENOBUFS);
+    assert_true(t_now_ns() - t0 < 200 * 1000000ull * t_scale());
 
-    assert_int_equal(ADDS(q, "foo"), 0);
+    assert_int_equal(wq_add(q, KS("foo")), 0);
     assert_int_equal(wq_get(q, buf, 255, 0), -ENOBUFS);
     assert_int_equal(wq_get(q, buf, 3, 0), -ENOBUFS);
     assert_int_equal(wq_get(q, buf, 0, 0), -ENOBUFS);
     assert_int_equal(wq_len(q), 1); /* nothing popped */
-    assert_int_equal(stats(q).processing, 0);
+    assert_int_equal(t_stats(q).processing, 0);
     assert_int_equal(wq_get(q, NULL, 256, 0), -EINVAL);
     assert_int_equal(wq_len(q), 1);
 
     assert_int_equal(wq_get(q, buf, 256, 0), 3);
     assert_memory_equal(buf, "foo", 3);
-    assert_int_equal(DONES(q, "foo"), 0);
+    assert_int_equal(wq_done(q, KS("foo")), 0);
     wq_close(q);
 }
 
 static void get_timeouts(void **state)
 {
     (void)state;
-    wq *q = new_q("timeouts", 64, 0, NULL);
+    wq *q = t_create("timeouts", T_OPTS(.capacity = 64), NULL);
     unsigned char buf[256];
 
     assert_int_equal(wq_get(q, buf, sizeof buf, 0), -EAGAIN);
 
-    uint64_t t0 = th_now_ns();
-    assert_int_equal(wq_get(q, buf, sizeof buf, 50 * TH_MS), -ETIMEDOUT);
-    uint64_t el = th_now_ns() - t0;
-    if (el < 50 * 1000000ull || el > 1000 * 1000000ull * th_scale())
+    uint64_t t0 = t_now_ns();
+    assert_int_equal(wq_get(q, buf, sizeof buf, 50 * MS), -ETIMEDOUT);
+    uint64_t el = t_now_ns() - t0;
+    if (el < 50 * 1000000ull || el > 1000 * 1000000ull * t_scale())
         fail_msg("wq_get(50 ms) returned after %.1f ms", (double)el / 1e6);
 
     assert_int_equal(wq_get(q, buf, sizeof buf, -2), -EINVAL);
@@ -355,20 +248,20 @@ static void get_timeouts(void **state)
     assert_int_equal(wq_shutdown_drain(q, -2), -EINVAL);
     assert_false(wq_shutting_down(q)); /* validated before acting */
     /* wq_done_get validates its timeout before doing the Done. */
-    assert_int_equal(ADDS(q, "x"), 0);
+    assert_int_equal(wq_add(q, KS("x")), 0);
     assert_int_equal(wq_get(q, buf, sizeof buf, 0), 1);
     assert_int_equal(wq_done_get(q, "x", 1, buf, sizeof buf, -2), -EINVAL);
-    assert_int_equal(stats(q).processing, 1);
-    assert_int_equal(DONES(q, "x"), 0);
+    assert_int_equal(t_stats(q).processing, 1);
+    assert_int_equal(wq_done(q, KS("x")), 0);
 
     /* A queued key is returned at once whatever the timeout. */
-    assert_int_equal(ADDS(q, "a"), 0);
+    assert_int_equal(wq_add(q, KS("a")), 0);
     assert_int_equal(wq_get(q, buf, sizeof buf, 0), 1);
-    assert_int_equal(ADDS(q, "b"), 0);
+    assert_int_equal(wq_add(q, KS("b")), 0);
     assert_int_equal(wq_get(q, buf, sizeof buf, -1), 1);
     assert_int_equal(buf[0], 'b');
-    assert_int_equal(DONES(q, "a"), 0);
-    assert_int_equal(DONES(q, "b"), 0);
+    assert_int_equal(wq_done(q, KS("a")), 0);
+    assert_int_equal(wq_done(q, KS("b")), 0);
     wq_close(q);
 }
 
@@ -379,24 +272,24 @@ static void get_timeouts(void **state)
 static void done_enoent(void **state)
 {
     (void)state;
-    wq *q = new_q("enoent", 64, 0, NULL);
+    wq *q = t_create("enoent", T_OPTS(.capacity = 64), NULL);
 
-    assert_int_equal(DONES(q, "x"), -ENOENT);
-    assert_int_equal(ADDS(q, "a"), 0);
+    assert_int_equal(wq_done(q, KS("x")), -ENOENT);
+    assert_int_equal(wq_add(q, KS("a")), 0);
     /* Queued but not processing: -ENOENT and no second copy (client-go
        would push a duplicate). */
-    assert_int_equal(DONES(q, "a"), -ENOENT);
+    assert_int_equal(wq_done(q, KS("a")), -ENOENT);
     assert_int_equal(wq_len(q), 1);
-    struct wq_stats st = stats(q);
+    struct wq_stats st = t_stats(q);
     assert_int_equal(st.queued, 1);
     assert_int_equal(st.processing, 0);
     assert_int_equal(st.live, 1);
-    EXPECT_GET(q, "a");
-    assert_int_equal(get_rc(q, 0), -EAGAIN);
-    assert_int_equal(DONES(q, "a"), 0);
-    assert_int_equal(DONES(q, "a"), -ENOENT);
-    assert_int_equal(get_rc(q, 0), -EAGAIN);
-    assert_int_equal(stats(q).live, 0);
+    T_EXPECT_GET(q, "a");
+    assert_int_equal(t_get(q, 0), -EAGAIN);
+    assert_int_equal(wq_done(q, KS("a")), 0);
+    assert_int_equal(wq_done(q, KS("a")), -ENOENT);
+    assert_int_equal(t_get(q, 0), -EAGAIN);
+    assert_int_equal(t_stats(q).live, 0);
     wq_close(q);
 }
 
@@ -427,8 +320,8 @@ static void bad_names(void **state)
     assert_int_equal(wq_open(NULL, &o, &q), -EINVAL);
     assert_int_equal(wq_unlink(NULL), -EINVAL);
     assert_ptr_equal(q, (wq *)&o);
-    assert_false(shm_exists("with space"));
-    assert_false(shm_exists(long201));
+    assert_false(t_shm_exists("with space"));
+    assert_false(t_shm_exists(long201));
 
     /* Exactly 200 characters is fine. */
     int pl = snprintf(long200, sizeof long200, "t%ld-long200-", (long)getpid());
@@ -438,21 +331,21 @@ static void bad_names(void **state)
     int rc = wq_open(long200, &o, &q);
     assert_int_equal(rc, 0);
     assert_string_equal(wq_name(q), long200);
-    assert_int_equal(ADDS(q, "k"), 0);
+    assert_int_equal(wq_add(q, KS("k")), 0);
     wq_close(q);
     assert_int_equal(wq_unlink(long200), 0);
-    assert_false(shm_exists(long200));
+    assert_false(t_shm_exists(long200));
 
     /* NULL out. */
-    const char *name = th_qname("nullout");
+    const char *name = t_qname("nullout");
     assert_int_equal(wq_open(name, &o, NULL), -EINVAL);
-    assert_false(shm_exists(name));
+    assert_false(t_shm_exists(name));
 }
 
 static void open_missing(void **state)
 {
     (void)state;
-    const char *name = th_qname("missing");
+    const char *name = t_qname("missing");
     struct wq_options o = { .capacity = 16 };
     wq *q = (wq *)&o;
 
@@ -460,37 +353,37 @@ static void open_missing(void **state)
     assert_int_equal(wq_open(name, &o, &q), -ENOENT);
     assert_ptr_equal(q, (wq *)&o);
     assert_int_equal(wq_unlink(name), -ENOENT);
-    assert_false(shm_exists(name));
+    assert_false(t_shm_exists(name));
 }
 
 static void open_exists(void **state)
 {
     (void)state;
     const char *name;
-    wq *q = new_q("exists", 16, 0, &name);
+    wq *q = t_create("exists", T_OPTS(.capacity = 16), &name);
     struct wq_options o = { .capacity = 32, .flags = WQ_CREATE | WQ_EXCL };
     wq *q2 = (wq *)&o;
 
-    assert_int_equal(ADDS(q, "k"), 0);
+    assert_int_equal(wq_add(q, KS("k")), 0);
     assert_int_equal(wq_open(name, &o, &q2), -EEXIST);
     assert_ptr_equal(q2, (wq *)&o);
 
     o.flags = WQ_EXCL; /* without WQ_CREATE */
     assert_int_equal(wq_open(name, &o, &q2), -EINVAL);
-    const char *other = th_qname("excl-nocreate");
+    const char *other = t_qname("excl-nocreate");
     assert_int_equal(wq_open(other, &o, &q2), -EINVAL);
-    assert_false(shm_exists(other));
+    assert_false(t_shm_exists(other));
 
     /* WQ_CREATE on an existing queue attaches; its geometry wins. */
     o.flags = WQ_CREATE;
     assert_int_equal(wq_open(name, &o, &q2), 0);
-    assert_int_equal(stats(q2).capacity, 16);
+    assert_int_equal(t_stats(q2).capacity, 16);
     assert_int_equal(wq_len(q2), 1);
     wq_close(q2);
     assert_int_equal(wq_open(name, NULL, &q2), 0);
     assert_int_equal(wq_len(q2), 1);
-    EXPECT_GET(q2, "k");
-    assert_int_equal(DONES(q, "k"), 0); /* Done through another handle */
+    T_EXPECT_GET(q2, "k");
+    assert_int_equal(wq_done(q, KS("k")), 0); /* Done through another handle */
     wq_close(q2);
     wq_close(q);
 }
@@ -499,30 +392,30 @@ static void unlink_while_attached(void **state)
 {
     (void)state;
     const char *name;
-    wq *q = new_q("unlinked", 16, 0, &name);
+    wq *q = t_create("unlinked", T_OPTS(.capacity = 16), &name);
     struct wq_options o = { .capacity = 16, .flags = WQ_CREATE };
     wq *q2 = NULL;
 
-    assert_int_equal(ADDS(q, "a"), 0);
+    assert_int_equal(wq_add(q, KS("a")), 0);
     assert_int_equal(wq_unlink(name), 0);
-    assert_false(shm_exists(name));
+    assert_false(t_shm_exists(name));
     assert_int_equal(wq_unlink(name), -ENOENT);
     /* The attached handle keeps working on its mapping. */
-    EXPECT_GET(q, "a");
-    assert_int_equal(DONES(q, "a"), 0);
-    assert_int_equal(ADDS(q, "b"), 0);
+    T_EXPECT_GET(q, "a");
+    assert_int_equal(wq_done(q, KS("a")), 0);
+    assert_int_equal(wq_add(q, KS("b")), 0);
     assert_int_equal(wq_open(name, NULL, &q2), -ENOENT);
     /* A new, empty queue under the same name. */
     assert_int_equal(wq_open(name, &o, &q2), 0);
     assert_int_equal(wq_len(q2), 0);
     assert_int_equal(wq_len(q), 1);
-    assert_int_equal(ADDS(q2, "c"), 0);
+    assert_int_equal(wq_add(q2, KS("c")), 0);
     assert_int_equal(wq_len(q), 1);
-    EXPECT_GET(q, "b");
-    EXPECT_GET(q2, "c");
-    assert_int_equal(DONES(q, "c"), -ENOENT); /* c lives in the new one */
-    assert_int_equal(DONES(q2, "c"), 0);
-    assert_int_equal(DONES(q, "b"), 0);
+    T_EXPECT_GET(q, "b");
+    T_EXPECT_GET(q2, "c");
+    assert_int_equal(wq_done(q, KS("c")), -ENOENT); /* c lives in the new one */
+    assert_int_equal(wq_done(q2, KS("c")), 0);
+    assert_int_equal(wq_done(q, KS("b")), 0);
     wq_close(q);
     wq_close(q2);
 }
@@ -551,7 +444,7 @@ static void list_queues(void **state)
 {
     (void)state;
     const char *name;
-    wq *q = new_q("listed", 16, 0, &name);
+    wq *q = t_create("listed", T_OPTS(.capacity = 16), &name);
     struct list_arg l = { name, 0 };
 
     assert_int_equal(wq_list(list_cb, &l), 0);
@@ -563,19 +456,19 @@ static void list_queues(void **state)
 static void max_procs(void **state)
 {
     (void)state;
-    const char *name = th_qname("maxprocs");
+    const char *name = t_qname("maxprocs");
     struct wq_options o = { .capacity = 16, .max_procs = 2,
                             .flags = WQ_CREATE | WQ_EXCL };
     wq *a = NULL, *b = NULL, *c = (wq *)&o;
 
     assert_int_equal(wq_open(name, &o, &a), 0);
-    assert_int_equal(stats(a).max_procs, 2);
+    assert_int_equal(t_stats(a).max_procs, 2);
     assert_int_equal(wq_open(name, NULL, &b), 0);
-    assert_int_equal(stats(a).processes, 2);
+    assert_int_equal(t_stats(a).processes, 2);
     assert_int_equal(wq_open(name, NULL, &c), -EUSERS);
     assert_ptr_equal(c, (wq *)&o);
     wq_close(b);
-    assert_int_equal(stats(a).processes, 1);
+    assert_int_equal(t_stats(a).processes, 1);
     assert_int_equal(wq_open(name, NULL, &c), 0);
     wq_close(c);
     wq_close(a);
@@ -587,7 +480,7 @@ static void max_procs(void **state)
 
 static void expect_open_rc(const char *what, struct wq_options o, int want)
 {
-    const char *name = th_qname("opts");
+    const char *name = t_qname("opts");
     wq *q = (wq *)&o;
     o.flags |= WQ_CREATE;
     int rc = wq_open(name, &o, &q);
@@ -597,18 +490,18 @@ static void expect_open_rc(const char *what, struct wq_options o, int want)
         fail_msg("options %s: wq_open = %d (%s), expected %d (%s)", what, rc,
                  wq_strerror(rc), want, wq_strerror(want));
     if (want == 0) {
-        assert_true(shm_exists(name));
+        assert_true(t_shm_exists(name));
         return;
     }
     assert_ptr_equal(q, (wq *)&o);
-    if (shm_exists(name))
+    if (t_shm_exists(name))
         fail_msg("options %s: refused but /dev/shm/wq.%s was created", what,
                  name);
 }
 
 #define OPT(field, value) ((struct wq_options){ .capacity = 16, \
                                                 .field = (value) })
-#define CAP(value) ((struct wq_options){ .capacity = (value) })
+#define CAP_OPT(value) ((struct wq_options){ .capacity = (value) })
 
 static void options_invalid(void **state)
 {
@@ -618,8 +511,8 @@ static void options_invalid(void **state)
     expect_open_rc("mode 01000", OPT(mode, 01000), -EINVAL);
     expect_open_rc("mode 04600", OPT(mode, 04600), -EINVAL);
     expect_open_rc("mode 0x10000", OPT(mode, 0x10000), -EINVAL);
-    expect_open_rc("capacity 2^31+1", CAP((1u << 31) + 1), -EINVAL);
-    expect_open_rc("capacity UINT32_MAX", CAP(UINT32_MAX), -EINVAL);
+    expect_open_rc("capacity 2^31+1", CAP_OPT((1u << 31) + 1), -EINVAL);
+    expect_open_rc("capacity UINT32_MAX", CAP_OPT(UINT32_MAX), -EINVAL);
     expect_open_rc("max_key_len 4097", OPT(max_key_len, 4097), -EINVAL);
     expect_open_rc("max_key_len UINT32_MAX", OPT(max_key_len, UINT32_MAX),
                    -EINVAL);
@@ -659,7 +552,7 @@ static void options_notsup(void **state)
     }
     expect_open_rc("WQ_FAIR", OPT(flags, WQ_FAIR), 0);
     /* Control: the same call with nothing unsupported works. */
-    expect_open_rc("valid", CAP(16), 0);
+    expect_open_rc("valid", CAP_OPT(16), 0);
 }
 
 /* The rate limiter parameters are implemented (wq.h): valid ones are
@@ -714,20 +607,20 @@ static void options_mode(void **state)
     (void)state;
     char p[512];
     struct stat sb;
-    const char *n1 = th_qname("mode-default");
-    const char *n2 = th_qname("mode-0640");
+    const char *n1 = t_qname("mode-default");
+    const char *n2 = t_qname("mode-0640");
     struct wq_options o = { .capacity = 16, .flags = WQ_CREATE };
     wq *q1, *q2;
 
     assert_int_equal(wq_open(n1, &o, &q1), 0);
-    th_shm_path(n1, p, sizeof p);
+    t_shm_path(n1, p, sizeof p);
     assert_int_equal(stat(p, &sb), 0);
     assert_int_equal(sb.st_mode & 07777, 0600);
     assert_int_equal(sb.st_uid, geteuid());
 
     o.mode = 0640;
     assert_int_equal(wq_open(n2, &o, &q2), 0);
-    th_shm_path(n2, p, sizeof p);
+    t_shm_path(n2, p, sizeof p);
     assert_int_equal(stat(p, &sb), 0);
     assert_int_equal(sb.st_mode & 07777, 0640);
     wq_close(q1);
@@ -742,7 +635,7 @@ static void write_object(const char *name, const void *data, size_t len,
                          int excl)
 {
     char p[512];
-    th_shm_path(name, p, sizeof p);
+    t_shm_path(name, p, sizeof p);
     int fd = open(p, O_RDWR | O_CREAT | (excl ? O_EXCL : O_TRUNC), 0600);
     assert_true(fd >= 0);
     assert_int_equal(ftruncate(fd, 0), 0);
@@ -756,7 +649,7 @@ static unsigned char *read_object(const char *name, size_t *len)
 {
     char p[512];
     struct stat sb;
-    th_shm_path(name, p, sizeof p);
+    t_shm_path(name, p, sizeof p);
     int fd = open(p, O_RDONLY);
     assert_true(fd >= 0);
     assert_int_equal(fstat(fd, &sb), 0);
@@ -790,7 +683,7 @@ static void expect_eproto(const char *name, const char *what)
 static void eproto_garbage(void **state)
 {
     (void)state;
-    const char *name = th_qname("garbage");
+    const char *name = t_qname("garbage");
     size_t len = 64 * 1024;
     unsigned char *junk = malloc(len);
     uint64_t x = 0x9e3779b97f4a7c15ull;
@@ -835,11 +728,11 @@ static void eproto_tampered(void **state)
 {
     (void)state;
     const char *name;
-    wq *q = new_q("tamper", 64, 32, &name);
+    wq *q = t_create("tamper", T_OPTS(.capacity = 64, .max_key_len = 32), &name);
     size_t len;
 
-    assert_int_equal(ADDS(q, "a"), 0);
-    assert_int_equal(ADDS(q, "b"), 0);
+    assert_int_equal(wq_add(q, KS("a")), 0);
+    assert_int_equal(wq_add(q, KS("b")), 0);
     wq_close(q);
     unsigned char *orig = read_object(name, &len);
     unsigned char *mod = malloc(len);
@@ -872,8 +765,8 @@ static void eproto_tampered(void **state)
     write_object(name, orig, len, 0);
     assert_int_equal(wq_open(name, NULL, &q), 0);
     assert_int_equal(wq_len(q), 2);
-    EXPECT_GET(q, "a");
-    assert_int_equal(DONES(q, "a"), 0);
+    T_EXPECT_GET(q, "a");
+    assert_int_equal(wq_done(q, KS("a")), 0);
     assert_int_equal(wq_check(q, 0), 0);
     wq_close(q);
     free(orig);
@@ -892,15 +785,14 @@ static void eacces_nobody(void **state)
         return;
     }
     const char *name;
-    wq *q = new_q("eacces", 16, 0, &name);
-    assert_int_equal(ADDS(q, "k"), 0);
+    wq *q = t_create("eacces", T_OPTS(.capacity = 16), &name);
+    assert_int_equal(wq_add(q, KS("k")), 0);
 
-    pid_t pid = th_fork(10);
+    pid_t pid = t_fork(10);
     if (pid == 0) {
         struct wq_options o = { .capacity = 16, .flags = WQ_CREATE };
         wq *q2 = NULL;
-        if (setgroups(0, NULL) != 0 || setgid(65534) != 0 ||
-            setuid(65534) != 0 || getuid() != 65534 || geteuid() != 65534) {
+        if (t_drop_to(T_NOBODY) != 0) {
             fprintf(stderr, "child: cannot become nobody\n");
             _exit(2);
         }
@@ -913,10 +805,10 @@ static void eacces_nobody(void **state)
         }
         _exit(0);
     }
-    assert_int_equal(th_wait(pid, 5000), 0);
+    assert_int_equal(t_wait(pid, 5000), 0);
     /* The refused attach changed nothing. */
     assert_int_equal(wq_len(q), 1);
-    assert_int_equal(stats(q).processes, 1);
+    assert_int_equal(t_stats(q).processes, 1);
     wq_close(q);
 }
 
@@ -928,19 +820,19 @@ static void stats_counts(void **state)
 {
     (void)state;
     const char *name;
-    wq *q = new_q("stats", 64, 0, &name);
+    wq *q = t_create("stats", T_OPTS(.capacity = 64), &name);
     struct wq_stats st;
 
-    assert_int_equal(ADDS(q, "a"), 0);
-    assert_int_equal(ADDS(q, "b"), 0);
-    assert_int_equal(ADDS(q, "c"), 0);
-    assert_int_equal(ADDS(q, "a"), 1);
-    assert_int_equal(ADDS(q, "b"), 1);
-    EXPECT_GET(q, "a");
-    assert_int_equal(ADDS(q, "a"), 0); /* dirty while processing: an add */
-    assert_int_equal(ADDS(q, "a"), 1);
+    assert_int_equal(wq_add(q, KS("a")), 0);
+    assert_int_equal(wq_add(q, KS("b")), 0);
+    assert_int_equal(wq_add(q, KS("c")), 0);
+    assert_int_equal(wq_add(q, KS("a")), 1);
+    assert_int_equal(wq_add(q, KS("b")), 1);
+    T_EXPECT_GET(q, "a");
+    assert_int_equal(wq_add(q, KS("a")), 0); /* dirty while processing: an add */
+    assert_int_equal(wq_add(q, KS("a")), 1);
 
-    st = stats(q);
+    st = t_stats(q);
     assert_int_equal(wq_len(q), 2);
     assert_int_equal(st.queued, 2);
     assert_int_equal(st.processing, 1);
@@ -954,15 +846,15 @@ static void stats_counts(void **state)
     assert_int_equal(st.crash_requeues_total, 0);
     assert_int_equal(st.shutting_down, 0);
 
-    assert_int_equal(DONES(q, "a"), 0); /* back at the end: b c a */
-    st = stats(q);
+    assert_int_equal(wq_done(q, KS("a")), 0); /* back at the end: b c a */
+    st = t_stats(q);
     assert_int_equal(st.queued, 3);
     assert_int_equal(st.processing, 0);
     assert_int_equal(st.live, 3);
 
-    EXPECT_GET(q, "b");
-    assert_int_equal(DONES(q, "b"), 0);
-    st = stats(q);
+    T_EXPECT_GET(q, "b");
+    assert_int_equal(wq_done(q, KS("b")), 0);
+    st = t_stats(q);
     assert_int_equal(wq_len(q), 2);
     assert_int_equal(st.queued, 2);
     assert_int_equal(st.live, 2);
@@ -972,77 +864,93 @@ static void stats_counts(void **state)
     /* A second handle in the same process is a second table slot. */
     wq *q2 = NULL;
     assert_int_equal(wq_open(name, NULL, &q2), 0);
-    assert_int_equal(stats(q).processes, 2);
+    assert_int_equal(t_stats(q).processes, 2);
     wq_close(q2);
-    assert_int_equal(stats(q).processes, 1);
+    assert_int_equal(t_stats(q).processes, 1);
 
-    EXPECT_GET(q, "c");
-    EXPECT_GET(q, "a");
+    T_EXPECT_GET(q, "c");
+    T_EXPECT_GET(q, "a");
     assert_int_equal(wq_shutdown(q), 0);
-    st = stats(q);
+    st = t_stats(q);
     assert_int_equal(st.shutting_down, 1);
     assert_int_equal(st.processing, 2);
     assert_int_equal(st.queued, 0);
-    assert_int_equal(DONES(q, "c"), 0);
-    assert_int_equal(DONES(q, "a"), 0);
-    assert_int_equal(stats(q).live, 0);
+    assert_int_equal(wq_done(q, KS("c")), 0);
+    assert_int_equal(wq_done(q, KS("a")), 0);
+    assert_int_equal(t_stats(q).live, 0);
     wq_close(q);
+}
+
+/* Counts the keys it is called for; returns 7 (which stops the walk) at
+   the second. */
+static int stop_at_two(const struct wq_key_info *i, void *arg)
+{
+    int *n = arg;
+
+    (void)i;
+    return ++*n == 2 ? 7 : 0;
+}
+
+/* Index of the first entry of `key` in *d, -1 if it is not listed. */
+static int dump_index(const struct t_dump *d, const char *key)
+{
+    const struct t_dkey *e = t_dump_find(d, key);
+
+    return e != NULL ? (int)(e - d->v) : -1;
 }
 
 static void dump_order(void **state)
 {
     (void)state;
-    wq *q = new_q("dump", 64, 0, NULL);
-    struct dumped d;
+    wq *q = t_create("dump", T_OPTS(.capacity = 64), NULL);
+    struct t_dump d = t_dump_all(q);
 
-    memset(&d, 0, sizeof d);
-    assert_int_equal(wq_dump(q, dump_cb, &d), 0);
     assert_int_equal(d.n, 0);
+    t_dump_free(&d);
 
     const char *keys[] = { "x", "y", "a", "b", "c" };
     for (int i = 0; i < 5; i++)
-        assert_int_equal(ADDS(q, keys[i]), 0);
-    EXPECT_GET(q, "x");
-    EXPECT_GET(q, "y");
-    assert_int_equal(ADDS(q, "y"), 0);   /* y: processing and dirty */
-    assert_int_equal(ADDS(q, "d"), 0);   /* queue: a b c d */
-    assert_int_equal(ADDS(q, "a"), 1);   /* coalesced: keeps its place */
+        assert_int_equal(wq_add(q, KS(keys[i])), 0);
+    T_EXPECT_GET(q, "x");
+    T_EXPECT_GET(q, "y");
+    assert_int_equal(wq_add(q, KS("y")), 0);   /* y: processing and dirty */
+    assert_int_equal(wq_add(q, KS("d")), 0);   /* queue: a b c d */
+    assert_int_equal(wq_add(q, KS("a")), 1);   /* coalesced: keeps its place */
 
-    memset(&d, 0, sizeof d);
-    assert_int_equal(wq_dump(q, dump_cb, &d), 0);
+    d = t_dump_all(q);
     assert_int_equal(d.n, 6);
     const char *fifo[] = { "a", "b", "c", "d" };
     for (int i = 0; i < 4; i++) {
-        assert_string_equal(d.e[i].key, fifo[i]);
-        assert_int_equal(d.e[i].len, 1);
-        assert_int_equal(d.e[i].state, WQ_KEY_QUEUED | WQ_KEY_DIRTY);
-        assert_int_equal(d.e[i].owner, 0);
-        assert_int_equal(d.e[i].pos, (uint64_t)i);
+        assert_string_equal(d.v[i].key, fifo[i]);
+        assert_int_equal(d.v[i].len, 1);
+        assert_int_equal(d.v[i].state, WQ_KEY_QUEUED | WQ_KEY_DIRTY);
+        assert_int_equal(d.v[i].owner, 0);
+        assert_int_equal(d.v[i].position, (uint64_t)i);
     }
-    int ix = dump_find(&d, "x"), iy = dump_find(&d, "y");
+    int ix = dump_index(&d, "x"), iy = dump_index(&d, "y");
     assert_true(ix >= 4);
     assert_true(iy >= 4);
-    assert_int_equal(d.e[ix].state, WQ_KEY_PROCESSING);
-    assert_int_equal(d.e[ix].owner, getpid());
-    assert_true(d.e[ix].pos == UINT64_MAX);
-    assert_int_equal(d.e[iy].state, WQ_KEY_PROCESSING | WQ_KEY_DIRTY);
-    assert_int_equal(d.e[iy].owner, getpid());
-    assert_true(d.e[iy].pos == UINT64_MAX);
+    assert_int_equal(d.v[ix].state, WQ_KEY_PROCESSING);
+    assert_int_equal(d.v[ix].owner, getpid());
+    assert_true(d.v[ix].position == UINT64_MAX);
+    assert_int_equal(d.v[iy].state, WQ_KEY_PROCESSING | WQ_KEY_DIRTY);
+    assert_int_equal(d.v[iy].owner, getpid());
+    assert_true(d.v[iy].position == UINT64_MAX);
+    t_dump_free(&d);
 
     /* A non-zero return stops the walk and is returned. */
-    memset(&d, 0, sizeof d);
-    d.stop_after = 2;
-    assert_int_equal(wq_dump(q, dump_cb, &d), 7);
-    assert_int_equal(d.n, 2);
+    int n = 0;
+    assert_int_equal(wq_dump(q, stop_at_two, &n), 7);
+    assert_int_equal(n, 2);
 
-    assert_int_equal(DONES(q, "y"), 0); /* queue: a b c d y */
-    memset(&d, 0, sizeof d);
-    assert_int_equal(wq_dump(q, dump_cb, &d), 0);
+    assert_int_equal(wq_done(q, KS("y")), 0); /* queue: a b c d y */
+    d = t_dump_all(q);
     assert_int_equal(d.n, 6);
-    assert_string_equal(d.e[4].key, "y");
-    assert_int_equal(d.e[4].pos, 4);
-    assert_int_equal(d.e[4].state, WQ_KEY_QUEUED | WQ_KEY_DIRTY);
-    assert_string_equal(d.e[5].key, "x");
+    assert_string_equal(d.v[4].key, "y");
+    assert_int_equal(d.v[4].position, 4);
+    assert_int_equal(d.v[4].state, WQ_KEY_QUEUED | WQ_KEY_DIRTY);
+    assert_string_equal(d.v[5].key, "x");
+    t_dump_free(&d);
     assert_int_equal(wq_check(q, 0), 0);
     wq_close(q);
 }
@@ -1056,7 +964,7 @@ static void dump_order(void **state)
 static void add_many(void **state)
 {
     (void)state;
-    wq *q = new_q("addmany", 6, 0, NULL);
+    wq *q = t_create("addmany", T_OPTS(.capacity = 6), NULL);
     static char big[300];
     memset(big, 'z', sizeof big);
 
@@ -1090,45 +998,45 @@ static void add_many(void **state)
     struct iovec v9[] = { IOV("x"), IOV("y") };
     assert_int_equal(wq_add_many(q, v9, 2), 2);
 
-    struct wq_stats st = stats(q);
+    struct wq_stats st = t_stats(q);
     assert_int_equal(st.adds_total, 6);
     assert_int_equal(st.coalesced_total, 4);
 
     const char *order[] = { "x", "y", "z", "w", "n1", "n2" };
     for (int i = 0; i < 6; i++)
-        EXPECT_GET(q, order[i]);
-    assert_int_equal(get_rc(q, 0), -EAGAIN);
+        T_EXPECT_GET(q, order[i]);
+    assert_int_equal(t_get(q, 0), -EAGAIN);
     for (int i = 0; i < 6; i++)
-        assert_int_equal(DONES(q, order[i]), 0);
+        assert_int_equal(wq_done(q, KS(order[i])), 0);
 
     assert_int_equal(wq_shutdown(q), 0);
     assert_int_equal(wq_add_many(q, v9, 2), -ESHUTDOWN);
-    assert_int_equal(stats(q).live, 0);
+    assert_int_equal(t_stats(q).live, 0);
     wq_close(q);
 }
 
 static void done_get(void **state)
 {
     (void)state;
-    wq *q = new_q("doneget", 16, 0, NULL);
+    wq *q = t_create("doneget", T_OPTS(.capacity = 16), NULL);
     unsigned char buf[256];
 
-    assert_int_equal(ADDS(q, "a"), 0);
-    assert_int_equal(ADDS(q, "b"), 0);
-    EXPECT_GET(q, "a");
+    assert_int_equal(wq_add(q, KS("a")), 0);
+    assert_int_equal(wq_add(q, KS("b")), 0);
+    T_EXPECT_GET(q, "a");
     assert_int_equal(wq_done_get(q, "a", 1, buf, sizeof buf, 0), 1);
     assert_int_equal(buf[0], 'b');
-    assert_int_equal(DONES(q, "a"), -ENOENT); /* a was done, and gone */
+    assert_int_equal(wq_done(q, KS("a")), -ENOENT); /* a was done, and gone */
 
     /* A failing Done pops nothing. */
-    assert_int_equal(ADDS(q, "c"), 0);
+    assert_int_equal(wq_add(q, KS("c")), 0);
     assert_int_equal(wq_done_get(q, "zz", 2, buf, sizeof buf, 0), -ENOENT);
     assert_int_equal(wq_done_get(q, "", 0, buf, sizeof buf, 0), -EINVAL);
     assert_int_equal(wq_len(q), 1);
-    assert_int_equal(stats(q).processing, 1);
+    assert_int_equal(t_stats(q).processing, 1);
 
     /* b re-added while processing goes behind c at its Done. */
-    assert_int_equal(ADDS(q, "b"), 0);
+    assert_int_equal(wq_add(q, KS("b")), 0);
     assert_int_equal(wq_done_get(q, "b", 1, buf, sizeof buf, 0), 1);
     assert_int_equal(buf[0], 'c');
     assert_int_equal(wq_done_get(q, "c", 1, buf, sizeof buf, 0), 1);
@@ -1136,17 +1044,17 @@ static void done_get(void **state)
 
     /* Nothing queued: the Done still happens, the get says -EAGAIN. */
     assert_int_equal(wq_done_get(q, "b", 1, buf, sizeof buf, 0), -EAGAIN);
-    assert_int_equal(stats(q).processing, 0);
-    assert_int_equal(stats(q).live, 0);
+    assert_int_equal(t_stats(q).processing, 0);
+    assert_int_equal(t_stats(q).live, 0);
     assert_int_equal(wq_done_get(q, "b", 1, buf, sizeof buf, 0), -ENOENT);
 
-    assert_int_equal(ADDS(q, "d"), 0);
-    EXPECT_GET(q, "d");
-    uint64_t t0 = th_now_ns();
-    assert_int_equal(wq_done_get(q, "d", 1, buf, sizeof buf, 50 * TH_MS),
+    assert_int_equal(wq_add(q, KS("d")), 0);
+    T_EXPECT_GET(q, "d");
+    uint64_t t0 = t_now_ns();
+    assert_int_equal(wq_done_get(q, "d", 1, buf, sizeof buf, 50 * MS),
                      -ETIMEDOUT);
-    assert_true(th_now_ns() - t0 >= 50 * 1000000ull);
-    assert_int_equal(stats(q).live, 0);
+    assert_true(t_now_ns() - t0 >= 50 * 1000000ull);
+    assert_int_equal(t_stats(q).live, 0);
     wq_close(q);
 }
 
@@ -1163,14 +1071,14 @@ static void count_report(const char *what, void *arg)
 static void check_healthy(void **state)
 {
     (void)state;
-    wq *q = new_q("check", 64, 0, NULL);
+    wq *q = t_create("check", T_OPTS(.capacity = 64), NULL);
     int reports = 0;
 
     assert_int_equal(wq_check(q, 0), 0);
     for (int i = 0; i < 40; i++) {
         char k[16];
         snprintf(k, sizeof k, "key-%d", i);
-        assert_int_equal(ADDS(q, k), 0);
+        assert_int_equal(wq_add(q, KS(k)), 0);
     }
     for (int i = 0; i < 20; i++) {
         unsigned char buf[256];
@@ -1188,7 +1096,7 @@ static void check_healthy(void **state)
     assert_int_equal(wq_check(q, WQ_CHECK_REPAIR), 0);
     assert_int_equal(wq_check(q, 1u << 9), -EINVAL);
     assert_int_equal(wq_check(NULL, 0), -EINVAL);
-    assert_int_equal(stats(q).repairs_total, 0);
+    assert_int_equal(t_stats(q).repairs_total, 0);
     wq_close(q);
 }
 
@@ -1200,36 +1108,36 @@ static void shutdown_basics(void **state)
 {
     (void)state;
     const char *name;
-    wq *q = new_q("shutdown", 16, 0, &name);
+    wq *q = t_create("shutdown", T_OPTS(.capacity = 16), &name);
     wq *q2 = NULL;
 
     assert_false(wq_shutting_down(q));
-    assert_int_equal(ADDS(q, "a"), 0);
-    assert_int_equal(ADDS(q, "b"), 0);
+    assert_int_equal(wq_add(q, KS("a")), 0);
+    assert_int_equal(wq_add(q, KS("b")), 0);
     assert_int_equal(wq_shutdown(q), 0);
     assert_true(wq_shutting_down(q));
     assert_int_equal(wq_shutdown(q), 0); /* idempotent */
-    assert_int_equal(ADDS(q, "c"), -ESHUTDOWN);
-    assert_int_equal(ADDS(q, "a"), -ESHUTDOWN);
+    assert_int_equal(wq_add(q, KS("c")), -ESHUTDOWN);
+    assert_int_equal(wq_add(q, KS("a")), -ESHUTDOWN);
     /* Queued keys are still handed out, then -ESHUTDOWN, never blocking. */
-    EXPECT_GET(q, "a");
-    EXPECT_GET(q, "b");
-    assert_int_equal(get_rc(q, 0), -ESHUTDOWN);
-    uint64_t t0 = th_now_ns();
-    assert_int_equal(get_rc(q, -1), -ESHUTDOWN);
-    assert_int_equal(get_rc(q, TH_S), -ESHUTDOWN);
-    assert_true(th_now_ns() - t0 < 200 * 1000000ull * th_scale());
+    T_EXPECT_GET(q, "a");
+    T_EXPECT_GET(q, "b");
+    assert_int_equal(t_get(q, 0), -ESHUTDOWN);
+    uint64_t t0 = t_now_ns();
+    assert_int_equal(t_get(q, -1), -ESHUTDOWN);
+    assert_int_equal(t_get(q, SEC), -ESHUTDOWN);
+    assert_true(t_now_ns() - t0 < 200 * 1000000ull * t_scale());
 
     /* The flag lives in the region. */
     assert_int_equal(wq_open(name, NULL, &q2), 0);
     assert_true(wq_shutting_down(q2));
-    assert_int_equal(stats(q2).shutting_down, 1);
-    assert_int_equal(ADDS(q2, "d"), -ESHUTDOWN);
+    assert_int_equal(t_stats(q2).shutting_down, 1);
+    assert_int_equal(wq_add(q2, KS("d")), -ESHUTDOWN);
 
     /* Done still works, a drain with nothing processing returns 0. */
-    assert_int_equal(DONES(q2, "a"), 0);
-    assert_int_equal(DONES(q, "b"), 0);
-    assert_int_equal(wq_shutdown_drain(q, TH_S), 0);
+    assert_int_equal(wq_done(q2, KS("a")), 0);
+    assert_int_equal(wq_done(q, KS("b")), 0);
+    assert_int_equal(wq_shutdown_drain(q, SEC), 0);
     assert_int_equal(wq_shutdown_drain(q2, 0), 0);
     wq_close(q2);
     wq_close(q);
@@ -1245,63 +1153,61 @@ static void shutdown_basics(void **state)
 static void fork_child_exits_holding(void **state)
 {
     (void)state;
-    wq *q = new_q("fork-exit", 16, 0, NULL);
-    int *shared = th_shared_alloc(4096);
+    wq *q = t_create("fork-exit", T_OPTS(.capacity = 16), NULL);
+    int *shared = t_shared_alloc(4096);
     pid_t parent = getpid();
 
-    assert_int_equal(ADDS(q, "p"), 0);
-    EXPECT_GET(q, "p");
-    assert_int_equal(ADDS(q, "k"), 0);
+    assert_int_equal(wq_add(q, KS("p")), 0);
+    T_EXPECT_GET(q, "p");
+    assert_int_equal(wq_add(q, KS("k")), 0);
 
-    pid_t pid = th_fork(10);
+    pid_t pid = t_fork(10);
     if (pid == 0) {
         unsigned char buf[256];
-        struct dumped d;
-        memset(&d, 0, sizeof d);
+        struct t_dump d = { 0 };
         /* The child is not taken for its parent. */
-        if (wq_dump(q, dump_cb, &d) != 0) _exit(10);
-        int ip = dump_find(&d, "p");
-        if (ip < 0 || d.e[ip].owner != parent ||
-            d.e[ip].state != WQ_KEY_PROCESSING) _exit(11);
+        if (t_dump_collect(q, &d) != 0) _exit(10);
+        const struct t_dkey *ep = t_dump_find(&d, "p");
+        if (ep == NULL || ep->owner != parent ||
+            ep->state != WQ_KEY_PROCESSING) _exit(11);
         int n = wq_get(q, buf, sizeof buf, 0);
         if (n != 1 || buf[0] != 'k') _exit(12);
-        memset(&d, 0, sizeof d);
-        if (wq_dump(q, dump_cb, &d) != 0) _exit(13);
-        int ik = dump_find(&d, "k");
-        if (ik < 0 || d.e[ik].owner != getpid()) _exit(14);
+        t_dump_free(&d);
+        if (t_dump_collect(q, &d) != 0) _exit(13);
+        const struct t_dkey *ek = t_dump_find(&d, "k");
+        if (ek == NULL || ek->owner != getpid()) _exit(14);
         shared[0] = 1;
         _exit(0); /* no wq_done, no wq_close */
     }
-    assert_int_equal(th_wait(pid, 5000), 0);
+    assert_int_equal(t_wait(pid, 5000), 0);
     assert_int_equal(shared[0], 1);
 
-    uint64_t t0 = th_now_ns();
+    uint64_t t0 = t_now_ns();
     unsigned char buf[256];
-    int n = wq_get(q, buf, sizeof buf, 2 * TH_S * th_scale());
-    uint64_t el = th_now_ns() - t0;
+    int n = wq_get(q, buf, sizeof buf, 2 * SEC * t_scale());
+    uint64_t el = t_now_ns() - t0;
     if (n != 1 || buf[0] != 'k')
         fail_msg("dead child's key not requeued: wq_get = %d (%s) after "
                  "%.0f ms", n, n < 0 ? wq_strerror(n) : "?", (double)el / 1e6);
-    if (el > 1500 * 1000000ull * th_scale())
+    if (el > 1500 * 1000000ull * t_scale())
         fail_msg("requeue took %.0f ms", (double)el / 1e6);
-    struct wq_stats st = stats(q);
+    struct wq_stats st = t_stats(q);
     assert_int_equal(st.crash_requeues_total, 1);
     assert_int_equal(st.processing, 2);
 
-    struct dumped d;
-    memset(&d, 0, sizeof d);
-    assert_int_equal(wq_dump(q, dump_cb, &d), 0);
-    int ip = dump_find(&d, "p"), ik = dump_find(&d, "k");
-    assert_true(ip >= 0 && ik >= 0);
-    assert_int_equal(d.e[ip].owner, getpid());
-    assert_int_equal(d.e[ik].owner, getpid());
-    assert_int_equal(DONES(q, "p"), 0);
-    assert_int_equal(DONES(q, "k"), 0);
-    assert_int_equal(get_rc(q, 0), -EAGAIN);
-    assert_int_equal(stats(q).crash_requeues_total, 1);
+    struct t_dump d = t_dump_all(q);
+    const struct t_dkey *ep = t_dump_find(&d, "p"), *ek = t_dump_find(&d, "k");
+    assert_true(ep != NULL && ek != NULL);
+    assert_int_equal(ep->owner, getpid());
+    assert_int_equal(ek->owner, getpid());
+    t_dump_free(&d);
+    assert_int_equal(wq_done(q, KS("p")), 0);
+    assert_int_equal(wq_done(q, KS("k")), 0);
+    assert_int_equal(t_get(q, 0), -EAGAIN);
+    assert_int_equal(t_stats(q).crash_requeues_total, 1);
     assert_int_equal(wq_check(q, 0), 0);
     wq_close(q);
-    th_shared_free(shared, 4096);
+    t_shared_free(shared, 4096);
 }
 
 /* A child that holds a key is alive while stopped (the key is not
@@ -1310,11 +1216,11 @@ static void fork_child_stopped_then_killed(void **state)
 {
     (void)state;
     const char *name;
-    wq *q = new_q("fork-kill", 16, 0, &name);
-    volatile int *shared = th_shared_alloc(4096);
+    wq *q = t_create("fork-kill", T_OPTS(.capacity = 16), &name);
+    volatile int *shared = t_shared_alloc(4096);
 
-    assert_int_equal(ADDS(q, "k"), 0);
-    pid_t pid = th_fork(10);
+    assert_int_equal(wq_add(q, KS("k")), 0);
+    pid_t pid = t_fork(10);
     if (pid == 0) {
         wq *q2 = NULL;
         unsigned char buf[256];
@@ -1324,43 +1230,42 @@ static void fork_child_stopped_then_killed(void **state)
         for (;;)
             pause();
     }
-    uint64_t deadline = th_now_ns() + 5 * 1000000000ull * th_scale();
-    while (shared[0] == 0 && th_now_ns() < deadline)
-        th_sleep_ms(1);
+    uint64_t deadline = t_now_ns() + 5 * 1000000000ull * t_scale();
+    while (shared[0] == 0 && t_now_ns() < deadline)
+        t_sleep_ms(1);
     assert_int_equal(shared[0], 1);
 
     assert_int_equal(kill(pid, SIGSTOP), 0);
     int st;
     assert_int_equal(waitpid(pid, &st, WUNTRACED), pid);
     assert_true(WIFSTOPPED(st));
-    assert_int_equal(get_rc(q, 300 * TH_MS), -ETIMEDOUT);
+    assert_int_equal(t_get(q, 300 * MS), -ETIMEDOUT);
     assert_int_equal(wq_check(q, WQ_CHECK_REAP), 0);
-    assert_int_equal(get_rc(q, 0), -EAGAIN);
-    struct dumped d;
-    memset(&d, 0, sizeof d);
-    assert_int_equal(wq_dump(q, dump_cb, &d), 0);
+    assert_int_equal(t_get(q, 0), -EAGAIN);
+    struct t_dump d = t_dump_all(q);
     assert_int_equal(d.n, 1);
-    assert_int_equal(d.e[0].state, WQ_KEY_PROCESSING);
-    assert_int_equal(d.e[0].owner, pid);
-    assert_int_equal(stats(q).crash_requeues_total, 0);
+    assert_int_equal(d.v[0].state, WQ_KEY_PROCESSING);
+    assert_int_equal(d.v[0].owner, pid);
+    t_dump_free(&d);
+    assert_int_equal(t_stats(q).crash_requeues_total, 0);
 
     assert_int_equal(kill(pid, SIGKILL), 0);
-    assert_int_equal(th_wait(pid, 5000), 128 + SIGKILL);
+    assert_int_equal(t_wait(pid, 5000), 128 + SIGKILL);
 
-    uint64_t t0 = th_now_ns();
+    uint64_t t0 = t_now_ns();
     unsigned char buf[256];
-    int n = wq_get(q, buf, sizeof buf, 2 * TH_S * th_scale());
-    uint64_t el = th_now_ns() - t0;
+    int n = wq_get(q, buf, sizeof buf, 2 * SEC * t_scale());
+    uint64_t el = t_now_ns() - t0;
     if (n != 1 || buf[0] != 'k')
         fail_msg("killed child's key not requeued: wq_get = %d after %.0f ms",
                  n, (double)el / 1e6);
-    if (el > 1500 * 1000000ull * th_scale())
+    if (el > 1500 * 1000000ull * t_scale())
         fail_msg("requeue took %.0f ms", (double)el / 1e6);
-    assert_int_equal(stats(q).crash_requeues_total, 1);
-    assert_int_equal(DONES(q, "k"), 0);
+    assert_int_equal(t_stats(q).crash_requeues_total, 1);
+    assert_int_equal(wq_done(q, KS("k")), 0);
     assert_int_equal(wq_check(q, 0), 0);
     wq_close(q);
-    th_shared_free((void *)shared, 4096);
+    t_shared_free((void *)shared, 4096);
 }
 
 /* wq_close requeues the keys the handle holds, at the back, and that is
@@ -1369,25 +1274,25 @@ static void close_requeues(void **state)
 {
     (void)state;
     const char *name;
-    wq *q = new_q("close", 16, 0, &name);
+    wq *q = t_create("close", T_OPTS(.capacity = 16), &name);
     wq *q2 = NULL;
 
-    assert_int_equal(ADDS(q, "k"), 0);
-    assert_int_equal(ADDS(q, "a"), 0);
+    assert_int_equal(wq_add(q, KS("k")), 0);
+    assert_int_equal(wq_add(q, KS("a")), 0);
     assert_int_equal(wq_open(name, NULL, &q2), 0);
-    EXPECT_GET(q2, "k");
+    T_EXPECT_GET(q2, "k");
     wq_close(q2);
     assert_int_equal(wq_len(q), 2);
-    EXPECT_GET(q, "a");
-    EXPECT_GET(q, "k");
-    assert_int_equal(DONES(q, "a"), 0);
-    assert_int_equal(DONES(q, "k"), 0);
-    assert_int_equal(stats(q).crash_requeues_total, 0);
-    assert_int_equal(stats(q).processes, 1);
+    T_EXPECT_GET(q, "a");
+    T_EXPECT_GET(q, "k");
+    assert_int_equal(wq_done(q, KS("a")), 0);
+    assert_int_equal(wq_done(q, KS("k")), 0);
+    assert_int_equal(t_stats(q).crash_requeues_total, 0);
+    assert_int_equal(t_stats(q).processes, 1);
 
     /* A child with its own handle. */
-    assert_int_equal(ADDS(q, "m"), 0);
-    pid_t pid = th_fork(10);
+    assert_int_equal(wq_add(q, KS("m")), 0);
+    pid_t pid = t_fork(10);
     if (pid == 0) {
         unsigned char buf[256];
         wq *q3 = NULL;
@@ -1396,34 +1301,33 @@ static void close_requeues(void **state)
         wq_close(q3);
         _exit(0);
     }
-    assert_int_equal(th_wait(pid, 5000), 0);
-    EXPECT_GET(q, "m"); /* at once: close requeued it synchronously */
-    assert_int_equal(DONES(q, "m"), 0);
+    assert_int_equal(t_wait(pid, 5000), 0);
+    T_EXPECT_GET(q, "m"); /* at once: close requeued it synchronously */
+    assert_int_equal(wq_done(q, KS("m")), 0);
 
     /* A child with the inherited handle; the parent holds "p" meanwhile. */
-    assert_int_equal(ADDS(q, "p"), 0);
-    EXPECT_GET(q, "p");
-    assert_int_equal(ADDS(q, "n"), 0);
-    pid = th_fork(10);
+    assert_int_equal(wq_add(q, KS("p")), 0);
+    T_EXPECT_GET(q, "p");
+    assert_int_equal(wq_add(q, KS("n")), 0);
+    pid = t_fork(10);
     if (pid == 0) {
         unsigned char buf[256];
         if (wq_get(q, buf, sizeof buf, 0) != 1 || buf[0] != 'n') _exit(11);
         wq_close(q);
         _exit(0);
     }
-    assert_int_equal(th_wait(pid, 5000), 0);
-    EXPECT_GET(q, "n");
-    struct dumped d;
-    memset(&d, 0, sizeof d);
-    assert_int_equal(wq_dump(q, dump_cb, &d), 0);
-    int ip = dump_find(&d, "p");
-    assert_true(ip >= 0);
-    assert_int_equal(d.e[ip].state, WQ_KEY_PROCESSING);
-    assert_int_equal(d.e[ip].owner, getpid());
-    assert_int_equal(DONES(q, "n"), 0);
-    assert_int_equal(DONES(q, "p"), 0);
+    assert_int_equal(t_wait(pid, 5000), 0);
+    T_EXPECT_GET(q, "n");
+    struct t_dump d = t_dump_all(q);
+    const struct t_dkey *ep = t_dump_find(&d, "p");
+    assert_true(ep != NULL);
+    assert_int_equal(ep->state, WQ_KEY_PROCESSING);
+    assert_int_equal(ep->owner, getpid());
+    t_dump_free(&d);
+    assert_int_equal(wq_done(q, KS("n")), 0);
+    assert_int_equal(wq_done(q, KS("p")), 0);
 
-    struct wq_stats st = stats(q);
+    struct wq_stats st = t_stats(q);
     assert_int_equal(st.crash_requeues_total, 0);
     assert_int_equal(st.processes, 1);
     assert_int_equal(st.live, 0);
@@ -1436,25 +1340,25 @@ static void close_requeues(void **state)
 static void fork_child_exits_idle(void **state)
 {
     (void)state;
-    wq *q = new_q("fork-idle", 16, 0, NULL);
+    wq *q = t_create("fork-idle", T_OPTS(.capacity = 16), NULL);
 
-    assert_int_equal(ADDS(q, "a"), 0);
-    pid_t pid = th_fork(10);
+    assert_int_equal(wq_add(q, KS("a")), 0);
+    pid_t pid = t_fork(10);
     if (pid == 0) {
         if (wq_len(q) != 1) _exit(10);
         if (wq_add(q, "b", 1) != 0) _exit(11);
         _exit(0);
     }
-    assert_int_equal(th_wait(pid, 5000), 0);
+    assert_int_equal(t_wait(pid, 5000), 0);
     assert_int_equal(wq_check(q, WQ_CHECK_REAP), 0);
-    struct wq_stats st = stats(q);
+    struct wq_stats st = t_stats(q);
     assert_int_equal(st.queued, 2);
     assert_int_equal(st.crash_requeues_total, 0);
     assert_int_equal(st.processes, 1);
-    EXPECT_GET(q, "a");
-    EXPECT_GET(q, "b");
-    assert_int_equal(DONES(q, "a"), 0);
-    assert_int_equal(DONES(q, "b"), 0);
+    T_EXPECT_GET(q, "a");
+    T_EXPECT_GET(q, "b");
+    assert_int_equal(wq_done(q, KS("a")), 0);
+    assert_int_equal(wq_done(q, KS("b")), 0);
     wq_close(q);
 }
 
@@ -1477,46 +1381,41 @@ static void strerror_all(void **state)
     assert_non_null(wq_strerror(-123456));
 }
 
-#define T(fn) cmocka_unit_test_setup_teardown(fn, th_setup, th_teardown)
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        T(capacity_full),
-        T(key_lengths),
-        T(defaults),
-        T(binary_keys),
-        T(get_enobufs),
-        T(get_timeouts),
-        T(done_enoent),
-        T(bad_names),
-        T(open_missing),
-        T(open_exists),
-        T(unlink_while_attached),
-        T(list_queues),
-        T(max_procs),
-        T(options_invalid),
-        T(options_notsup),
-        T(options_limiter),
-        T(options_mode),
-        T(eproto_garbage),
-        T(eproto_tampered),
-        T(eacces_nobody),
-        T(stats_counts),
-        T(dump_order),
-        T(add_many),
-        T(done_get),
-        T(check_healthy),
-        T(shutdown_basics),
-        T(fork_child_exits_holding),
-        T(fork_child_stopped_then_killed),
-        T(close_requeues),
-        T(fork_child_exits_idle),
-        T(strerror_all),
-        cmocka_unit_test(th_test_no_leftovers),
+        T_TEST(capacity_full),
+        T_TEST(key_lengths),
+        T_TEST(defaults),
+        T_TEST(binary_keys),
+        T_TEST(get_enobufs),
+        T_TEST(get_timeouts),
+        T_TEST(done_enoent),
+        T_TEST(bad_names),
+        T_TEST(open_missing),
+        T_TEST(open_exists),
+        T_TEST(unlink_while_attached),
+        T_TEST(list_queues),
+        T_TEST(max_procs),
+        T_TEST(options_invalid),
+        T_TEST(options_notsup),
+        T_TEST(options_limiter),
+        T_TEST(options_mode),
+        T_TEST(eproto_garbage),
+        T_TEST(eproto_tampered),
+        T_TEST(eacces_nobody),
+        T_TEST(stats_counts),
+        T_TEST(dump_order),
+        T_TEST(add_many),
+        T_TEST(done_get),
+        T_TEST(check_healthy),
+        T_TEST(shutdown_basics),
+        T_TEST(fork_child_exits_holding),
+        T_TEST(fork_child_stopped_then_killed),
+        T_TEST(close_requeues),
+        T_TEST(fork_child_exits_idle),
+        T_TEST(strerror_all),
+        T_NO_LEFTOVERS,
     };
-    int failed = cmocka_run_group_tests(tests, th_group_setup,
-                                        th_group_teardown);
-    int left = th_final_check();
-    return failed != 0 || left != 0 ? 1 : 0;
+    return T_RUN_GROUP("api", tests);
 }

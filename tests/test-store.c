@@ -30,7 +30,7 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
-#include "fixture.h"
+#include "t.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -44,203 +44,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define KEYBUF 256
-#define NOBODY 65534
-
-/* ------------------------------------------------------------------ */
-/* Fixtures (store directories and handles: fixture.h)                */
-/* ------------------------------------------------------------------ */
-
-static int setup(void **state)
-{
-    return th_setup(state);
-}
-
-static int teardown(void **state)
-{
-    int rc = th_teardown(state); /* kills children first */
-    close_all();
-    th_unlink_all();
-    stores_cleanup();
-    unsetenv("WQ_TEST_STORE_MAX_MAP");
-    umask(022);
-    return rc;
-}
-
-/* wq_open that must succeed; the handle is tracked for teardown. */
-static wq *open_ok_(const char *name, const struct wq_options *o, int line)
-{
-    wq *q = NULL;
-    int rc = wq_open(name, o, &q);
-    if (rc != 0)
-        fail_msg("line %d: wq_open(%s) = %d (%s)", line, name, rc, wq_strerror(rc));
-    track(q);
-    return q;
-}
-#define open_ok(n, o) open_ok_((n), (o), __LINE__)
-
-static struct wq_options store_opts(const char *store, int durability)
-{
-    struct wq_options o;
-    memset(&o, 0, sizeof o);
-    o.capacity = 64;
-    o.max_key_len = 32;
-    o.store_path = store;
-    o.durability = durability;
-    if (durability == WQ_DURABLE_NONE)
-        o.snapshot_interval_ms = 60000; /* only wq_snapshot writes */
-    /* wq_add_rate_limited of a fresh key waits exactly 2 h */
-    o.rl_limiters = WQ_RL_EXPONENTIAL;
-    o.rl_base_delay_ns = 2 * HOUR;
-    o.rl_max_delay_ns = 100 * HOUR;
-    o.flags = WQ_CREATE | WQ_EXCL;
-    return o;
-}
-
-static const char *dname(int d)
-{
-    return d == WQ_DURABLE_PROCESS ? "PROCESS" : d == WQ_DURABLE_FSYNC ? "FSYNC"
-         : d == WQ_DURABLE_NONE ? "NONE" : "?";
-}
-
-/* Nothing of queue `name` in /dev/shm (the object, or a temporary whose
-   name mentions it). */
-static void expect_no_shm_(const char *name, const char *ctx, int line)
-{
-    char p[512];
-    th_shm_path(name, p, sizeof p);
-    if (access(p, F_OK) == 0)
-        fail_msg("line %d: %s: %s exists after a failed wq_open", line, ctx, p);
-    DIR *d = opendir("/dev/shm");
-    if (d == NULL)
-        return;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL)
-        if (strstr(e->d_name, name) != NULL) {
-            closedir(d);
-            fail_msg("line %d: %s: /dev/shm/%s left behind", line, ctx, e->d_name);
-        }
-    closedir(d);
-}
-#define expect_no_shm(n, c) expect_no_shm_((n), (c), __LINE__)
-
-/* ------------------------------------------------------------------ */
-/* Dump                                                                */
-/* ------------------------------------------------------------------ */
-
-struct dkey {
-    char k[KEYBUF + 1];
-    size_t len;
-    unsigned state;
-    uint64_t pos, ready;
-    uint32_t failures;
-    enum wq_state result;
-    int code;
-    char msg[64];
-};
-struct dumpv {
-    struct dkey *v;
-    size_t n, cap;
-};
-
-static int dump_cb(const struct wq_key_info *ki, void *arg)
-{
-    struct dumpv *d = arg;
-    if (d->n == d->cap) {
-        size_t nc = d->cap ? d->cap * 2 : 64;
-        struct dkey *nv = realloc(d->v, nc * sizeof *nv);
-        if (nv == NULL)
-            return -ENOMEM;
-        d->v = nv;
-        d->cap = nc;
-    }
-    struct dkey *k = &d->v[d->n++];
-    size_t l = ki->len < KEYBUF ? ki->len : KEYBUF;
-    memcpy(k->k, ki->key, l);
-    k->k[l] = 0;
-    k->len = ki->len;
-    k->state = ki->state;
-    k->pos = ki->position;
-    k->ready = ki->ready_ns;
-    k->failures = ki->failures;
-    k->result = ki->result;
-    k->code = ki->result_code;
-    snprintf(k->msg, sizeof k->msg, "%s", ki->result_message ? ki->result_message : "");
-    return 0;
-}
-
-static struct dumpv dump_all(wq *q)
-{
-    struct dumpv d = { NULL, 0, 0 };
-    int rc = wq_dump(q, dump_cb, &d);
-    if (rc != 0) {
-        free(d.v);
-        fail_msg("wq_dump = %d", rc);
-    }
-    return d;
-}
-
-static int dcount(const struct dumpv *d, const char *k)
-{
-    int n = 0;
-    for (size_t i = 0; i < d->n; i++)
-        if (d->v[i].len == strlen(k) && memcmp(d->v[i].k, k, d->v[i].len) == 0)
-            n++;
-    return n;
-}
-
-static const struct dkey *dfind(const struct dumpv *d, const char *k)
-{
-    for (size_t i = 0; i < d->n; i++)
-        if (d->v[i].len == strlen(k) && memcmp(d->v[i].k, k, d->v[i].len) == 0)
-            return &d->v[i];
-    return NULL;
-}
-
-static void stats_ok(wq *q, struct wq_stats *s)
-{
-    int rc = wq_stats(q, s);
-    if (rc != 0)
-        fail_msg("wq_stats = %d", rc);
-}
-
-static void expect_stats_(wq *q, uint64_t live, uint64_t queued, uint64_t processing,
-                          uint64_t waiting, const char *ctx, int line)
-{
-    struct wq_stats s;
-    stats_ok(q, &s);
-    if (s.live != live || s.queued != queued || s.processing != processing ||
-        s.waiting != waiting)
-        fail_msg("line %d: %s: live %" PRIu64 " queued %" PRIu64 " processing %" PRIu64
-                 " waiting %" PRIu64 ", expected %" PRIu64 " %" PRIu64 " %" PRIu64
-                 " %" PRIu64, line, ctx, s.live, s.queued, s.processing, s.waiting,
-                 live, queued, processing, waiting);
-}
-#define expect_stats(q, l, qu, p, w, c) expect_stats_((q), (l), (qu), (p), (w), (c), __LINE__)
-
-static void get_expect_(wq *q, const char *want, int line)
-{
-    char buf[KEYBUF];
-    int n = wq_get(q, buf, sizeof buf, 0);
-    if (n < 0)
-        fail_msg("line %d: wq_get = %d (%s), expected %s", line, n, wq_strerror(n), want);
-    if ((size_t)n != strlen(want) || memcmp(buf, want, (size_t)n) != 0)
-        fail_msg("line %d: wq_get gave %.*s, expected %s", line, n, buf, want);
-}
-#define get_expect(q, w) get_expect_((q), (w), __LINE__)
-
-static void report_violation(const char *what, void *arg)
-{
-    fprintf(stderr, "  violation (%s): %s\n", (const char *)arg, what);
-}
-
-static void expect_check_clean(wq *q, const char *ctx)
-{
-    int rc = wq_check_report(q, 0, report_violation, (void *)ctx);
-    if (rc != 0)
-        fail_msg("%s: wq_check = %d", ctx, rc);
-}
-
 /* ------------------------------------------------------------------ */
 /* Restore after wq_unlink                                             */
 /* ------------------------------------------------------------------ */
@@ -248,15 +51,15 @@ static void expect_check_clean(wq *q, const char *ctx)
 static void restore_round(int durability)
 {
     char ctx[64];
-    snprintf(ctx, sizeof ctx, "restore/%s", dname(durability));
-    const char *store = mkstore();
-    const char *name = th_qname("restore");
-    struct wq_options o = store_opts(store, durability);
-    wq *q = open_ok(name, &o);
+    snprintf(ctx, sizeof ctx, "restore/%s", t_durability_name(durability));
+    const char *store = t_mkstore();
+    const char *name = t_qname("restore");
+    struct wq_options o = t_store_opts(store, durability);
+    wq *q = t_track(T_OPEN(name, &o));
     char k[16];
     struct wq_stats s;
 
-    stats_ok(q, &s);
+    s = t_stats(q);
     assert_int_equal(s.has_store, 1);
     assert_int_equal(s.durability, (uint64_t)durability);
 
@@ -264,26 +67,26 @@ static void restore_round(int durability)
         snprintf(k, sizeof k, "key-%c", c);
         assert_int_equal(wq_add(q, KS(k)), 0);
     }
-    get_expect(q, "key-a"); /* processing at the end */
-    get_expect(q, "key-b");
-    get_expect(q, "key-c");
+    T_EXPECT_GET(q, "key-a"); /* processing at the end */
+    T_EXPECT_GET(q, "key-b");
+    T_EXPECT_GET(q, "key-c");
     assert_int_equal(wq_finish(q, KS("key-c"), 3, "bad"), 0); /* idle, result */
-    get_expect(q, "key-d");
+    T_EXPECT_GET(q, "key-d");
     assert_int_equal(wq_done(q, KS("key-d")), 0);              /* clean: gone */
     assert_int_equal(wq_add_after(q, KS("wait-1h"), HOUR), 0); /* waiting 1 h */
     assert_int_equal(wq_add_rate_limited(q, KS("rl-2h")), 0);  /* waiting 2 h, 1 failure */
     assert_int_equal(wq_add_rate_limited(q, KS("key-e")), 1);  /* queued, 1 failure */
     assert_int_equal(wq_num_requeues(q, KS("key-e")), 1);
-    expect_stats(q, 26, 22, 2, 2, ctx);
+    T_EXPECT_STATS(q, 26, 22, 2, 2, ctx);
 
-    stats_ok(q, &s);
+    s = t_stats(q);
     if (durability == WQ_DURABLE_NONE) {
         if (s.store_unsynced == 0)
             fail_msg("%s: store_unsynced 0 before any snapshot (interval 60 s)", ctx);
         int n = wq_snapshot(q);
         if (n <= 0)
             fail_msg("%s: wq_snapshot = %d, expected > 0", ctx, n);
-        stats_ok(q, &s);
+        s = t_stats(q);
         if (s.store_unsynced != 0)
             fail_msg("%s: store_unsynced %" PRIu64 " after wq_snapshot", ctx,
                      s.store_unsynced);
@@ -291,11 +94,11 @@ static void restore_round(int durability)
         printf("  %s: store_unsynced before close: %" PRIu64 "\n", ctx, s.store_unsynced);
     }
 
-    close_q(q);
+    t_close(q);
     assert_int_equal(wq_unlink(name), 0);
-    expect_no_shm(name, "after wq_unlink");
+    T_EXPECT_NO_SHM(name, "after wq_unlink");
 
-    q = open_ok(name, &o);   /* WQ_CREATE | WQ_EXCL: a new region */
+    q = t_track(T_OPEN(name, &o));   /* WQ_CREATE | WQ_EXCL: a new region */
     /* What comes back, in first-add order: a, b (were processing), then
        e .. z; c is idle with its result; d is gone. */
     const char *order[24];
@@ -310,7 +113,7 @@ static void restore_round(int durability)
     }
     assert_int_equal(no, 24);
 
-    stats_ok(q, &s);
+    s = t_stats(q);
     if (s.live != 26 || s.queued != 24 || s.waiting != 2 || s.processing != 0 ||
         s.failing != 1 || s.results != 1)
         fail_msg("%s: restored live %" PRIu64 " queued %" PRIu64 " waiting %" PRIu64
@@ -321,35 +124,35 @@ static void restore_round(int durability)
     assert_int_equal(s.durability, (uint64_t)durability);
     assert_int_equal(s.capacity, 64);
     assert_int_equal(s.max_key_len, 32);
-    expect_check_clean(q, ctx);
+    t_check_clean(q, ctx);
 
-    uint64_t now = th_now_ns();
-    struct dumpv d = dump_all(q);
+    uint64_t now = t_now_ns();
+    struct t_dump d = t_dump_all(q);
     if (d.n != 27) {
         for (size_t i = 0; i < d.n; i++)
-            fprintf(stderr, "  dump: %s state 0x%x pos %" PRIu64 "\n", d.v[i].k,
-                    d.v[i].state, d.v[i].pos);
+            fprintf(stderr, "  dump: %s state 0x%x pos %" PRIu64 "\n", d.v[i].key,
+                    d.v[i].state, d.v[i].position);
         fail_msg("%s: %zu keys restored, expected 27", ctx, d.n);
     }
     for (int i = 0; i < 24; i++) {
-        const struct dkey *e = &d.v[i]; /* queued keys come first, in FIFO order */
-        if (strcmp(e->k, order[i]) != 0 || !(e->state & WQ_KEY_QUEUED) ||
-            e->pos != (uint64_t)i) {
+        const struct t_dkey *e = &d.v[i]; /* queued keys come first, in FIFO order */
+        if (strcmp(e->key, order[i]) != 0 || !(e->state & WQ_KEY_QUEUED) ||
+            e->position != (uint64_t)i) {
             for (size_t j = 0; j < d.n; j++)
-                fprintf(stderr, "  dump: %s state 0x%x pos %" PRIu64 "\n", d.v[j].k,
-                        d.v[j].state, d.v[j].pos);
+                fprintf(stderr, "  dump: %s state 0x%x pos %" PRIu64 "\n", d.v[j].key,
+                        d.v[j].state, d.v[j].position);
             fail_msg("%s: FIFO position %d holds %s (state 0x%x, pos %" PRIu64
-                     "), expected %s queued", ctx, i, e->k, e->state, e->pos, order[i]);
+                     "), expected %s queued", ctx, i, e->key, e->state, e->position, order[i]);
         }
         if (e->state & (WQ_KEY_PROCESSING | WQ_KEY_WAITING))
-            fail_msg("%s: %s state 0x%x", ctx, e->k, e->state);
+            fail_msg("%s: %s state 0x%x", ctx, e->key, e->state);
         /* a and b were requeued by wq_close (not a crash): no failure */
-        if (e->failures != (strcmp(e->k, "key-e") == 0 ? 1u : 0u))
-            fail_msg("%s: %s has %u failures", ctx, e->k, e->failures);
-        if (dcount(&d, order[i]) != 1)
-            fail_msg("%s: %s appears %d times", ctx, order[i], dcount(&d, order[i]));
+        if (e->failures != (strcmp(e->key, "key-e") == 0 ? 1u : 0u))
+            fail_msg("%s: %s has %u failures", ctx, e->key, e->failures);
+        if (t_dump_count(&d, order[i]) != 1)
+            fail_msg("%s: %s appears %d times", ctx, order[i], t_dump_count(&d, order[i]));
     }
-    const struct dkey *w = dfind(&d, "wait-1h");
+    const struct t_dkey *w = t_dump_find(&d, "wait-1h");
     if (w == NULL || w->state != WQ_KEY_WAITING || w->failures != 0)
         fail_msg("%s: wait-1h %s (state 0x%x failures %u), expected waiting", ctx,
                  w ? "present" : "absent", w ? w->state : 0, w ? w->failures : 0);
@@ -357,7 +160,7 @@ static void restore_round(int durability)
     if (rem > (int64_t)HOUR || rem < (int64_t)(HOUR - 5 * SEC))
         fail_msg("%s: wait-1h ready in %.3f s, expected within [3595, 3600]", ctx,
                  (double)rem / 1e9);
-    const struct dkey *r = dfind(&d, "rl-2h");
+    const struct t_dkey *r = t_dump_find(&d, "rl-2h");
     if (r == NULL || r->state != WQ_KEY_WAITING || r->failures != 1)
         fail_msg("%s: rl-2h %s (state 0x%x failures %u), expected waiting, 1 failure",
                  ctx, r ? "present" : "absent", r ? r->state : 0, r ? r->failures : 0);
@@ -365,15 +168,15 @@ static void restore_round(int durability)
     if (rem > (int64_t)(2 * HOUR) || rem < (int64_t)(2 * HOUR - 5 * SEC))
         fail_msg("%s: rl-2h ready in %.3f s, expected within [7195, 7200]", ctx,
                  (double)rem / 1e9);
-    const struct dkey *c = dfind(&d, "key-c");
+    const struct t_dkey *c = t_dump_find(&d, "key-c");
     if (c == NULL || c->state != WQ_KEY_FAILING || c->result != WQ_STATE_FAILED ||
-        c->code != 3 || strcmp(c->msg, "bad") != 0)
+        c->code != 3 || strcmp(c->message, "bad") != 0)
         fail_msg("%s: key-c %s (state 0x%x result %d code %d msg '%s'), expected "
                  "idle FAILED 3 'bad'", ctx, c ? "present" : "absent", c ? c->state : 0,
-                 c ? (int)c->result : -1, c ? c->code : 0, c ? c->msg : "");
-    if (dcount(&d, "key-d") != 0)
+                 c ? (int)c->result : -1, c ? c->code : 0, c ? c->message : "");
+    if (t_dump_count(&d, "key-d") != 0)
         fail_msg("%s: key-d (done clean) came back", ctx);
-    free(d.v);
+    t_dump_free(&d);
 
     struct wq_result res;
     assert_int_equal(wq_result(q, KS("key-c"), &res), 0);
@@ -392,12 +195,12 @@ static void restore_round(int durability)
 
     /* Every queued key is processed once more, in order, then nothing. */
     for (int i = 0; i < 24; i++) {
-        get_expect(q, order[i]);
+        T_EXPECT_GET(q, order[i]);
         assert_int_equal(wq_done(q, KS(order[i])), 0);
     }
-    char buf[KEYBUF];
+    char buf[T_KEYBUF];
     assert_int_equal(wq_get(q, buf, sizeof buf, 0), -EAGAIN);
-    stats_ok(q, &s);
+    s = t_stats(q);
     /* key-e keeps its failure count, key-c its result */
     if (s.live != 2 || s.waiting != 2 || s.failing != 2)
         fail_msg("%s: after the drain live %" PRIu64 " waiting %" PRIu64 " failing %"
@@ -410,22 +213,22 @@ static void restore_round(int durability)
         if (n <= 0)
             fail_msg("%s: second wq_snapshot = %d, expected > 0 (22 removals)", ctx, n);
     }
-    close_q(q);
+    t_close(q);
     assert_int_equal(wq_unlink(name), 0);
-    q = open_ok(name, &o);
-    stats_ok(q, &s);
+    q = t_track(T_OPEN(name, &o));
+    s = t_stats(q);
     if (s.live != 2 || s.waiting != 2 || s.queued != 0 || s.failing != 2 || s.results != 1)
         fail_msg("%s: second restore live %" PRIu64 " waiting %" PRIu64 " queued %" PRIu64
                  " failing %" PRIu64 " results %" PRIu64 ", expected 2 2 0 2 1", ctx,
                  s.live, s.waiting, s.queued, s.failing, s.results);
-    d = dump_all(q);
+    d = t_dump_all(q);
     assert_int_equal(d.n, 4);
-    assert_int_equal(dcount(&d, "wait-1h") + dcount(&d, "rl-2h") +
-                     dcount(&d, "key-c") + dcount(&d, "key-e"), 4);
-    free(d.v);
+    assert_int_equal(t_dump_count(&d, "wait-1h") + t_dump_count(&d, "rl-2h") +
+                     t_dump_count(&d, "key-c") + t_dump_count(&d, "key-e"), 4);
+    t_dump_free(&d);
     assert_int_equal(wq_num_requeues(q, KS("key-e")), 1);
-    expect_check_clean(q, ctx);
-    close_q(q);
+    t_check_clean(q, ctx);
+    t_close(q);
     assert_int_equal(wq_unlink(name), 0);
 }
 
@@ -454,27 +257,27 @@ static void test_restore_none(void **state)
 static void test_geometry_from_store(void **state)
 {
     (void)state;
-    const char *store = mkstore();
-    const char *name = th_qname("geom");
+    const char *store = t_mkstore();
+    const char *name = t_qname("geom");
     struct wq_options o;
     memset(&o, 0, sizeof o);
     o.capacity = 100;
     o.max_key_len = 40;
     o.store_path = store;
     o.flags = WQ_CREATE | WQ_EXCL;
-    wq *q = open_ok(name, &o);
+    wq *q = t_track(T_OPEN(name, &o));
     assert_int_equal(wq_add(q, KS("g1")), 0);
     assert_int_equal(wq_add(q, KS("g2")), 0);
-    close_q(q);
+    t_close(q);
     assert_int_equal(wq_unlink(name), 0);
 
     struct wq_options z;
     memset(&z, 0, sizeof z);
     z.store_path = store;
     z.flags = WQ_CREATE | WQ_EXCL;
-    q = open_ok(name, &z);
+    q = t_track(T_OPEN(name, &z));
     struct wq_stats s;
-    stats_ok(q, &s);
+    s = t_stats(q);
     if (s.capacity != 100 || s.max_key_len != 40)
         fail_msg("restored with capacity %" PRIu64 " max_key_len %" PRIu64
                  ", expected the store's 100 and 40", s.capacity, s.max_key_len);
@@ -484,19 +287,19 @@ static void test_geometry_from_store(void **state)
     memset(k, 'x', sizeof k);
     assert_int_equal(wq_add(q, k, 40), 0);
     assert_int_equal(wq_add(q, k, 41), -EMSGSIZE);
-    close_q(q);
+    t_close(q);
     assert_int_equal(wq_unlink(name), 0);
 
     /* A field given in the options wins; the ones left 0 come from the
        store. */
     z.capacity = 200;
-    q = open_ok(name, &z);
-    stats_ok(q, &s);
+    q = t_track(T_OPEN(name, &z));
+    s = t_stats(q);
     if (s.capacity != 200 || s.max_key_len != 40)
         fail_msg("restored with capacity %" PRIu64 " max_key_len %" PRIu64
                  ", expected 200 (options) and 40 (store)", s.capacity, s.max_key_len);
     assert_int_equal(s.queued, 3);
-    close_q(q);
+    t_close(q);
 }
 
 /* ------------------------------------------------------------------ */
@@ -513,22 +316,22 @@ static int attach_child(const char *name, const char *store)
     o.flags = WQ_CREATE;
     wq *q = NULL;
     int rc = wq_open(name, &o, &q);
-    TH_CHECK_EQ(rc, 0);
+    T_CHECK_EQ(rc, 0);
     struct wq_stats s;
-    TH_CHECK_EQ(wq_stats(q, &s), 0);
-    TH_CHECK_EQ(s.queued, 9);
-    TH_CHECK_EQ(s.processing, 1);
-    TH_CHECK_EQ(s.live, 10);
-    TH_CHECK_EQ(s.adds_total, 10);
-    struct dumpv d = { NULL, 0, 0 };
-    TH_CHECK_EQ(wq_dump(q, dump_cb, &d), 0);
-    TH_CHECK_EQ(d.n, 10);
+    T_CHECK_EQ(wq_stats(q, &s), 0);
+    T_CHECK_EQ(s.queued, 9);
+    T_CHECK_EQ(s.processing, 1);
+    T_CHECK_EQ(s.live, 10);
+    T_CHECK_EQ(s.adds_total, 10);
+    struct t_dump d = { 0 };
+    T_CHECK_EQ(t_dump_collect(q, &d), 0);
+    T_CHECK_EQ(d.n, 10);
     for (int i = 0; i < 10; i++) {
         char k[8];
         snprintf(k, sizeof k, "k%d", i);
-        TH_CHECK_EQ(dcount(&d, k), 1);
+        T_CHECK_EQ(t_dump_count(&d, k), 1);
     }
-    free(d.v);
+    t_dump_free(&d);
     wq_close(q);
     return 0;
 }
@@ -536,42 +339,42 @@ static int attach_child(const char *name, const char *store)
 static void test_no_double_restore(void **state)
 {
     (void)state;
-    const char *store = mkstore();
-    const char *name = th_qname("nodouble");
+    const char *store = t_mkstore();
+    const char *name = t_qname("nodouble");
     struct wq_options o;
     memset(&o, 0, sizeof o);
     o.capacity = 64;
     o.max_key_len = 32;
     o.store_path = store;
     o.flags = WQ_CREATE | WQ_EXCL;
-    wq *a = open_ok(name, &o);
+    wq *a = t_track(T_OPEN(name, &o));
     char k[8];
     for (int i = 0; i < 10; i++) {
         snprintf(k, sizeof k, "k%d", i);
         assert_int_equal(wq_add(a, KS(k)), 0);
     }
-    get_expect(a, "k0"); /* A holds k0 */
+    T_EXPECT_GET(a, "k0"); /* A holds k0 */
 
     /* Another process opens with WQ_CREATE and the same store: it
        attaches, nothing is restored into the running region. */
-    pid_t c = th_fork(20);
+    pid_t c = t_fork(20);
     if (c == 0)
         _exit(attach_child(name, store));
-    int st = th_wait(c, 15000);
-    TH_ASSERT_BOARD_CLEAN();
+    int st = t_wait(c, 15000);
+    T_ASSERT_BOARD_CLEAN();
     assert_int_equal(st, 0);
-    expect_stats(a, 10, 9, 1, 0, "after the second open");
+    T_EXPECT_STATS(a, 10, 9, 1, 0, "after the second open");
     struct wq_stats s;
-    stats_ok(a, &s);
+    s = t_stats(a);
     assert_int_equal(s.adds_total, 10);
-    expect_check_clean(a, "nodouble");
+    t_check_clean(a, "nodouble");
 
     /* The same in this process, with a second handle. */
     struct wq_options o2 = o;
     o2.flags = WQ_CREATE;
-    wq *b = open_ok(name, &o2);
-    expect_stats(b, 10, 9, 1, 0, "second handle");
-    close_q(b);
+    wq *b = t_track(T_OPEN(name, &o2));
+    T_EXPECT_STATS(b, 10, 9, 1, 0, "second handle");
+    t_close(b);
     o2.flags = WQ_CREATE | WQ_EXCL;
     wq *x = NULL;
     assert_int_equal(wq_open(name, &o2, &x), -EEXIST);
@@ -579,23 +382,23 @@ static void test_no_double_restore(void **state)
     /* Close (k0 goes to the back of the queue) and reopen without
        unlinking: the region's state stays, nothing is restored (a restore
        would put k0 first, in first-add order). */
-    close_q(a);
+    t_close(a);
     o2.flags = WQ_CREATE;
-    a = open_ok(name, &o2);
-    expect_stats(a, 10, 10, 0, 0, "reopen without unlink");
-    stats_ok(a, &s);
+    a = t_track(T_OPEN(name, &o2));
+    T_EXPECT_STATS(a, 10, 10, 0, 0, "reopen without unlink");
+    s = t_stats(a);
     assert_int_equal(s.adds_total, 10);
-    struct dumpv d = dump_all(a);
+    struct t_dump d = t_dump_all(a);
     assert_int_equal(d.n, 10);
     for (int i = 0; i < 10; i++) {
         snprintf(k, sizeof k, "k%d", (i + 1) % 10);
-        if (strcmp(d.v[i].k, k) != 0)
+        if (strcmp(d.v[i].key, k) != 0)
             fail_msg("reopen without unlink: position %d holds %s, expected %s "
-                     "(the region's order, k0 last)", i, d.v[i].k, k);
+                     "(the region's order, k0 last)", i, d.v[i].key, k);
     }
-    free(d.v);
-    expect_check_clean(a, "reopen");
-    close_q(a);
+    t_dump_free(&d);
+    t_check_clean(a, "reopen");
+    t_close(a);
 }
 
 /* ------------------------------------------------------------------ */
@@ -605,29 +408,29 @@ static void test_no_double_restore(void **state)
 /* In a child: snapshot 5 keys, add 3 more, die without wq_close. */
 static int none_child(const char *name, const char *store)
 {
-    struct wq_options o = store_opts(store, WQ_DURABLE_NONE);
+    struct wq_options o = t_store_opts(store, WQ_DURABLE_NONE);
     wq *q = NULL;
-    TH_CHECK_EQ(wq_open(name, &o, &q), 0);
+    T_CHECK_EQ(wq_open(name, &o, &q), 0);
     char k[8];
     for (int i = 0; i < 5; i++) {
         snprintf(k, sizeof k, "s%d", i);
-        TH_CHECK_EQ(wq_add(q, KS(k)), 0);
+        T_CHECK_EQ(wq_add(q, KS(k)), 0);
     }
     struct wq_stats s;
-    TH_CHECK_EQ(wq_stats(q, &s), 0);
-    TH_CHECK_EQ(s.store_unsynced, 5);
+    T_CHECK_EQ(wq_stats(q, &s), 0);
+    T_CHECK_EQ(s.store_unsynced, 5);
     int n = wq_snapshot(q);
     printf("  wq_snapshot after 5 adds: %d\n", n);
     fflush(stdout);
-    TH_CHECK(n > 0);
-    TH_CHECK_EQ(wq_stats(q, &s), 0);
-    TH_CHECK_EQ(s.store_unsynced, 0);
+    T_CHECK(n > 0);
+    T_CHECK_EQ(wq_stats(q, &s), 0);
+    T_CHECK_EQ(s.store_unsynced, 0);
     for (int i = 0; i < 3; i++) {
         snprintf(k, sizeof k, "l%d", i);
-        TH_CHECK_EQ(wq_add(q, KS(k)), 0);
+        T_CHECK_EQ(wq_add(q, KS(k)), 0);
     }
-    TH_CHECK_EQ(wq_stats(q, &s), 0);
-    TH_CHECK_EQ(s.store_unsynced, 3);
+    T_CHECK_EQ(wq_stats(q, &s), 0);
+    T_CHECK_EQ(s.store_unsynced, 3);
     fflush(stdout);
     return 0; /* _exit without wq_close: the world stops here */
 }
@@ -636,30 +439,30 @@ static int none_child(const char *name, const char *store)
    written everything. */
 static int interval_child(const char *name, const char *store)
 {
-    struct wq_options o = store_opts(store, WQ_DURABLE_NONE);
+    struct wq_options o = t_store_opts(store, WQ_DURABLE_NONE);
     o.snapshot_interval_ms = 100;
     wq *q = NULL;
-    TH_CHECK_EQ(wq_open(name, &o, &q), 0);
+    T_CHECK_EQ(wq_open(name, &o, &q), 0);
     char k[8];
     for (int i = 0; i < 10; i++) {
         snprintf(k, sizeof k, "i%d", i);
-        TH_CHECK_EQ(wq_add(q, KS(k)), 0);
+        T_CHECK_EQ(wq_add(q, KS(k)), 0);
     }
     struct wq_stats s;
-    TH_CHECK_EQ(wq_stats(q, &s), 0);
+    T_CHECK_EQ(wq_stats(q, &s), 0);
     printf("  interval 100 ms: store_unsynced right after 10 adds: %" PRIu64 "\n",
            s.store_unsynced);
-    th_sleep_ms(300);
+    t_sleep_ms(300);
     /* wq_stats takes the lock: the snapshot is due, so it runs there. */
-    TH_CHECK_EQ(wq_stats(q, &s), 0);
+    T_CHECK_EQ(wq_stats(q, &s), 0);
     if (s.store_unsynced != 0) {
-        th_failf(__FILE__, __LINE__, "interval 100 ms: 300 ms later wq_stats reports "
+        t_failf(__FILE__, __LINE__, "interval 100 ms: 300 ms later wq_stats reports "
                  "store_unsynced %" PRIu64 ", expected 0 (the due snapshot did not run "
                  "under wq_stats' lock)", s.store_unsynced);
         /* Diagnose: does a mutating call run it? (i0 comes back queued.) */
-        char buf[KEYBUF];
+        char buf[T_KEYBUF];
         int n = wq_get(q, buf, sizeof buf, 0);
-        TH_CHECK_EQ(wq_stats(q, &s), 0);
+        T_CHECK_EQ(wq_stats(q, &s), 0);
         printf("  interval 100 ms: after a wq_get (= %d) store_unsynced is %" PRIu64 "\n",
                n, s.store_unsynced);
     }
@@ -670,22 +473,22 @@ static int interval_child(const char *name, const char *store)
 static void test_none_durability(void **state)
 {
     (void)state;
-    const char *store = mkstore();
-    const char *name = th_qname("none");
-    pid_t c = th_fork(20);
+    const char *store = t_mkstore();
+    const char *name = t_qname("none");
+    pid_t c = t_fork(20);
     if (c == 0)
         _exit(none_child(name, store));
-    int st = th_wait(c, 15000);
-    TH_ASSERT_BOARD_CLEAN();
+    int st = t_wait(c, 15000);
+    T_ASSERT_BOARD_CLEAN();
     assert_int_equal(st, 0);
     assert_int_equal(wq_unlink(name), 0);
-    struct wq_options o = store_opts(store, WQ_DURABLE_NONE);
-    wq *q = open_ok(name, &o);
-    struct dumpv d = dump_all(q);
+    struct wq_options o = t_store_opts(store, WQ_DURABLE_NONE);
+    wq *q = t_track(T_OPEN(name, &o));
+    struct t_dump d = t_dump_all(q);
     for (int i = 0; i < 3; i++) {
         char k[8];
         snprintf(k, sizeof k, "l%d", i);
-        if (dcount(&d, k) != 0)
+        if (t_dump_count(&d, k) != 0)
             fail_msg("NONE: %s was never snapshotted but came back", k);
     }
     if (d.n != 5)
@@ -693,42 +496,42 @@ static void test_none_durability(void **state)
     for (int i = 0; i < 5; i++) {
         char k[8];
         snprintf(k, sizeof k, "s%d", i);
-        if (strcmp(d.v[i].k, k) != 0 || !(d.v[i].state & WQ_KEY_QUEUED))
+        if (strcmp(d.v[i].key, k) != 0 || !(d.v[i].state & WQ_KEY_QUEUED))
             fail_msg("NONE: position %d holds %s (0x%x), expected %s queued", i,
-                     d.v[i].k, d.v[i].state, k);
+                     d.v[i].key, d.v[i].state, k);
     }
-    free(d.v);
-    expect_stats(q, 5, 5, 0, 0, "NONE restore");
+    t_dump_free(&d);
+    T_EXPECT_STATS(q, 5, 5, 0, 0, "NONE restore");
     struct wq_stats s;
-    stats_ok(q, &s);
+    s = t_stats(q);
     assert_int_equal(s.durability, WQ_DURABLE_NONE);
     assert_int_equal(s.has_store, 1);
-    expect_check_clean(q, "NONE");
-    close_q(q);
+    t_check_clean(q, "NONE");
+    t_close(q);
 
     /* The periodic snapshot. */
-    const char *store2 = mkstore();
-    const char *name2 = th_qname("interval");
-    c = th_fork(20);
+    const char *store2 = t_mkstore();
+    const char *name2 = t_qname("interval");
+    c = t_fork(20);
     if (c == 0)
         _exit(interval_child(name2, store2));
-    st = th_wait(c, 15000);
+    st = t_wait(c, 15000);
     assert_int_equal(st, 0); /* the board is checked after the restore */
     assert_int_equal(wq_unlink(name2), 0);
     o.store_path = store2;
-    q = open_ok(name2, &o);
-    expect_stats(q, 10, 10, 0, 0, "interval restore");
-    d = dump_all(q);
+    q = t_track(T_OPEN(name2, &o));
+    T_EXPECT_STATS(q, 10, 10, 0, 0, "interval restore");
+    d = t_dump_all(q);
     assert_int_equal(d.n, 10);
     for (int i = 0; i < 10; i++) {
         char k[8];
         snprintf(k, sizeof k, "i%d", i);
-        if (strcmp(d.v[i].k, k) != 0)
-            fail_msg("interval: position %d holds %s, expected %s", i, d.v[i].k, k);
+        if (strcmp(d.v[i].key, k) != 0)
+            fail_msg("interval: position %d holds %s, expected %s", i, d.v[i].key, k);
     }
-    free(d.v);
-    close_q(q);
-    TH_ASSERT_BOARD_CLEAN();
+    t_dump_free(&d);
+    t_close(q);
+    T_ASSERT_BOARD_CLEAN();
 }
 
 /* ------------------------------------------------------------------ */
@@ -742,18 +545,16 @@ struct child_result {
 };
 
 /* wq_open in a child (a crash there must not take the runner down).
-   Returns the child's status as th_wait does; *res holds wq_open's rc. */
+   Returns the child's status as t_wait does; *res holds wq_open's rc. */
 static int open_in_child(const char *name, const struct wq_options *o,
                          struct child_result *res, uid_t uid)
 {
     res->rc = 1;
     res->add_rc = 1;
-    pid_t c = th_fork(20);
+    pid_t c = t_fork(20);
     if (c == 0) {
-        if (uid != 0) {
-            if (setgroups(0, NULL) != 0 || setgid(uid) != 0 || setuid(uid) != 0)
-                _exit(90);
-        }
+        if (uid != 0 && t_drop_to(uid) != 0)
+            _exit(90);
         wq *q = NULL;
         int rc = wq_open(name, o, &q);
         res->rc = rc;
@@ -767,7 +568,7 @@ static int open_in_child(const char *name, const struct wq_options *o,
         }
         _exit(0);
     }
-    return th_wait(c, 15000);
+    return t_wait(c, 15000);
 }
 
 static void populate(const char *name, const char *store, int nkeys)
@@ -777,13 +578,13 @@ static void populate(const char *name, const char *store, int nkeys)
     o.store_path = store;
     o.max_key_len = 32;
     o.flags = WQ_CREATE | WQ_EXCL;
-    wq *q = open_ok(name, &o);
+    wq *q = t_track(T_OPEN(name, &o));
     for (int i = 0; i < nkeys; i++) {
         char k[16];
         snprintf(k, sizeof k, "p%d", i);
         assert_int_equal(wq_add(q, KS(k)), 0);
     }
-    close_q(q);
+    t_close(q);
     assert_int_equal(wq_unlink(name), 0);
 }
 
@@ -818,7 +619,7 @@ static void fill_random(const char *path, off_t from, off_t to)
 static void expect_open_fails_(const char *name, const struct wq_options *o,
                                const char *ctx, const int *allowed, int line)
 {
-    struct child_result *res = th_shared_alloc(sizeof *res);
+    struct child_result *res = t_shared_alloc(sizeof *res);
     int st = open_in_child(name, o, res, 0);
     if (st != 0)
         fail_msg("line %d: %s: wq_open crashed the process (status %d%s)", line, ctx,
@@ -830,10 +631,10 @@ static void expect_open_fails_(const char *name, const struct wq_options *o,
         fail_msg("line %d: %s: wq_open = %d (%s)", line, ctx, res->rc,
                  res->rc <= 0 ? wq_strerror(res->rc) : "");
     printf("  %s: wq_open = %s\n", ctx, wq_strerror(res->rc));
-    th_shared_free(res, sizeof *res);
-    expect_no_shm_(name, ctx, line);
+    t_shared_free(res, sizeof *res);
+    t_expect_no_shm_(name, ctx, line);
 }
-#define expect_open_fails(n, o, c, ...)                                        \
+#define expect_open_fails(n, o, c, ...)                                      \
     do {                                                                     \
         static const int allowed_[] = { __VA_ARGS__, 0 };                    \
         expect_open_fails_((n), (o), (c), allowed_, __LINE__);               \
@@ -848,8 +649,8 @@ static void test_corrupt_store(void **state)
     char data[256];
 
     /* Garbage over the whole data.mdb. */
-    const char *s1 = mkstore();
-    const char *n1 = th_qname("garbage");
+    const char *s1 = t_mkstore();
+    const char *n1 = t_qname("garbage");
     populate(n1, s1, 20);
     snprintf(data, sizeof data, "%s/data.mdb", s1);
     fill_random(data, 0, file_size(data));
@@ -857,8 +658,8 @@ static void test_corrupt_store(void **state)
     expect_open_fails(n1, &o, "garbage data.mdb", -EBADMSG, -EIO);
 
     /* Truncated to its two meta pages: the data pages are gone. */
-    const char *s2 = mkstore();
-    const char *n2 = th_qname("trunc");
+    const char *s2 = t_mkstore();
+    const char *n2 = t_qname("trunc");
     populate(n2, s2, 20);
     snprintf(data, sizeof data, "%s/data.mdb", s2);
     long psz = sysconf(_SC_PAGESIZE);
@@ -868,8 +669,8 @@ static void test_corrupt_store(void **state)
     expect_open_fails(n2, &o, "data.mdb truncated to its meta pages", -EBADMSG, -EIO);
 
     /* Truncated to 100 bytes (not even a meta page). */
-    const char *s3 = mkstore();
-    const char *n3 = th_qname("trunc100");
+    const char *s3 = t_mkstore();
+    const char *n3 = t_qname("trunc100");
     populate(n3, s3, 20);
     snprintf(data, sizeof data, "%s/data.mdb", s3);
     if (truncate(data, 100) != 0)
@@ -879,13 +680,13 @@ static void test_corrupt_store(void **state)
 
     /* Meta pages intact, garbage in every data page. LMDB has no page
        checksums; reported, not asserted. */
-    const char *s4 = mkstore();
-    const char *n4 = th_qname("datapages");
+    const char *s4 = t_mkstore();
+    const char *n4 = t_qname("datapages");
     populate(n4, s4, 20);
     snprintf(data, sizeof data, "%s/data.mdb", s4);
     fill_random(data, 2 * psz, file_size(data));
     o.store_path = s4;
-    struct child_result *res = th_shared_alloc(sizeof *res);
+    struct child_result *res = t_shared_alloc(sizeof *res);
     int st = open_in_child(n4, &o, res, 0);
     if (st != 0)
         printf("  garbage in the data pages only (meta intact): the opening process "
@@ -893,15 +694,15 @@ static void test_corrupt_store(void **state)
     else
         printf("  garbage in the data pages only (meta intact): wq_open = %s "
                "(informational)\n", wq_strerror(res->rc));
-    th_shared_free(res, sizeof *res);
-    th_unlink_all();
+    t_shared_free(res, sizeof *res);
+    t_unlink_all();
 }
 
 static void test_foreign_store(void **state)
 {
     (void)state;
-    const char *s = mkstore();
-    const char *name = th_qname("foreign");
+    const char *s = t_mkstore();
+    const char *name = t_qname("foreign");
     MDB_env *env;
     MDB_txn *txn;
     MDB_dbi dbi;
@@ -944,14 +745,14 @@ static void test_foreign_store(void **state)
 static void test_store_path_is_file(void **state)
 {
     (void)state;
-    const char *dir = mkstore();
+    const char *dir = t_mkstore();
     char file[256];
     snprintf(file, sizeof file, "%s/plain-file", dir);
     FILE *f = fopen(file, "w");
     assert_non_null(f);
     fputs("not a directory\n", f);
     fclose(f);
-    const char *name = th_qname("isfile");
+    const char *name = t_qname("isfile");
     struct wq_options o;
     memset(&o, 0, sizeof o);
     o.store_path = file;
@@ -977,18 +778,18 @@ static int count_entries(const char *dir)
 /* In a child, as nobody: create a store with keys. */
 static int nobody_populate(const char *name, const char *store)
 {
-    if (setgroups(0, NULL) != 0 || setgid(NOBODY) != 0 || setuid(NOBODY) != 0)
+    if (t_drop_to(T_NOBODY) != 0)
         return 90;
     struct wq_options o;
     memset(&o, 0, sizeof o);
     o.store_path = store;
     o.flags = WQ_CREATE | WQ_EXCL;
     wq *q = NULL;
-    TH_CHECK_EQ(wq_open(name, &o, &q), 0);
+    T_CHECK_EQ(wq_open(name, &o, &q), 0);
     for (int i = 0; i < 5; i++) {
         char k[8];
         snprintf(k, sizeof k, "n%d", i);
-        TH_CHECK_EQ(wq_add(q, KS(k)), 0);
+        T_CHECK_EQ(wq_add(q, KS(k)), 0);
     }
     wq_close(q);
     return 0;
@@ -1016,7 +817,7 @@ static void check_perm_outcome(const char *ctx, int st, const struct child_resul
             res->rc != -EPERM)
             fail_msg("%s: wq_open = %d (%s), expected -EACCES/-EIO/-EROFS/-EPERM", ctx,
                      res->rc, res->rc < 0 ? wq_strerror(res->rc) : "?");
-        expect_no_shm(name, ctx);
+        T_EXPECT_NO_SHM(name, ctx);
     }
 }
 
@@ -1024,34 +825,34 @@ static void test_readonly_store(void **state)
 {
     (void)state;
     if (geteuid() != 0) {
-        printf("  not root: the permission test needs setuid(%d)\n", NOBODY);
+        printf("  not root: the permission test needs setuid(%d)\n", T_NOBODY);
         skip();
     }
-    struct child_result *res = th_shared_alloc(sizeof *res);
+    struct child_result *res = t_shared_alloc(sizeof *res);
     struct wq_options o;
     memset(&o, 0, sizeof o);
     o.flags = WQ_CREATE | WQ_EXCL;
 
     /* An empty directory nobody may read but not write. */
-    const char *s1 = mkstore();
-    const char *n1 = th_qname("ro-empty");
-    assert_int_equal(chown(s1, NOBODY, NOBODY), 0);
+    const char *s1 = t_mkstore();
+    const char *n1 = t_qname("ro-empty");
+    assert_int_equal(chown(s1, T_NOBODY, T_NOBODY), 0);
     assert_int_equal(chmod(s1, 0500), 0);
     o.store_path = s1;
-    int st = open_in_child(n1, &o, res, NOBODY);
+    int st = open_in_child(n1, &o, res, T_NOBODY);
     check_perm_outcome("read-only empty store directory", st, res, n1);
     if (res->rc != 0 && count_entries(s1) != 0)
         fail_msg("read-only empty store: %d files created", count_entries(s1));
 
     /* A store with keys, made read-only afterwards. */
-    const char *s2 = mkstore();
-    const char *n2 = th_qname("ro-full");
-    assert_int_equal(chown(s2, NOBODY, NOBODY), 0);
-    pid_t c = th_fork(20);
+    const char *s2 = t_mkstore();
+    const char *n2 = t_qname("ro-full");
+    assert_int_equal(chown(s2, T_NOBODY, T_NOBODY), 0);
+    pid_t c = t_fork(20);
     if (c == 0)
         _exit(nobody_populate(n2, s2));
-    st = th_wait(c, 15000);
-    TH_ASSERT_BOARD_CLEAN();
+    st = t_wait(c, 15000);
+    T_ASSERT_BOARD_CLEAN();
     assert_int_equal(st, 0);
     assert_int_equal(wq_unlink(n2), 0);
     char p[256];
@@ -1065,7 +866,7 @@ static void test_readonly_store(void **state)
     assert_int_equal(chmod(s2, 0500), 0);
     o.store_path = s2;
     memset(res, 0, sizeof *res);
-    st = open_in_child(n2, &o, res, NOBODY);
+    st = open_in_child(n2, &o, res, T_NOBODY);
     check_perm_outcome("read-only store with keys", st, res, n2);
     snprintf(p, sizeof p, "%s/data.mdb", s2);
     assert_int_equal(stat(p, &after), 0);
@@ -1076,10 +877,10 @@ static void test_readonly_store(void **state)
     /* Root's own view: the keys are all still there. */
     assert_int_equal(chmod(s2, 0700), 0);
     o.store_path = s2;
-    wq *q = open_ok(n2, &o);
-    expect_stats(q, 5, 5, 0, 0, "after the read-only attempt");
-    close_q(q);
-    th_shared_free(res, sizeof *res);
+    wq *q = t_track(T_OPEN(n2, &o));
+    T_EXPECT_STATS(q, 5, 5, 0, 0, "after the read-only attempt");
+    t_close(q);
+    t_shared_free(res, sizeof *res);
 }
 
 /* ------------------------------------------------------------------ */
@@ -1088,15 +889,15 @@ static void test_readonly_store(void **state)
 
 static void expect_einval_(const struct wq_options *o, const char *ctx, int line)
 {
-    const char *name = th_qname("einval");
+    const char *name = t_qname("einval");
     wq *q = NULL;
     int rc = wq_open(name, o, &q);
     if (rc == 0)
-        close_q(q);
+        t_close(q);
     if (rc != -EINVAL)
         fail_msg("line %d: %s: wq_open = %d (%s), expected -EINVAL", line, ctx, rc,
                  wq_strerror(rc));
-    expect_no_shm_(name, ctx, line);
+    t_expect_no_shm_(name, ctx, line);
 }
 #define expect_einval(o, c) expect_einval_((o), (c), __LINE__)
 
@@ -1112,8 +913,8 @@ static int file_mode(const char *dir, const char *f)
 
 static void expect_modes(mode_t opt_mode, int want, mode_t mask)
 {
-    const char *s = mkstore();
-    const char *name = th_qname("mode");
+    const char *s = t_mkstore();
+    const char *name = t_qname("mode");
     struct wq_options o;
     memset(&o, 0, sizeof o);
     o.store_path = s;
@@ -1123,7 +924,7 @@ static void expect_modes(mode_t opt_mode, int want, mode_t mask)
     wq *q = NULL;
     int rc = wq_open(name, &o, &q);
     if (rc == 0) {
-        track(q);
+        t_track(q);
         rc = wq_add(q, KS("m"));
     }
     umask(old);
@@ -1136,17 +937,17 @@ static void expect_modes(mode_t opt_mode, int want, mode_t mask)
                  (unsigned)opt_mode, (unsigned)mask, md, ml, want);
     char shm[512];
     struct stat st;
-    th_shm_path(name, shm, sizeof shm);
+    t_shm_path(name, shm, sizeof shm);
     assert_int_equal(stat(shm, &st), 0);
     if ((int)(st.st_mode & 0777) != want)
         fail_msg("shm object mode 0%o, expected 0%o", (unsigned)(st.st_mode & 0777), want);
-    close_q(q);
+    t_close(q);
 }
 
 static void test_options(void **state)
 {
     (void)state;
-    const char *s = mkstore();
+    const char *s = t_mkstore();
     struct wq_options o;
 
     memset(&o, 0, sizeof o);
@@ -1177,13 +978,13 @@ static void test_options(void **state)
     /* Accepted: NONE with an interval, with a store. */
     o.durability = WQ_DURABLE_NONE;
     o.snapshot_interval_ms = 100;
-    const char *name = th_qname("okopts");
-    wq *q = open_ok(name, &o);
+    const char *name = t_qname("okopts");
+    wq *q = t_track(T_OPEN(name, &o));
     struct wq_stats st;
-    stats_ok(q, &st);
+    st = t_stats(q);
     assert_int_equal(st.has_store, 1);
     assert_int_equal(st.durability, WQ_DURABLE_NONE);
-    close_q(q);
+    t_close(q);
 
     /* Store files: 0600 by default, else exactly `mode`, umask or not. */
     expect_modes(0, 0600, 022);
@@ -1235,8 +1036,8 @@ static int disk_cb(const struct wq_key_info *ki, void *arg)
 static void test_full_store(void **state)
 {
     (void)state;
-    const char *s = mkstore();
-    const char *name = th_qname("full");
+    const char *s = t_mkstore();
+    const char *name = t_qname("full");
     struct wq_options o;
     memset(&o, 0, sizeof o);
     o.capacity = 65536;
@@ -1244,13 +1045,13 @@ static void test_full_store(void **state)
     o.store_path = s;
     o.flags = WQ_CREATE | WQ_EXCL;
     setenv("WQ_TEST_STORE_MAX_MAP", "262144", 1);
-    wq *q = open_ok(name, &o);
+    wq *q = t_track(T_OPEN(name, &o));
     char k[DISK_KEYLEN];
     int ok = 0, fail_rc = 0;
     struct wq_stats before, after;
     for (int i = 0; i < DISK_MAX; i++) {
         disk_key(k, i);
-        stats_ok(q, &before);
+        before = t_stats(q);
         int rc = wq_add(q, k, sizeof k);
         if (rc == 0) {
             ok++;
@@ -1271,7 +1072,7 @@ static void test_full_store(void **state)
     /* The failed add changed nothing (checked at the end, so the restore
        is looked at too). */
     char changed[512] = "";
-    stats_ok(q, &after);
+    after = t_stats(q);
     if (after.live != before.live || after.queued != before.queued ||
         after.adds_total != before.adds_total || after.live != (uint64_t)ok)
         snprintf(changed, sizeof changed, "after the failed add: live %" PRIu64 " queued %"
@@ -1282,7 +1083,7 @@ static void test_full_store(void **state)
     disk_key(k, ok);
     assert_int_equal(wq_result(q, k, sizeof k, &r), 0);
     assert_int_equal(r.state, WQ_STATE_NONE);
-    char buf[KEYBUF];
+    char buf[T_KEYBUF];
     /* Nobody is handed the failed key. */
     struct disk_seen seen = { calloc(DISK_MAX, 1), 0, ok, 0 };
     assert_int_equal(wq_dump(q, disk_cb, &seen), 0);
@@ -1294,8 +1095,8 @@ static void test_full_store(void **state)
                  "; the key whose add failed is listed by wq_dump (state 0x%x)",
                  seen.watch_state);
     free(seen.count);
-    expect_check_clean(q, "full store");
-    close_q(q);
+    t_check_clean(q, "full store");
+    t_close(q);
     unsetenv("WQ_TEST_STORE_MAX_MAP");
 
     assert_int_equal(wq_unlink(name), 0);
@@ -1303,7 +1104,7 @@ static void test_full_store(void **state)
     memset(&z, 0, sizeof z);
     z.store_path = s;
     z.flags = WQ_CREATE | WQ_EXCL;
-    q = open_ok(name, &z);
+    q = t_track(T_OPEN(name, &z));
     seen.count = calloc(DISK_MAX, 1);
     seen.other = 0;
     seen.watch = -1;
@@ -1325,13 +1126,13 @@ static void test_full_store(void **state)
         fail_msg("after restore: %d acknowledged keys missing (first %d), %d duplicated, "
                  "%d never acknowledged present, %d foreign", missing, first_missing, dup,
                  extra, seen.other);
-    expect_stats(q, (uint64_t)ok, (uint64_t)ok, 0, 0, "full store restore");
+    T_EXPECT_STATS(q, (uint64_t)ok, (uint64_t)ok, 0, 0, "full store restore");
     /* And the restored queue works. */
     int n = wq_get(q, buf, sizeof buf, 0);
     assert_int_equal(n, DISK_KEYLEN);
     assert_int_equal(wq_done(q, buf, (size_t)n), 0);
-    expect_check_clean(q, "full store restore");
-    close_q(q);
+    t_check_clean(q, "full store restore");
+    t_close(q);
     if (changed[0])
         fail_msg("%s", changed);
 }
@@ -1343,59 +1144,50 @@ static void test_full_store(void **state)
 static void test_snapshot_no_store(void **state)
 {
     (void)state;
-    const char *name = th_qname("nostore");
+    const char *name = t_qname("nostore");
     struct wq_options o;
     memset(&o, 0, sizeof o);
     o.flags = WQ_CREATE | WQ_EXCL;
-    wq *q = open_ok(name, &o);
+    wq *q = t_track(T_OPEN(name, &o));
     assert_int_equal(wq_add(q, KS("x")), 0);
     assert_int_equal(wq_snapshot(q), -ENOENT);
     struct wq_stats s;
-    stats_ok(q, &s);
+    s = t_stats(q);
     assert_int_equal(s.has_store, 0);
     assert_int_equal(s.store_unsynced, 0);
     assert_int_equal(wq_snapshot(NULL), -EINVAL);
-    close_q(q);
+    t_close(q);
 }
 
 /* ------------------------------------------------------------------ */
-/* main: run the group in a child, then remove every store             */
+/* main: the group in a child, then every store removed                */
 /* ------------------------------------------------------------------ */
-
-static int run_group(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_restore_process, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_restore_fsync, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_restore_none, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_geometry_from_store, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_no_double_restore, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_none_durability, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_corrupt_store, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_foreign_store, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_store_path_is_file, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_readonly_store, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_options, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_full_store, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_snapshot_no_store, setup, teardown),
-        cmocka_unit_test(th_test_no_leftovers),
-    };
-    fx_test_filters();
-    int rc = cmocka_run_group_tests_name("store", tests, th_group_setup,
-                                         th_group_teardown);
-    stores_cleanup();
-    return rc | th_final_check();
-}
 
 int main(void)
 {
-    static const struct fx_guard g = {
+    static const struct CMUnitTest tests[] = {
+        T_STORE_TEST(test_restore_process),
+        T_STORE_TEST(test_restore_fsync),
+        T_STORE_TEST(test_restore_none),
+        T_STORE_TEST(test_geometry_from_store),
+        T_STORE_TEST(test_no_double_restore),
+        T_STORE_TEST(test_none_durability),
+        T_STORE_TEST(test_corrupt_store),
+        T_STORE_TEST(test_foreign_store),
+        T_STORE_TEST(test_store_path_is_file),
+        T_STORE_TEST(test_readonly_store),
+        T_STORE_TEST(test_options),
+        T_STORE_TEST(test_full_store),
+        T_STORE_TEST(test_snapshot_no_store),
+        T_NO_LEFTOVERS,
+    };
+    static const struct t_guard g = {
         .prog = "test-store",
         .max_stores = 64,
         /* Traversable, so a child running as nobody reaches its store. */
         .topdir_mode = 0711,
         .deadline_s = 300,
-        .run_group = run_group,
+        T_GUARD_TESTS(tests),
     };
-    return fx_guard_main(&g);
+    return t_guard_main(&g);
 }
