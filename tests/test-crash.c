@@ -30,8 +30,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "helpers.h"
-#include "fault-api.h"
+#include "t.h"
 
 /* ---------------------------------------------------------------- */
 /* The victim's script                                               */
@@ -288,7 +287,7 @@ struct shared {
     volatile int bystander_release;
 };
 
-static int run_script(const char *name, struct shared *sh)
+static int run_victim(const char *name, struct shared *sh)
 {
     wq *q = NULL;
     char buf[KEYLEN];
@@ -303,7 +302,7 @@ static int run_script(const char *name, struct shared *sh)
         case OP_GET: rc = wq_get(q, buf, sizeof buf, 0); break;
         case OP_DONE: rc = wq_done(q, s->key, strlen(s->key)); break;
         case OP_CLOSE: wq_close(q); break;
-        case OP_AFTER: rc = wq_add_after(q, s->key, strlen(s->key), 3600 * TH_S); break;
+        case OP_AFTER: rc = wq_add_after(q, s->key, strlen(s->key), 3600 * SEC); break;
         case OP_RL: rc = wq_add_rate_limited(q, s->key, strlen(s->key)); break;
         case OP_FORGET: rc = wq_forget(q, s->key, strlen(s->key)); break;
         case OP_FINISH:
@@ -328,8 +327,8 @@ static wq *setup_queue(const char *name, struct shared *sh, pid_t *bystander)
     /* Rate limited adds and crash requeues wait at least an hour: nothing
        fires while a trial looks at the queue. */
     struct wq_options o = { .capacity = CAP, .max_key_len = KEYLEN,
-                            .rl_base_delay_ns = 3600 * TH_S,
-                            .rl_max_delay_ns = 100 * 3600 * TH_S,
+                            .rl_base_delay_ns = 3600 * SEC,
+                            .rl_max_delay_ns = 100 * 3600 * SEC,
                             .flags = WQ_CREATE | WQ_EXCL };
     o.store_path = g_store_dir;
     wq *q;
@@ -340,7 +339,7 @@ static wq *setup_queue(const char *name, struct shared *sh, pid_t *bystander)
     assert_int_equal(wq_add(q, "b", 1), 0);
     sh->bystander_ready = 0;
     sh->bystander_release = 0;
-    pid_t pid = th_fork(30);
+    pid_t pid = t_fork(30);
     if (pid == 0) {
         wq *bq;
         if (wq_open(name, NULL, &bq) < 0 || wq_get(bq, buf, sizeof buf, 0) != 1)
@@ -372,70 +371,33 @@ static void model_setup(struct model *m)
     m->adds = 0;
 }
 
-struct seen_key {
-    char k[KEYLEN];
-    unsigned state;
-    pid_t owner;
-    uint64_t pos;
-    uint32_t failures;
-    enum wq_state result;
-    int code;
-};
-struct seen {
-    struct seen_key keys[MAXK];
-    int n;
-};
-
-static int collect(const struct wq_key_info *ki, void *arg)
-{
-    struct seen *s = arg;
-    if (s->n == MAXK || ki->len >= KEYLEN)
-        return 1;
-    struct seen_key *k = &s->keys[s->n++];
-    memcpy(k->k, ki->key, ki->len);
-    k->k[ki->len] = 0;
-    k->state = ki->state;
-    k->owner = ki->owner_pid;
-    k->pos = ki->position;
-    k->failures = ki->failures;
-    k->result = ki->result;
-    k->code = ki->result_code;
-    return 0;
-}
-
-static void report(const char *what, void *arg)
-{
-    fprintf(stderr, "  violation (%s): %s\n", (const char *)arg, what);
-}
-
 /* Compare the queue with the model; fail the test with context. */
 static void expect_model(wq *q, struct model *m, pid_t bystander, const char *ctx)
 {
-    struct seen s = { .n = 0 };
-    assert_int_equal(wq_dump(q, collect, &s), 0);
+    struct t_dump s = t_dump_all(q);
     int queued = 0;
-    for (int i = 0; i < s.n; i++) {
-        struct seen_key *k = &s.keys[i];
-        struct mkey *e = m_find(m, k->k);
+    for (size_t i = 0; i < s.n; i++) {
+        const struct t_dkey *k = &s.v[i];
+        struct mkey *e = m_find(m, k->key);
         if (!e)
-            fail_msg("%s: key %s present, model has no such key", ctx, k->k);
+            fail_msg("%s: key %s present, model has no such key", ctx, k->key);
         if (k->failures != (uint32_t)e->failures)
-            fail_msg("%s: %s has %u failures, model %d", ctx, k->k, k->failures,
+            fail_msg("%s: %s has %u failures, model %d", ctx, k->key, k->failures,
                      e->failures);
         enum wq_state want_r = e->processing ? WQ_STATE_RUNNING
                              : e->dirty || e->waiting ? WQ_STATE_PENDING
                              : !e->has_result ? WQ_STATE_NONE
                              : e->code == 0 ? WQ_STATE_SUCCEEDED : WQ_STATE_FAILED;
         if (k->result != want_r || (e->has_result && k->code != e->code))
-            fail_msg("%s: %s result %d code %d, model %d code %d", ctx, k->k, k->result,
+            fail_msg("%s: %s result %d code %d, model %d code %d", ctx, k->key, k->result,
                      k->code, want_r, e->code);
         if (k->state & WQ_KEY_QUEUED) {
-            if ((int)k->pos != queued || queued >= m->nfifo ||
-                strcmp(m->keys[m->fifo[queued]].k, k->k) != 0)
-                fail_msg("%s: %s at queue position %d, model has %s there", ctx, k->k,
-                         (int)k->pos, queued < m->nfifo ? m->keys[m->fifo[queued]].k : "-");
+            if ((int)k->position != queued || queued >= m->nfifo ||
+                strcmp(m->keys[m->fifo[queued]].k, k->key) != 0)
+                fail_msg("%s: %s at queue position %d, model has %s there", ctx, k->key,
+                         (int)k->position, queued < m->nfifo ? m->keys[m->fifo[queued]].k : "-");
             if (e->processing || !e->dirty)
-                fail_msg("%s: %s queued, model says processing", ctx, k->k);
+                fail_msg("%s: %s queued, model says processing", ctx, k->key);
             queued++;
         } else {
             unsigned want_st = (e->dirty ? WQ_KEY_DIRTY : 0) |
@@ -445,27 +407,28 @@ static void expect_model(wq *q, struct model *m, pid_t bystander, const char *ct
                                 (e->failures || e->has_result) ? WQ_KEY_FAILING : 0);
             if (k->state != want_st || (e->dirty && !e->processing))
                 fail_msg("%s: %s state 0x%x, model 0x%x (dirty=%d processing=%d "
-                         "waiting=%d failures=%d)", ctx, k->k, k->state, want_st,
+                         "waiting=%d failures=%d)", ctx, k->key, k->state, want_st,
                          e->dirty, e->processing, e->waiting, e->failures);
             if (e->processing) {
                 pid_t want = e->owner == OWN_US ? getpid() : bystander;
                 if (e->owner == OWN_VICTIM || k->owner != want)
-                    fail_msg("%s: %s owned by %d, model owner %d", ctx, k->k,
+                    fail_msg("%s: %s owned by %d, model owner %d", ctx, k->key,
                              (int)k->owner, e->owner);
             }
         }
     }
-    if (s.n != m->nkeys || queued != m->nfifo)
-        fail_msg("%s: %d keys (%d queued), model %d (%d queued)", ctx, s.n, queued,
+    if (s.n != (size_t)m->nkeys || queued != m->nfifo)
+        fail_msg("%s: %zu keys (%d queued), model %d (%d queued)", ctx, s.n, queued,
                  m->nkeys, m->nfifo);
+    t_dump_free(&s);
 }
 
 static void finish_queue(wq *q, struct shared *sh, pid_t bystander)
 {
     sh->bystander_release = 1;
-    assert_int_equal(th_wait(bystander, 10000), 0);
+    assert_int_equal(t_wait(bystander, 10000), 0);
     assert_int_equal(wq_done(q, "a", 1), 0);
-    assert_int_equal(wq_check_report(q, 0, report, "end"), 0);
+    t_check_clean(q, "end");
     wq_close(q);
 }
 
@@ -474,19 +437,19 @@ static void trial(struct shared *sh, const char *point, unsigned nth, int how)
 {
     char ctx[128];
     snprintf(ctx, sizeof ctx, "%s#%u/%s", point, nth, how == WQ_FAULT_KILL ? "kill" : "exit");
-    const char *name = th_qname("crash");
+    const char *name = t_qname("crash");
     pid_t bystander;
     wq *q = setup_queue(name, sh, &bystander);
     struct wq_stats before;
     assert_int_equal(wq_stats(q, &before), 0);
 
     sh->progress = -1;
-    pid_t victim = th_fork(30);
+    pid_t victim = t_fork(30);
     if (victim == 0) {
         wq_fault_arm(point, nth, how);
-        _exit(run_script(name, sh) == 0 ? 3 : 4);   /* 3: survived the point */
+        _exit(run_victim(name, sh) == 0 ? 3 : 4);   /* 3: survived the point */
     }
-    int st = th_wait(victim, 20000);
+    int st = t_wait(victim, 20000);
     int want = how == WQ_FAULT_KILL ? 128 + SIGKILL : WQ_FAULT_EXIT_CODE;
     if (st != want)
         fail_msg("%s: victim ended with %d, expected %d (step %d)", ctx, st, want,
@@ -507,9 +470,7 @@ static void trial(struct shared *sh, const char *point, unsigned nth, int how)
     int held = m_requeue(&m, OWN_VICTIM, true);
 
     /* The next lock repairs and reaps the victim. */
-    int found = wq_check_report(q, 0, report, ctx);
-    if (found != 0)
-        fail_msg("%s: wq_check found %d violations after the crash", ctx, found);
+    t_check_clean(q, ctx);
     expect_model(q, &m, bystander, ctx);
 
     struct wq_stats after;
@@ -560,7 +521,7 @@ struct point_count {
 /* Run the script once, recording the crash points reached. */
 static int record_points(struct shared *sh, struct point_count *pc, int max)
 {
-    const char *name = th_qname("record");
+    const char *name = t_qname("record");
     pid_t bystander;
     wq *q = setup_queue(name, sh, &bystander);
     /* Count occurrences by arming each point with huge nth in a child is
@@ -568,11 +529,11 @@ static int record_points(struct shared *sh, struct point_count *pc, int max)
        First list the distinct points. */
     int pipefd[2];
     assert_int_equal(pipe(pipefd), 0);
-    pid_t c = th_fork(30);
+    pid_t c = t_fork(30);
     if (c == 0) {
         close(pipefd[0]);
         wq_fault_record(true);
-        int rc = run_script(name, sh);
+        int rc = run_victim(name, sh);
         wq_fault_record(false);
         const char *names[128];
         int n = wq_fault_seen(names, 128);
@@ -591,7 +552,7 @@ static int record_points(struct shared *sh, struct point_count *pc, int max)
         n++;
     }
     fclose(f);
-    assert_int_equal(th_wait(c, 20000), 0);
+    assert_int_equal(t_wait(c, 20000), 0);
     finish_queue(q, sh, bystander);
     return n;
 }
@@ -601,15 +562,15 @@ static int record_points(struct shared *sh, struct point_count *pc, int max)
 static unsigned count_hits(struct shared *sh, const char *point)
 {
     for (unsigned nth = 1; nth < 64; nth++) {
-        const char *name = th_qname("count");
+        const char *name = t_qname("count");
         pid_t bystander;
         wq *q = setup_queue(name, sh, &bystander);
-        pid_t c = th_fork(30);
+        pid_t c = t_fork(30);
         if (c == 0) {
             wq_fault_arm(point, nth, WQ_FAULT_EXIT);
-            _exit(run_script(name, sh) == 0 ? 3 : 4);
+            _exit(run_victim(name, sh) == 0 ? 3 : 4);
         }
-        int st = th_wait(c, 20000);
+        int st = t_wait(c, 20000);
         /* let the crash be repaired before tearing down */
         wq_check(q, WQ_CHECK_REAP);
         finish_queue(q, sh, bystander);
@@ -624,8 +585,8 @@ static unsigned count_hits(struct shared *sh, const char *point)
 static void test_every_point(void **state)
 {
     (void)state;
-    th_watchdog(600);
-    struct shared *sh = th_shared_alloc(sizeof *sh);
+    t_watchdog(600);
+    struct shared *sh = t_shared_alloc(sizeof *sh);
     struct point_count pc[128];
     int n = record_points(sh, pc, 128);
     unsigned trials = 0;
@@ -668,7 +629,7 @@ static void test_every_point(void **state)
     printf("crash points: %d distinct, %u trials, all consistent\n", n, trials);
     for (int i = 0; i < n; i++)
         free((void *)pc[i].name);
-    th_shared_free(sh, sizeof *sh);
+    t_shared_free(sh, sizeof *sh);
 }
 
 /* A repairer killed in the middle of its repair: the next locker repairs
@@ -676,11 +637,11 @@ static void test_every_point(void **state)
 static void test_die_while_repairing(void **state)
 {
     (void)state;
-    struct shared *sh = th_shared_alloc(sizeof *sh);
-    const char *name = th_qname("rerepair");
+    struct shared *sh = t_shared_alloc(sizeof *sh);
+    const char *name = t_qname("rerepair");
     pid_t bystander;
     wq *q = setup_queue(name, sh, &bystander);
-    pid_t v1 = th_fork(30);
+    pid_t v1 = t_fork(30);
     if (v1 == 0) {   /* dies right after committing a new key */
         wq *vq;
         if (wq_open(name, NULL, &vq) < 0)
@@ -689,16 +650,16 @@ static void test_die_while_repairing(void **state)
         wq_add(vq, "new", 3);
         _exit(2);
     }
-    assert_int_equal(th_wait(v1, 10000), 128 + SIGKILL);
-    pid_t v2 = th_fork(30);
+    assert_int_equal(t_wait(v1, 10000), 128 + SIGKILL);
+    pid_t v2 = t_fork(30);
     if (v2 == 0) {   /* inherits the repair, dies before finishing it */
         wq_fault_arm("repair.done", 1, WQ_FAULT_KILL);
         wq *vq;
         wq_open(name, NULL, &vq);
         _exit(2);
     }
-    assert_int_equal(th_wait(v2, 10000), 128 + SIGKILL);
-    assert_int_equal(wq_check_report(q, 0, report, "rerepair"), 0);
+    assert_int_equal(t_wait(v2, 10000), 128 + SIGKILL);
+    t_check_clean(q, "rerepair");
     struct model m;
     model_setup(&m);
     m_add(&m, "new");
@@ -714,7 +675,7 @@ static void test_die_while_repairing(void **state)
     while ((k = wq_get(q, buf, sizeof buf, 0)) > 0)
         assert_int_equal(wq_done(q, buf, (size_t)k), 0);
     finish_queue(q, sh, bystander);
-    th_shared_free(sh, sizeof *sh);
+    t_shared_free(sh, sizeof *sh);
 }
 
 /* A process killed while reaping a dead holder: the requeue it committed
@@ -725,21 +686,21 @@ static void test_die_while_reaping(void **state)
     static const char *const points[] = { "requeue.busy", "requeue.state",
                                           "requeue.ring", "requeue.counters",
                                           "reap.waiters" };
-    struct shared *sh = th_shared_alloc(sizeof *sh);
+    struct shared *sh = t_shared_alloc(sizeof *sh);
     for (size_t p = 0; p < sizeof points / sizeof points[0]; p++) {
-        const char *name = th_qname("reaping");
+        const char *name = t_qname("reaping");
         pid_t bystander;
         char buf[KEYLEN];
         wq *q = setup_queue(name, sh, &bystander);
-        pid_t dead = th_fork(30);   /* takes q1 and dies holding it */
+        pid_t dead = t_fork(30);   /* takes q1 and dies holding it */
         if (dead == 0) {
             wq *dq;
             if (wq_open(name, NULL, &dq) < 0 || wq_get(dq, buf, sizeof buf, 0) != 2)
                 _exit(1);
             raise(SIGKILL);
         }
-        assert_int_equal(th_wait(dead, 10000), 128 + SIGKILL);
-        pid_t v = th_fork(30);   /* reaps it and dies at the point */
+        assert_int_equal(t_wait(dead, 10000), 128 + SIGKILL);
+        pid_t v = t_fork(30);   /* reaps it and dies at the point */
         if (v == 0) {
             wq *vq;
             if (wq_open(name, NULL, &vq) < 0)
@@ -748,12 +709,12 @@ static void test_die_while_reaping(void **state)
             wq_check(vq, WQ_CHECK_REAP);
             _exit(3);
         }
-        assert_int_equal(th_wait(v, 10000), 128 + SIGKILL);
+        assert_int_equal(t_wait(v, 10000), 128 + SIGKILL);
         struct model m;
         model_setup(&m);
         m_get(&m, OWN_VICTIM);   /* the dead process's q1 ... */
         m_requeue(&m, OWN_VICTIM, true);   /* ... requeued exactly once */
-        assert_int_equal(wq_check_report(q, 0, report, (void *)points[p]), 0);
+        t_check_clean(q, points[p]);
         expect_model(q, &m, bystander, points[p]);
         struct wq_stats s;
         assert_int_equal(wq_stats(q, &s), 0);
@@ -764,7 +725,7 @@ static void test_die_while_reaping(void **state)
             assert_int_equal(wq_done(q, buf, (size_t)k), 0);
         finish_queue(q, sh, bystander);
     }
-    th_shared_free(sh, sizeof *sh);
+    t_shared_free(sh, sizeof *sh);
 }
 
 /* Region and store agree after any crash: kill the victim at the first
@@ -810,20 +771,20 @@ static void store_trial(struct shared *sh, const char *point)
     char dir[] = "/tmp/wq-crash-store-XXXXXX";
     assert_non_null(mkdtemp(dir));
     g_store_dir = dir;
-    const char *name = th_qname("storecrash");
+    const char *name = t_qname("storecrash");
     pid_t bystander;
     wq *q = setup_queue(name, sh, &bystander);
-    pid_t victim = th_fork(30);
+    pid_t victim = t_fork(30);
     if (victim == 0) {
         wq_fault_arm(point, 1, WQ_FAULT_KILL);
-        _exit(run_script(name, sh) == 0 ? 3 : 4);
+        _exit(run_victim(name, sh) == 0 ? 3 : 4);
     }
-    int st = th_wait(victim, 20000);
+    int st = t_wait(victim, 20000);
     if (st != 128 + SIGKILL)
         fail_msg("%s: victim ended with %d", point, st);
     assert_true(wq_snapshot(q) >= 0);
     sh->bystander_release = 1;
-    assert_int_equal(th_wait(bystander, 10000), 0);
+    assert_int_equal(t_wait(bystander, 10000), 0);
     assert_int_equal(wq_done(q, "a", 1), 0);
     assert_true(wq_snapshot(q) >= 0);
     struct wq_stats s;
@@ -831,7 +792,7 @@ static void store_trial(struct shared *sh, const char *point)
     if (s.store_unsynced != 0)
         fail_msg("%s: %llu records unsynced after a snapshot", point,
                  (unsigned long long)s.store_unsynced);
-    assert_int_equal(wq_check_report(q, 0, report, (void *)point), 0);
+    t_check_clean(q, point);
     struct klasses r = { .n = 0 }, back = { .n = 0 };
     assert_int_equal(wq_dump(q, collect_class, &r), 0);
     wq_close(q);
@@ -839,7 +800,7 @@ static void store_trial(struct shared *sh, const char *point)
     struct wq_options o = { .store_path = dir, .flags = WQ_CREATE | WQ_EXCL };
     assert_int_equal(wq_open(name, &o, &q), 0);
     assert_int_equal(wq_dump(q, collect_class, &back), 0);
-    assert_int_equal(wq_check_report(q, 0, report, (void *)point), 0);
+    t_check_clean(q, point);
     wq_close(q);
     qsort(r.v, (size_t)r.n, sizeof r.v[0], cmp_klass);
     qsort(back.v, (size_t)back.n, sizeof back.v[0], cmp_klass);
@@ -862,8 +823,8 @@ static void store_trial(struct shared *sh, const char *point)
 static void test_store_points(void **state)
 {
     (void)state;
-    th_watchdog(600);
-    struct shared *sh = th_shared_alloc(sizeof *sh);
+    t_watchdog(600);
+    struct shared *sh = t_shared_alloc(sizeof *sh);
     char dir[] = "/tmp/wq-crash-store-XXXXXX";
     assert_non_null(mkdtemp(dir));
     g_store_dir = dir;
@@ -882,7 +843,7 @@ static void test_store_points(void **state)
     printf("store: %d crash points, region and store agree after each\n", n);
     for (int i = 0; i < n; i++)
         free((void *)pc[i].name);
-    th_shared_free(sh, sizeof *sh);
+    t_shared_free(sh, sizeof *sh);
 }
 
 /* The figure the crash issue asks for: repair time at 1e6 live keys,
@@ -890,9 +851,9 @@ static void test_store_points(void **state)
 static void test_repair_time_1m(void **state)
 {
     (void)state;
-    th_watchdog(120);
+    t_watchdog(120);
     const uint32_t N = getenv("WQ_TEST_VALGRIND") ? 10000 : 1000000;
-    const char *name = th_qname("repair1m");
+    const char *name = t_qname("repair1m");
     struct wq_options o = { .capacity = N + 1, .max_key_len = 16,
                             .flags = WQ_CREATE | WQ_EXCL };
     wq *q;
@@ -905,25 +866,25 @@ static void test_repair_time_1m(void **state)
     /* a quarter processing, the rest queued */
     for (uint32_t i = 0; i < N / 4; i++)
         assert_true(wq_get(q, k, sizeof k, 0) > 0);
-    pid_t v = th_fork(60);
+    pid_t v = t_fork(60);
     if (v == 0) {
         wq_fault_arm("add.state", 1, WQ_FAULT_KILL);
         wq_add(q, "last", 4);
         _exit(2);
     }
-    assert_int_equal(th_wait(v, 30000), 128 + SIGKILL);
-    uint64_t t0 = th_now_ns();
+    assert_int_equal(t_wait(v, 30000), 128 + SIGKILL);
+    uint64_t t0 = t_now_ns();
     struct wq_stats s;
     assert_int_equal(wq_stats(q, &s), 0);   /* locks: EOWNERDEAD -> repair */
-    uint64_t t1 = th_now_ns();
+    uint64_t t1 = t_now_ns();
     assert_int_equal(s.repairs_total, 1);
     assert_int_equal(s.live, N + 1);
     assert_int_equal(s.queued, N - N / 4 + 1);
     printf("repair of %u live keys (%u queued, %u processing) after a holder died "
            "mid-add: %.1f ms\n", N + 1, N - N / 4 + 1, N / 4, (double)(t1 - t0) / 1e6);
-    t0 = th_now_ns();
+    t0 = t_now_ns();
     assert_int_equal(wq_check(q, 0), 0);
-    printf("wq_check of the same region: %.1f ms\n", (double)(th_now_ns() - t0) / 1e6);
+    printf("wq_check of the same region: %.1f ms\n", (double)(t_now_ns() - t0) / 1e6);
     wq_close(q);
 }
 
@@ -933,13 +894,12 @@ int main(void)
     setenv("WQ_FAULT_HASH_SEED", "1", 1);
     g_fair = getenv("WQ_TEST_FAIR") != NULL;
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_every_point, th_setup, th_teardown),
-        cmocka_unit_test_setup_teardown(test_die_while_repairing, th_setup, th_teardown),
-        cmocka_unit_test_setup_teardown(test_die_while_reaping, th_setup, th_teardown),
-        cmocka_unit_test_setup_teardown(test_store_points, th_setup, th_teardown),
-        cmocka_unit_test_setup_teardown(test_repair_time_1m, th_setup, th_teardown),
-        cmocka_unit_test(th_test_no_leftovers),
+        T_TEST(test_every_point),
+        T_TEST(test_die_while_repairing),
+        T_TEST(test_die_while_reaping),
+        T_TEST(test_store_points),
+        T_TEST(test_repair_time_1m),
+        T_NO_LEFTOVERS,
     };
-    int rc = cmocka_run_group_tests_name("crash", tests, th_group_setup, th_group_teardown);
-    return rc | th_final_check();
+    return T_RUN_GROUP("crash", tests);
 }

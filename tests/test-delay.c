@@ -20,7 +20,7 @@
  * to take the entry from a channel) has no counterpart: wq_add_after has
  * put the key in the region's heap when it returns.
  */
-#include "fixture.h"
+#include "t.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -28,21 +28,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/uio.h>
-
-#include "fault-api.h"
-
-#define KEYBUF 256 /* default max_key_len */
-
-/* ------------------------------------------------------------------ */
-/* Helpers (the rest: fixture.h)                                       */
-/* ------------------------------------------------------------------ */
-
-static wq *open_q(const char *tag, uint32_t capacity)
-{
-    struct wq_options o = { .capacity = capacity };
-
-    return open_opts(tag, &o);
-}
 
 /* ================================================================== */
 /* client-go delaying_queue_test.go                                    */
@@ -52,73 +37,73 @@ static wq *open_q(const char *tag, uint32_t capacity)
 static void simple_queue(void **state)
 {
     (void)state;
-    th_watchdog(10);
-    wq *q = open_q("simple", 0);
+    t_watchdog(10);
+    wq *q = t_track(t_create("simple", NULL, NULL));
 
     assert_int_equal(wq_add_after(q, KS("foo"), 50 * MS), 0);
     assert_int_equal(wq_len(q), 0); /* "should not have added" */
-    assert_int_equal(queued(q), 0);
-    assert_int_equal(waiting(q), 1);
+    assert_int_equal(t_queued(q), 0);
+    assert_int_equal(t_waiting(q), 1);
 
-    clock_step(60 * MS);
-    assert_int_equal(queued(q), 1); /* waitForAdded(q, 1) */
+    t_clock_step(60 * MS);
+    assert_int_equal(t_queued(q), 1); /* waitForAdded(q, 1) */
     assert_int_equal(wq_len(q), 1); /* the stats call moved it */
-    expect_get(q, "foo");
-    expect_done(q, "foo");
+    T_EXPECT_GET(q, "foo");
+    T_EXPECT_DONE(q, "foo");
 
     /* "step past the next heartbeat": nothing may be added again. Go polls
        Len() for 30 ms; with a fake clock one look is deterministic. */
-    clock_step(10 * SEC);
-    assert_int_equal(queued(q), 0);
+    t_clock_step(10 * SEC);
+    assert_int_equal(t_queued(q), 0);
     assert_int_equal(wq_len(q), 0);
-    assert_int_equal(waiting(q), 0);
-    expect_get_rc(q, -EAGAIN);
-    close_q(q);
+    assert_int_equal(t_waiting(q), 0);
+    T_EXPECT_GET_RC(q, -EAGAIN);
+    t_close(q);
 }
 
 /* TestDeduping */
 static void deduping(void **state)
 {
     (void)state;
-    th_watchdog(10);
-    wq *q = open_q("dedup", 0);
+    t_watchdog(10);
+    wq *q = t_track(t_create("dedup", NULL, NULL));
 
     assert_int_equal(wq_add_after(q, KS("foo"), 50 * MS), 0);
     /* merged into the waiting key, which keeps the earlier ready time */
     assert_int_equal(wq_add_after(q, KS("foo"), 70 * MS), 1);
-    assert_int_equal(ready_in(q, "foo"), 50 * MS);
-    assert_int_equal(queued(q), 0);
-    assert_int_equal(waiting(q), 1);
+    assert_int_equal(T_READY_IN(q, "foo"), 50 * MS);
+    assert_int_equal(t_queued(q), 0);
+    assert_int_equal(t_waiting(q), 1);
 
     /* step past the first block, we should receive now */
-    clock_step(60 * MS);
-    assert_int_equal(queued(q), 1);
-    expect_get(q, "foo");
-    expect_done(q, "foo");
+    t_clock_step(60 * MS);
+    assert_int_equal(t_queued(q), 1);
+    T_EXPECT_GET(q, "foo");
+    T_EXPECT_DONE(q, "foo");
 
     /* step past the second add: it must not fire */
-    clock_step(20 * MS);
-    assert_int_equal(queued(q), 0);
-    assert_int_equal(waiting(q), 0);
-    expect_get_rc(q, -EAGAIN);
+    t_clock_step(20 * MS);
+    assert_int_equal(t_queued(q), 0);
+    assert_int_equal(t_waiting(q), 0);
+    T_EXPECT_GET_RC(q, -EAGAIN);
 
     /* test again, but this time the earlier should override */
     assert_int_equal(wq_add_after(q, KS("foo"), 50 * MS), 0);
     assert_int_equal(wq_add_after(q, KS("foo"), 30 * MS), 1);
-    assert_int_equal(ready_in(q, "foo"), 30 * MS);
-    assert_int_equal(queued(q), 0);
+    assert_int_equal(T_READY_IN(q, "foo"), 30 * MS);
+    assert_int_equal(t_queued(q), 0);
 
-    clock_step(40 * MS);
-    assert_int_equal(queued(q), 1);
-    expect_get(q, "foo");
-    expect_done(q, "foo");
+    t_clock_step(40 * MS);
+    assert_int_equal(t_queued(q), 1);
+    T_EXPECT_GET(q, "foo");
+    T_EXPECT_DONE(q, "foo");
 
     /* step past the second add */
-    clock_step(20 * MS);
-    assert_int_equal(queued(q), 0);
-    assert_int_equal(waiting(q), 0);
-    expect_get_rc(q, -EAGAIN);
-    close_q(q);
+    t_clock_step(20 * MS);
+    assert_int_equal(t_queued(q), 0);
+    assert_int_equal(t_waiting(q), 0);
+    T_EXPECT_GET_RC(q, -EAGAIN);
+    t_close(q);
 }
 
 /*
@@ -131,90 +116,90 @@ static void deduping(void **state)
 static void deduping_while_processing(void **state)
 {
     (void)state;
-    th_watchdog(10);
-    wq *q = open_q("dedup-proc", 0);
+    t_watchdog(10);
+    wq *q = t_track(t_create("dedup-proc", NULL, NULL));
 
     assert_int_equal(wq_add(q, KS("foo")), 0);
-    expect_get(q, "foo");
+    T_EXPECT_GET(q, "foo");
     assert_int_equal(wq_add_after(q, KS("foo"), 5 * MS), 0); /* new wait */
-    unsigned st = key_state(q, "foo");
+    unsigned st = t_key_state(q, "foo");
     assert_true(st & WQ_KEY_PROCESSING);
     assert_true(st & WQ_KEY_WAITING);
     assert_false(st & WQ_KEY_DIRTY);
-    assert_int_equal(ready_in(q, "foo"), 5 * MS);
-    struct wq_stats s = stats_of(q);
+    assert_int_equal(T_READY_IN(q, "foo"), 5 * MS);
+    struct wq_stats s = t_stats(q);
     assert_int_equal(s.processing, 1);
     assert_int_equal(s.waiting, 1);
     assert_int_equal(s.queued, 0);
 
     /* ready while processing: marked dirty, not handed out */
-    clock_step(5 * MS);
-    s = stats_of(q);
+    t_clock_step(5 * MS);
+    s = t_stats(q);
     assert_int_equal(s.waiting, 0);
     assert_int_equal(s.queued, 0);
     assert_int_equal(s.processing, 1);
-    st = key_state(q, "foo");
+    st = t_key_state(q, "foo");
     assert_true(st & WQ_KEY_PROCESSING);
     assert_true(st & WQ_KEY_DIRTY);
     assert_false(st & WQ_KEY_WAITING);
-    expect_get_rc(q, -EAGAIN);
+    T_EXPECT_GET_RC(q, -EAGAIN);
 
     /* queued again at its Done */
-    expect_done(q, "foo");
-    assert_int_equal(queued(q), 1);
-    expect_get(q, "foo");
-    expect_done(q, "foo");
-    clock_step(1 * SEC);
-    expect_get_rc(q, -EAGAIN);
-    assert_int_equal(stats_of(q).live, 0);
-    close_q(q);
+    T_EXPECT_DONE(q, "foo");
+    assert_int_equal(t_queued(q), 1);
+    T_EXPECT_GET(q, "foo");
+    T_EXPECT_DONE(q, "foo");
+    t_clock_step(1 * SEC);
+    T_EXPECT_GET_RC(q, -EAGAIN);
+    assert_int_equal(t_stats(q).live, 0);
+    t_close(q);
 }
 
 /* TestAddTwoFireEarly */
 static void add_two_fire_early(void **state)
 {
     (void)state;
-    th_watchdog(10);
-    wq *q = open_q("fire-early", 0);
+    t_watchdog(10);
+    wq *q = t_track(t_create("fire-early", NULL, NULL));
 
     assert_int_equal(wq_add_after(q, KS("foo"), 1 * SEC), 0);
     assert_int_equal(wq_add_after(q, KS("bar"), 50 * MS), 0);
-    assert_int_equal(queued(q), 0);
+    assert_int_equal(t_queued(q), 0);
 
-    clock_step(60 * MS);
-    assert_int_equal(queued(q), 1);
-    expect_get(q, "bar");
+    t_clock_step(60 * MS);
+    assert_int_equal(t_queued(q), 1);
+    T_EXPECT_GET(q, "bar");
 
     assert_int_equal(wq_add_after(q, KS("baz"), 2 * SEC), 0);
 
-    clock_step(1 * SEC);
-    assert_int_equal(queued(q), 1);
-    expect_get(q, "foo");
+    t_clock_step(1 * SEC);
+    assert_int_equal(t_queued(q), 1);
+    T_EXPECT_GET(q, "foo");
 
-    clock_step(2 * SEC);
-    assert_int_equal(queued(q), 1);
-    expect_get(q, "baz");
-    close_q(q);
+    t_clock_step(2 * SEC);
+    assert_int_equal(t_queued(q), 1);
+    T_EXPECT_GET(q, "baz");
+    t_close(q);
 }
 
 /* TestCopyShifting */
 static void copy_shifting(void **state)
 {
     (void)state;
-    th_watchdog(10);
-    wq *q = open_q("copy-shift", 0);
+    t_watchdog(10);
+    wq *q = t_track(t_create("copy-shift", NULL, NULL));
 
     assert_int_equal(wq_add_after(q, KS("foo"), 1 * SEC), 0);
     assert_int_equal(wq_add_after(q, KS("bar"), 500 * MS), 0);
     assert_int_equal(wq_add_after(q, KS("baz"), 250 * MS), 0);
-    assert_int_equal(queued(q), 0);
+    assert_int_equal(t_queued(q), 0);
 
-    clock_step(2 * SEC);
-    assert_int_equal(queued(q), 3);
-    expect_get(q, "baz");
-    expect_get(q, "bar");
-    expect_get(q, "foo");
-    close_q(q);
+    t_clock_step(2 * SEC);
+    assert_int_equal(t_queued(q), 3);
+    T_EXPECT_GET(q, "baz");
+    T_EXPECT_GET(q, "bar");
+    T_EXPECT_GET(q, "foo");
+    t_close(q);
 }
 
 /*
@@ -241,8 +226,8 @@ static int rkey_cmp(const void *a, const void *b)
 static void add_after_random(void **state)
 {
     (void)state;
-    th_watchdog(15);
-    wq *q = open_q("random", 4096);
+    t_watchdog(15);
+    wq *q = t_track(t_create("random", T_OPTS(.capacity = 4096), NULL));
     static struct rkey keys[RAND_N];
     uint64_t seed = 0x9e3779b97f4a7c15ull;
     char k[32];
@@ -257,22 +242,22 @@ static void add_after_random(void **state)
         if (rc != 0)
             fail_msg("wq_add_after(%s) = %d", k, rc);
     }
-    struct wq_stats s = stats_of(q);
+    struct wq_stats s = t_stats(q);
     assert_int_equal(s.waiting, RAND_N);
     assert_int_equal(s.queued, 0);
     assert_int_equal(s.live, RAND_N);
     qsort(keys, RAND_N, sizeof keys[0], rkey_cmp);
     assert_int_equal(s.next_ready_ns, T0 + keys[0].delay);
-    clock_step(11 * MIN);
-    assert_int_equal(queued(q), RAND_N);
+    t_clock_step(11 * MIN);
+    assert_int_equal(t_queued(q), RAND_N);
     for (int i = 0; i < RAND_N; i++) {
         snprintf(k, sizeof k, "%d", keys[i].idx);
-        expect_get(q, k);
+        T_EXPECT_GET(q, k);
     }
-    expect_get_rc(q, -EAGAIN);
+    T_EXPECT_GET_RC(q, -EAGAIN);
     for (int i = 0; i < RAND_N; i++) {
         snprintf(k, sizeof k, "%d", i);
-        expect_done(q, k);
+        T_EXPECT_DONE(q, k);
     }
 
     /* Again, then take keys out of the middle of the heap (a direct add
@@ -300,21 +285,21 @@ static void add_after_random(void **state)
         keys[i].delay = 0; /* sorts first, by index = direct add order */
         ndirect++;
     }
-    s = stats_of(q);
+    s = t_stats(q);
     assert_int_equal(s.queued, ndirect);
     assert_int_equal(s.waiting, RAND_N - ndirect);
     assert_int_equal(wq_check(q, 0), 0);
     qsort(keys, RAND_N, sizeof keys[0], rkey_cmp);
-    assert_int_equal(s.next_ready_ns, fake_now + keys[ndirect].delay);
-    clock_step(11 * MIN);
-    assert_int_equal(queued(q), RAND_N);
+    assert_int_equal(s.next_ready_ns, t_fake_now + keys[ndirect].delay);
+    t_clock_step(11 * MIN);
+    assert_int_equal(t_queued(q), RAND_N);
     for (int i = 0; i < RAND_N; i++) {
         snprintf(k, sizeof k, "%d", keys[i].idx);
-        expect_get(q, k);
+        T_EXPECT_GET(q, k);
     }
-    expect_get_rc(q, -EAGAIN);
+    T_EXPECT_GET_RC(q, -EAGAIN);
     assert_int_equal(wq_check(q, 0), 0);
-    close_q(q);
+    t_close(q);
 }
 
 /* ================================================================== */
@@ -325,54 +310,54 @@ static void add_after_random(void **state)
 static void ready_time_boundary(void **state)
 {
     (void)state;
-    th_watchdog(10);
-    wq *q = open_q("boundary", 0);
+    t_watchdog(10);
+    wq *q = t_track(t_create("boundary", NULL, NULL));
 
     assert_int_equal(wq_add_after(q, KS("a"), 50 * MS), 0);
-    assert_int_equal(stats_of(q).next_ready_ns, T0 + 50 * MS);
-    clock_step(50 * MS - NS);
-    assert_int_equal(queued(q), 0);
-    expect_get_rc(q, -EAGAIN);
-    assert_int_equal(waiting(q), 1);
-    clock_step(NS);
-    expect_get(q, "a"); /* the get itself moves it */
-    assert_int_equal(stats_of(q).next_ready_ns, 0);
-    expect_done(q, "a");
+    assert_int_equal(t_stats(q).next_ready_ns, T0 + 50 * MS);
+    t_clock_step(50 * MS - NS);
+    assert_int_equal(t_queued(q), 0);
+    T_EXPECT_GET_RC(q, -EAGAIN);
+    assert_int_equal(t_waiting(q), 1);
+    t_clock_step(NS);
+    T_EXPECT_GET(q, "a"); /* the get itself moves it */
+    assert_int_equal(t_stats(q).next_ready_ns, 0);
+    T_EXPECT_DONE(q, "a");
 
     /* a 1 ns delay */
     assert_int_equal(wq_add_after(q, KS("b"), 1), 0);
-    assert_int_equal(ready_in(q, "b"), 1);
-    expect_get_rc(q, -EAGAIN);
-    clock_step(NS);
-    expect_get(q, "b");
-    close_q(q);
+    assert_int_equal(T_READY_IN(q, "b"), 1);
+    T_EXPECT_GET_RC(q, -EAGAIN);
+    t_clock_step(NS);
+    T_EXPECT_GET(q, "b");
+    t_close(q);
 }
 
 /* wq_add_after with delay 0 is wq_add, return values included. */
 static void zero_delay_is_add(void **state)
 {
     (void)state;
-    th_watchdog(10);
-    wq *q = open_q("zero", 0);
+    t_watchdog(10);
+    wq *q = t_track(t_create("zero", NULL, NULL));
 
     assert_int_equal(wq_add_after(q, KS("a"), 0), 0); /* newly queued */
     assert_int_equal(wq_len(q), 1);                   /* at once */
-    assert_int_equal(waiting(q), 0);
+    assert_int_equal(t_waiting(q), 0);
     assert_int_equal(wq_add_after(q, KS("a"), 0), 1); /* coalesced */
     assert_int_equal(wq_len(q), 1);
-    expect_get(q, "a");
+    T_EXPECT_GET(q, "a");
     assert_int_equal(wq_add_after(q, KS("a"), 0), 0); /* marked dirty */
     assert_int_equal(wq_add_after(q, KS("a"), 0), 1);
     assert_int_equal(wq_len(q), 0);
-    expect_done(q, "a");
+    T_EXPECT_DONE(q, "a");
     assert_int_equal(wq_len(q), 1);
-    expect_get(q, "a");
-    expect_done(q, "a");
-    struct wq_stats s = stats_of(q);
+    T_EXPECT_GET(q, "a");
+    T_EXPECT_DONE(q, "a");
+    struct wq_stats s = t_stats(q);
     assert_int_equal(s.adds_total, 2);
     assert_int_equal(s.coalesced_total, 2);
     assert_int_equal(s.retries_total, 4); /* every wq_add_after call */
-    close_q(q);
+    t_close(q);
 }
 
 /* A direct wq_add of a waiting key queues it at once, ends the wait, and
@@ -380,34 +365,34 @@ static void zero_delay_is_add(void **state)
 static void direct_add_of_waiting_key(void **state)
 {
     (void)state;
-    th_watchdog(10);
-    wq *q = open_q("direct", 0);
+    t_watchdog(10);
+    wq *q = t_track(t_create("direct", NULL, NULL));
 
     assert_int_equal(wq_add_after(q, KS("a"), 50 * MS), 0);
     assert_int_equal(wq_add_after(q, KS("b"), 60 * MS), 0);
-    assert_int_equal(waiting(q), 2);
+    assert_int_equal(t_waiting(q), 2);
     assert_int_equal(wq_add(q, KS("a")), 0); /* newly queued */
-    struct wq_stats s = stats_of(q);
+    struct wq_stats s = t_stats(q);
     assert_int_equal(s.waiting, 1);
     assert_int_equal(s.queued, 1);
     assert_int_equal(s.live, 2);
     assert_int_equal(s.next_ready_ns, T0 + 60 * MS);
-    unsigned st = key_state(q, "a");
+    unsigned st = t_key_state(q, "a");
     assert_true(st & WQ_KEY_QUEUED);
     assert_false(st & WQ_KEY_WAITING);
     assert_int_equal(wq_add(q, KS("a")), 1); /* now simply dirty */
-    expect_get(q, "a");
-    expect_done(q, "a");
+    T_EXPECT_GET(q, "a");
+    T_EXPECT_DONE(q, "a");
 
-    clock_step(100 * MS);
-    assert_int_equal(queued(q), 1); /* only b */
-    expect_get(q, "b");
-    expect_done(q, "b");
-    expect_get_rc(q, -EAGAIN);
-    s = stats_of(q);
+    t_clock_step(100 * MS);
+    assert_int_equal(t_queued(q), 1); /* only b */
+    T_EXPECT_GET(q, "b");
+    T_EXPECT_DONE(q, "b");
+    T_EXPECT_GET_RC(q, -EAGAIN);
+    s = t_stats(q);
     assert_int_equal(s.waiting, 0);
     assert_int_equal(s.live, 0);
-    close_q(q);
+    t_close(q);
 }
 
 /* wq_add_after of a key already dirty merges (returns 1) and creates no
@@ -415,32 +400,32 @@ static void direct_add_of_waiting_key(void **state)
 static void add_after_of_dirty_key(void **state)
 {
     (void)state;
-    th_watchdog(10);
-    wq *q = open_q("dirty", 0);
+    t_watchdog(10);
+    wq *q = t_track(t_create("dirty", NULL, NULL));
 
     /* queued */
     assert_int_equal(wq_add(q, KS("a")), 0);
     assert_int_equal(wq_add_after(q, KS("a"), 10 * MS), 1);
-    assert_int_equal(waiting(q), 0);
-    assert_int_equal(key_state(q, "a") & WQ_KEY_WAITING, 0);
-    expect_get(q, "a");
-    expect_done(q, "a");
-    clock_step(20 * MS);
-    expect_get_rc(q, -EAGAIN);
+    assert_int_equal(t_waiting(q), 0);
+    assert_int_equal(t_key_state(q, "a") & WQ_KEY_WAITING, 0);
+    T_EXPECT_GET(q, "a");
+    T_EXPECT_DONE(q, "a");
+    t_clock_step(20 * MS);
+    T_EXPECT_GET_RC(q, -EAGAIN);
 
     /* processing and re-added (dirty) */
     assert_int_equal(wq_add(q, KS("b")), 0);
-    expect_get(q, "b");
+    T_EXPECT_GET(q, "b");
     assert_int_equal(wq_add(q, KS("b")), 0);
     assert_int_equal(wq_add_after(q, KS("b"), 10 * MS), 1);
-    assert_int_equal(waiting(q), 0);
-    expect_done(q, "b");
-    expect_get(q, "b");
-    expect_done(q, "b");
-    clock_step(20 * MS);
-    expect_get_rc(q, -EAGAIN);
-    assert_int_equal(stats_of(q).live, 0);
-    close_q(q);
+    assert_int_equal(t_waiting(q), 0);
+    T_EXPECT_DONE(q, "b");
+    T_EXPECT_GET(q, "b");
+    T_EXPECT_DONE(q, "b");
+    t_clock_step(20 * MS);
+    T_EXPECT_GET_RC(q, -EAGAIN);
+    assert_int_equal(t_stats(q).live, 0);
+    t_close(q);
 }
 
 /* A processing key given a delay: done before it is ready, it just waits;
@@ -448,81 +433,81 @@ static void add_after_of_dirty_key(void **state)
 static void processing_key_delayed(void **state)
 {
     (void)state;
-    th_watchdog(10);
-    wq *q = open_q("proc-delay", 0);
+    t_watchdog(10);
+    wq *q = t_track(t_create("proc-delay", NULL, NULL));
 
     /* done before ready */
     assert_int_equal(wq_add(q, KS("a")), 0);
-    expect_get(q, "a");
+    T_EXPECT_GET(q, "a");
     assert_int_equal(wq_add_after(q, KS("a"), 10 * MS), 0);
     assert_int_equal(wq_add_after(q, KS("a"), 20 * MS), 1); /* merged */
-    expect_done(q, "a");
-    struct wq_stats s = stats_of(q);
+    T_EXPECT_DONE(q, "a");
+    struct wq_stats s = t_stats(q);
     assert_int_equal(s.processing, 0);
     assert_int_equal(s.waiting, 1);
     assert_int_equal(s.queued, 0);
-    assert_int_equal(key_state(q, "a"), WQ_KEY_WAITING);
-    assert_int_equal(ready_in(q, "a"), 10 * MS);
-    clock_step(10 * MS);
-    assert_int_equal(queued(q), 1);
-    expect_get(q, "a");
-    expect_done(q, "a");
+    assert_int_equal(t_key_state(q, "a"), WQ_KEY_WAITING);
+    assert_int_equal(T_READY_IN(q, "a"), 10 * MS);
+    t_clock_step(10 * MS);
+    assert_int_equal(t_queued(q), 1);
+    T_EXPECT_GET(q, "a");
+    T_EXPECT_DONE(q, "a");
 
     /* processing + waiting, then a direct add: dirty now, no wait left */
     assert_int_equal(wq_add(q, KS("b")), 0);
-    expect_get(q, "b");
+    T_EXPECT_GET(q, "b");
     assert_int_equal(wq_add_after(q, KS("b"), 10 * MS), 0);
     assert_int_equal(wq_add(q, KS("b")), 0);
-    s = stats_of(q);
+    s = t_stats(q);
     assert_int_equal(s.waiting, 0);
-    unsigned st = key_state(q, "b");
+    unsigned st = t_key_state(q, "b");
     assert_true(st & WQ_KEY_PROCESSING);
     assert_true(st & WQ_KEY_DIRTY);
     assert_false(st & WQ_KEY_WAITING);
-    expect_done(q, "b");
-    expect_get(q, "b");
-    expect_done(q, "b");
-    clock_step(50 * MS);
-    expect_get_rc(q, -EAGAIN);
-    assert_int_equal(stats_of(q).live, 0);
-    close_q(q);
+    T_EXPECT_DONE(q, "b");
+    T_EXPECT_GET(q, "b");
+    T_EXPECT_DONE(q, "b");
+    t_clock_step(50 * MS);
+    T_EXPECT_GET_RC(q, -EAGAIN);
+    assert_int_equal(t_stats(q).live, 0);
+    t_close(q);
 }
 
 /* Shutdown drops waiting keys (client-go's waiting loop stops). */
 static void shutdown_drops_waiting(void **state)
 {
     (void)state;
-    th_watchdog(10);
-    wq *q = open_q("shutdown", 0);
+    t_watchdog(10);
+    wq *q = t_track(t_create("shutdown", NULL, NULL));
 
     assert_int_equal(wq_add_after(q, KS("w1"), 1 * SEC), 0);
     assert_int_equal(wq_add_after(q, KS("w2"), 2 * SEC), 0);
     assert_int_equal(wq_add(q, KS("c")), 0);
-    assert_int_equal(waiting(q), 2);
+    assert_int_equal(t_waiting(q), 2);
     assert_int_equal(wq_shutdown(q), 0);
 
-    struct wq_stats s = stats_of(q);
+    struct wq_stats s = t_stats(q);
     assert_int_equal(s.waiting, 0);
     assert_int_equal(s.queued, 1);
     assert_int_equal(s.live, 1);
     assert_int_equal(s.next_ready_ns, 0);
-    assert_int_equal(key_state(q, "w1"), 0);
-    assert_int_equal(key_state(q, "w2"), 0);
-    expect_get(q, "c"); /* queued keys are still handed out */
-    expect_done(q, "c");
-    expect_get_rc(q, -ESHUTDOWN);
+    assert_int_equal(t_key_state(q, "w1"), 0);
+    assert_int_equal(t_key_state(q, "w2"), 0);
+    T_EXPECT_GET(q, "c"); /* queued keys are still handed out */
+    T_EXPECT_DONE(q, "c");
+    T_EXPECT_GET_RC(q, -ESHUTDOWN);
 
-    clock_step(3 * SEC);
-    expect_get_rc(q, -ESHUTDOWN);
-    s = stats_of(q);
+    t_clock_step(3 * SEC);
+    T_EXPECT_GET_RC(q, -ESHUTDOWN);
+    s = t_stats(q);
     assert_int_equal(s.queued, 0);
     assert_int_equal(s.waiting, 0);
     assert_int_equal(s.live, 0);
     assert_int_equal(wq_add_after(q, KS("w3"), 1 * SEC), -ESHUTDOWN);
     assert_int_equal(wq_add_after(q, KS("w3"), 0), -ESHUTDOWN);
-    assert_int_equal(waiting(q), 0);
+    assert_int_equal(t_waiting(q), 0);
     assert_int_equal(wq_check(q, 0), 0);
-    close_q(q);
+    t_close(q);
 }
 
 /* Shutdown and keys that are processing: a pending wait is dropped (the
@@ -532,55 +517,55 @@ static void shutdown_drops_waiting(void **state)
 static void shutdown_processing_waiting(void **state)
 {
     (void)state;
-    th_watchdog(10);
-    wq *q = open_q("shutdown-proc", 0);
+    t_watchdog(10);
+    wq *q = t_track(t_create("shutdown-proc", NULL, NULL));
 
     assert_int_equal(wq_add(q, KS("p")), 0);
     assert_int_equal(wq_add(q, KS("r")), 0);
-    expect_get(q, "p");
-    expect_get(q, "r");
+    T_EXPECT_GET(q, "p");
+    T_EXPECT_GET(q, "r");
     assert_int_equal(wq_add_after(q, KS("p"), 1 * SEC), 0);
     assert_int_equal(wq_add_after(q, KS("r"), 10 * MS), 0);
-    clock_step(10 * MS);
-    assert_int_equal(waiting(q), 1); /* r fired: processing + dirty */
+    t_clock_step(10 * MS);
+    assert_int_equal(t_waiting(q), 1); /* r fired: processing + dirty */
     assert_int_equal(wq_shutdown(q), 0);
-    struct wq_stats s = stats_of(q);
+    struct wq_stats s = t_stats(q);
     assert_int_equal(s.waiting, 0);
     assert_int_equal(s.processing, 2);
-    assert_int_equal(key_state(q, "p"), WQ_KEY_PROCESSING);
-    expect_done(q, "p");
-    expect_get_rc(q, -ESHUTDOWN);
-    expect_done(q, "r");
-    expect_get(q, "r");
-    expect_done(q, "r");
-    clock_step(2 * SEC);
-    expect_get_rc(q, -ESHUTDOWN);
-    s = stats_of(q);
+    assert_int_equal(t_key_state(q, "p"), WQ_KEY_PROCESSING);
+    T_EXPECT_DONE(q, "p");
+    T_EXPECT_GET_RC(q, -ESHUTDOWN);
+    T_EXPECT_DONE(q, "r");
+    T_EXPECT_GET(q, "r");
+    T_EXPECT_DONE(q, "r");
+    t_clock_step(2 * SEC);
+    T_EXPECT_GET_RC(q, -ESHUTDOWN);
+    s = t_stats(q);
     assert_int_equal(s.live, 0);
     assert_int_equal(wq_check(q, 0), 0);
-    close_q(q);
+    t_close(q);
 }
 
 /* The fast paths see waiting keys like wq_add / wq_get do. */
 static void fast_paths(void **state)
 {
     (void)state;
-    th_watchdog(10);
-    wq *q = open_q("fast-paths", 0);
-    char buf[KEYBUF];
+    t_watchdog(10);
+    wq *q = t_track(t_create("fast-paths", NULL, NULL));
+    char buf[T_KEYBUF];
     struct iovec v[2] = { { (void *)"a", 1 }, { (void *)"b", 1 } };
 
     /* wq_add_many of a waiting key queues it at once and ends the wait */
     assert_int_equal(wq_add_after(q, KS("a"), 10 * MS), 0);
     assert_int_equal(wq_add_many(q, v, 2), 0);
-    struct wq_stats s = stats_of(q);
+    struct wq_stats s = t_stats(q);
     assert_int_equal(s.waiting, 0);
     assert_int_equal(s.queued, 2);
-    expect_get(q, "a");
+    T_EXPECT_GET(q, "a");
 
     /* wq_done_get moves ready keys before it pops */
     assert_int_equal(wq_add_after(q, KS("c"), 10 * MS), 0);
-    clock_step(10 * MS);
+    t_clock_step(10 * MS);
     int n = wq_done_get(q, KS("a"), buf, sizeof buf, 0);
     assert_int_equal(n, 1);
     assert_int_equal(buf[0], 'b');
@@ -589,10 +574,10 @@ static void fast_paths(void **state)
     assert_int_equal(buf[0], 'c');
     n = wq_done_get(q, KS("c"), buf, sizeof buf, 0);
     assert_int_equal(n, -EAGAIN);
-    clock_step(1 * SEC);
-    expect_get_rc(q, -EAGAIN);
-    assert_int_equal(stats_of(q).live, 0);
-    close_q(q);
+    t_clock_step(1 * SEC);
+    T_EXPECT_GET_RC(q, -EAGAIN);
+    assert_int_equal(t_stats(q).live, 0);
+    t_close(q);
 }
 
 /* Delays so long that now + delay does not fit: the key waits (it must
@@ -600,31 +585,31 @@ static void fast_paths(void **state)
 static void huge_delay(void **state)
 {
     (void)state;
-    th_watchdog(10);
-    wq *q = open_q("huge", 0);
+    t_watchdog(10);
+    wq *q = t_track(t_create("huge", NULL, NULL));
 
     assert_int_equal(wq_add_after(q, KS("a"), UINT64_MAX), 0);
     assert_int_equal(wq_add_after(q, KS("b"), UINT64_MAX - T0 + 1), 0);
     assert_int_equal(wq_add_after(q, KS("c"), (uint64_t)INT64_MAX + 1), 0);
     assert_int_equal(wq_add_after(q, KS("d"), 1 * SEC), 0);
-    struct wq_stats s = stats_of(q);
+    struct wq_stats s = t_stats(q);
     assert_int_equal(s.waiting, 4);
     assert_int_equal(s.queued, 0);
     assert_int_equal(s.next_ready_ns, T0 + 1 * SEC);
-    assert_true(ready_in(q, "a") > (uint64_t)INT64_MAX);
-    assert_true(ready_in(q, "b") > (uint64_t)INT64_MAX);
-    assert_true(ready_in(q, "c") > (uint64_t)INT64_MAX - T0);
-    clock_step(1000 * SEC);
-    assert_int_equal(queued(q), 1);
-    expect_get(q, "d");
-    expect_get_rc(q, -EAGAIN);
-    assert_int_equal(waiting(q), 3);
+    assert_true(T_READY_IN(q, "a") > (uint64_t)INT64_MAX);
+    assert_true(T_READY_IN(q, "b") > (uint64_t)INT64_MAX);
+    assert_true(T_READY_IN(q, "c") > (uint64_t)INT64_MAX - T0);
+    t_clock_step(1000 * SEC);
+    assert_int_equal(t_queued(q), 1);
+    T_EXPECT_GET(q, "d");
+    T_EXPECT_GET_RC(q, -EAGAIN);
+    assert_int_equal(t_waiting(q), 3);
     /* an earlier ready time still wins */
     assert_int_equal(wq_add_after(q, KS("a"), 1 * SEC), 1);
-    clock_step(1 * SEC);
-    expect_get(q, "a");
+    t_clock_step(1 * SEC);
+    T_EXPECT_GET(q, "a");
     assert_int_equal(wq_check(q, 0), 0);
-    close_q(q);
+    t_close(q);
 }
 
 /* Keys with the same ready time fire in the order they were added, also
@@ -632,8 +617,8 @@ static void huge_delay(void **state)
 static void same_ready_time_in_add_order(void **state)
 {
     (void)state;
-    th_watchdog(10);
-    wq *q = open_q("ties", 0);
+    t_watchdog(10);
+    wq *q = t_track(t_create("ties", NULL, NULL));
     static const char *const order[] = { "e", "b", "d", "a", "c", "f" };
 
     assert_int_equal(wq_add_after(q, KS("late"), 200 * MS), 0);
@@ -643,102 +628,100 @@ static void same_ready_time_in_add_order(void **state)
             assert_int_equal(wq_add_after(q, KS("d"), 150 * MS), 1);
     }
     assert_int_equal(wq_add_after(q, KS("early"), 50 * MS), 0);
-    clock_step(1 * SEC);
-    assert_int_equal(queued(q), 8);
-    expect_get(q, "early");
+    t_clock_step(1 * SEC);
+    assert_int_equal(t_queued(q), 8);
+    T_EXPECT_GET(q, "early");
     for (size_t i = 0; i < 6; i++)
-        expect_get(q, order[i]);
-    expect_get(q, "late");
-    expect_get_rc(q, -EAGAIN);
-    close_q(q);
+        T_EXPECT_GET(q, order[i]);
+    T_EXPECT_GET(q, "late");
+    T_EXPECT_GET_RC(q, -EAGAIN);
+    t_close(q);
 }
 
 /* stats.next_ready_ns follows the earliest waiting key. */
 static void next_ready(void **state)
 {
     (void)state;
-    th_watchdog(10);
-    wq *q = open_q("next-ready", 0);
+    t_watchdog(10);
+    wq *q = t_track(t_create("next-ready", NULL, NULL));
 
-    assert_int_equal(stats_of(q).next_ready_ns, 0);
-    assert_int_equal(stats_of(q).now_ns, T0);
+    assert_int_equal(t_stats(q).next_ready_ns, 0);
+    assert_int_equal(t_stats(q).now_ns, T0);
     assert_int_equal(wq_add_after(q, KS("a"), 300 * MS), 0);
-    assert_int_equal(stats_of(q).next_ready_ns, T0 + 300 * MS);
+    assert_int_equal(t_stats(q).next_ready_ns, T0 + 300 * MS);
     assert_int_equal(wq_add_after(q, KS("b"), 100 * MS), 0);
-    assert_int_equal(stats_of(q).next_ready_ns, T0 + 100 * MS);
+    assert_int_equal(t_stats(q).next_ready_ns, T0 + 100 * MS);
     assert_int_equal(wq_add_after(q, KS("a"), 50 * MS), 1); /* earlier */
-    assert_int_equal(stats_of(q).next_ready_ns, T0 + 50 * MS);
-    clock_step(60 * MS);
-    struct wq_stats s = stats_of(q);
+    assert_int_equal(t_stats(q).next_ready_ns, T0 + 50 * MS);
+    t_clock_step(60 * MS);
+    struct wq_stats s = t_stats(q);
     assert_int_equal(s.now_ns, T0 + 60 * MS);
     assert_int_equal(s.next_ready_ns, T0 + 100 * MS);
     assert_int_equal(s.queued, 1);
-    clock_step(40 * MS);
-    s = stats_of(q);
+    t_clock_step(40 * MS);
+    s = t_stats(q);
     assert_int_equal(s.next_ready_ns, 0);
     assert_int_equal(s.queued, 2);
-    close_q(q);
+    t_close(q);
 }
 
 /* Waiting keys use slots (-ENOSPC), and the argument checks. */
 static void waiting_keys_are_live(void **state)
 {
     (void)state;
-    th_watchdog(10);
-    wq *q = open_q("capacity", 2);
-    char longkey[KEYBUF + 2];
+    t_watchdog(10);
+    wq *q = t_track(t_create("capacity", T_OPTS(.capacity = 2), NULL));
+    char longkey[T_KEYBUF + 2];
 
     assert_int_equal(wq_add_after(q, KS("a"), 10 * MS), 0);
     assert_int_equal(wq_add_after(q, KS("b"), 20 * MS), 0);
-    struct wq_stats s = stats_of(q);
+    struct wq_stats s = t_stats(q);
     assert_int_equal(s.live, 2);
     assert_int_equal(s.waiting, 2);
     assert_int_equal(wq_add_after(q, KS("c"), 10 * MS), -ENOSPC);
     assert_int_equal(wq_add(q, KS("c")), -ENOSPC);
     assert_int_equal(wq_add_after(q, KS("a"), 5 * MS), 1); /* no slot needed */
-    assert_int_equal(waiting(q), 2);
+    assert_int_equal(t_waiting(q), 2);
 
     memset(longkey, 'x', sizeof longkey);
-    assert_int_equal(wq_add_after(q, longkey, KEYBUF + 1, 10 * MS), -EMSGSIZE);
+    assert_int_equal(wq_add_after(q, longkey, T_KEYBUF + 1, 10 * MS), -EMSGSIZE);
     assert_int_equal(wq_add_after(q, "x", 0, 10 * MS), -EINVAL);
     assert_int_equal(wq_add_after(q, NULL, 1, 10 * MS), -EINVAL);
     assert_int_equal(wq_add_after(NULL, "x", 1, 10 * MS), -EINVAL);
 
-    clock_step(20 * MS);
-    expect_get(q, "a");
-    expect_get(q, "b");
+    t_clock_step(20 * MS);
+    T_EXPECT_GET(q, "a");
+    T_EXPECT_GET(q, "b");
     assert_int_equal(wq_add_after(q, KS("c"), 10 * MS), -ENOSPC);
-    expect_done(q, "a");
+    T_EXPECT_DONE(q, "a");
     assert_int_equal(wq_add_after(q, KS("c"), 10 * MS), 0);
     assert_int_equal(wq_check(q, 0), 0);
-    close_q(q);
+    t_close(q);
 }
 
-#define T(fn) FX_CLOCK_TEST(fn)
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        T(simple_queue),
-        T(deduping),
-        T(deduping_while_processing),
-        T(add_two_fire_early),
-        T(copy_shifting),
-        T(add_after_random),
-        T(ready_time_boundary),
-        T(zero_delay_is_add),
-        T(direct_add_of_waiting_key),
-        T(add_after_of_dirty_key),
-        T(processing_key_delayed),
-        T(shutdown_drops_waiting),
-        T(shutdown_processing_waiting),
-        T(fast_paths),
-        T(huge_delay),
-        T(same_ready_time_in_add_order),
-        T(next_ready),
-        T(waiting_keys_are_live),
-        cmocka_unit_test(th_test_no_leftovers),
+        T_CLOCK_TEST(simple_queue),
+        T_CLOCK_TEST(deduping),
+        T_CLOCK_TEST(deduping_while_processing),
+        T_CLOCK_TEST(add_two_fire_early),
+        T_CLOCK_TEST(copy_shifting),
+        T_CLOCK_TEST(add_after_random),
+        T_CLOCK_TEST(ready_time_boundary),
+        T_CLOCK_TEST(zero_delay_is_add),
+        T_CLOCK_TEST(direct_add_of_waiting_key),
+        T_CLOCK_TEST(add_after_of_dirty_key),
+        T_CLOCK_TEST(processing_key_delayed),
+        T_CLOCK_TEST(shutdown_drops_waiting),
+        T_CLOCK_TEST(shutdown_processing_waiting),
+        T_CLOCK_TEST(fast_paths),
+        T_CLOCK_TEST(huge_delay),
+        T_CLOCK_TEST(same_ready_time_in_add_order),
+        T_CLOCK_TEST(next_ready),
+        T_CLOCK_TEST(waiting_keys_are_live),
+        T_NO_LEFTOVERS,
     };
-    int rc = cmocka_run_group_tests(tests, th_group_setup, th_group_teardown);
-    return rc | th_final_check();
+    return T_RUN_GROUP("delay", tests);
 }

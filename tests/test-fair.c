@@ -26,7 +26,7 @@
  * set to T0 before every test (see test-delay.c) and stepped by the
  * delay tests, so ready times are exact. Every wq_get uses timeout 0.
  */
-#include "fixture.h"
+#include "t.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -35,16 +35,12 @@
 #include <string.h>
 #include <sys/uio.h>
 
-#include "fault-api.h"
-
-#define KEYBUF 256 /* default max_key_len */
-
 /* ------------------------------------------------------------------ */
-/* Helpers (handles, clock, fixtures: fixture.h)                       */
+/* Helpers (handles, clock, fixtures: t.h)                             */
 /* ------------------------------------------------------------------ */
 
 /* A default-mode queue (fair == 0) or a WQ_FAIR one. */
-static wq *open_q(const char *tag, int fair, uint32_t fair_share,
+static wq *fair_q(const char *tag, int fair, uint32_t fair_share,
                   int tenant_sep, uint32_t capacity)
 {
     struct wq_options o = { .capacity = capacity };
@@ -54,16 +50,10 @@ static wq *open_q(const char *tag, int fair, uint32_t fair_share,
         o.fair_share = fair_share;
         o.tenant_sep = tenant_sep;
     }
-    return open_opts(tag, &o);
+    return t_track(t_create(tag, &o, NULL));
 }
 
 #define add_ok(q, k, e) assert_int_equal(wq_add((q), KS(k)), (e))
-
-static int addp(wq *q, const char *k, int prio)
-{
-    struct wq_add_opts o = { .priority = prio };
-    return wq_add_opts(q, KS(k), &o);
-}
 
 static int addx(wq *q, const char *k, int prio, uint64_t after, bool rl)
 {
@@ -75,12 +65,12 @@ static int addx(wq *q, const char *k, int prio, uint64_t after, bool rl)
 /* Get (and done) everything queued now; the keys, space separated. */
 static void drain_order(wq *q, char *out, size_t cap)
 {
-    char buf[KEYBUF + 1];
+    char buf[T_KEYBUF + 1];
     size_t used = 0;
     int n;
 
     out[0] = '\0';
-    while ((n = wq_get(q, buf, KEYBUF, 0)) > 0) {
+    while ((n = wq_get(q, buf, T_KEYBUF, 0)) > 0) {
         buf[n] = '\0';
         used += (size_t)snprintf(out + used, cap - used, "%s%s",
                                  used ? " " : "", buf);
@@ -106,7 +96,7 @@ static struct wq_key_info info_of_(wq *q, const char *key, int line)
 {
     struct wq_key_info ki;
     int found;
-    int rc = dump_find(q, key, &ki, &found);
+    int rc = t_key_lookup(q, key, &ki, &found);
 
     if (rc != 0 && rc != 1)
         fail_msg("line %d: wq_dump = %d", line, rc);
@@ -115,7 +105,7 @@ static struct wq_key_info info_of_(wq *q, const char *key, int line)
     return ki;
 }
 
-struct dump_order {
+struct queued_order {
     char buf[4096];
     size_t used;
     int bad_pos;
@@ -124,7 +114,7 @@ struct dump_order {
 
 static int dump_order_cb(const struct wq_key_info *i, void *arg)
 {
-    struct dump_order *d = arg;
+    struct queued_order *d = arg;
     if (!(i->state & WQ_KEY_QUEUED))
         return 0;
     if (i->position != d->n)
@@ -142,7 +132,7 @@ static int dump_order_cb(const struct wq_key_info *i, void *arg)
 #define expect_dump(q, want) expect_dump_((q), (want), __LINE__)
 static void expect_dump_(wq *q, const char *want, int line)
 {
-    struct dump_order d = { .used = 0 };
+    struct queued_order d = { .used = 0 };
     d.buf[0] = '\0';
     assert_int_equal(wq_dump(q, dump_order_cb, &d), 0);
     if (strcmp(d.buf, want) != 0 || d.bad_pos)
@@ -158,12 +148,12 @@ static void expect_dump_(wq *q, const char *want, int line)
    twice); D, E added; Done(A). */
 static void figure2(int fair, int readds)
 {
-    wq *q = open_q(fair ? "fig2-fair" : "fig2-default", fair, 1000, -1, 64);
+    wq *q = fair_q(fair ? "fig2-fair" : "fig2-default", fair, 1000, -1, 64);
 
     add_ok(q, "A", 0);
     add_ok(q, "B", 0);
     add_ok(q, "C", 0);
-    expect_get(q, "A");                             /* figure 2(b) */
+    T_EXPECT_GET(q, "A");                             /* figure 2(b) */
     add_ok(q, "A", 0);                              /* dirty, not queued */
     assert_int_equal(wq_len(q), 2);
     add_ok(q, "D", 0);                              /* figure 2(c) */
@@ -172,7 +162,7 @@ static void figure2(int fair, int readds)
     add_ok(q, "E", 0);
     assert_int_equal(wq_len(q), 4);
     assert_int_equal(info_of(q, "A").state, WQ_KEY_PROCESSING | WQ_KEY_DIRTY);
-    expect_done(q, "A");                            /* figure 2(d) */
+    T_EXPECT_DONE(q, "A");                            /* figure 2(d) */
     assert_int_equal(wq_len(q), 5);
     expect_dump(q, fair ? "B C A D E" : "B C D E A");
     if (fair)
@@ -180,13 +170,13 @@ static void figure2(int fair, int readds)
     else
         expect_drain(q, "B C D E A"); /* A at the back (client-go) */
 
-    struct wq_stats s = stats_of(q);
+    struct wq_stats s = t_stats(q);
     assert_int_equal(s.adds_total, 6);
     assert_int_equal(s.coalesced_total, readds == 2 ? 1 : 0);
     assert_int_equal(s.live, 0);
     assert_int_equal(s.fair, fair ? 1 : 0);
-    check_clean(q);
-    close_q(q);
+    t_check_clean(q, NULL);
+    t_close(q);
 }
 
 static void fig2_default(void **s) { (void)s; figure2(0, 1); }
@@ -199,19 +189,19 @@ static void fig2_twice_adjacent(void **state)
 {
     (void)state;
     for (int fair = 0; fair <= 1; fair++) {
-        wq *q = open_q("fig2-adj", fair, 1000, -1, 64);
+        wq *q = fair_q("fig2-adj", fair, 1000, -1, 64);
         add_ok(q, "A", 0);
         add_ok(q, "B", 0);
         add_ok(q, "C", 0);
-        expect_get(q, "A");
+        T_EXPECT_GET(q, "A");
         add_ok(q, "A", 0);
         add_ok(q, "A", 1);
         add_ok(q, "D", 0);
         add_ok(q, "E", 0);
-        expect_done(q, "A");
+        T_EXPECT_DONE(q, "A");
         expect_drain(q, fair ? "B C A D E" : "B C D E A");
-        check_clean(q);
-        close_q(q);
+        t_check_clean(q, NULL);
+        t_close(q);
     }
 }
 
@@ -221,20 +211,20 @@ static void fig2_done_get(void **state)
 {
     (void)state;
     for (int fair = 0; fair <= 1; fair++) {
-        wq *q = open_q("fig2-dg", fair, 1000, -1, 64);
-        char buf[KEYBUF];
+        wq *q = fair_q("fig2-dg", fair, 1000, -1, 64);
+        char buf[T_KEYBUF];
         add_ok(q, "A", 0);
         add_ok(q, "B", 0);
         add_ok(q, "C", 0);
-        expect_get(q, "A");
+        T_EXPECT_GET(q, "A");
         add_ok(q, "A", 0);
         add_ok(q, "D", 0);
         assert_int_equal(wq_done_get(q, KS("A"), buf, sizeof buf, 0), 1);
         assert_memory_equal(buf, "B", 1);
-        expect_done(q, "B");
+        T_EXPECT_DONE(q, "B");
         expect_drain(q, fair ? "C A D" : "C D A");
-        check_clean(q);
-        close_q(q);
+        t_check_clean(q, NULL);
+        t_close(q);
     }
 }
 
@@ -243,18 +233,18 @@ static void fig2_done_get(void **state)
 static void fig2_fair_share_1(void **state)
 {
     (void)state;
-    wq *q = open_q("fig2-fs1", 1, 1, -1, 64);
+    wq *q = fair_q("fig2-fs1", 1, 1, -1, 64);
     add_ok(q, "A", 0);
     add_ok(q, "B", 0);
     add_ok(q, "C", 0);
-    expect_get(q, "A");
+    T_EXPECT_GET(q, "A");
     add_ok(q, "A", 0);
     add_ok(q, "D", 0);
     add_ok(q, "E", 0);
-    expect_done(q, "A");
+    T_EXPECT_DONE(q, "A");
     expect_drain(q, "B C A D E");
-    check_clean(q);
-    close_q(q);
+    t_check_clean(q, NULL);
+    t_close(q);
 }
 
 /* ------------------------------------------------------------------ */
@@ -266,20 +256,20 @@ static void readd_interleaved(void **state)
 {
     (void)state;
     for (int fair = 0; fair <= 1; fair++) {
-        wq *q = open_q("readd-1", fair, 1000, -1, 64);
+        wq *q = fair_q("readd-1", fair, 1000, -1, 64);
         add_ok(q, "A", 0);
         add_ok(q, "B", 0);
-        expect_get(q, "A");
-        expect_get(q, "B");
+        T_EXPECT_GET(q, "A");
+        T_EXPECT_GET(q, "B");
         add_ok(q, "B", 0);
         add_ok(q, "X", 0);
         add_ok(q, "A", 0);
         add_ok(q, "Y", 0);
-        expect_done(q, "A");
-        expect_done(q, "B");
+        T_EXPECT_DONE(q, "A");
+        T_EXPECT_DONE(q, "B");
         expect_drain(q, fair ? "B X A Y" : "X Y A B");
-        check_clean(q);
-        close_q(q);
+        t_check_clean(q, NULL);
+        t_close(q);
     }
 }
 
@@ -290,19 +280,19 @@ static void readd_done_reversed(void **state)
 {
     (void)state;
     for (int fair = 0; fair <= 1; fair++) {
-        wq *q = open_q("readd-2", fair, 1000, -1, 64);
+        wq *q = fair_q("readd-2", fair, 1000, -1, 64);
         add_ok(q, "A", 0);
         add_ok(q, "B", 0);
-        expect_get(q, "A");
-        expect_get(q, "B");
+        T_EXPECT_GET(q, "A");
+        T_EXPECT_GET(q, "B");
         add_ok(q, "A", 0);
         add_ok(q, "X", 0);
         add_ok(q, "B", 0);
-        expect_done(q, "B");
-        expect_done(q, "A");
+        T_EXPECT_DONE(q, "B");
+        T_EXPECT_DONE(q, "A");
         expect_drain(q, fair ? "A X B" : "X B A");
-        check_clean(q);
-        close_q(q);
+        t_check_clean(q, NULL);
+        t_close(q);
     }
 }
 
@@ -312,19 +302,19 @@ static void readd_get_between(void **state)
 {
     (void)state;
     for (int fair = 0; fair <= 1; fair++) {
-        wq *q = open_q("readd-3", fair, 1000, -1, 64);
+        wq *q = fair_q("readd-3", fair, 1000, -1, 64);
         add_ok(q, "A", 0);
         add_ok(q, "B", 0);
         add_ok(q, "C", 0);
-        expect_get(q, "A");
+        T_EXPECT_GET(q, "A");
         add_ok(q, "A", 0);
         add_ok(q, "D", 0);
-        expect_get(q, "B");
-        expect_done(q, "B");
-        expect_done(q, "A");
+        T_EXPECT_GET(q, "B");
+        T_EXPECT_DONE(q, "B");
+        T_EXPECT_DONE(q, "A");
         expect_drain(q, fair ? "C A D" : "C D A");
-        check_clean(q);
-        close_q(q);
+        t_check_clean(q, NULL);
+        t_close(q);
     }
 }
 
@@ -335,17 +325,17 @@ static void readd_then_queued_add(void **state)
 {
     (void)state;
     for (int fair = 0; fair <= 1; fair++) {
-        wq *q = open_q("readd-4", fair, 1000, -1, 64);
+        wq *q = fair_q("readd-4", fair, 1000, -1, 64);
         add_ok(q, "A", 0);
         add_ok(q, "B", 0);
-        expect_get(q, "A");
+        T_EXPECT_GET(q, "A");
         add_ok(q, "A", 0);
         add_ok(q, "C", 0);
-        expect_done(q, "A");
+        T_EXPECT_DONE(q, "A");
         add_ok(q, "A", 1);
         expect_drain(q, fair ? "B A C" : "B C A");
-        check_clean(q);
-        close_q(q);
+        t_check_clean(q, NULL);
+        t_close(q);
     }
 }
 
@@ -356,19 +346,19 @@ static void readd_chain(void **state)
 {
     (void)state;
     for (int fair = 0; fair <= 1; fair++) {
-        wq *q = open_q("readd-5", fair, 1000, -1, 64);
+        wq *q = fair_q("readd-5", fair, 1000, -1, 64);
         add_ok(q, "A", 0);
-        expect_get(q, "A");
+        T_EXPECT_GET(q, "A");
         add_ok(q, "A", 0);
         add_ok(q, "B", 0);
-        expect_get(q, "B");
+        T_EXPECT_GET(q, "B");
         add_ok(q, "B", 0);
         add_ok(q, "C", 0);
-        expect_done(q, "B");
-        expect_done(q, "A");
+        T_EXPECT_DONE(q, "B");
+        T_EXPECT_DONE(q, "A");
         expect_drain(q, fair ? "A B C" : "C B A");
-        check_clean(q);
-        close_q(q);
+        t_check_clean(q, NULL);
+        t_close(q);
     }
 }
 
@@ -379,33 +369,33 @@ static void readd_finish_and_rerun(void **state)
 {
     (void)state;
     for (int fair = 0; fair <= 1; fair++) {
-        wq *q = open_q("readd-6", fair, 1000, -1, 64);
+        wq *q = fair_q("readd-6", fair, 1000, -1, 64);
         add_ok(q, "A", 0);
         add_ok(q, "B", 0);
-        expect_get(q, "A");
+        T_EXPECT_GET(q, "A");
         add_ok(q, "A", 0);
         add_ok(q, "C", 0);
         assert_int_equal(wq_finish(q, KS("A"), 0, "ok"), 0);
         /* fair: B A C; default: B C A */
-        expect_get(q, "B");
-        expect_done(q, "B");
+        T_EXPECT_GET(q, "B");
+        T_EXPECT_DONE(q, "B");
         if (fair) {
-            expect_get(q, "A");
+            T_EXPECT_GET(q, "A");
             add_ok(q, "A", 0);   /* second run, re-added behind C */
             add_ok(q, "D", 0);
-            expect_done(q, "A");
+            T_EXPECT_DONE(q, "A");
             expect_drain(q, "C A D");
         } else {
-            expect_get(q, "C");
-            expect_done(q, "C");
-            expect_get(q, "A");
+            T_EXPECT_GET(q, "C");
+            T_EXPECT_DONE(q, "C");
+            T_EXPECT_GET(q, "A");
             add_ok(q, "A", 0);
             add_ok(q, "D", 0);
-            expect_done(q, "A");
+            T_EXPECT_DONE(q, "A");
             expect_drain(q, "D A");
         }
-        check_clean(q);
-        close_q(q);
+        t_check_clean(q, NULL);
+        t_close(q);
     }
 }
 
@@ -415,17 +405,17 @@ static void readd_add_many(void **state)
 {
     (void)state;
     for (int fair = 0; fair <= 1; fair++) {
-        wq *q = open_q("readd-7", fair, 1000, -1, 64);
+        wq *q = fair_q("readd-7", fair, 1000, -1, 64);
         struct iovec v[3] = { { (void *)"X", 1 }, { (void *)"A", 1 },
                               { (void *)"Y", 1 } };
         add_ok(q, "A", 0);
         add_ok(q, "B", 0);
-        expect_get(q, "A");
+        T_EXPECT_GET(q, "A");
         assert_int_equal(wq_add_many(q, v, 3), 0);
-        expect_done(q, "A");
+        T_EXPECT_DONE(q, "A");
         expect_drain(q, fair ? "B X A Y" : "B X Y A");
-        check_clean(q);
-        close_q(q);
+        t_check_clean(q, NULL);
+        t_close(q);
     }
 }
 
@@ -436,13 +426,13 @@ static void readd_add_many(void **state)
 static void prio_merge(void **state)
 {
     (void)state;
-    wq *q = open_q("prio-merge", 1, 1000, -1, 64);
+    wq *q = fair_q("prio-merge", 1, 1000, -1, 64);
 
-    assert_int_equal(addp(q, "k1", 1), 0);
-    assert_int_equal(addp(q, "k1", 5), 1);      /* merged, raised */
+    assert_int_equal(t_add_prio(q, KS("k1"), 1), 0);
+    assert_int_equal(t_add_prio(q, KS("k1"), 5), 1);      /* merged, raised */
     assert_int_equal(info_of(q, "k1").priority, 5);
-    assert_int_equal(addp(q, "k2", 5), 0);
-    assert_int_equal(addp(q, "k2", 1), 1);      /* merged, kept */
+    assert_int_equal(t_add_prio(q, KS("k2"), 5), 0);
+    assert_int_equal(t_add_prio(q, KS("k2"), 1), 1);      /* merged, kept */
     assert_int_equal(info_of(q, "k2").priority, 5);
     add_ok(q, "k2", 1);                         /* plain add: priority 0 */
     assert_int_equal(info_of(q, "k2").priority, 5);
@@ -451,12 +441,12 @@ static void prio_merge(void **state)
     assert_int_equal(info_of(q, "k0").priority, 0);
     assert_int_equal(info_of(q, "k0").state, WQ_KEY_QUEUED | WQ_KEY_DIRTY);
 
-    struct wq_stats s = stats_of(q);
+    struct wq_stats s = t_stats(q);
     assert_int_equal(s.adds_total, 3);
     assert_int_equal(s.coalesced_total, 4);
     expect_drain(q, "k1 k2 k0");
-    check_clean(q);
-    close_q(q);
+    t_check_clean(q, NULL);
+    t_close(q);
 }
 
 /* Higher first; equal priority in add order; negative priorities are
@@ -464,42 +454,42 @@ static void prio_merge(void **state)
 static void prio_order(void **state)
 {
     (void)state;
-    wq *q = open_q("prio-order", 1, 1000, -1, 64);
+    wq *q = fair_q("prio-order", 1, 1000, -1, 64);
     static const struct { const char *k; int p; } adds[] = {
         { "n1", -2 }, { "z1", 0 }, { "m1", 3 }, { "h1", 7 }, { "z2", 0 },
         { "m2", 3 },  { "n2", -2 }, { "h2", 7 }, { "m3", 3 }, { "z3", 0 },
     };
     for (size_t i = 0; i < sizeof adds / sizeof adds[0]; i++)
-        assert_int_equal(addp(q, adds[i].k, adds[i].p), 0);
+        assert_int_equal(t_add_prio(q, KS(adds[i].k), adds[i].p), 0);
     for (size_t i = 0; i < sizeof adds / sizeof adds[0]; i++)
         assert_int_equal(info_of(q, adds[i].k).priority, adds[i].p);
     /* seq is the add order (not asserted as consecutive: wraps) */
     assert_true(info_of(q, "n1").seq != info_of(q, "z1").seq);
     expect_dump(q, "h1 h2 m1 m2 m3 z1 z2 z3 n1 n2");
     expect_drain(q, "h1 h2 m1 m2 m3 z1 z2 z3 n1 n2");
-    assert_int_equal(stats_of(q).fair, 1);
-    check_clean(q);
-    close_q(q);
+    assert_int_equal(t_stats(q).fair, 1);
+    t_check_clean(q, NULL);
+    t_close(q);
 }
 
 /* A raised priority moves a queued key ahead of keys it was behind. */
 static void prio_raise_moves(void **state)
 {
     (void)state;
-    wq *q = open_q("prio-raise", 1, 1000, -1, 64);
-    assert_int_equal(addp(q, "a", 2), 0);
-    assert_int_equal(addp(q, "b", 2), 0);
-    assert_int_equal(addp(q, "c", 0), 0);
-    expect_get(q, "a");
-    assert_int_equal(addp(q, "c", 4), 1);
-    expect_get(q, "c");
-    expect_get(q, "b");
-    expect_get_rc(q, -EAGAIN);
-    expect_done(q, "a");
-    expect_done(q, "b");
-    expect_done(q, "c");
-    check_clean(q);
-    close_q(q);
+    wq *q = fair_q("prio-raise", 1, 1000, -1, 64);
+    assert_int_equal(t_add_prio(q, KS("a"), 2), 0);
+    assert_int_equal(t_add_prio(q, KS("b"), 2), 0);
+    assert_int_equal(t_add_prio(q, KS("c"), 0), 0);
+    T_EXPECT_GET(q, "a");
+    assert_int_equal(t_add_prio(q, KS("c"), 4), 1);
+    T_EXPECT_GET(q, "c");
+    T_EXPECT_GET(q, "b");
+    T_EXPECT_GET_RC(q, -EAGAIN);
+    T_EXPECT_DONE(q, "a");
+    T_EXPECT_DONE(q, "b");
+    T_EXPECT_DONE(q, "c");
+    t_check_clean(q, NULL);
+    t_close(q);
 }
 
 /* A key re-added while processing: re-adds merge among themselves (the
@@ -508,20 +498,20 @@ static void prio_raise_moves(void **state)
 static void prio_readd_while_processing(void **state)
 {
     (void)state;
-    wq *q = open_q("prio-readd", 1, 1000, -1, 64);
+    wq *q = fair_q("prio-readd", 1, 1000, -1, 64);
 
-    assert_int_equal(addp(q, "A", 0), 0);
-    expect_get(q, "A");
-    assert_int_equal(addp(q, "A", 0), 0);   /* marked dirty */
-    assert_int_equal(addp(q, "B", 1), 0);
-    assert_int_equal(addp(q, "C", 2), 0);
-    assert_int_equal(addp(q, "A", 3), 1);   /* merged into the dirty mark */
+    assert_int_equal(t_add_prio(q, KS("A"), 0), 0);
+    T_EXPECT_GET(q, "A");
+    assert_int_equal(t_add_prio(q, KS("A"), 0), 0);   /* marked dirty */
+    assert_int_equal(t_add_prio(q, KS("B"), 1), 0);
+    assert_int_equal(t_add_prio(q, KS("C"), 2), 0);
+    assert_int_equal(t_add_prio(q, KS("A"), 3), 1);   /* merged into the dirty mark */
     assert_int_equal(info_of(q, "A").state, WQ_KEY_PROCESSING | WQ_KEY_DIRTY);
     assert_int_equal(info_of(q, "A").priority, 3);
-    expect_done(q, "A");
+    T_EXPECT_DONE(q, "A");
     expect_drain(q, "A C B");
-    check_clean(q);
-    close_q(q);
+    t_check_clean(q, NULL);
+    t_close(q);
 }
 
 /* The run in progress does not lend its priority to the re-add: the add
@@ -533,17 +523,17 @@ static void prio_readd_while_processing(void **state)
 static void prio_readd_new_priority(void **state)
 {
     (void)state;
-    wq *q = open_q("prio-readd-new", 1, 1000, -1, 64);
+    wq *q = fair_q("prio-readd-new", 1, 1000, -1, 64);
 
-    assert_int_equal(addp(q, "A", 5), 0);
-    expect_get(q, "A");
-    assert_int_equal(addp(q, "A", 0), 0);   /* marked dirty */
-    assert_int_equal(addp(q, "B", 1), 0);
-    expect_done(q, "A");
+    assert_int_equal(t_add_prio(q, KS("A"), 5), 0);
+    T_EXPECT_GET(q, "A");
+    assert_int_equal(t_add_prio(q, KS("A"), 0), 0);   /* marked dirty */
+    assert_int_equal(t_add_prio(q, KS("B"), 1), 0);
+    T_EXPECT_DONE(q, "A");
     assert_int_equal(info_of(q, "A").priority, 0);
     expect_drain(q, "B A");
-    check_clean(q);
-    close_q(q);
+    t_check_clean(q, NULL);
+    t_close(q);
 }
 
 /* Merging keeps the higher priority also below zero, and a plain add
@@ -551,18 +541,18 @@ static void prio_readd_new_priority(void **state)
 static void prio_merge_negative(void **state)
 {
     (void)state;
-    wq *q = open_q("prio-neg", 1, 1000, -1, 64);
+    wq *q = fair_q("prio-neg", 1, 1000, -1, 64);
 
-    assert_int_equal(addp(q, "n", -5), 0);
-    assert_int_equal(addp(q, "m", -3), 0);
-    assert_int_equal(addp(q, "n", -2), 1);
+    assert_int_equal(t_add_prio(q, KS("n"), -5), 0);
+    assert_int_equal(t_add_prio(q, KS("m"), -3), 0);
+    assert_int_equal(t_add_prio(q, KS("n"), -2), 1);
     assert_int_equal(info_of(q, "n").priority, -2);   /* higher of -5, -2 */
-    assert_int_equal(addp(q, "p", -5), 0);
+    assert_int_equal(t_add_prio(q, KS("p"), -5), 0);
     add_ok(q, "p", 1);                                /* priority 0 */
     assert_int_equal(info_of(q, "p").priority, 0);
     expect_drain(q, "p n m");
-    check_clean(q);
-    close_q(q);
+    t_check_clean(q, NULL);
+    t_close(q);
 }
 
 /* Default mode: priority is refused, everything else of wq_add_opts works;
@@ -570,34 +560,34 @@ static void prio_merge_negative(void **state)
 static void prio_default_mode(void **state)
 {
     (void)state;
-    wq *q = open_q("prio-default", 0, 0, 0, 64);
+    wq *q = fair_q("prio-default", 0, 0, 0, 64);
 
-    assert_int_equal(addp(q, "a", 3), -EINVAL);
-    assert_int_equal(addp(q, "a", -1), -EINVAL);
-    assert_int_equal(addp(q, "a", 0), 0);
-    assert_int_equal(addp(q, "a", 0), 1);
+    assert_int_equal(t_add_prio(q, KS("a"), 3), -EINVAL);
+    assert_int_equal(t_add_prio(q, KS("a"), -1), -EINVAL);
+    assert_int_equal(t_add_prio(q, KS("a"), 0), 0);
+    assert_int_equal(t_add_prio(q, KS("a"), 0), 1);
     assert_int_equal(wq_add_opts(q, KS("b"), NULL), 0);
     assert_int_equal(addx(q, "w", 0, 10 * MS, false), 0);
     assert_int_equal(info_of(q, "w").state, WQ_KEY_WAITING);
     assert_int_equal(info_of(q, "w").ready_ns, T0 + 10 * MS);
     assert_int_equal(info_of(q, "a").priority, 0);
     assert_int_equal(wq_len(q), 2);
-    struct wq_stats s = stats_of(q);
+    struct wq_stats s = t_stats(q);
     assert_int_equal(s.fair, 0);
-    clock_step(10 * MS);
+    t_clock_step(10 * MS);
     expect_drain(q, "a b w");
-    check_clean(q);
-    close_q(q);
+    t_check_clean(q, NULL);
+    t_close(q);
 
     /* fair_share / tenant_sep without WQ_FAIR */
     struct wq_options o = { .flags = WQ_CREATE, .fair_share = 4 };
     wq *x = NULL;
-    assert_int_equal(wq_open(th_qname("bad-fs"), &o, &x), -EINVAL);
+    assert_int_equal(wq_open(t_qname("bad-fs"), &o, &x), -EINVAL);
     o.fair_share = 0;
     o.tenant_sep = ':';
-    assert_int_equal(wq_open(th_qname("bad-ts"), &o, &x), -EINVAL);
+    assert_int_equal(wq_open(t_qname("bad-ts"), &o, &x), -EINVAL);
     o.tenant_sep = -1;
-    assert_int_equal(wq_open(th_qname("bad-ts2"), &o, &x), -EINVAL);
+    assert_int_equal(wq_open(t_qname("bad-ts2"), &o, &x), -EINVAL);
     assert_null(x);
 }
 
@@ -605,20 +595,20 @@ static void prio_default_mode(void **state)
 static void prio_bad_args(void **state)
 {
     (void)state;
-    wq *q = open_q("prio-args", 1, 1000, -1, 64);
+    wq *q = fair_q("prio-args", 1, 1000, -1, 64);
     struct wq_add_opts o = { .priority = 1 };
-    char big[KEYBUF + 2];
+    char big[T_KEYBUF + 2];
 
     memset(big, 'k', sizeof big);
     assert_int_equal(wq_add_opts(NULL, KS("a"), &o), -EINVAL);
     assert_int_equal(wq_add_opts(q, NULL, 1, &o), -EINVAL);
     assert_int_equal(wq_add_opts(q, "a", 0, &o), -EINVAL);
     assert_int_equal(wq_add_opts(q, big, sizeof big, &o), -EMSGSIZE);
-    assert_int_equal(stats_of(q).live, 0);
+    assert_int_equal(t_stats(q).live, 0);
     assert_int_equal(wq_shutdown(q), 0);
     assert_int_equal(wq_add_opts(q, KS("a"), &o), -ESHUTDOWN);
-    check_clean(q);
-    close_q(q);
+    t_check_clean(q, NULL);
+    t_close(q);
 }
 
 /* after_ns with a priority: waits, then is handed out with its priority
@@ -626,7 +616,7 @@ static void prio_bad_args(void **state)
 static void prio_after(void **state)
 {
     (void)state;
-    wq *q = open_q("prio-after", 1, 1000, -1, 64);
+    wq *q = fair_q("prio-after", 1, 1000, -1, 64);
 
     assert_int_equal(addx(q, "hi", 5, 10 * MS, false), 0);
     struct wq_key_info ki = info_of(q, "hi");
@@ -636,19 +626,19 @@ static void prio_after(void **state)
     add_ok(q, "p0", 0);
     add_ok(q, "p1", 0);
     add_ok(q, "p2", 0);
-    expect_get(q, "p0");
-    clock_step(9 * MS);
-    expect_get(q, "p1");
-    clock_step(1 * MS);
-    expect_get(q, "hi");
-    expect_get(q, "p2");
-    expect_get_rc(q, -EAGAIN);
-    expect_done(q, "p0");
-    expect_done(q, "p1");
-    expect_done(q, "p2");
-    expect_done(q, "hi");
-    check_clean(q);
-    close_q(q);
+    T_EXPECT_GET(q, "p0");
+    t_clock_step(9 * MS);
+    T_EXPECT_GET(q, "p1");
+    t_clock_step(1 * MS);
+    T_EXPECT_GET(q, "hi");
+    T_EXPECT_GET(q, "p2");
+    T_EXPECT_GET_RC(q, -EAGAIN);
+    T_EXPECT_DONE(q, "p0");
+    T_EXPECT_DONE(q, "p1");
+    T_EXPECT_DONE(q, "p2");
+    T_EXPECT_DONE(q, "hi");
+    t_check_clean(q, NULL);
+    t_close(q);
 }
 
 /* Re-adding a waiting key: earlier ready time and higher priority win,
@@ -656,7 +646,7 @@ static void prio_after(void **state)
 static void prio_after_merge(void **state)
 {
     (void)state;
-    wq *q = open_q("prio-after-merge", 1, 1000, -1, 64);
+    wq *q = fair_q("prio-after-merge", 1, 1000, -1, 64);
 
     assert_int_equal(addx(q, "w", 0, 100 * MS, false), 0);
     assert_int_equal(addx(q, "w", 0, 10 * MS, false), 1);
@@ -685,28 +675,28 @@ static void prio_after_merge(void **state)
 
     /* An undelayed add of a waiting key queues it at once. */
     assert_int_equal(addx(q, "u", 1, SEC, false), 0);
-    assert_int_equal(addp(q, "u", 0), 0);
+    assert_int_equal(t_add_prio(q, KS("u"), 0), 0);
     ki = info_of(q, "u");
     assert_int_equal(ki.state, WQ_KEY_QUEUED | WQ_KEY_DIRTY);
     assert_int_equal(ki.priority, 1);
 
-    assert_int_equal(stats_of(q).waiting, 2);
-    expect_get(q, "q");
-    clock_step(5 * MS);
-    expect_get(q, "v");    /* ready and 7 */
-    expect_get(q, "u");
-    expect_get_rc(q, -EAGAIN);
-    clock_step(4 * MS);
-    expect_get_rc(q, -EAGAIN); /* w is ready at +10 ms */
-    clock_step(1 * MS);
-    expect_get(q, "w");
-    expect_get_rc(q, -EAGAIN);
-    expect_done(q, "q");
-    expect_done(q, "v");
-    expect_done(q, "u");
-    expect_done(q, "w");
-    check_clean(q);
-    close_q(q);
+    assert_int_equal(t_stats(q).waiting, 2);
+    T_EXPECT_GET(q, "q");
+    t_clock_step(5 * MS);
+    T_EXPECT_GET(q, "v");    /* ready and 7 */
+    T_EXPECT_GET(q, "u");
+    T_EXPECT_GET_RC(q, -EAGAIN);
+    t_clock_step(4 * MS);
+    T_EXPECT_GET_RC(q, -EAGAIN); /* w is ready at +10 ms */
+    t_clock_step(1 * MS);
+    T_EXPECT_GET(q, "w");
+    T_EXPECT_GET_RC(q, -EAGAIN);
+    T_EXPECT_DONE(q, "q");
+    T_EXPECT_DONE(q, "v");
+    T_EXPECT_DONE(q, "u");
+    T_EXPECT_DONE(q, "w");
+    t_check_clean(q, NULL);
+    t_close(q);
 }
 
 /* after_ns and rate_limited together: the smaller delay wins, in both
@@ -719,7 +709,7 @@ static void prio_after_and_rl(void **state)
                                 .fair_share = 1000, .tenant_sep = -1,
                                 .rl_limiters = WQ_RL_EXPONENTIAL,
                                 .rl_base_delay_ns = dir == 0 ? SEC : 10 * MS };
-        wq *q = open_opts("prio-rl", &o);
+        wq *q = t_track(t_create("prio-rl", &o, NULL));
         uint64_t after = dir == 0 ? 10 * MS : SEC;
 
         assert_int_equal(addx(q, "r", 3, after, true), 0);
@@ -729,17 +719,17 @@ static void prio_after_and_rl(void **state)
         assert_int_equal(ki.priority, 3);
         assert_int_equal(wq_num_requeues(q, KS("r")), 1);
         add_ok(q, "z", 0);
-        clock_step(9 * MS);
-        assert_int_equal(stats_of(q).waiting, 1);
-        clock_step(1 * MS);
-        expect_get(q, "r");        /* priority 3 before z */
-        expect_get(q, "z");
-        expect_done(q, "r");
-        expect_done(q, "z");
+        t_clock_step(9 * MS);
+        assert_int_equal(t_stats(q).waiting, 1);
+        t_clock_step(1 * MS);
+        T_EXPECT_GET(q, "r");        /* priority 3 before z */
+        T_EXPECT_GET(q, "z");
+        T_EXPECT_DONE(q, "r");
+        T_EXPECT_DONE(q, "z");
         assert_int_equal(wq_forget(q, KS("r")), 0);
-        check_clean(q);
-        close_q(q);
-        clock_at(T0);
+        t_check_clean(q, NULL);
+        t_close(q);
+        t_clock_at(T0);
     }
 }
 
@@ -752,14 +742,14 @@ static void prio_after_and_rl(void **state)
    or 0 if it was not within max_gets. */
 static int flood_until(wq *q, const char *target, int max_gets, int *next_id)
 {
-    char buf[KEYBUF + 1], k[32];
+    char buf[T_KEYBUF + 1], k[32];
 
     for (int g = 1; g <= max_gets; g++) {
         for (int j = 0; j < 2; j++) {
             snprintf(k, sizeof k, "h%d", (*next_id)++);
-            assert_int_equal(addp(q, k, 10), 0);
+            assert_int_equal(t_add_prio(q, KS(k), 10), 0);
         }
-        int n = wq_get(q, buf, KEYBUF, 0);
+        int n = wq_get(q, buf, T_KEYBUF, 0);
         assert_true(n > 0);
         buf[n] = '\0';
         assert_int_equal(wq_done(q, buf, (size_t)n), 0);
@@ -772,11 +762,11 @@ static int flood_until(wq *q, const char *target, int max_gets, int *next_id)
 static void starve_bound(void **state)
 {
     (void)state;
-    wq *q = open_q("starve-4", 1, 4, -1, 4096);
+    wq *q = fair_q("starve-4", 1, 4, -1, 4096);
     int id = 0;
 
     /* L is the oldest: r = 0, within 4 gets. */
-    assert_int_equal(addp(q, "L", 0), 0);
+    assert_int_equal(t_add_prio(q, KS("L"), 0), 0);
     int g = flood_until(q, "L", 4, &id);
     if (g == 0)
         fail_msg("L not handed out within 4 gets under the flood");
@@ -785,14 +775,14 @@ static void starve_bound(void **state)
     /* Several low keys: Li has i keys queued before it (the flood keys
        queued now are younger), so it comes out within 4 * (i + 1) gets
        counted from the moment they were added. */
-    char buf[KEYBUF + 1];
+    char buf[T_KEYBUF + 1];
     int n;
-    while ((n = wq_get(q, buf, KEYBUF, 0)) > 0)     /* empty the queue */
+    while ((n = wq_get(q, buf, T_KEYBUF, 0)) > 0)     /* empty the queue */
         assert_int_equal(wq_done(q, buf, (size_t)n), 0);
     for (int i = 0; i < 5; i++) {
         char k[8];
         snprintf(k, sizeof k, "L%d", i);
-        assert_int_equal(addp(q, k, i - 3), 0);     /* all below 10 */
+        assert_int_equal(t_add_prio(q, KS(k), i - 3), 0);     /* all below 10 */
     }
     int total = 0;
     for (int i = 0; i < 5; i++) {
@@ -803,37 +793,37 @@ static void starve_bound(void **state)
             fail_msg("%s not handed out within %d gets", k, 4 * (i + 1));
         total += g;
     }
-    check_clean(q);
-    close_q(q);
+    t_check_clean(q, NULL);
+    t_close(q);
 }
 
 /* The default fair_share is 8. */
 static void starve_default_share(void **state)
 {
     (void)state;
-    wq *q = open_q("starve-8", 1, 0, -1, 4096);
+    wq *q = fair_q("starve-8", 1, 0, -1, 4096);
     int id = 0;
 
-    assert_int_equal(addp(q, "L", -5), 0);
+    assert_int_equal(t_add_prio(q, KS("L"), -5), 0);
     int g = flood_until(q, "L", 8, &id);
     if (g == 0)
         fail_msg("L not handed out within 8 gets (default fair_share)");
-    check_clean(q);
-    close_q(q);
+    t_check_clean(q, NULL);
+    t_close(q);
 }
 
 /* fair_share = 1000: L waits as long as the flood keeps ahead. */
 static void starve_large_share(void **state)
 {
     (void)state;
-    wq *q = open_q("starve-1000", 1, 1000, -1, 4096);
+    wq *q = fair_q("starve-1000", 1, 1000, -1, 4096);
     int id = 0;
 
-    assert_int_equal(addp(q, "L", 0), 0);
+    assert_int_equal(t_add_prio(q, KS("L"), 0), 0);
     assert_int_equal(flood_until(q, "L", 100, &id), 0);
     assert_int_equal(info_of(q, "L").state, WQ_KEY_QUEUED | WQ_KEY_DIRTY);
-    check_clean(q);
-    close_q(q);
+    t_check_clean(q, NULL);
+    t_close(q);
 }
 
 /* The oldest-key rule also serves a key that was re-added while
@@ -841,18 +831,18 @@ static void starve_large_share(void **state)
 static void starve_readd(void **state)
 {
     (void)state;
-    wq *q = open_q("starve-readd", 1, 4, -1, 4096);
+    wq *q = fair_q("starve-readd", 1, 4, -1, 4096);
     int id = 0;
 
-    assert_int_equal(addp(q, "L", 0), 0);
-    expect_get(q, "L");
-    assert_int_equal(addp(q, "L", 0), 0);   /* the oldest add once done */
-    expect_done(q, "L");
+    assert_int_equal(t_add_prio(q, KS("L"), 0), 0);
+    T_EXPECT_GET(q, "L");
+    assert_int_equal(t_add_prio(q, KS("L"), 0), 0);   /* the oldest add once done */
+    T_EXPECT_DONE(q, "L");
     int g = flood_until(q, "L", 4, &id);
     if (g == 0)
         fail_msg("re-added L not handed out within 4 gets");
-    check_clean(q);
-    close_q(q);
+    t_check_clean(q, NULL);
+    t_close(q);
 }
 
 /* ------------------------------------------------------------------ */
@@ -882,10 +872,10 @@ static void add_tenant_flood(wq *q, const char *tenant, int n)
    within max. */
 static int gets_until(wq *q, const char *target, int max)
 {
-    char buf[KEYBUF + 1];
+    char buf[T_KEYBUF + 1];
 
     for (int g = 1; g <= max; g++) {
-        int n = wq_get(q, buf, KEYBUF, 0);
+        int n = wq_get(q, buf, T_KEYBUF, 0);
         if (n < 0)
             fail_msg("wq_get = %d (%s) at get %d looking for %s", n,
                      wq_strerror(n), g, target);
@@ -900,7 +890,7 @@ static int gets_until(wq *q, const char *target, int max)
 static void tenant_flood(void **state)
 {
     (void)state;
-    wq *q = open_q("tenant-flood", 1, 1000, 0, FLOOD + 1024);
+    wq *q = fair_q("tenant-flood", 1, 1000, 0, FLOOD + 1024);
     struct iovec v = { (void *)"b/x", 3 };
 
     add_tenant_flood(q, "a", FLOOD);
@@ -912,8 +902,8 @@ static void tenant_flood(void **state)
 
     /* Half of a/ later, a new tenant is again served at once ... */
     for (int i = 0; i < FLOOD / 2; i++) {
-        char buf[KEYBUF];
-        int n = wq_get(q, buf, KEYBUF, 0);
+        char buf[T_KEYBUF];
+        int n = wq_get(q, buf, T_KEYBUF, 0);
         assert_true(n > 0);
         assert_int_equal(wq_done(q, buf, (size_t)n), 0);
     }
@@ -928,11 +918,11 @@ static void tenant_flood(void **state)
         snprintf(k, sizeof k, "b/%d", i);
         add_ok(q, k, 0);
     }
-    char buf[KEYBUF + 1], order[256] = "";
+    char buf[T_KEYBUF + 1], order[256] = "";
     int bs = 0, prev_b = 0, adjacent = 0;
     size_t used = 0;
     for (int i = 0; i < 11 && bs < 5; i++) {
-        int n = wq_get(q, buf, KEYBUF, 0);
+        int n = wq_get(q, buf, T_KEYBUF, 0);
         assert_true(n > 0);
         buf[n] = '\0';
         assert_int_equal(wq_done(q, buf, (size_t)n), 0);
@@ -946,22 +936,22 @@ static void tenant_flood(void **state)
     }
     if (bs != 5 || adjacent)
         fail_msg("after an idle spell, b/ got: %s", order);
-    check_clean(q);
-    close_q(q);
+    t_check_clean(q, NULL);
+    t_close(q);
 }
 
 /* Tenant round-robin off: b/x waits behind all of a/. */
 static void tenant_off_flood(void **state)
 {
     (void)state;
-    wq *q = open_q("tenant-off", 1, 1000, -1, FLOOD + 1024);
+    wq *q = fair_q("tenant-off", 1, 1000, -1, FLOOD + 1024);
 
     add_tenant_flood(q, "a", FLOOD);
     add_ok(q, "b/x", 0);
     assert_int_equal(gets_until(q, "b/x", 1000), 0);
     assert_int_equal(info_of(q, "b/x").state, WQ_KEY_QUEUED | WQ_KEY_DIRTY);
-    check_clean(q);
-    close_q(q);
+    t_check_clean(q, NULL);
+    t_close(q);
 }
 
 /* Start-time fair queueing tags: three tenants with three keys each, all
@@ -973,15 +963,15 @@ static void tenant_three(void **state)
                                          "b/3", "c/1", "c/2", "c/3" };
     /* Added tenant after tenant, and interleaved the other way round. */
     for (int variant = 0; variant < 2; variant++) {
-        wq *q = open_q("tenant-three", 1, 1000, 0, 4096);
+        wq *q = fair_q("tenant-three", 1, 1000, 0, 4096);
         for (int i = 0; i < 9; i++) {
             int j = variant == 0 ? i : (i % 3) * 3 + (i / 3);
             add_ok(q, order[j], 0);
         }
         expect_dump(q, "a/1 b/1 c/1 a/2 b/2 c/2 a/3 b/3 c/3");
         expect_drain(q, "a/1 b/1 c/1 a/2 b/2 c/2 a/3 b/3 c/3");
-        check_clean(q);
-        close_q(q);
+        t_check_clean(q, NULL);
+        t_close(q);
     }
 }
 
@@ -1014,16 +1004,16 @@ static void expect_turns(const char *got, int n)
 static void tenant_with_priority(void **state)
 {
     (void)state;
-    wq *q = open_q("tenant-prio", 1, 1000, 0, 4096);
+    wq *q = fair_q("tenant-prio", 1, 1000, 0, 4096);
     char got[256];
 
-    assert_int_equal(addp(q, "a/1", 0), 0);
-    assert_int_equal(addp(q, "a/2", 0), 0);
-    assert_int_equal(addp(q, "a/3", 5), 0);
-    assert_int_equal(addp(q, "a/4", 5), 0);
-    assert_int_equal(addp(q, "b/1", 0), 0);
-    assert_int_equal(addp(q, "b/2", 5), 0);
-    assert_int_equal(addp(q, "b/3", 5), 0);
+    assert_int_equal(t_add_prio(q, KS("a/1"), 0), 0);
+    assert_int_equal(t_add_prio(q, KS("a/2"), 0), 0);
+    assert_int_equal(t_add_prio(q, KS("a/3"), 5), 0);
+    assert_int_equal(t_add_prio(q, KS("a/4"), 5), 0);
+    assert_int_equal(t_add_prio(q, KS("b/1"), 0), 0);
+    assert_int_equal(t_add_prio(q, KS("b/2"), 5), 0);
+    assert_int_equal(t_add_prio(q, KS("b/3"), 5), 0);
     drain_order(q, got, sizeof got);
     print_message("  order: %s\n", got);
     /* priority 5 first: a/3 a/4 b/2 b/3 in turns; then a/1 a/2 b/1 */
@@ -1035,8 +1025,8 @@ static void tenant_with_priority(void **state)
     if (strcmp(got + 16, "a/1 b/1 a/2") != 0)
         fail_msg("priority 0 keys: \"%s\", expected \"a/1 b/1 a/2\" last",
                  got);
-    check_clean(q);
-    close_q(q);
+    t_check_clean(q, NULL);
+    t_close(q);
 }
 
 /* Turns are taken among keys of one priority: a tenant with many low
@@ -1046,26 +1036,26 @@ static void tenant_with_priority(void **state)
 static void tenant_turns_per_priority(void **state)
 {
     (void)state;
-    wq *q = open_q("tenant-prio2", 1, 1000, 0, 4096);
+    wq *q = fair_q("tenant-prio2", 1, 1000, 0, 4096);
     char got[512];
 
     for (int i = 0; i < 10; i++) {
         char k[8];
         snprintf(k, sizeof k, "a/%d", i);
-        assert_int_equal(addp(q, k, 0), 0);
+        assert_int_equal(t_add_prio(q, KS(k), 0), 0);
     }
-    assert_int_equal(addp(q, "a/x", 5), 0);
-    assert_int_equal(addp(q, "a/y", 5), 0);
-    assert_int_equal(addp(q, "b/x", 5), 0);
-    assert_int_equal(addp(q, "b/y", 5), 0);
+    assert_int_equal(t_add_prio(q, KS("a/x"), 5), 0);
+    assert_int_equal(t_add_prio(q, KS("a/y"), 5), 0);
+    assert_int_equal(t_add_prio(q, KS("b/x"), 5), 0);
+    assert_int_equal(t_add_prio(q, KS("b/y"), 5), 0);
     drain_order(q, got, sizeof got);
     print_message("  order: %s\n", got);
     if (strncmp(got, "a/x b/x a/y b/y ", 16) != 0)
         fail_msg("priority 5: \"%.15s\", expected \"a/x b/x a/y b/y\"", got);
     if (strncmp(got + 16, "a/0 a/1 a/2 ", 12) != 0)
         fail_msg("then a/0 .. a/9 in add order: \"%s\"", got);
-    check_clean(q);
-    close_q(q);
+    t_check_clean(q, NULL);
+    t_close(q);
 }
 
 /* A key without the separator is a tenant of its own (the whole key:
@@ -1075,7 +1065,7 @@ static void tenant_turns_per_priority(void **state)
 static void tenant_no_separator(void **state)
 {
     (void)state;
-    wq *q = open_q("tenant-nosep", 1, 1000, 0, 4096);
+    wq *q = fair_q("tenant-nosep", 1, 1000, 0, 4096);
 
     add_ok(q, "x1", 0);
     add_ok(q, "x2", 0);
@@ -1088,23 +1078,23 @@ static void tenant_no_separator(void **state)
     assert_int_equal(info_of(q, "x1").tenant_len, 2);
     assert_int_equal(info_of(q, "x2").tenant_len, 2);
     expect_drain(q, "x1 x2 x3 a/1 /z a/2 /y a/3");
-    check_clean(q);
-    close_q(q);
+    t_check_clean(q, NULL);
+    t_close(q);
 }
 
 /* Another separator, and only the first one counts. */
 static void tenant_custom_sep(void **state)
 {
     (void)state;
-    wq *q = open_q("tenant-colon", 1, 1000, ':', 4096);
+    wq *q = fair_q("tenant-colon", 1, 1000, ':', 4096);
 
     add_ok(q, "ns:a:1", 0);
     add_ok(q, "ns:a:2", 0);
     add_ok(q, "ns:b:1", 0);
     add_ok(q, "ot:x", 0);
     expect_drain(q, "ns:a:1 ot:x ns:a:2 ns:b:1");
-    check_clean(q);
-    close_q(q);
+    t_check_clean(q, NULL);
+    t_close(q);
 }
 
 /* wq_dump's tenant_len: "the part of the key before the first tenant_sep
@@ -1114,7 +1104,7 @@ static void tenant_custom_sep(void **state)
 static void tenant_len_dump(void **state)
 {
     (void)state;
-    wq *q = open_q("tenant-len", 1, 1000, 0, 64);
+    wq *q = fair_q("tenant-len", 1, 1000, 0, 64);
     add_ok(q, "a/1", 0);
     add_ok(q, "/z", 0);
     add_ok(q, "x1", 0);
@@ -1124,17 +1114,17 @@ static void tenant_len_dump(void **state)
     assert_int_equal(info_of(q, "/z").tenant_len, 0);
     assert_int_equal(info_of(q, "ns/a/b").tenant_len, 2);
     expect_drain(q, "a/1 /z x1 ns/a/b");
-    check_clean(q);
-    close_q(q);
+    t_check_clean(q, NULL);
+    t_close(q);
 
-    q = open_q("tenant-len-colon", 1, 1000, ':', 64);
+    q = fair_q("tenant-len-colon", 1, 1000, ':', 64);
     add_ok(q, "ns:a:1", 0);
     add_ok(q, "ns/x", 0);
     assert_int_equal(info_of(q, "ns:a:1").tenant_len, 2);
     assert_int_equal(info_of(q, "ns/x").tenant_len, 4);
     expect_drain(q, "ns:a:1 ns/x");
-    check_clean(q);
-    close_q(q);
+    t_check_clean(q, NULL);
+    t_close(q);
 }
 
 /* A tenant's backlog does not delay another tenant's single key after a
@@ -1144,12 +1134,12 @@ static void tenant_len_dump(void **state)
 static void tenant_flood_after_priority(void **state)
 {
     (void)state;
-    wq *q = open_q("tenant-flood-prio", 1, 1000, 0, FLOOD + 1024);
+    wq *q = fair_q("tenant-flood-prio", 1, 1000, 0, FLOOD + 1024);
 
     add_tenant_flood(q, "a", FLOOD);
-    assert_int_equal(addp(q, "a/hi", 10), 0);
-    expect_get(q, "a/hi");
-    expect_done(q, "a/hi");
+    assert_int_equal(t_add_prio(q, KS("a/hi"), 10), 0);
+    T_EXPECT_GET(q, "a/hi");
+    T_EXPECT_DONE(q, "a/hi");
     add_ok(q, "b/x", 0);
     int g = gets_until(q, "b/x", 2);
     if (g == 0) {
@@ -1157,8 +1147,8 @@ static void tenant_flood_after_priority(void **state)
         fail_msg("b/x not handed out within 2 gets after a/hi: it was "
                  "handed out at get %d after a/hi", 2 + more);
     }
-    check_clean(q);
-    close_q(q);
+    t_check_clean(q, NULL);
+    t_close(q);
 }
 
 /* ------------------------------------------------------------------ */
@@ -1168,40 +1158,40 @@ static void tenant_flood_after_priority(void **state)
 static void stats_fair(void **state)
 {
     (void)state;
-    wq *q = open_q("stats-fair", 1, 1000, 0, 4096);
+    wq *q = fair_q("stats-fair", 1, 1000, 0, 4096);
 
-    struct wq_stats s = stats_of(q);
+    struct wq_stats s = t_stats(q);
     assert_int_equal(s.fair, 1);
     add_ok(q, "a/1", 0);
     add_ok(q, "a/2", 0);
     add_ok(q, "b/1", 0);
     add_ok(q, "c/1", 0);
-    expect_get(q, "a/1");
-    expect_get(q, "b/1");
-    expect_get(q, "c/1");
-    expect_get(q, "a/2");
+    T_EXPECT_GET(q, "a/1");
+    T_EXPECT_GET(q, "b/1");
+    T_EXPECT_GET(q, "c/1");
+    T_EXPECT_GET(q, "a/2");
     add_ok(q, "b/1", 0);                           /* re-added */
     assert_int_equal(addx(q, "d/1", 0, SEC, false), 0);   /* waiting */
-    s = stats_of(q);
+    s = t_stats(q);
     assert_int_equal(s.queued, 0);
     assert_int_equal(s.processing, 4);
     assert_int_equal(s.waiting, 1);
     assert_int_equal(s.live, 5);
-    expect_done(q, "a/1");
-    expect_done(q, "a/2");
-    expect_done(q, "c/1");
-    expect_done(q, "b/1");
-    clock_step(SEC);
-    s = stats_of(q);
+    T_EXPECT_DONE(q, "a/1");
+    T_EXPECT_DONE(q, "a/2");
+    T_EXPECT_DONE(q, "c/1");
+    T_EXPECT_DONE(q, "b/1");
+    t_clock_step(SEC);
+    s = t_stats(q);
     assert_int_equal(s.queued, 2);                 /* b/1 and d/1 */
     assert_int_equal(s.waiting, 0);
     expect_drain(q, "b/1 d/1");
-    s = stats_of(q);
+    s = t_stats(q);
     assert_int_equal(s.live, 0);
     assert_int_equal(s.fair, 1);
     assert_int_equal(s.adds_total, 6);
-    check_clean(q);
-    close_q(q);
+    t_check_clean(q, NULL);
+    t_close(q);
 }
 
 /* A second handle (attach only) sees the fair geometry of the region. */
@@ -1210,71 +1200,69 @@ static void stats_attach(void **state)
     (void)state;
     struct wq_options o = { .capacity = 64, .flags = WQ_FAIR,
                             .fair_share = 1000, .tenant_sep = -1 };
-    wq *q = open_opts("stats-attach", &o), *q2 = NULL;
+    wq *q = t_track(t_create("stats-attach", &o, NULL)), *q2 = NULL;
     const char *name = wq_name(q);
 
     assert_int_equal(wq_open(name, NULL, &q2), 0);
-    track(q2);
-    assert_int_equal(stats_of(q2).fair, 1);
-    assert_int_equal(addp(q2, "lo", 1), 0);
-    assert_int_equal(addp(q2, "hi", 2), 0);
-    expect_get(q, "hi");
-    expect_done(q2, "hi");
-    expect_get(q2, "lo");
-    close_q(q2);              /* gives "lo" back: queued again */
-    expect_get(q, "lo");
-    expect_done(q, "lo");
-    check_clean(q);
-    close_q(q);
+    t_track(q2);
+    assert_int_equal(t_stats(q2).fair, 1);
+    assert_int_equal(t_add_prio(q2, KS("lo"), 1), 0);
+    assert_int_equal(t_add_prio(q2, KS("hi"), 2), 0);
+    T_EXPECT_GET(q, "hi");
+    T_EXPECT_DONE(q2, "hi");
+    T_EXPECT_GET(q2, "lo");
+    t_close(q2);              /* gives "lo" back: queued again */
+    T_EXPECT_GET(q, "lo");
+    T_EXPECT_DONE(q, "lo");
+    t_check_clean(q, NULL);
+    t_close(q);
 }
 
-#define T(fn) FX_CLOCK_TEST(fn)
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        T(fig2_default),
-        T(fig2_fair),
-        T(fig2_default_twice),
-        T(fig2_fair_twice),
-        T(fig2_twice_adjacent),
-        T(fig2_done_get),
-        T(fig2_fair_share_1),
-        T(readd_interleaved),
-        T(readd_done_reversed),
-        T(readd_get_between),
-        T(readd_then_queued_add),
-        T(readd_chain),
-        T(readd_finish_and_rerun),
-        T(readd_add_many),
-        T(prio_merge),
-        T(prio_order),
-        T(prio_raise_moves),
-        T(prio_readd_while_processing),
-        T(prio_readd_new_priority),
-        T(prio_merge_negative),
-        T(prio_default_mode),
-        T(prio_bad_args),
-        T(prio_after),
-        T(prio_after_merge),
-        T(prio_after_and_rl),
-        T(starve_bound),
-        T(starve_default_share),
-        T(starve_large_share),
-        T(starve_readd),
-        T(tenant_flood),
-        T(tenant_off_flood),
-        T(tenant_three),
-        T(tenant_with_priority),
-        T(tenant_turns_per_priority),
-        T(tenant_no_separator),
-        T(tenant_custom_sep),
-        T(tenant_len_dump),
-        T(tenant_flood_after_priority),
-        T(stats_fair),
-        T(stats_attach),
-        cmocka_unit_test(th_test_no_leftovers),
+        T_CLOCK_TEST(fig2_default),
+        T_CLOCK_TEST(fig2_fair),
+        T_CLOCK_TEST(fig2_default_twice),
+        T_CLOCK_TEST(fig2_fair_twice),
+        T_CLOCK_TEST(fig2_twice_adjacent),
+        T_CLOCK_TEST(fig2_done_get),
+        T_CLOCK_TEST(fig2_fair_share_1),
+        T_CLOCK_TEST(readd_interleaved),
+        T_CLOCK_TEST(readd_done_reversed),
+        T_CLOCK_TEST(readd_get_between),
+        T_CLOCK_TEST(readd_then_queued_add),
+        T_CLOCK_TEST(readd_chain),
+        T_CLOCK_TEST(readd_finish_and_rerun),
+        T_CLOCK_TEST(readd_add_many),
+        T_CLOCK_TEST(prio_merge),
+        T_CLOCK_TEST(prio_order),
+        T_CLOCK_TEST(prio_raise_moves),
+        T_CLOCK_TEST(prio_readd_while_processing),
+        T_CLOCK_TEST(prio_readd_new_priority),
+        T_CLOCK_TEST(prio_merge_negative),
+        T_CLOCK_TEST(prio_default_mode),
+        T_CLOCK_TEST(prio_bad_args),
+        T_CLOCK_TEST(prio_after),
+        T_CLOCK_TEST(prio_after_merge),
+        T_CLOCK_TEST(prio_after_and_rl),
+        T_CLOCK_TEST(starve_bound),
+        T_CLOCK_TEST(starve_default_share),
+        T_CLOCK_TEST(starve_large_share),
+        T_CLOCK_TEST(starve_readd),
+        T_CLOCK_TEST(tenant_flood),
+        T_CLOCK_TEST(tenant_off_flood),
+        T_CLOCK_TEST(tenant_three),
+        T_CLOCK_TEST(tenant_with_priority),
+        T_CLOCK_TEST(tenant_turns_per_priority),
+        T_CLOCK_TEST(tenant_no_separator),
+        T_CLOCK_TEST(tenant_custom_sep),
+        T_CLOCK_TEST(tenant_len_dump),
+        T_CLOCK_TEST(tenant_flood_after_priority),
+        T_CLOCK_TEST(stats_fair),
+        T_CLOCK_TEST(stats_attach),
+        T_NO_LEFTOVERS,
     };
-    int rc = cmocka_run_group_tests(tests, th_group_setup, th_group_teardown);
-    return rc | th_final_check();
+    return T_RUN_GROUP("fair", tests);
 }

@@ -26,17 +26,13 @@
  * Clock: wq_test_clock_set() (see test-delay.c), set to T0 before every
  * queue is created, so the bucket starts full at T0.
  */
-#include "fixture.h"
+#include "t.h"
 
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include "fault-api.h"
-
-#define KEYBUF 256 /* default max_key_len */
 
 /* ------------------------------------------------------------------ */
 /* When() through the queue                                            */
@@ -53,13 +49,13 @@ static uint64_t when_(wq *q, const char *key, int line)
     if (rc != 0)
         fail_msg("line %d: wq_add_rate_limited(%s) = %d (%s), expected 0",
                  line, key, rc, wq_strerror(rc));
-    if (!key_info(q, key, &ki))
+    if (!t_key_info(q, key, &ki))
         fail_msg("line %d: \"%s\" is not in the dump", line, key);
     if (ki.state & WQ_KEY_WAITING) {
-        if (ki.ready_ns <= fake_now)
+        if (ki.ready_ns <= t_fake_now)
             fail_msg("line %d: \"%s\" waits with ready_ns %" PRIu64
-                     " <= now %" PRIu64, line, key, ki.ready_ns, fake_now);
-        d = ki.ready_ns - fake_now;
+                     " <= now %" PRIu64, line, key, ki.ready_ns, t_fake_now);
+        d = ki.ready_ns - t_fake_now;
         rc = wq_add(q, KS(key)); /* pull it forward: queued at once */
         if (rc != 0)
             fail_msg("line %d: wq_add(%s) of a waiting key = %d", line, key,
@@ -70,7 +66,7 @@ static uint64_t when_(wq *q, const char *key, int line)
         fail_msg("line %d: \"%s\" state 0x%x after wq_add_rate_limited", line,
                  key, ki.state);
     }
-    expect_get_(q, key, line);
+    t_expect_get_(q, key, strlen(key), line);
     rc = wq_done(q, KS(key));
     if (rc != 0)
         fail_msg("line %d: wq_done(%s) = %d", line, key, rc);
@@ -100,7 +96,7 @@ static wq *limiter_q(const char *tag, unsigned limiters, uint64_t base,
                             .rl_fast_delay_ns = fast,
                             .rl_slow_delay_ns = slow,
                             .rl_max_fast_attempts = attempts };
-    return open_opts(tag, &o);
+    return t_track(t_create(tag, &o, NULL));
 }
 
 static wq *bucket_q(const char *tag, double qps, uint32_t burst)
@@ -108,7 +104,7 @@ static wq *bucket_q(const char *tag, double qps, uint32_t burst)
     struct wq_options o = { .rl_limiters = WQ_RL_BUCKET,
                             .rl_qps = qps,
                             .rl_burst = burst };
-    return open_opts(tag, &o);
+    return t_track(t_create(tag, &o, NULL));
 }
 
 /* ================================================================== */
@@ -119,7 +115,7 @@ static wq *bucket_q(const char *tag, double qps, uint32_t burst)
 static void item_exponential(void **state)
 {
     (void)state;
-    th_watchdog(10);
+    t_watchdog(10);
     wq *q = limiter_q("exp", WQ_RL_EXPONENTIAL, 1 * MS, 1 * SEC, 0, 0, 0);
 
     expect_when(q, "one", 1 * MS);
@@ -136,7 +132,7 @@ static void item_exponential(void **state)
     assert_int_equal(wq_forget(q, KS("one")), 0);
     expect_requeues(q, "one", 0);
     expect_when(q, "one", 1 * MS);
-    close_q(q);
+    t_close(q);
 }
 
 /* min(base * 2^i, max) without overflow. */
@@ -152,7 +148,7 @@ static uint64_t exp_delay(uint64_t base, uint64_t max, unsigned i)
 static void item_exponential_overflow(void **state)
 {
     (void)state;
-    th_watchdog(15);
+    t_watchdog(15);
     wq *q = limiter_q("exp-of1", WQ_RL_EXPONENTIAL, 1 * MS, 1000 * SEC, 0,
                       0, 0);
 
@@ -164,7 +160,7 @@ static void item_exponential_overflow(void **state)
         expect_when(q, "overflow1", exp_delay(1 * MS, 1000 * SEC, i));
     expect_when(q, "overflow1", 1000 * SEC);
     expect_requeues(q, "overflow1", 1001);
-    close_q(q);
+    t_close(q);
 
     q = limiter_q("exp-of2", WQ_RL_EXPONENTIAL, 1 * MIN, 1000 * HOUR, 0, 0,
                   0);
@@ -176,14 +172,14 @@ static void item_exponential_overflow(void **state)
         expect_when(q, "overflow2", exp_delay(1 * MIN, 1000 * HOUR, i));
     expect_when(q, "overflow2", 1000 * HOUR);
     expect_requeues(q, "overflow2", 1001);
-    close_q(q);
+    t_close(q);
 }
 
 /* TestItemFastSlowRateLimiter */
 static void item_fast_slow(void **state)
 {
     (void)state;
-    th_watchdog(10);
+    t_watchdog(10);
     wq *q = limiter_q("fastslow", WQ_RL_FAST_SLOW, 0, 0, 5 * MS, 10 * SEC,
                       3);
 
@@ -201,14 +197,14 @@ static void item_fast_slow(void **state)
     assert_int_equal(wq_forget(q, KS("one")), 0);
     expect_requeues(q, "one", 0);
     expect_when(q, "one", 5 * MS);
-    close_q(q);
+    t_close(q);
 }
 
 /* TestMaxOfRateLimiter: MaxOf(FastSlow(5ms, 3s, 3), Exponential(1ms, 1s)) */
 static void max_of(void **state)
 {
     (void)state;
-    th_watchdog(10);
+    t_watchdog(10);
     wq *q = limiter_q("maxof", WQ_RL_FAST_SLOW | WQ_RL_EXPONENTIAL, 1 * MS,
                       1 * SEC, 5 * MS, 3 * SEC, 3);
 
@@ -232,7 +228,7 @@ static void max_of(void **state)
     for (int i = 0; i < 15; i++)
         (void)when_(q, "three", __LINE__);
     expect_when(q, "three", 3 * SEC);
-    close_q(q);
+    t_close(q);
 }
 
 /*
@@ -256,7 +252,7 @@ static void with_max_wait_rate_limiter(void **state)
 static void exponential_max_cap(void **state)
 {
     (void)state;
-    th_watchdog(10);
+    t_watchdog(10);
     wq *q = limiter_q("expcap", WQ_RL_EXPONENTIAL, 5 * MS, 500 * SEC, 0, 0,
                       0);
 
@@ -265,7 +261,7 @@ static void exponential_max_cap(void **state)
     for (unsigned i = 17; i < 100; i++)
         expect_when(q, "k", 500 * SEC);
     expect_requeues(q, "k", 100);
-    close_q(q);
+    t_close(q);
 }
 
 /* ================================================================== */
@@ -281,7 +277,7 @@ static void exponential_max_cap(void **state)
 static void bucket_burst_then_rate(void **state)
 {
     (void)state;
-    th_watchdog(10);
+    t_watchdog(10);
     wq *q = bucket_q("bucket", 0, 0);
     char k[16];
 
@@ -296,10 +292,10 @@ static void bucket_burst_then_rate(void **state)
        NumRequeues is always 0, and so is libwq's with the bucket alone. */
     expect_requeues(q, "b0", 0);
     expect_requeues(q, "b101", 0);
-    struct wq_stats s = stats_of(q);
+    struct wq_stats s = t_stats(q);
     assert_int_equal(s.retries_total, 103);
     assert_int_equal(s.failing, 0);   /* no per-key counts: no idle slots */
-    close_q(q);
+    t_close(q);
 }
 
 /* Refill with time, capped at burst; fractions of a token. qps 4 keeps
@@ -307,28 +303,28 @@ static void bucket_burst_then_rate(void **state)
 static void bucket_refill(void **state)
 {
     (void)state;
-    th_watchdog(10);
+    t_watchdog(10);
     wq *q = bucket_q("refill", 4, 2);
 
     expect_when(q, "k1", 0);
     expect_when(q, "k2", 0);
     expect_when(q, "k3", 250 * MS); /* tokens -1 */
-    clock_step(125 * MS);           /* -0.5 */
+    t_clock_step(125 * MS);           /* -0.5 */
     expect_when(q, "k4", 375 * MS); /* -1.5 */
-    clock_step(1 * SEC);            /* 2.5, capped at 2 */
+    t_clock_step(1 * SEC);            /* 2.5, capped at 2 */
     expect_when(q, "k5", 0);
     expect_when(q, "k6", 0);
     expect_when(q, "k7", 250 * MS); /* -1 */
-    clock_step(250 * MS);           /* 0 */
+    t_clock_step(250 * MS);           /* 0 */
     expect_when(q, "k8", 250 * MS); /* -1 */
-    clock_step(375 * MS);           /* 0.5 */
+    t_clock_step(375 * MS);           /* 0.5 */
     expect_when(q, "k9", 125 * MS); /* -0.5 */
-    clock_step(3600 * SEC);         /* a long idle time: 2 */
+    t_clock_step(3600 * SEC);         /* a long idle time: 2 */
     expect_when(q, "k10", 0);
     expect_when(q, "k11", 0);
     expect_when(q, "k12", 250 * MS);
     expect_when(q, "k13", 500 * MS);
-    close_q(q);
+    t_close(q);
 }
 
 /* client-go's DefaultControllerRateLimiter, libwq's default (zero
@@ -336,8 +332,8 @@ static void bucket_refill(void **state)
 static void default_controller_rate_limiter(void **state)
 {
     (void)state;
-    th_watchdog(10);
-    wq *q = open_opts("default", NULL);
+    t_watchdog(10);
+    wq *q = t_track(t_create("default", NULL, NULL));
     char k[16];
 
     for (int i = 0; i < 100; i++) {
@@ -346,7 +342,7 @@ static void default_controller_rate_limiter(void **state)
     }
     expect_when(q, "k100", 100 * MS); /* bucket: 1 token short */
     expect_when(q, "k0", 200 * MS);   /* exp 10 ms, bucket 200 ms */
-    clock_step(1 * SEC);              /* tokens -2 + 10 = 8 */
+    t_clock_step(1 * SEC);              /* tokens -2 + 10 = 8 */
     expect_when(q, "k0", 20 * MS);    /* exp 20 ms, bucket 0 */
     expect_requeues(q, "k0", 3);
     assert_int_equal(wq_forget(q, KS("k0")), 0);
@@ -358,15 +354,15 @@ static void default_controller_rate_limiter(void **state)
                             .rl_max_delay_ns = 1000 * SEC,
                             .rl_qps = 10,
                             .rl_burst = 100 };
-    wq *q2 = open_opts("explicit", &o);
+    wq *q2 = t_track(t_create("explicit", &o, NULL));
     for (int i = 0; i < 100; i++) {
         snprintf(k, sizeof k, "k%d", i);
         expect_when(q2, k, 5 * MS);
     }
     expect_when(q2, "k100", 100 * MS);
     expect_when(q2, "k0", 200 * MS);
-    close_q(q2);
-    close_q(q);
+    t_close(q2);
+    t_close(q);
 }
 
 /* ================================================================== */
@@ -380,7 +376,7 @@ static int try_open(const struct wq_options *o)
     int rc;
 
     opt.flags |= WQ_CREATE | WQ_EXCL;
-    rc = wq_open(th_qname("opts"), &opt, &q);
+    rc = wq_open(t_qname("opts"), &opt, &q);
     if (rc == 0)
         wq_close(q);
     return rc;
@@ -389,7 +385,7 @@ static int try_open(const struct wq_options *o)
 static void limiter_options(void **state)
 {
     (void)state;
-    th_watchdog(10);
+    t_watchdog(10);
     struct wq_options o;
 
 #define TRY(expect, ...)                                                     \
@@ -428,7 +424,7 @@ static void limiter_options(void **state)
 static void limiter_defaults_and_attach(void **state)
 {
     (void)state;
-    th_watchdog(10);
+    t_watchdog(10);
 
     /* exponential alone, zero fields: 5 ms .. 1000 s */
     wq *q = limiter_q("expdef", WQ_RL_EXPONENTIAL, 0, 0, 0, 0, 0);
@@ -437,23 +433,23 @@ static void limiter_defaults_and_attach(void **state)
     for (int i = 0; i < 60; i++)
         (void)when_(q, "k", __LINE__);
     expect_when(q, "k", 1000 * SEC);
-    close_q(q);
+    t_close(q);
 
     /* bucket alone with a burst of 1: 0, then 1 / 10 qps */
     q = bucket_q("burst1", 0, 1);
     expect_when(q, "a", 0);
     expect_when(q, "b", 100 * MS);
-    close_q(q);
+    t_close(q);
 
     /* bucket with qps 2, default burst 100 */
     q = bucket_q("qps2", 2, 0);
     for (int i = 0; i < 100; i++)
         (void)when_(q, "a", __LINE__);
     expect_when(q, "b", 500 * MS);
-    close_q(q);
+    t_close(q);
 
     /* attaching with other limiter options keeps the creator's */
-    const char *name = th_qname("attach");
+    const char *name = t_qname("attach");
     struct wq_options c = { .flags = WQ_CREATE | WQ_EXCL,
                             .rl_limiters = WQ_RL_EXPONENTIAL,
                             .rl_base_delay_ns = 1 * MS,
@@ -465,34 +461,32 @@ static void limiter_defaults_and_attach(void **state)
                             .rl_max_fast_attempts = 1 };
     wq *q1 = NULL, *q2 = NULL;
     assert_int_equal(wq_open(name, &c, &q1), 0);
-    track(q1);
+    t_track(q1);
     assert_int_equal(wq_open(name, &a, &q2), 0);
-    track(q2);
+    t_track(q2);
     expect_when(q2, "k", 1 * MS);
     expect_when(q2, "k", 2 * MS);
     expect_when(q1, "k", 4 * MS);
-    close_q(q2);
-    close_q(q1);
+    t_close(q2);
+    t_close(q1);
 }
 
-#define T(fn) FX_CLOCK_TEST(fn)
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        T(item_exponential),
-        T(item_exponential_overflow),
-        T(item_fast_slow),
-        T(max_of),
-        T(with_max_wait_rate_limiter),
-        T(exponential_max_cap),
-        T(bucket_burst_then_rate),
-        T(bucket_refill),
-        T(default_controller_rate_limiter),
-        T(limiter_options),
-        T(limiter_defaults_and_attach),
-        cmocka_unit_test(th_test_no_leftovers),
+        T_CLOCK_TEST(item_exponential),
+        T_CLOCK_TEST(item_exponential_overflow),
+        T_CLOCK_TEST(item_fast_slow),
+        T_CLOCK_TEST(max_of),
+        T_CLOCK_TEST(with_max_wait_rate_limiter),
+        T_CLOCK_TEST(exponential_max_cap),
+        T_CLOCK_TEST(bucket_burst_then_rate),
+        T_CLOCK_TEST(bucket_refill),
+        T_CLOCK_TEST(default_controller_rate_limiter),
+        T_CLOCK_TEST(limiter_options),
+        T_CLOCK_TEST(limiter_defaults_and_attach),
+        T_NO_LEFTOVERS,
     };
-    int rc = cmocka_run_group_tests(tests, th_group_setup, th_group_teardown);
-    return rc | th_final_check();
+    return T_RUN_GROUP("limiters", tests);
 }

@@ -18,7 +18,7 @@
  * Clock: wq_test_clock_set() (see test-delay.c) makes every duration
  * exact. Every wq_get uses timeout 0.
  */
-#include "fixture.h"
+#include "t.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -26,10 +26,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-#include "fault-api.h"
-
-#define KEYBUF 256 /* default max_key_len */
 
 /* ------------------------------------------------------------------ */
 /* Metrics helpers                                                     */
@@ -110,8 +106,8 @@ static void expect_hist_(const struct wq_histogram *h, const char *what,
 static void metrics(void **state)
 {
     (void)state;
-    th_watchdog(10);
-    wq *q = open_opts("metrics", NULL);
+    t_watchdog(10);
+    wq *q = t_track(t_create("metrics", NULL, NULL));
     struct wq_metrics m;
 
     m = metrics_of(q);
@@ -125,10 +121,10 @@ static void metrics(void **state)
     assert_int_equal(m.adds_total, 1);
     assert_int_equal(m.depth, 1);
 
-    clock_step(50 * US);
+    t_clock_step(50 * US);
 
     /* Start processing */
-    expect_get(q, "foo");
+    T_EXPECT_GET(q, "foo");
     m = metrics_of(q);
     expect_hist(m.queue_duration, 50 * US); /* 5e-05 */
     assert_int_equal(m.depth, 0);
@@ -148,7 +144,7 @@ static void metrics(void **state)
         fail_msg("depth = %" PRIu64 " while the key is processing and "
                  "dirty, expected 1 (client-go counts it)", m.depth);
 
-    clock_step(25 * US);
+    t_clock_step(25 * US);
 
     /* Finish it up */
     assert_int_equal(wq_done(q, KS("foo")), 0);
@@ -159,12 +155,12 @@ static void metrics(void **state)
 
     /* It should be back on the queue; it waited since its re-add, 25 us
        ago (client-go records the add time at the Add, not at the Done) */
-    expect_get(q, "foo");
+    T_EXPECT_GET(q, "foo");
     m = metrics_of(q);
     expect_hist(m.queue_duration, 50 * US, 25 * US);
     assert_int_equal(m.depth, 0);
 
-    clock_step(1 * MS);
+    t_clock_step(1 * MS);
     m = metrics_of(q);
     expect_secs(m.unfinished_work_seconds, 1 * MS);
     expect_secs(m.longest_running_processor_seconds, 1 * MS);
@@ -181,7 +177,7 @@ static void metrics(void **state)
     assert_int_equal(m.adds_total, 2);
     assert_int_equal(m.processing, 0);
     assert_int_equal(m.retries_total, 0);
-    close_q(q);
+    t_close(q);
 }
 
 /*
@@ -194,20 +190,20 @@ static void metrics(void **state)
 static void metric_shutdown(void **state)
 {
     (void)state;
-    th_watchdog(10);
-    wq *q = open_opts("metric-shutdown", NULL);
+    t_watchdog(10);
+    wq *q = t_track(t_create("metric-shutdown", NULL, NULL));
     struct wq_metrics m;
 
     assert_int_equal(wq_add(q, KS("foo")), 0);
-    expect_get(q, "foo");
-    clock_step(1 * MS);
+    T_EXPECT_GET(q, "foo");
+    t_clock_step(1 * MS);
     m = metrics_of(q);
     expect_secs(m.unfinished_work_seconds, 1 * MS);
     assert_int_equal(wq_done(q, KS("foo")), 0);
     assert_int_equal(wq_shutdown(q), 0);
     struct wq_metrics before = metrics_of(q);
 
-    clock_step(3600 * SEC);
+    t_clock_step(3600 * SEC);
     m = metrics_of(q);
     expect_secs(m.unfinished_work_seconds, 0);
     expect_secs(m.longest_running_processor_seconds, 0);
@@ -219,7 +215,7 @@ static void metric_shutdown(void **state)
                             sizeof m.queue_duration), 0);
     assert_int_equal(memcmp(&m.work_duration, &before.work_duration,
                             sizeof m.work_duration), 0);
-    close_q(q);
+    t_close(q);
 }
 
 /* ================================================================== */
@@ -230,8 +226,8 @@ static void metric_shutdown(void **state)
 static void histogram_buckets(void **state)
 {
     (void)state;
-    th_watchdog(10);
-    wq *q = open_opts("buckets", NULL);
+    t_watchdog(10);
+    wq *q = t_track(t_create("buckets", NULL, NULL));
     static const uint64_t d[] = {
         0, 1, 10, 11, 99, 100, 101, 999, 1000, 10 * US, 10 * US + 1,
         100 * US, 1 * MS, 1 * MS + 1, 10 * MS, 100 * MS - 1, 100 * MS,
@@ -244,9 +240,9 @@ static void histogram_buckets(void **state)
     /* queue durations d[i], work durations 0 */
     for (size_t i = 0; i < n; i++) {
         assert_int_equal(wq_add(q, KS("k")), 0);
-        clock_step(d[i]);
-        expect_get(q, "k");
-        expect_done(q, "k");
+        t_clock_step(d[i]);
+        T_EXPECT_GET(q, "k");
+        T_EXPECT_DONE(q, "k");
     }
     m = metrics_of(q);
     expect_hist_(&m.queue_duration, "queue_duration", __LINE__, d, n);
@@ -255,9 +251,9 @@ static void histogram_buckets(void **state)
     /* work durations d[i] */
     for (size_t i = 0; i < n; i++) {
         assert_int_equal(wq_add(q, KS("k")), 0);
-        expect_get(q, "k");
-        clock_step(d[i]);
-        expect_done(q, "k");
+        T_EXPECT_GET(q, "k");
+        t_clock_step(d[i]);
+        T_EXPECT_DONE(q, "k");
     }
     m = metrics_of(q);
     uint64_t all[2 * (sizeof d / sizeof d[0])];
@@ -266,45 +262,45 @@ static void histogram_buckets(void **state)
     expect_hist_(&m.work_duration, "work_duration", __LINE__, all, n + n);
     assert_int_equal(m.queue_duration.count, n + n);
     assert_int_equal(m.adds_total, n + n);
-    close_q(q);
+    t_close(q);
 }
 
 /* Two keys processing: the gauges sum ages / take the oldest. */
 static void work_gauges(void **state)
 {
     (void)state;
-    th_watchdog(10);
-    wq *q = open_opts("gauges", NULL);
+    t_watchdog(10);
+    wq *q = t_track(t_create("gauges", NULL, NULL));
     struct wq_metrics m;
 
     assert_int_equal(wq_add(q, KS("a")), 0);
     assert_int_equal(wq_add(q, KS("b")), 0);
-    expect_get(q, "a");
-    clock_step(1 * MS);
-    expect_get(q, "b");
-    clock_step(2 * MS);
+    T_EXPECT_GET(q, "a");
+    t_clock_step(1 * MS);
+    T_EXPECT_GET(q, "b");
+    t_clock_step(2 * MS);
     m = metrics_of(q);
     assert_int_equal(m.processing, 2);
     expect_secs(m.unfinished_work_seconds, 5 * MS);
     expect_secs(m.longest_running_processor_seconds, 3 * MS);
     expect_hist(m.queue_duration, 0, 1 * MS);
 
-    expect_done(q, "a");
+    T_EXPECT_DONE(q, "a");
     m = metrics_of(q);
     expect_secs(m.unfinished_work_seconds, 2 * MS);
     expect_secs(m.longest_running_processor_seconds, 2 * MS);
     expect_hist(m.work_duration, 3 * MS);
-    clock_step(10 * SEC);
+    t_clock_step(10 * SEC);
     m = metrics_of(q);
     expect_secs(m.unfinished_work_seconds, 10 * SEC + 2 * MS);
     expect_secs(m.longest_running_processor_seconds, 10 * SEC + 2 * MS);
-    expect_done(q, "b");
+    T_EXPECT_DONE(q, "b");
     m = metrics_of(q);
     expect_secs(m.unfinished_work_seconds, 0);
     expect_secs(m.longest_running_processor_seconds, 0);
     expect_hist(m.work_duration, 3 * MS, 10 * SEC + 2 * MS);
     assert_int_equal(m.processing, 0);
-    close_q(q);
+    t_close(q);
 }
 
 /* retries_total counts every wq_add_after and wq_add_rate_limited call
@@ -312,8 +308,8 @@ static void work_gauges(void **state)
 static void retries_total(void **state)
 {
     (void)state;
-    th_watchdog(10);
-    wq *q = open_opts("retries", NULL);
+    t_watchdog(10);
+    wq *q = t_track(t_create("retries", NULL, NULL));
     struct wq_metrics m;
 
     assert_int_equal(wq_add(q, KS("plain")), 0); /* not a retry */
@@ -326,11 +322,11 @@ static void retries_total(void **state)
     assert_int_equal(wq_add_rate_limited(q, KS("plain")), 1); /* queued */
     m = metrics_of(q);
     assert_int_equal(m.retries_total, 7);
-    assert_int_equal(stats_of(q).retries_total, 7);
+    assert_int_equal(t_stats(q).retries_total, 7);
     assert_int_equal(m.waiting, 2);
     assert_int_equal(m.depth, 2);     /* plain, b */
     assert_int_equal(m.adds_total, 2); /* waiting keys not yet added */
-    close_q(q);
+    t_close(q);
 }
 
 /*
@@ -343,8 +339,8 @@ static void retries_total(void **state)
 static void waiting_key_metrics(void **state)
 {
     (void)state;
-    th_watchdog(10);
-    wq *q = open_opts("waiting", NULL);
+    t_watchdog(10);
+    wq *q = t_track(t_create("waiting", NULL, NULL));
     struct wq_metrics m;
 
     assert_int_equal(wq_add_after(q, KS("k"), 50 * MS), 0);
@@ -354,18 +350,18 @@ static void waiting_key_metrics(void **state)
     assert_int_equal(m.waiting, 1);
     assert_int_equal(m.retries_total, 1);
 
-    clock_step(80 * MS);
-    assert_int_equal(queued(q), 1); /* moved now, 30 ms after ready */
+    t_clock_step(80 * MS);
+    assert_int_equal(t_queued(q), 1); /* moved now, 30 ms after ready */
     m = metrics_of(q);
     assert_int_equal(m.adds_total, 1);
     assert_int_equal(m.depth, 1);
     assert_int_equal(m.waiting, 0);
-    clock_step(5 * MS);
-    expect_get(q, "k");
+    t_clock_step(5 * MS);
+    T_EXPECT_GET(q, "k");
     m = metrics_of(q);
     expect_hist(m.queue_duration, 35 * MS);
-    expect_done(q, "k");
-    close_q(q);
+    T_EXPECT_DONE(q, "k");
+    t_close(q);
 }
 
 /* The same when the first lock holder after the ready time is the get
@@ -373,18 +369,18 @@ static void waiting_key_metrics(void **state)
 static void waiting_key_queue_duration_from_ready(void **state)
 {
     (void)state;
-    th_watchdog(10);
-    wq *q = open_opts("waiting-get", NULL);
+    t_watchdog(10);
+    wq *q = t_track(t_create("waiting-get", NULL, NULL));
     struct wq_metrics m;
 
     assert_int_equal(wq_add_after(q, KS("k"), 50 * MS), 0);
-    clock_step(80 * MS);
-    expect_get(q, "k");
+    t_clock_step(80 * MS);
+    T_EXPECT_GET(q, "k");
     m = metrics_of(q);
     assert_int_equal(m.adds_total, 1);
     expect_hist(m.queue_duration, 30 * MS);
-    expect_done(q, "k");
-    close_q(q);
+    T_EXPECT_DONE(q, "k");
+    t_close(q);
 }
 
 /* A processing key whose wait fires is added (dirty) at its ready time:
@@ -393,71 +389,71 @@ static void waiting_key_queue_duration_from_ready(void **state)
 static void processing_key_wait_fires_metrics(void **state)
 {
     (void)state;
-    th_watchdog(10);
-    wq *q = open_opts("waiting-proc", NULL);
+    t_watchdog(10);
+    wq *q = t_track(t_create("waiting-proc", NULL, NULL));
     struct wq_metrics m;
 
     assert_int_equal(wq_add(q, KS("k")), 0);
-    expect_get(q, "k");
+    T_EXPECT_GET(q, "k");
     assert_int_equal(wq_add_after(q, KS("k"), 10 * MS), 0);
-    clock_step(30 * MS);
-    assert_int_equal(queued(q), 0); /* fired: processing + dirty */
+    t_clock_step(30 * MS);
+    assert_int_equal(t_queued(q), 0); /* fired: processing + dirty */
     m = metrics_of(q);
     assert_int_equal(m.adds_total, 2);
     assert_int_equal(m.waiting, 0);
-    expect_done(q, "k");
-    clock_step(5 * MS);
-    expect_get(q, "k");
+    T_EXPECT_DONE(q, "k");
+    t_clock_step(5 * MS);
+    T_EXPECT_GET(q, "k");
     m = metrics_of(q);
     expect_hist(m.queue_duration, 0, 25 * MS);
     expect_hist(m.work_duration, 30 * MS);
-    expect_done(q, "k");
-    close_q(q);
+    T_EXPECT_DONE(q, "k");
+    t_close(q);
 }
 
 /* A direct add of a waiting key is an add at that time. */
 static void direct_add_of_waiting_key_metrics(void **state)
 {
     (void)state;
-    th_watchdog(10);
-    wq *q = open_opts("waiting-direct", NULL);
+    t_watchdog(10);
+    wq *q = t_track(t_create("waiting-direct", NULL, NULL));
     struct wq_metrics m;
 
     assert_int_equal(wq_add_after(q, KS("k"), 50 * MS), 0);
-    clock_step(10 * MS);
+    t_clock_step(10 * MS);
     assert_int_equal(wq_add(q, KS("k")), 0);
     m = metrics_of(q);
     assert_int_equal(m.adds_total, 1);
     assert_int_equal(m.depth, 1);
     assert_int_equal(m.waiting, 0);
-    clock_step(1 * MS);
-    expect_get(q, "k");
+    t_clock_step(1 * MS);
+    T_EXPECT_GET(q, "k");
     m = metrics_of(q);
     expect_hist(m.queue_duration, 1 * MS);
-    expect_done(q, "k");
-    clock_step(1 * SEC);
+    T_EXPECT_DONE(q, "k");
+    t_clock_step(1 * SEC);
     m = metrics_of(q);
     assert_int_equal(m.adds_total, 1); /* never fired a second time */
-    close_q(q);
+    t_close(q);
 }
 
 /* WQ_NO_METRICS: histograms and work gauges stay 0; counters count. */
 static void no_metrics(void **state)
 {
     (void)state;
-    th_watchdog(10);
+    t_watchdog(10);
     struct wq_options o = { .flags = WQ_NO_METRICS };
-    wq *q = open_opts("no-metrics", &o);
+    wq *q = t_track(t_create("no-metrics", &o, NULL));
     struct wq_metrics m;
 
     assert_int_equal(wq_add(q, KS("k")), 0);
-    clock_step(1 * MS);
-    expect_get(q, "k");
-    clock_step(1 * MS);
+    t_clock_step(1 * MS);
+    T_EXPECT_GET(q, "k");
+    t_clock_step(1 * MS);
     m = metrics_of(q);
     expect_secs(m.unfinished_work_seconds, 0);
     expect_secs(m.longest_running_processor_seconds, 0);
-    expect_done(q, "k");
+    T_EXPECT_DONE(q, "k");
     assert_int_equal(wq_add_after(q, KS("w"), 1 * MS), 0);
     m = metrics_of(q);
     expect_hist_empty(m.queue_duration);
@@ -467,7 +463,7 @@ static void no_metrics(void **state)
     assert_int_equal(m.waiting, 1);
     assert_int_equal(wq_metrics(q, NULL), -EINVAL);
     assert_int_equal(wq_metrics(NULL, &m), -EINVAL);
-    close_q(q);
+    t_close(q);
 }
 
 /* Metrics live in the region: a child process with its own (fake) clock
@@ -477,16 +473,16 @@ static const char *xp_name;
 static int xp_child(void)
 {
     wq *q = NULL;
-    char buf[KEYBUF];
+    char buf[T_KEYBUF];
 
     wq_test_clock_set(T0 + 2 * MS);
-    TH_CHECK_EQ(wq_open(xp_name, NULL, &q), 0);
+    T_CHECK_EQ(wq_open(xp_name, NULL, &q), 0);
     int n = wq_get(q, buf, sizeof buf, 0);
-    TH_CHECK_EQ(n, 1);
-    TH_CHECK(buf[0] == 'k');
+    T_CHECK_EQ(n, 1);
+    T_CHECK(buf[0] == 'k');
     wq_test_clock_set(T0 + 5 * MS);
-    TH_CHECK_EQ(wq_done(q, "k", 1), 0);
-    TH_CHECK_EQ(wq_add(q, "x", 1), 0);
+    T_CHECK_EQ(wq_done(q, "k", 1), 0);
+    T_CHECK_EQ(wq_add(q, "x", 1), 0);
     wq_close(q);
     return 0;
 }
@@ -494,46 +490,44 @@ static int xp_child(void)
 static void metrics_across_processes(void **state)
 {
     (void)state;
-    th_watchdog(10);
-    xp_name = th_qname("xproc");
+    t_watchdog(10);
+    xp_name = t_qname("xproc");
     struct wq_options o = { .flags = WQ_CREATE | WQ_EXCL };
     wq *q = NULL;
     struct wq_metrics m;
 
     assert_int_equal(wq_open(xp_name, &o, &q), 0);
-    track(q);
+    t_track(q);
     assert_int_equal(wq_add(q, KS("k")), 0);
-    pid_t pid = th_fork(10);
+    pid_t pid = t_fork(10);
     if (pid == 0)
         _exit(xp_child());
-    assert_int_equal(th_wait(pid, 5000), 0);
-    TH_ASSERT_BOARD_CLEAN();
+    assert_int_equal(t_wait(pid, 5000), 0);
+    T_ASSERT_BOARD_CLEAN();
     m = metrics_of(q);
     assert_int_equal(m.adds_total, 2);
     assert_int_equal(m.depth, 1);
     expect_hist(m.queue_duration, 2 * MS);
     expect_hist(m.work_duration, 3 * MS);
-    close_q(q);
+    t_close(q);
 }
 
-#define T(fn) FX_CLOCK_TEST(fn)
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        T(metrics),
-        T(metric_shutdown),
-        T(histogram_buckets),
-        T(work_gauges),
-        T(retries_total),
-        T(waiting_key_metrics),
-        T(waiting_key_queue_duration_from_ready),
-        T(processing_key_wait_fires_metrics),
-        T(direct_add_of_waiting_key_metrics),
-        T(no_metrics),
-        T(metrics_across_processes),
-        cmocka_unit_test(th_test_no_leftovers),
+        T_CLOCK_TEST(metrics),
+        T_CLOCK_TEST(metric_shutdown),
+        T_CLOCK_TEST(histogram_buckets),
+        T_CLOCK_TEST(work_gauges),
+        T_CLOCK_TEST(retries_total),
+        T_CLOCK_TEST(waiting_key_metrics),
+        T_CLOCK_TEST(waiting_key_queue_duration_from_ready),
+        T_CLOCK_TEST(processing_key_wait_fires_metrics),
+        T_CLOCK_TEST(direct_add_of_waiting_key_metrics),
+        T_CLOCK_TEST(no_metrics),
+        T_CLOCK_TEST(metrics_across_processes),
+        T_NO_LEFTOVERS,
     };
-    int rc = cmocka_run_group_tests(tests, th_group_setup, th_group_teardown);
-    return rc | th_final_check();
+    return T_RUN_GROUP("metrics", tests);
 }

@@ -14,12 +14,12 @@
  *     them, and survive the process that added them;
  *   - a shutdown from any process drops them and wakes blocked getters.
  *
- * Timing bounds: ready time + 30 ms (times th_scale(), which only ever
+ * Timing bounds: ready time + 30 ms (times t_scale(), which only ever
  * widens deadlines). Times are CLOCK_MONOTONIC, written by the processes
  * into a shared mapping. Children report through the failure board and
  * their exit code; cmocka asserts only in the test process.
  */
-#include "helpers.h"
+#include "t.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -29,11 +29,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#define KEYBUF 256 /* default max_key_len */
-#define MS ((uint64_t)1000000)
 #define SLACK_MS 30 /* how late after its ready time a key may be got */
-
-#define KS(s) (s), strlen(s)
 
 struct shared {
     atomic_int phase;
@@ -49,62 +45,30 @@ struct shared {
 static struct shared *sh;
 static const char *qname;
 
-/* The test process's handle; teardown closes it if a failed test (cmocka
-   leaves it by longjmp) did not. */
-static wq *mainq;
-
-static void close_main(void)
+/* Per test: the shared mapping. */
+static int shared_setup(void **state)
 {
-    if (mainq != NULL)
-        wq_close(mainq);
-    mainq = NULL;
+    sh = t_shared_alloc(sizeof *sh);
+    return t_setup(state);
 }
 
-static int setup(void **state)
+static int shared_teardown(void **state)
 {
-    sh = th_shared_alloc(sizeof *sh);
-    return th_setup(state);
-}
-
-static int teardown(void **state)
-{
-    int rc = th_teardown(state); /* kills children first */
-    close_main();
-    th_shared_free(sh, sizeof *sh);
+    int rc = t_teardown(state); /* kills children first */
+    t_shared_free(sh, sizeof *sh);
     sh = NULL;
     return rc;
 }
 
-static wq *create_q(const char *tag)
+/* This process's handle on a new queue, its name in qname. */
+static wq *mp_create(const char *tag)
 {
-    struct wq_options o = { .flags = WQ_CREATE | WQ_EXCL };
-    wq *q = NULL;
-    int rc;
-
-    qname = th_qname(tag);
-    rc = wq_open(qname, &o, &q);
-    if (rc != 0)
-        fail_msg("wq_open(%s) = %d (%s)", qname, rc, wq_strerror(rc));
-    mainq = q;
-    return q;
+    return t_track(t_create(tag, NULL, &qname));
 }
 
 static uint64_t slack_ns(void)
 {
-    return (uint64_t)SLACK_MS * th_scale() * MS;
-}
-
-/* Wait until *f >= v; 0 on success, -1 after ms (scaled). */
-static int wait_at_least(atomic_int *f, int v, unsigned ms)
-{
-    uint64_t end = th_now_ns() + (uint64_t)ms * th_scale() * MS;
-
-    while (atomic_load(f) < v) {
-        if (th_now_ns() > end)
-            return -1;
-        th_sleep_ms(1);
-    }
-    return 0;
+    return (uint64_t)SLACK_MS * t_scale() * MS;
 }
 
 /* In a child: open the queue by name. */
@@ -114,7 +78,7 @@ static wq *child_open(void)
     int rc = wq_open(qname, NULL, &q);
 
     if (rc != 0) {
-        th_failf(__FILE__, __LINE__, "child wq_open(%s) = %d (%s)", qname,
+        t_failf(__FILE__, __LINE__, "child wq_open(%s) = %d (%s)", qname,
                  rc, wq_strerror(rc));
         _exit(1);
     }
@@ -126,19 +90,19 @@ static wq *child_open(void)
 static int getter(int n, int64_t timeout_ns)
 {
     wq *q = child_open();
-    char buf[KEYBUF];
+    char buf[T_KEYBUF];
 
     atomic_store(&sh->ready, 1);
     for (int i = 0; i < n; i++) {
         if (i == 0)
-            sh->t_get0 = th_now_ns();
+            sh->t_get0 = t_now_ns();
         int r = wq_get(q, buf, sizeof buf, timeout_ns);
-        sh->t_got[i] = th_now_ns();
+        sh->t_got[i] = t_now_ns();
         sh->got_rc[i] = r;
         if (r <= 0)
             break;
         snprintf(sh->got[i], sizeof sh->got[i], "%.*s", r, buf);
-        TH_CHECK_EQ(wq_done(q, buf, (size_t)r), 0);
+        T_CHECK_EQ(wq_done(q, buf, (size_t)r), 0);
     }
     wq_close(q);
     return 0;
@@ -146,13 +110,13 @@ static int getter(int n, int64_t timeout_ns)
 
 static pid_t start_getter(int n, int64_t timeout_ns)
 {
-    pid_t pid = th_fork(15);
+    pid_t pid = t_fork(15);
 
     if (pid == 0)
         _exit(getter(n, timeout_ns));
-    if (wait_at_least(&sh->ready, 1, 5000) != 0)
+    if (t_wait_count(&sh->ready, 1, 5000) != 0)
         fail_msg("getter process did not start");
-    th_sleep_ms(50); /* let it reach its futex sleep */
+    t_sleep_ms(50); /* let it reach its futex sleep */
     return pid;
 }
 
@@ -160,14 +124,14 @@ static pid_t start_getter(int n, int64_t timeout_ns)
 static pid_t add_after_in_child(const char *key, uint64_t delay, int slot,
                                 int close_it)
 {
-    pid_t pid = th_fork(10);
+    pid_t pid = t_fork(10);
 
     if (pid == 0) {
         wq *q = child_open();
-        sh->t_add[slot] = th_now_ns();
+        sh->t_add[slot] = t_now_ns();
         int rc = wq_add_after(q, KS(key), delay);
         if (rc != 0) {
-            th_failf(__FILE__, __LINE__, "wq_add_after(%s) = %d", key, rc);
+            t_failf(__FILE__, __LINE__, "wq_add_after(%s) = %d", key, rc);
             _exit(1);
         }
         if (close_it)
@@ -208,16 +172,16 @@ static void expect_on_time_(int i, uint64_t t_add, uint64_t delay, int line)
 static void blocked_get_in_other_process(void **state)
 {
     (void)state;
-    th_watchdog(15);
-    wq *q = create_q("mp-pickup");
+    t_watchdog(15);
+    wq *q = mp_create("mp-pickup");
 
     for (int round = 0; round < 3; round++) {
         atomic_store(&sh->ready, 0);
         pid_t pid = start_getter(1, 2000 * (int64_t)MS);
-        uint64_t t_add = th_now_ns();
+        uint64_t t_add = t_now_ns();
         assert_int_equal(wq_add_after(q, KS("k"), 200 * MS), 0);
-        assert_int_equal(th_wait(pid, 5000), 0);
-        TH_ASSERT_BOARD_CLEAN();
+        assert_int_equal(t_wait(pid, 5000), 0);
+        T_ASSERT_BOARD_CLEAN();
         expect_got(0, "k");
         expect_on_time(0, t_add, 200 * MS);
     }
@@ -225,7 +189,7 @@ static void blocked_get_in_other_process(void **state)
     assert_int_equal(wq_stats(q, &s), 0);
     assert_int_equal(s.live, 0);
     assert_int_equal(s.retries_total, 3);
-    close_main();
+    t_close(q);
 }
 
 /* A blocked get whose timeout ends before the ready time returns
@@ -233,16 +197,16 @@ static void blocked_get_in_other_process(void **state)
 static void blocked_get_times_out_before_ready(void **state)
 {
     (void)state;
-    th_watchdog(15);
-    wq *q = create_q("mp-timeout");
+    t_watchdog(15);
+    wq *q = mp_create("mp-timeout");
 
     /* the delay is a deadline for the child's start-up: scaled */
-    const uint64_t delay = 400 * MS * th_scale();
-    uint64_t t_add = th_now_ns();
+    const uint64_t delay = 400 * MS * t_scale();
+    uint64_t t_add = t_now_ns();
     assert_int_equal(wq_add_after(q, KS("k"), delay), 0);
     pid_t pid = start_getter(1, 100 * (int64_t)MS);
-    assert_int_equal(th_wait(pid, 5000), 0);
-    TH_ASSERT_BOARD_CLEAN();
+    assert_int_equal(t_wait(pid, 5000), 0);
+    T_ASSERT_BOARD_CLEAN();
     assert_int_equal(sh->got_rc[0], -ETIMEDOUT);
     assert_true(sh->t_got[0] - sh->t_get0 >= 100 * MS);
     assert_true(sh->t_got[0] < t_add + delay);
@@ -250,7 +214,7 @@ static void blocked_get_times_out_before_ready(void **state)
     assert_int_equal(wq_stats(q, &s), 0);
     assert_int_equal(s.waiting, 1);
     assert_int_equal(s.queued, 0);
-    close_main();
+    t_close(q);
 }
 
 /* Failure counts are shared: A fails the key 3 times (getting and doning
@@ -259,21 +223,21 @@ static void blocked_get_times_out_before_ready(void **state)
 static int proc_a(void)
 {
     wq *q = child_open();
-    char buf[KEYBUF];
+    char buf[T_KEYBUF];
 
     for (int i = 0; i < 3; i++) {
-        TH_CHECK_EQ(wq_add_rate_limited(q, KS("k")), 0);
-        TH_CHECK_EQ(wq_get(q, buf, sizeof buf, 1000 * (int64_t)MS), 1);
-        TH_CHECK_EQ(wq_done(q, KS("k")), 0);
+        T_CHECK_EQ(wq_add_rate_limited(q, KS("k")), 0);
+        T_CHECK_EQ(wq_get(q, buf, sizeof buf, 1000 * (int64_t)MS), 1);
+        T_CHECK_EQ(wq_done(q, KS("k")), 0);
     }
-    TH_CHECK_EQ(wq_num_requeues(q, KS("k")), 3);
+    T_CHECK_EQ(wq_num_requeues(q, KS("k")), 3);
     atomic_store(&sh->phase, 1);
-    TH_CHECK_EQ(wait_at_least(&sh->phase, 2, 5000), 0);
-    TH_CHECK_EQ(wq_num_requeues(q, KS("k")), 0);
+    T_CHECK_EQ(t_wait_count(&sh->phase, 2, 5000), 0);
+    T_CHECK_EQ(wq_num_requeues(q, KS("k")), 0);
     struct wq_stats s;
-    TH_CHECK_EQ(wq_stats(q, &s), 0);
-    TH_CHECK_EQ(s.failing, 0);
-    TH_CHECK_EQ(s.live, 0);
+    T_CHECK_EQ(wq_stats(q, &s), 0);
+    T_CHECK_EQ(s.failing, 0);
+    T_CHECK_EQ(s.live, 0);
     wq_close(q);
     return 0;
 }
@@ -289,10 +253,10 @@ static int proc_b(void)
 {
     wq *q = child_open();
 
-    TH_CHECK_EQ(wait_at_least(&sh->phase, 1, 5000), 0);
-    TH_CHECK_EQ(wq_num_requeues(q, KS("k")), 3);
-    TH_CHECK_EQ(wq_dump(q, failing_cb, NULL), WQ_KEY_FAILING);
-    TH_CHECK_EQ(wq_forget(q, KS("k")), 0);
+    T_CHECK_EQ(t_wait_count(&sh->phase, 1, 5000), 0);
+    T_CHECK_EQ(wq_num_requeues(q, KS("k")), 3);
+    T_CHECK_EQ(wq_dump(q, failing_cb, NULL), WQ_KEY_FAILING);
+    T_CHECK_EQ(wq_forget(q, KS("k")), 0);
     atomic_store(&sh->phase, 2);
     wq_close(q);
     return 0;
@@ -301,22 +265,22 @@ static int proc_b(void)
 static void failure_count_shared(void **state)
 {
     (void)state;
-    th_watchdog(15);
-    wq *q = create_q("mp-failures");
+    t_watchdog(15);
+    wq *q = mp_create("mp-failures");
 
-    pid_t b = th_fork(10);
+    pid_t b = t_fork(10);
     if (b == 0)
         _exit(proc_b());
-    pid_t a = th_fork(10);
+    pid_t a = t_fork(10);
     if (a == 0)
         _exit(proc_a());
-    int ra = th_wait(a, 8000);
-    int rb = th_wait(b, 8000);
-    TH_ASSERT_BOARD_CLEAN();
+    int ra = t_wait(a, 8000);
+    int rb = t_wait(b, 8000);
+    T_ASSERT_BOARD_CLEAN();
     assert_int_equal(ra, 0);
     assert_int_equal(rb, 0);
     assert_int_equal(wq_num_requeues(q, KS("k")), 0);
-    close_main();
+    t_close(q);
 }
 
 /* Keys added by three processes in the order late (300 ms), early
@@ -331,18 +295,18 @@ static void ready_order_across_processes(void **state)
        longer than those delays, so the premise does not hold there. */
     if (getenv("WQ_TEST_VALGRIND"))
         skip();
-    th_watchdog(15);
-    wq *q = create_q("mp-order");
+    t_watchdog(15);
+    wq *q = mp_create("mp-order");
     static const char *const keys[] = { "late", "early", "mid" };
     static const uint64_t delays[] = { 300 * MS, 100 * MS, 200 * MS };
 
     pid_t g = start_getter(3, 2000 * (int64_t)MS);
     for (int i = 0; i < 3; i++) {
         pid_t p = add_after_in_child(keys[i], delays[i], i, 1);
-        assert_int_equal(th_wait(p, 5000), 0);
+        assert_int_equal(t_wait(p, 5000), 0);
     }
-    assert_int_equal(th_wait(g, 5000), 0);
-    TH_ASSERT_BOARD_CLEAN();
+    assert_int_equal(t_wait(g, 5000), 0);
+    T_ASSERT_BOARD_CLEAN();
     expect_got(0, "early");
     expect_got(1, "mid");
     expect_got(2, "late");
@@ -350,7 +314,7 @@ static void ready_order_across_processes(void **state)
     expect_on_time(1, sh->t_add[2], delays[2]);
     expect_on_time(2, sh->t_add[0], delays[0]);
     assert_int_equal(wq_check(q, 0), 0);
-    close_main();
+    t_close(q);
 }
 
 /* A waiting key outlives the process that added it (it exits without
@@ -358,21 +322,21 @@ static void ready_order_across_processes(void **state)
 static void adder_dies_key_fires(void **state)
 {
     (void)state;
-    th_watchdog(15);
-    wq *q = create_q("mp-adder-dies");
-    char buf[KEYBUF];
+    t_watchdog(15);
+    wq *q = mp_create("mp-adder-dies");
+    char buf[T_KEYBUF];
 
     pid_t p = add_after_in_child("k", 100 * MS, 0, 0);
-    assert_int_equal(th_wait(p, 5000), 0);
-    TH_ASSERT_BOARD_CLEAN();
+    assert_int_equal(t_wait(p, 5000), 0);
+    T_ASSERT_BOARD_CLEAN();
     int n = wq_get(q, buf, sizeof buf, 2000 * (int64_t)MS);
-    sh->t_got[0] = th_now_ns();
+    sh->t_got[0] = t_now_ns();
     assert_int_equal(n, 1);
     assert_int_equal(buf[0], 'k');
     expect_on_time(0, sh->t_add[0], 100 * MS);
     assert_int_equal(wq_done(q, KS("k")), 0);
     assert_int_equal(wq_check(q, 0), 0);
-    close_main();
+    t_close(q);
 }
 
 /* A shutdown from another process drops the waiting keys and wakes a
@@ -380,46 +344,46 @@ static void adder_dies_key_fires(void **state)
 static void shutdown_from_other_process(void **state)
 {
     (void)state;
-    th_watchdog(15);
-    wq *q = create_q("mp-shutdown");
+    t_watchdog(15);
+    wq *q = mp_create("mp-shutdown");
 
     assert_int_equal(wq_add_after(q, KS("w"), 10000 * MS), 0);
     pid_t g = start_getter(1, 5000 * (int64_t)MS);
-    pid_t s = th_fork(10);
+    pid_t s = t_fork(10);
     if (s == 0) {
         wq *cq = child_open();
-        sh->t_start = th_now_ns();
+        sh->t_start = t_now_ns();
         int rc = wq_shutdown(cq);
         wq_close(cq);
         _exit(rc == 0 ? 0 : 1);
     }
-    assert_int_equal(th_wait(s, 5000), 0);
-    assert_int_equal(th_wait(g, 5000), 0);
-    TH_ASSERT_BOARD_CLEAN();
+    assert_int_equal(t_wait(s, 5000), 0);
+    assert_int_equal(t_wait(g, 5000), 0);
+    T_ASSERT_BOARD_CLEAN();
     assert_int_equal(sh->got_rc[0], -ESHUTDOWN);
     assert_true(sh->t_got[0] >= sh->t_start);
-    assert_true(sh->t_got[0] - sh->t_start < 500 * MS * th_scale());
+    assert_true(sh->t_got[0] - sh->t_start < 500 * MS * t_scale());
     struct wq_stats st;
     assert_int_equal(wq_stats(q, &st), 0);
     assert_int_equal(st.waiting, 0);
     assert_int_equal(st.live, 0);
     assert_int_equal(st.next_ready_ns, 0);
-    close_main();
+    t_close(q);
 }
 
-#define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
+#define SHARED_TEST(fn) \
+    cmocka_unit_test_setup_teardown(fn, shared_setup, shared_teardown)
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        T(blocked_get_in_other_process),
-        T(blocked_get_times_out_before_ready),
-        T(failure_count_shared),
-        T(ready_order_across_processes),
-        T(adder_dies_key_fires),
-        T(shutdown_from_other_process),
-        cmocka_unit_test(th_test_no_leftovers),
+        SHARED_TEST(blocked_get_in_other_process),
+        SHARED_TEST(blocked_get_times_out_before_ready),
+        SHARED_TEST(failure_count_shared),
+        SHARED_TEST(ready_order_across_processes),
+        SHARED_TEST(adder_dies_key_fires),
+        SHARED_TEST(shutdown_from_other_process),
+        T_NO_LEFTOVERS,
     };
-    int rc = cmocka_run_group_tests(tests, th_group_setup, th_group_teardown);
-    return rc | th_final_check();
+    return T_RUN_GROUP("mp-delay", tests);
 }

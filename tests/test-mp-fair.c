@@ -25,12 +25,12 @@
  *     clean and crash_requeues_total is 1.
  *
  * Only the main thread of the test process uses cmocka asserts; children
- * write to the failure board (helpers.h).
+ * write to the failure board (t.h).
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
-#include "fixture.h"
+#include "t.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -41,8 +41,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#define KEYBUF 256 /* default max_key_len */
-
 static wq *make_fair(const char *tag, uint32_t capacity, uint32_t fair_share,
                      int tenant_sep, const char **name_out)
 {
@@ -51,13 +49,7 @@ static wq *make_fair(const char *tag, uint32_t capacity, uint32_t fair_share,
                             .fair_share = fair_share,
                             .tenant_sep = tenant_sep };
 
-    return create_q(tag, &o, name_out);
-}
-
-static int addp(wq *q, const void *k, size_t len, int prio)
-{
-    struct wq_add_opts o = { .priority = prio };
-    return wq_add_opts(q, k, len, &o);
+    return t_create(tag, &o, name_out);
 }
 
 /* ================================================================== */
@@ -73,42 +65,42 @@ static void fig2_run(int inherit)
 {
     const char *name;
     wq *q = make_fair(inherit ? "fig2-pi" : "fig2-po", 64, 1000, -1, &name);
-    struct fig2 *f = th_shared_alloc(sizeof *f);
-    char buf[KEYBUF + 1], order[64] = "";
+    struct fig2 *f = t_shared_alloc(sizeof *f);
+    char buf[T_KEYBUF + 1], order[64] = "";
     size_t used = 0;
     int n;
 
     assert_int_equal(wq_add(q, KS("A")), 0);
     assert_int_equal(wq_add(q, KS("B")), 0);
     assert_int_equal(wq_add(q, KS("C")), 0);
-    pid_t pid = th_fork(20);
+    pid_t pid = t_fork(20);
     if (pid == 0) {
         wq *cq = q;
-        char kb[KEYBUF];
+        char kb[T_KEYBUF];
         if (!inherit && wq_open(name, NULL, &cq) != 0)
             _exit(1);
-        int k = wq_get(cq, kb, sizeof kb, 5 * TH_S);
+        int k = wq_get(cq, kb, sizeof kb, 5 * SEC);
         if (k != 1 || kb[0] != 'A') {
-            th_failf(__FILE__, __LINE__, "worker got %d", k);
+            t_failf(__FILE__, __LINE__, "worker got %d", k);
             _exit(2);
         }
         atomic_store(&f->got, 1);
-        if (fx_wait_count(&f->go, 1, 5000) != 0)
+        if (t_wait_count(&f->go, 1, 5000) != 0)
             _exit(3);
         int rc = wq_done(cq, KS("A"));
         wq_close(cq);
         _exit(rc == 0 ? 0 : 4);
     }
-    assert_int_equal(fx_wait_count(&f->got, 1, 5000), 0);
+    assert_int_equal(t_wait_count(&f->got, 1, 5000), 0);
     assert_int_equal(wq_add(q, KS("A")), 0);      /* re-add while held */
     assert_int_equal(wq_add(q, KS("D")), 0);
     assert_int_equal(wq_add(q, KS("A")), 1);      /* coalesced */
     assert_int_equal(wq_add(q, KS("E")), 0);
     assert_int_equal(wq_len(q), 4);
     atomic_store(&f->go, 1);
-    assert_int_equal(th_wait(pid, 5000), 0);
-    TH_ASSERT_BOARD_CLEAN();
-    while ((n = wq_get(q, buf, KEYBUF, 0)) > 0) {
+    assert_int_equal(t_wait(pid, 5000), 0);
+    T_ASSERT_BOARD_CLEAN();
+    while ((n = wq_get(q, buf, T_KEYBUF, 0)) > 0) {
         buf[n] = '\0';
         used += (size_t)snprintf(order + used, sizeof order - used, "%s%s",
                                  used ? " " : "", buf);
@@ -121,9 +113,9 @@ static void fig2_run(int inherit)
     assert_int_equal(st.processes, 1);
     assert_int_equal(st.live, 0);
     assert_int_equal(st.crash_requeues_total, 0);
-    check_clean(q);
+    t_check_clean(q, NULL);
     wq_close(q);
-    th_shared_free(f, sizeof *f);
+    t_shared_free(f, sizeof *f);
 }
 
 static void fig2_po(void **s) { (void)s; fig2_run(0); }
@@ -133,7 +125,7 @@ static void fig2_pi(void **s) { (void)s; fig2_run(1); }
 /* TestBasic, fair                                                     */
 /* ================================================================== */
 
-/* The witnesses, the consumers and the checks: fixture.h. */
+/* The witnesses, the consumers and the checks: t.h. */
 #define B_TENANTS 5
 #define AFTER_SHUTDOWN "t9/added after shutdown!"
 
@@ -157,50 +149,48 @@ static int parse_key(const unsigned char *buf, int n, int max)
     return id;
 }
 
-static int basic_actor(struct th_actor *a)
+/* A producer's add: a random priority, every fifth a plain wq_add. */
+static int basic_add(wq *q, const char *key, size_t len, int j,
+                     unsigned *seed)
 {
-    struct fx_basic *b = a->arg;
+    int prio = (int)(rand_r(seed) % 12) - 2;
+
+    return (j % 5 == 4) ? wq_add(q, key, len) : t_add_prio(q, key, len, prio);
+}
+
+static int basic_actor(struct t_actor *a)
+{
     char key[40];
 
-    if (a->id < B_PRODUCERS) {
+    if (a->id < T_BASIC_PRODUCERS) {
         unsigned seed = (unsigned)(a->id * 7919 + 17);
         int kl = key_of(key, sizeof key, a->id);
-        for (int j = 0; j < B_ADDS; j++) {
-            int prio = (int)(rand_r(&seed) % 12) - 2;
-            fx_atomic_max(&b->last_add[a->id],
-                          atomic_fetch_add(&b->seq, 1) + 1);
-            int rc = (j % 5 == 4) ? wq_add(a->q, key, (size_t)kl)
-                                  : addp(a->q, key, (size_t)kl, prio);
-            TH_CHECK(rc == 0 || rc == 1);
-            th_sleep_ms(1);
-        }
-        atomic_fetch_add(&b->producers_done, 1);
-        return 0;
+        return t_basic_produce(a, key, (size_t)kl, basic_add, &seed);
     }
-    return fx_basic_consume(a, parse_key, AFTER_SHUTDOWN);
+    return t_basic_consume(a, parse_key, AFTER_SHUTDOWN);
 }
 
 static int add_after_shutdown(wq *q)
 {
-    return addp(q, KS(AFTER_SHUTDOWN), 3);
+    return t_add_prio(q, KS(AFTER_SHUTDOWN), 3);
 }
 
-static void run_basic(enum th_mode mode, int drain)
+static void run_basic(enum t_mode mode, int drain)
 {
     const char *name;
     /* fair_share 0: the default 8, so the oldest-key share is exercised */
     wq *q = make_fair(drain ? "basic-drain" : "basic-shutdown", 4096, 0, 0,
                       &name);
-    struct fx_basic *b = th_shared_alloc(sizeof *b);
+    struct t_basic *b = t_shared_alloc(sizeof *b);
     struct wq_stats st;
 
-    th_watchdog(20 * th_scale());
-    fx_basic_run(mode, drain, q, name, b, basic_actor, add_after_shutdown);
-    fx_basic_check_stats(q, b, "", &st);
+    t_watchdog(20 * t_scale());
+    t_basic_run(mode, drain, q, name, b, basic_actor, add_after_shutdown);
+    t_basic_check_stats(q, b, "", &st);
     assert_int_equal(st.fair, 1);
-    check_clean(q);
+    t_check_clean(q, NULL);
     wq_close(q);
-    th_shared_free(b, sizeof *b);
+    t_shared_free(b, sizeof *b);
 }
 
 /* ================================================================== */
@@ -210,47 +200,41 @@ static void run_basic(enum th_mode mode, int drain)
 /* The re-add while processing, with a random priority. */
 static int readd(wq *q, const void *key, size_t len, unsigned *seed)
 {
-    return addp(q, key, len, (int)(rand_r(seed) % 7) - 3);
+    return t_add_prio(q, key, len, (int)(rand_r(seed) % 7) - 3);
 }
 
-static int awp_actor(struct th_actor *a)
+static int awp_actor(struct t_actor *a)
 {
-    struct fx_awp *w = a->arg;
+    struct t_awp *w = a->arg;
     char key[40];
     unsigned seed = (unsigned)(a->id * 104729 + 3);
 
-    if (a->id < W_PRODUCERS) {
+    if (a->id < T_AWP_PRODUCERS) {
         int kl = key_of(key, sizeof key, a->id);
-        TH_CHECK_EQ(addp(a->q, key, (size_t)kl, (int)(rand_r(&seed) % 7) - 3), 0);
+        T_CHECK_EQ(t_add_prio(a->q, key, (size_t)kl, (int)(rand_r(&seed) % 7) - 3), 0);
         atomic_fetch_add(&w->producers_done, 1);
         return 0;
     }
-    return fx_awp_consume(a, parse_key, readd, &seed, "");
+    return t_awp_consume(a, parse_key, readd, &seed, "");
 }
 
-static void run_awp(enum th_mode mode, int drain)
+static void run_awp(enum t_mode mode, int drain)
 {
     const char *name;
     wq *q = make_fair(drain ? "awp-drain" : "awp-shutdown", 4096, 0, 0, &name);
-    struct fx_awp *w = th_shared_alloc(sizeof *w);
+    struct t_awp *w = t_shared_alloc(sizeof *w);
 
-    th_watchdog(20 * th_scale());
+    t_watchdog(20 * t_scale());
     /* settle 50 ms: let the consumers work through the first round before
        shutting down, so most re-adds are accepted */
-    fx_awp_run(mode, drain, q, name, w, awp_actor, 50, "");
-    check_clean(q);
+    t_awp_run(mode, drain, q, name, w, awp_actor, 50, "");
+    t_check_clean(q, NULL);
     wq_close(q);
-    th_shared_free(w, sizeof *w);
+    t_shared_free(w, sizeof *w);
 }
 
-#define TEAM(fn, runner)                                                     \
-    static void fn##_shutdown_po(void **s) { (void)s; runner(TH_PROCS_OPEN, 0); }     \
-    static void fn##_shutdown_pi(void **s) { (void)s; runner(TH_PROCS_INHERIT, 0); }  \
-    static void fn##_drain_po(void **s) { (void)s; runner(TH_PROCS_OPEN, 1); }        \
-    static void fn##_drain_pi(void **s) { (void)s; runner(TH_PROCS_INHERIT, 1); }
-
-TEAM(basic, run_basic)
-TEAM(add_while_processing, run_awp)
+T_TEAM_PROC_CASES(basic, run_basic)
+T_TEAM_PROC_CASES(add_while_processing, run_awp)
 
 /* ================================================================== */
 /* Order across processes                                              */
@@ -260,7 +244,7 @@ TEAM(add_while_processing, run_awp)
 #define O_KEYS 100   /* per producer: 600 hand-outs, below fair_share */
 
 /* Key: "t<tenant>/p<prio+10>/w<producer>/<i>" */
-static int order_actor(struct th_actor *a)
+static int order_actor(struct t_actor *a)
 {
     unsigned seed = (unsigned)(a->id * 31337 + 1);
     char key[64];
@@ -270,26 +254,26 @@ static int order_actor(struct th_actor *a)
         int prio = (int)(rand_r(&seed) % 5) - 2;
         int kl = snprintf(key, sizeof key, "t%d/p%d/w%d/%d", tenant, prio + 10,
                           a->id, i);
-        TH_CHECK_EQ(addp(a->q, key, (size_t)kl, prio), 0);
+        T_CHECK_EQ(t_add_prio(a->q, key, (size_t)kl, prio), 0);
     }
     return 0;
 }
 
-static void order_run(enum th_mode mode)
+static void order_run(enum t_mode mode)
 {
     const char *name;
     wq *q = make_fair("order", 4096, 1000, 0, &name);
     /* last index seen per (tenant, prio, producer) */
     int last[4][5][O_PRODUCERS];
-    char buf[KEYBUF + 1];
+    char buf[T_KEYBUF + 1];
     int n, prev_prio = 1000, got = 0;
 
     memset(last, -1, sizeof last);
-    struct th_team *t = th_team_start(mode, name, q, O_PRODUCERS, order_actor,
+    struct t_team *t = t_team_start(mode, name, q, O_PRODUCERS, order_actor,
                                       NULL);
-    assert_int_equal(th_team_wait(t, 8000), 0);
-    TH_ASSERT_BOARD_CLEAN();
-    while ((n = wq_get(q, buf, KEYBUF, 0)) > 0) {
+    assert_int_equal(t_team_wait(t, 8000), 0);
+    T_ASSERT_BOARD_CLEAN();
+    while ((n = wq_get(q, buf, T_KEYBUF, 0)) > 0) {
         int tn, p, w, i;
         buf[n] = '\0';
         if (sscanf(buf, "t%d/p%d/w%d/%d", &tn, &p, &w, &i) != 4 || tn < 0 ||
@@ -309,12 +293,12 @@ static void order_run(enum th_mode mode)
     }
     assert_int_equal(n, -EAGAIN);
     assert_int_equal(got, O_PRODUCERS * O_KEYS);
-    check_clean(q);
+    t_check_clean(q, NULL);
     wq_close(q);
 }
 
-static void order_po(void **s) { (void)s; order_run(TH_PROCS_OPEN); }
-static void order_pi(void **s) { (void)s; order_run(TH_PROCS_INHERIT); }
+static void order_po(void **s) { (void)s; order_run(T_PROCS_OPEN); }
+static void order_pi(void **s) { (void)s; order_run(T_PROCS_INHERIT); }
 
 /* ================================================================== */
 /* Crashes                                                             */
@@ -340,26 +324,26 @@ static void crash_run(enum crash_kind kind, int inherit)
 {
     const char *name;
     wq *q = make_fair("crash", 256, 0, 0, &name);
-    struct crash *c = th_shared_alloc(sizeof *c);
+    struct crash *c = t_shared_alloc(sizeof *c);
     char keys[C_KEYS][32];
     int seen[C_KEYS] = { 0 };
     unsigned seed = (unsigned)(kind * 10 + inherit + 12345);
-    char buf[KEYBUF + 1];
+    char buf[T_KEYBUF + 1];
 
-    th_watchdog(15 * th_scale());
+    t_watchdog(15 * t_scale());
     for (int i = 0; i < C_KEYS; i++) {
         snprintf(keys[i], sizeof keys[i], "t%u/k%d", rand_r(&seed) % 4, i);
-        assert_int_equal(addp(q, KS(keys[i]), (int)(rand_r(&seed) % 9) - 4), 0);
+        assert_int_equal(t_add_prio(q, KS(keys[i]), (int)(rand_r(&seed) % 9) - 4), 0);
     }
-    pid_t pid = th_fork(20);
+    pid_t pid = t_fork(20);
     if (pid == 0) {
         wq *cq = q;
         if (!inherit && wq_open(name, NULL, &cq) != 0)
             _exit(1);
-        char kb[KEYBUF];
-        int n = wq_get(cq, kb, sizeof kb, 5 * TH_S);
+        char kb[T_KEYBUF];
+        int n = wq_get(cq, kb, sizeof kb, 5 * SEC);
         if (n <= 0 || (size_t)n > sizeof c->key) {
-            th_failf(__FILE__, __LINE__, "victim's wq_get = %d", n);
+            t_failf(__FILE__, __LINE__, "victim's wq_get = %d", n);
             _exit(2);
         }
         memcpy(c->key, kb, (size_t)n);
@@ -370,7 +354,7 @@ static void crash_run(enum crash_kind kind, int inherit)
         for (;;)
             pause();
     }
-    assert_int_equal(fx_wait_count(&c->got, 1, 5000), 0);
+    assert_int_equal(t_wait_count(&c->got, 1, 5000), 0);
     int victim = -1;
     for (int i = 0; i < C_KEYS; i++)
         if ((size_t)c->len == strlen(keys[i]) &&
@@ -378,15 +362,15 @@ static void crash_run(enum crash_kind kind, int inherit)
             victim = i;
     assert_true(victim >= 0);
     if (kind == CRASH_DIRTY)
-        assert_int_equal(addp(q, keys[victim], strlen(keys[victim]), 7), 0);
+        assert_int_equal(t_add_prio(q, keys[victim], strlen(keys[victim]), 7), 0);
 
     if (kind == CRASH_SELF) {
-        assert_int_equal(th_wait(pid, 5000), 128 + SIGKILL);
+        assert_int_equal(t_wait(pid, 5000), 128 + SIGKILL);
     } else {
         /* The holder lives: everything else comes out, the victim never. */
         int n;
         for (int got = 0; got < C_KEYS - 1; got++) {
-            n = wq_get(q, buf, KEYBUF, TH_S);
+            n = wq_get(q, buf, T_KEYBUF, SEC);
             assert_true(n > 0);
             buf[n] = '\0';
             int i = atoi(strchr(buf, 'k') + 1);
@@ -395,28 +379,28 @@ static void crash_run(enum crash_kind kind, int inherit)
             seen[i] = 1;
             assert_int_equal(wq_done(q, buf, (size_t)n), 0);
         }
-        assert_int_equal(wq_get(q, buf, KEYBUF, 300 * TH_MS), -ETIMEDOUT);
+        assert_int_equal(wq_get(q, buf, T_KEYBUF, 300 * MS), -ETIMEDOUT);
         struct wq_stats st;
         assert_int_equal(wq_stats(q, &st), 0);
         assert_int_equal(st.processing, 1);
         assert_int_equal(st.crash_requeues_total, 0);
         assert_int_equal(kill(pid, SIGKILL), 0);
-        assert_int_equal(th_wait(pid, 5000), 128 + SIGKILL);
+        assert_int_equal(t_wait(pid, 5000), 128 + SIGKILL);
     }
 
     /* The victim comes back (dead holder reaped by a waiting get, then the
        rate limiter's delay) within 2 s, exactly once; every other key once. */
-    uint64_t t0 = th_now_ns();
+    uint64_t t0 = t_now_ns();
     int n, victim_seen = 0;
-    while ((n = wq_get(q, buf, KEYBUF, 2 * TH_S * th_scale())) > 0) {
+    while ((n = wq_get(q, buf, T_KEYBUF, 2 * SEC * t_scale())) > 0) {
         buf[n] = '\0';
         int i = atoi(strchr(buf, 'k') + 1);
         assert_true(i >= 0 && i < C_KEYS);
         if (i == victim) {
             victim_seen++;
-            if (th_now_ns() - t0 > 2 * (uint64_t)TH_S * th_scale())
+            if (t_now_ns() - t0 > 2 * (uint64_t)SEC * t_scale())
                 fail_msg("the victim's key came back after %.2f s",
-                         (double)(th_now_ns() - t0) / 1e9);
+                         (double)(t_now_ns() - t0) / 1e9);
         } else {
             if (seen[i])
                 fail_msg("key %s handed out twice", buf);
@@ -431,7 +415,7 @@ static void crash_run(enum crash_kind kind, int inherit)
         if (i != victim && !seen[i])
             fail_msg("key %s never handed out", keys[i]);
     /* Nothing more: no second copy of the victim fires later. */
-    assert_int_equal(wq_get(q, buf, KEYBUF, 200 * TH_MS), -ETIMEDOUT);
+    assert_int_equal(wq_get(q, buf, T_KEYBUF, 200 * MS), -ETIMEDOUT);
 
     struct wq_stats st;
     assert_int_equal(wq_stats(q, &st), 0);
@@ -441,10 +425,10 @@ static void crash_run(enum crash_kind kind, int inherit)
     assert_int_equal(st.waiting, 0);
     assert_int_equal(st.processes, 1);
     assert_int_equal(wq_num_requeues(q, KS(keys[victim])), 1);
-    check_clean(q);
-    TH_ASSERT_BOARD_CLEAN();
+    t_check_clean(q, NULL);
+    T_ASSERT_BOARD_CLEAN();
     wq_close(q);
-    th_shared_free(c, sizeof *c);
+    t_shared_free(c, sizeof *c);
 }
 
 static void crash_self_po(void **s) { (void)s; crash_run(CRASH_SELF, 0); }
@@ -453,26 +437,21 @@ static void crash_killed_po(void **s) { (void)s; crash_run(CRASH_KILLED, 0); }
 static void crash_killed_pi(void **s) { (void)s; crash_run(CRASH_KILLED, 1); }
 static void crash_dirty_po(void **s) { (void)s; crash_run(CRASH_DIRTY, 0); }
 
-#define T(fn) cmocka_unit_test_setup_teardown(fn, th_setup, th_teardown)
-#define T4(fn) T(fn##_shutdown_po), T(fn##_shutdown_pi), T(fn##_drain_po), \
-               T(fn##_drain_pi)
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        T(fig2_po),
-        T(fig2_pi),
-        T4(basic),
-        T4(add_while_processing),
-        T(order_po),
-        T(order_pi),
-        T(crash_self_po),
-        T(crash_self_pi),
-        T(crash_killed_po),
-        T(crash_killed_pi),
-        T(crash_dirty_po),
-        cmocka_unit_test(th_test_no_leftovers),
+        T_TEST(fig2_po),
+        T_TEST(fig2_pi),
+        T_TEAM_PROC_TESTS(basic),
+        T_TEAM_PROC_TESTS(add_while_processing),
+        T_TEST(order_po),
+        T_TEST(order_pi),
+        T_TEST(crash_self_po),
+        T_TEST(crash_self_pi),
+        T_TEST(crash_killed_po),
+        T_TEST(crash_killed_pi),
+        T_TEST(crash_dirty_po),
+        T_NO_LEFTOVERS,
     };
-    int rc = cmocka_run_group_tests(tests, th_group_setup, th_group_teardown);
-    return rc | th_final_check();
+    return T_RUN_GROUP("mp-fair", tests);
 }

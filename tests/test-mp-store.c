@@ -38,8 +38,7 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
-#include "fixture.h"
-#include "fault-api.h"
+#include "t.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -63,32 +62,13 @@
 /* Stores, handles, fixtures                                           */
 /* ------------------------------------------------------------------ */
 
-/* Store directories (mkstore): fixture.h. */
+/* Store directories (t_mkstore) and the fixtures: t.h. */
 
+/* The test process's handle, tracked (t_track): the teardown closes it if
+   a failed test (cmocka leaves it by longjmp) did not. */
 static wq *mainq;
 
-static void close_main(void)
-{
-    if (mainq != NULL)
-        wq_close(mainq);
-    mainq = NULL;
-}
-
-static int setup(void **state)
-{
-    return th_setup(state);
-}
-
-static int teardown(void **state)
-{
-    int rc = th_teardown(state); /* kills children first */
-    close_main();
-    th_unlink_all();
-    stores_cleanup();
-    return rc;
-}
-
-static struct wq_options opts(const char *store, int durability)
+static struct wq_options mp_opts(const char *store, int durability)
 {
     struct wq_options o;
     memset(&o, 0, sizeof o);
@@ -104,15 +84,10 @@ static struct wq_options opts(const char *store, int durability)
     return o;
 }
 
-static const char *dname(int d)
-{
-    return d == WQ_DURABLE_PROCESS ? "PROCESS" : d == WQ_DURABLE_FSYNC ? "FSYNC" : "NONE";
-}
-
 static int nviolations;
 
 /* The first few violations of a check (reset nviolations before it). */
-static void report_violation(const char *what, void *arg)
+static void report_first_few(const char *what, void *arg)
 {
     if (nviolations++ < 5)
         fprintf(stderr, "  violation (%s): %s\n", (const char *)arg, what);
@@ -121,7 +96,7 @@ static void report_violation(const char *what, void *arg)
 static int check_report(wq *q, unsigned flags, const char *ctx)
 {
     nviolations = 0;
-    int rc = wq_check_report(q, flags, report_violation, (void *)ctx);
+    int rc = wq_check_report(q, flags, report_first_few, (void *)ctx);
     if (nviolations > 5)
         fprintf(stderr, "  ... %d violations in all (%s)\n", nviolations, ctx);
     return rc;
@@ -145,7 +120,7 @@ struct mlog {
 static struct mlog *lg;
 static const char *qname;
 
-static void key_of(char *buf, size_t cap, int idx)
+static void chaos_key(char *buf, size_t cap, int idx)
 {
     snprintf(buf, cap, "p%d-%06d", idx / MAXPER, idx % MAXPER);
 }
@@ -164,7 +139,7 @@ static int idx_of(const void *key, size_t len)
         i >= MAXPER)
         return -1;
     char check[KEYBUF];
-    key_of(check, sizeof check, p * MAXPER + i);
+    chaos_key(check, sizeof check, p * MAXPER + i);
     if (strcmp(check, b) != 0)
         return -1;
     return p * MAXPER + i;
@@ -175,7 +150,7 @@ static wq *actor_open(void)
     wq *q = NULL;
     int rc = wq_open(qname, NULL, &q);
     if (rc != 0) {
-        th_failf(__FILE__, __LINE__, "actor wq_open = %d (%s)", rc, wq_strerror(rc));
+        t_failf(__FILE__, __LINE__, "actor wq_open = %d (%s)", rc, wq_strerror(rc));
         _exit(1);
     }
     return q;
@@ -190,22 +165,22 @@ static void producer(int p)
     for (;;) {
         int i = atomic_load(&lg->next[p]);
         if (i >= MAXPER) {
-            th_sleep_ms(1);
+            t_sleep_ms(1);
             continue;
         }
         int idx = p * MAXPER + i;
         /* Move past the key first: a restarted producer never adds it. */
         atomic_store(&lg->next[p], i + 1);
         atomic_store(&lg->attempted[idx], 1);
-        key_of(k, sizeof k, idx);
+        chaos_key(k, sizeof k, idx);
         int rc = wq_add(q, KS(k));
         if (rc == 0) {
             atomic_store(&lg->acked[idx], 1);
         } else {
             atomic_store(&lg->add_refused[idx], 1);
-            th_failf(__FILE__, __LINE__, "producer %d: wq_add(%s) = %d (%s)", p, k, rc,
+            t_failf(__FILE__, __LINE__, "producer %d: wq_add(%s) = %d (%s)", p, k, rc,
                      wq_strerror(rc));
-            th_sleep_ms(5);
+            t_sleep_ms(5);
         }
         if (rand_r(&seed) % 4 == 0)
             usleep(100 + rand_r(&seed) % 200);
@@ -223,18 +198,18 @@ static void worker(int w)
         if (n == -ETIMEDOUT || n == -EAGAIN)
             continue;
         if (n < 0) {
-            th_failf(__FILE__, __LINE__, "worker %d: wq_get = %d (%s)", w, n,
+            t_failf(__FILE__, __LINE__, "worker %d: wq_get = %d (%s)", w, n,
                      wq_strerror(n));
-            th_sleep_ms(5);
+            t_sleep_ms(5);
             continue;
         }
         int idx = idx_of(buf, (size_t)n);
         if (idx < 0) {
-            th_failf(__FILE__, __LINE__, "worker %d: got a foreign key %.*s", w, n, buf);
+            t_failf(__FILE__, __LINE__, "worker %d: got a foreign key %.*s", w, n, buf);
             continue;
         }
         if (!atomic_load(&lg->attempted[idx]))
-            th_failf(__FILE__, __LINE__, "worker %d: got %.*s, never attempted", w, n,
+            t_failf(__FILE__, __LINE__, "worker %d: got %.*s, never attempted", w, n,
                      buf);
         atomic_fetch_add(&lg->processed[idx], 1);
         if (rand_r(&seed) % 8 == 0)
@@ -244,14 +219,14 @@ static void worker(int w)
         if (rc == 0)
             atomic_store(&lg->done_acked[idx], 1);
         else
-            th_failf(__FILE__, __LINE__, "worker %d: wq_done(%.*s) = %d (%s)", w, n, buf,
+            t_failf(__FILE__, __LINE__, "worker %d: wq_done(%.*s) = %d (%s)", w, n, buf,
                      rc, wq_strerror(rc));
     }
 }
 
 static pid_t start_actor(int a)
 {
-    pid_t pid = th_fork(60);
+    pid_t pid = t_fork(60);
     if (pid == 0) {
         if (a < P)
             producer(a);
@@ -309,37 +284,38 @@ static struct totals tot;
 static int chaos_round(int durability, unsigned seed)
 {
     char ctx[64];
-    snprintf(ctx, sizeof ctx, "round %ld (%s)", tot.rounds + 1, dname(durability));
+    snprintf(ctx, sizeof ctx, "round %ld (%s)", tot.rounds + 1, t_durability_name(durability));
     memset(lg, 0, sizeof *lg);
-    const char *store = mkstore();
-    qname = th_qname("chaos");
-    struct wq_options o = opts(store, durability);
+    const char *store = t_mkstore();
+    qname = t_qname("chaos");
+    struct wq_options o = mp_opts(store, durability);
     int rc = wq_open(qname, &o, &mainq);
     if (rc != 0)
         fail_msg("%s: wq_open = %d (%s)", ctx, rc, wq_strerror(rc));
+    t_track(mainq);
 
     pid_t pids[P + W];
     for (int a = 0; a < P + W; a++)
         pids[a] = start_actor(a);
     /* Let everybody start once before the killing begins. */
-    uint64_t t0 = th_now_ns();
+    uint64_t t0 = t_now_ns();
     for (int a = 0; a < P + W; a++)
-        while (atomic_load(&lg->started[a]) == 0 && th_now_ns() - t0 < 5 * SEC)
-            th_sleep_ms(1);
+        while (atomic_load(&lg->started[a]) == 0 && t_now_ns() - t0 < 5 * SEC)
+            t_sleep_ms(1);
 
     long kills = 0;
-    uint64_t start = th_now_ns();
+    uint64_t start = t_now_ns();
     uint64_t end = start + (uint64_t)ROUND_MS * MS;
     /* For the last 40% of the round the workers stay dead, so a backlog of
        acknowledged, never processed keys is there to be restored. */
     uint64_t workers_end = start + (uint64_t)ROUND_MS * 6 / 10 * MS;
     int workers_alive = 1;
-    while (th_now_ns() < end) {
-        th_sleep_ms(1 + rand_r(&seed) % 20);
-        if (workers_alive && th_now_ns() >= workers_end) {
+    while (t_now_ns() < end) {
+        t_sleep_ms(1 + rand_r(&seed) % 20);
+        if (workers_alive && t_now_ns() >= workers_end) {
             for (int w = P; w < P + W; w++) {
                 kill(pids[w], SIGKILL);
-                (void)th_wait(pids[w], 5000);
+                (void)t_wait(pids[w], 5000);
                 pids[w] = -1;
                 kills++;
             }
@@ -347,13 +323,13 @@ static int chaos_round(int durability, unsigned seed)
         }
         int a = (int)(rand_r(&seed) % (workers_alive ? P + W : P));
         kill(pids[a], SIGKILL);
-        int st = th_wait(pids[a], 5000);
+        int st = t_wait(pids[a], 5000);
         if (st != 128 + SIGKILL)
-            th_failf(__FILE__, __LINE__, "%s: actor %d ended with status %d before "
+            t_failf(__FILE__, __LINE__, "%s: actor %d ended with status %d before "
                      "its SIGKILL", ctx, a, st);
         kills++;
         pids[a] = start_actor(a);
-        if (th_failures() > 20)
+        if (t_failures() > 20)
             break;
     }
     for (int a = 0; a < P + W; a++)
@@ -361,8 +337,8 @@ static int chaos_round(int durability, unsigned seed)
             kill(pids[a], SIGKILL);
     for (int a = 0; a < P + W; a++)
         if (pids[a] > 0)
-            (void)th_wait(pids[a], 5000);
-    TH_ASSERT_BOARD_CLEAN();
+            (void)t_wait(pids[a], 5000);
+    T_ASSERT_BOARD_CLEAN();
 
     /* The region first: dead holders reaped, structure clean. */
     int found_region = check_report(mainq, WQ_CHECK_REAP, ctx);
@@ -370,16 +346,17 @@ static int chaos_round(int durability, unsigned seed)
         fprintf(stderr, "  %s: wq_check = %d after the round (the key checks go on)\n",
                 ctx, found_region);
     struct counts r = count_keys(mainq);
-    close_main();
+    t_close(mainq);
     rc = wq_unlink(qname);
     if (rc != 0)
         fail_msg("%s: wq_unlink = %d", ctx, rc);
 
-    uint64_t tr = th_now_ns();
+    uint64_t tr = t_now_ns();
     rc = wq_open(qname, &o, &mainq); /* WQ_EXCL: a new region, restored */
     if (rc != 0)
         fail_msg("%s: reopen after unlink = %d (%s)", ctx, rc, wq_strerror(rc));
-    double restore_ms = (double)(th_now_ns() - tr) / 1e6;
+    t_track(mainq);
+    double restore_ms = (double)(t_now_ns() - tr) / 1e6;
     int found_restored = check_report(mainq, 0, ctx);
     struct counts s = count_keys(mainq);
 
@@ -397,7 +374,7 @@ static int chaos_round(int durability, unsigned seed)
         done_acked += da;
         restored += S;
         char k[KEYBUF];
-        key_of(k, sizeof k, i);
+        chaos_key(k, sizeof k, i);
 #define BAD(counter, ...)                                                    \
         do {                                                                 \
             counter++;                                                       \
@@ -468,14 +445,14 @@ static int chaos_round(int durability, unsigned seed)
     if (acked < 100 || done_acked < 100)
         fail_msg("%s: too little traffic (%ld acknowledged, %ld done)", ctx, acked,
                  done_acked);
-    close_main();
+    t_close(mainq);
     return 0;
 }
 
 static unsigned base_seed(void)
 {
     const char *e = getenv("WQ_TEST_SEED");
-    unsigned s = e ? (unsigned)strtoul(e, NULL, 0) : (unsigned)(th_now_ns() ^ getpid());
+    unsigned s = e ? (unsigned)strtoul(e, NULL, 0) : (unsigned)(t_now_ns() ^ getpid());
     printf("  seed %u (WQ_TEST_SEED to replay the kill schedule)\n", s);
     return s;
 }
@@ -483,8 +460,8 @@ static unsigned base_seed(void)
 static void test_chaos(void **state)
 {
     (void)state;
-    th_watchdog(60 * th_scale());
-    lg = th_shared_alloc(sizeof *lg);
+    t_watchdog(60 * t_scale());
+    lg = t_shared_alloc(sizeof *lg);
     unsigned seed = base_seed();
     chaos_round(WQ_DURABLE_PROCESS, seed);
     chaos_round(WQ_DURABLE_PROCESS, seed + 1);
@@ -498,7 +475,7 @@ static void test_chaos(void **state)
            "lost=%ld, duplicates=%ld, done-but-back=%ld\n",
            tot.rounds, tot.kills, tot.acked, tot.done_acked, tot.restored, tot.lost,
            tot.duplicates, tot.resurrected);
-    th_shared_free(lg, sizeof *lg);
+    t_shared_free(lg, sizeof *lg);
     lg = NULL;
 }
 
@@ -543,12 +520,12 @@ static int count_key(wq *q, const char *k, int *live)
 static void test_record_points(void **state)
 {
     (void)state;
-    struct fshared *sh = th_shared_alloc(sizeof *sh);
-    const char *store = mkstore();
-    qname = th_qname("points");
-    struct wq_options o = opts(store, WQ_DURABLE_PROCESS);
-    assert_int_equal(wq_open(qname, &o, &mainq), 0);
-    pid_t c = th_fork(20);
+    struct fshared *sh = t_shared_alloc(sizeof *sh);
+    const char *store = t_mkstore();
+    qname = t_qname("points");
+    struct wq_options o = mp_opts(store, WQ_DURABLE_PROCESS);
+    mainq = t_track(T_OPEN(qname, &o));
+    pid_t c = t_fork(20);
     if (c == 0) {
         wq *q = actor_open();
         char buf[KEYBUF];
@@ -567,12 +544,12 @@ static void test_record_points(void **state)
         wq_close(q);
         _exit(rc == 0 && rd == 0 ? 0 : 1);
     }
-    assert_int_equal(th_wait(c, 15000), 0);
+    assert_int_equal(t_wait(c, 15000), 0);
     printf("  store points reached by add+get+done: %s\n", sh->points);
     int has_commit = strstr(sh->points, "store.commit ") != NULL;
     int has_committed = strstr(sh->points, "store.committed ") != NULL;
-    close_main();
-    th_shared_free(sh, sizeof *sh);
+    t_close(mainq);
+    t_shared_free(sh, sizeof *sh);
     if (!has_commit || !has_committed)
         fail_msg("crash points store.commit / store.committed not reached by wq_add");
 }
@@ -581,12 +558,12 @@ static void test_record_points(void **state)
 static void commit_kill(const char *point, int durability)
 {
     char ctx[96];
-    snprintf(ctx, sizeof ctx, "%s/%s", point, dname(durability));
-    struct fshared *sh = th_shared_alloc(sizeof *sh);
-    const char *store = mkstore();
-    qname = th_qname("commit");
-    struct wq_options o = opts(store, durability);
-    assert_int_equal(wq_open(qname, &o, &mainq), 0);
+    snprintf(ctx, sizeof ctx, "%s/%s", point, t_durability_name(durability));
+    struct fshared *sh = t_shared_alloc(sizeof *sh);
+    const char *store = t_mkstore();
+    qname = t_qname("commit");
+    struct wq_options o = mp_opts(store, durability);
+    mainq = t_track(T_OPEN(qname, &o));
     char k[16];
     for (int i = 0; i < 10; i++) {
         snprintf(k, sizeof k, "b%d", i);
@@ -594,38 +571,38 @@ static void commit_kill(const char *point, int durability)
     }
 
     sh->rc = 1;
-    pid_t v = th_fork(20);
+    pid_t v = t_fork(20);
     if (v == 0) {
         wq *q = actor_open();
         wq_fault_arm(point, 1, WQ_FAULT_KILL);
         sh->rc = wq_add(q, KS("victim"));
         _exit(3);
     }
-    int st = th_wait(v, 15000);
+    int st = t_wait(v, 15000);
     if (st != 128 + SIGKILL)
         fail_msg("%s: the producer ended with %d (wq_add = %d), expected to die at the "
                  "point", ctx, st, sh->rc);
 
     /* Another process adds at once: LMDB's writer lock is recovered. */
-    pid_t c = th_fork(20);
+    pid_t c = t_fork(20);
     if (c == 0) {
         wq *q = actor_open();
         alarm(10);
-        uint64_t t = th_now_ns();
+        uint64_t t = t_now_ns();
         sh->rc = wq_add(q, KS("after-child"));
-        sh->t_add = th_now_ns() - t;
+        sh->t_add = t_now_ns() - t;
         wq_close(q);
         _exit(0);
     }
-    st = th_wait(c, 15000);
+    st = t_wait(c, 15000);
     if (st != 0 || sh->rc != 0)
         fail_msg("%s: the next add in another process: status %d, wq_add = %d (%s)", ctx,
                  st, sh->rc, wq_strerror(sh->rc));
     if (sh->t_add > 2 * SEC)
         fail_msg("%s: the next add took %.1f ms", ctx, (double)sh->t_add / 1e6);
-    uint64_t t = th_now_ns();
+    uint64_t t = t_now_ns();
     assert_int_equal(wq_add(mainq, KS("after-main")), 0);
-    double ms_main = (double)(th_now_ns() - t) / 1e6;
+    double ms_main = (double)(t_now_ns() - t) / 1e6;
 
     int found = check_report(mainq, WQ_CHECK_REAP, ctx);
     if (found != 0)
@@ -633,9 +610,9 @@ static void commit_kill(const char *point, int durability)
     int vlive, vall = count_key(mainq, "victim", &vlive);
     if (vall > 1)
         fail_msg("%s: victim %d times in the region", ctx, vall);
-    close_main();
+    t_close(mainq);
     assert_int_equal(wq_unlink(qname), 0);
-    assert_int_equal(wq_open(qname, &o, &mainq), 0);
+    mainq = t_track(T_OPEN(qname, &o));
     found = check_report(mainq, 0, ctx);
     if (found != 0)
         fail_msg("%s: wq_check = %d after the restore", ctx, found);
@@ -660,8 +637,8 @@ static void commit_kill(const char *point, int durability)
     struct wq_stats s;
     assert_int_equal(wq_stats(mainq, &s), 0);
     assert_int_equal(s.live, 12 + (uint64_t)rall);
-    close_main();
-    th_shared_free(sh, sizeof *sh);
+    t_close(mainq);
+    t_shared_free(sh, sizeof *sh);
 }
 
 /* A worker dies at `point` inside the wq_done of its key. */
@@ -669,15 +646,15 @@ static void done_kill(const char *point)
 {
     char ctx[96];
     snprintf(ctx, sizeof ctx, "done %s", point);
-    struct fshared *sh = th_shared_alloc(sizeof *sh);
-    const char *store = mkstore();
-    qname = th_qname("donekill");
-    struct wq_options o = opts(store, WQ_DURABLE_PROCESS);
-    assert_int_equal(wq_open(qname, &o, &mainq), 0);
+    struct fshared *sh = t_shared_alloc(sizeof *sh);
+    const char *store = t_mkstore();
+    qname = t_qname("donekill");
+    struct wq_options o = mp_opts(store, WQ_DURABLE_PROCESS);
+    mainq = t_track(T_OPEN(qname, &o));
     assert_int_equal(wq_add(mainq, KS("d0")), 0);
     assert_int_equal(wq_add(mainq, KS("d1")), 0);
     sh->rc = 1;
-    pid_t v = th_fork(20);
+    pid_t v = t_fork(20);
     if (v == 0) {
         wq *q = actor_open();
         char buf[KEYBUF];
@@ -687,16 +664,16 @@ static void done_kill(const char *point)
         sh->rc = wq_done(q, buf, n > 0 ? (size_t)n : 0);
         _exit(3);
     }
-    int st = th_wait(v, 15000);
+    int st = t_wait(v, 15000);
     assert_int_equal(sh->reached, 2);
     if (st != 128 + SIGKILL) {
         printf("  %s: the worker ended with %d (wq_done = %d): the point is not on the "
                "removal path (informational)\n", ctx, st, sh->rc);
-        close_main();
-        th_shared_free(sh, sizeof *sh);
+        t_close(mainq);
+        t_shared_free(sh, sizeof *sh);
         return;
     }
-    pid_t c = th_fork(20);
+    pid_t c = t_fork(20);
     if (c == 0) {
         wq *q = actor_open();
         alarm(10);
@@ -704,15 +681,15 @@ static void done_kill(const char *point)
         wq_close(q);
         _exit(0);
     }
-    st = th_wait(c, 15000);
+    st = t_wait(c, 15000);
     if (st != 0 || sh->rc != 0)
         fail_msg("%s: the next add in another process: status %d, wq_add = %d", ctx, st,
                  sh->rc);
     assert_int_equal(wq_check(mainq, WQ_CHECK_REAP), 0);
     int l0, a0 = count_key(mainq, "d0", &l0);
-    close_main();
+    t_close(mainq);
     assert_int_equal(wq_unlink(qname), 0);
-    assert_int_equal(wq_open(qname, &o, &mainq), 0);
+    mainq = t_track(T_OPEN(qname, &o));
     int rl0, ra0 = count_key(mainq, "d0", &rl0);
     int l1, a1 = count_key(mainq, "d1", &l1);
     int la, aa = count_key(mainq, "after-child", &la);
@@ -724,14 +701,14 @@ static void done_kill(const char *point)
         fail_msg("%s: acknowledged keys restored d1 %d/%d after-child %d/%d", ctx, a1,
                  l1, aa, la);
     assert_int_equal(wq_check(mainq, 0), 0);
-    close_main();
-    th_shared_free(sh, sizeof *sh);
+    t_close(mainq);
+    t_shared_free(sh, sizeof *sh);
 }
 
 static void test_commit_kills(void **state)
 {
     (void)state;
-    th_watchdog(60 * th_scale());
+    t_watchdog(60 * t_scale());
     commit_kill("store.commit", WQ_DURABLE_PROCESS);
     commit_kill("store.committed", WQ_DURABLE_PROCESS);
     commit_kill("store.commit", WQ_DURABLE_FSYNC);
@@ -744,28 +721,19 @@ static void test_commit_kills(void **state)
 /* main                                                                */
 /* ------------------------------------------------------------------ */
 
-static int run_group(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_record_points, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_commit_kills, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_chaos, setup, teardown),
-        cmocka_unit_test(th_test_no_leftovers),
-    };
-    fx_test_filters();
-    int rc = cmocka_run_group_tests_name("mp-store", tests, th_group_setup,
-                                         th_group_teardown);
-    stores_cleanup();
-    return rc | th_final_check();
-}
-
 int main(void)
 {
-    static const struct fx_guard g = {
+    static const struct CMUnitTest tests[] = {
+        T_STORE_TEST(test_record_points),
+        T_STORE_TEST(test_commit_kills),
+        T_STORE_TEST(test_chaos),
+        T_NO_LEFTOVERS,
+    };
+    static const struct t_guard g = {
         .prog = "test-mp-store",
         .max_stores = 32,
         .deadline_s = 150,
-        .run_group = run_group,
+        T_GUARD_TESTS(tests),
     };
-    return fx_guard_main(&g);
+    return t_guard_main(&g);
 }

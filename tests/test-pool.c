@@ -20,7 +20,7 @@
  *   5. SIGTERM drains, a second SIGTERM kills at once (-EINTR);
  *   6. the supervisor waits only for its own workers.
  * Every wait has a deadline; every child has an alarm; workers die with
- * their supervisor (PR_SET_PDEATHSIG), which th_teardown SIGKILLs.
+ * their supervisor (PR_SET_PDEATHSIG), which t_teardown SIGKILLs.
  */
 #include <errno.h>
 #include <signal.h>
@@ -34,18 +34,16 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "helpers.h"
-
-#define KL(s) (s), strlen(s)
+#include "t.h"
 
 /* Poll `cond` every millisecond until it holds or `ms` (scaled) pass. */
 #define WAIT_UNTIL(cond, ms)                                                 \
     __extension__({                                                          \
-        uint64_t wu_deadline_ = th_now_ns() +                                \
-                                (uint64_t)(ms) * th_scale() * 1000000ull;    \
+        uint64_t wu_deadline_ = t_now_ns() +                                 \
+                                (uint64_t)(ms) * t_scale() * 1000000ull;     \
         bool wu_ok_;                                                         \
-        while (!(wu_ok_ = (cond)) && th_now_ns() < wu_deadline_)             \
-            th_sleep_ms(1);                                                  \
+        while (!(wu_ok_ = (cond)) && t_now_ns() < wu_deadline_)              \
+            t_sleep_ms(1);                                                   \
         wu_ok_;                                                              \
     })
 
@@ -78,42 +76,11 @@ static bool pid_dead(pid_t pid)
     return p == NULL || (p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X'));
 }
 
-static wq *open_new(const char *tag, uint32_t capacity, const struct wq_options *base)
-{
-    struct wq_options o;
-    if (base != NULL)
-        o = *base;
-    else
-        memset(&o, 0, sizeof o);
-    o.capacity = capacity;
-    o.max_key_len = 64;
-    o.flags = WQ_CREATE | WQ_EXCL;
-    wq *q = NULL;
-    int rc = wq_open(th_qname(tag), &o, &q);
-    if (rc != 0)
-        fail_msg("wq_open: %d (%s)", rc, wq_strerror(rc));
-    return q;
-}
-
 static bool quiet(wq *q)
 {
     struct wq_stats st;
     return wq_stats(q, &st) == 0 && st.queued == 0 && st.processing == 0 &&
            st.waiting == 0;
-}
-
-static struct wq_stats stats_of(wq *q)
-{
-    struct wq_stats st;
-    assert_int_equal(wq_stats(q, &st), 0);
-    return st;
-}
-
-static struct wq_result result_of(wq *q, const char *key)
-{
-    struct wq_result r;
-    assert_int_equal(wq_result(q, KL(key), &r), 0);
-    return r;
 }
 
 /* ------------------------------------------------------------------ */
@@ -151,18 +118,18 @@ static pid_t start_supervisor(const char *name, unsigned workers, wq_reconcile_f
                               void *arg, struct sup_report *rep, unsigned alarm_s,
                               sup_hook hook, void *hook_arg)
 {
-    pid_t pid = th_fork(alarm_s);
+    pid_t pid = t_fork(alarm_s);
     if (pid != 0)
         return pid;
     static const int sigs[] = { SIGTERM, SIGINT, SIGCHLD, SIGUSR2 };
-    enum { NS = sizeof sigs / sizeof sigs[0] };
-    struct sigaction before[NS], after[NS];
+    enum { NSIGS = sizeof sigs / sizeof sigs[0] };
+    struct sigaction before[NSIGS], after[NSIGS];
     sigset_t mask_before, mask_after, usr2;
     struct sigaction own = { .sa_handler = caller_handler, .sa_flags = SA_RESTART };
     wq *sq;
     int rc = wq_open(name, NULL, &sq);
     if (rc != 0) {
-        th_failf(__FILE__, __LINE__, "supervisor: wq_open = %d", rc);
+        t_failf(__FILE__, __LINE__, "supervisor: wq_open = %d", rc);
         _exit(2);
     }
     if (hook)
@@ -172,21 +139,21 @@ static pid_t start_supervisor(const char *name, unsigned workers, wq_reconcile_f
     sigemptyset(&usr2);
     sigaddset(&usr2, SIGUSR2);
     sigprocmask(SIG_BLOCK, &usr2, NULL);
-    for (int i = 0; i < NS; i++)
+    for (int i = 0; i < NSIGS; i++)
         sigaction(sigs[i], NULL, &before[i]);
     sigprocmask(SIG_SETMASK, NULL, &mask_before);
     rc = wq_run_workers(sq, workers, fn, arg);
-    atomic_store(&rep->returned_ns, th_now_ns());
+    atomic_store(&rep->returned_ns, t_now_ns());
     atomic_store(&rep->rc, rc);
     atomic_store(&rep->returned, 1);
     sigprocmask(SIG_SETMASK, NULL, &mask_after);
     bool ok = true;
-    for (int i = 0; i < NS; i++) {
+    for (int i = 0; i < NSIGS; i++) {
         sigaction(sigs[i], NULL, &after[i]);
         bool same = same_disposition(&before[i], &after[i]) &&
                     sigismember(&mask_before, sigs[i]) == sigismember(&mask_after, sigs[i]);
         if (!same)
-            th_failf(__FILE__, __LINE__,
+            t_failf(__FILE__, __LINE__,
                      "supervisor: signal %d: handler %p -> %p, flags %#x -> %#x, "
                      "blocked %d -> %d", sigs[i], (void *)before[i].sa_handler,
                      (void *)after[i].sa_handler, (unsigned)before[i].sa_flags,
@@ -205,7 +172,7 @@ static pid_t start_supervisor(const char *name, unsigned workers, wq_reconcile_f
 static void stop_supervisor(wq *q, pid_t sup, struct sup_report *rep)
 {
     assert_int_equal(wq_shutdown(q), 0);
-    int st = th_wait(sup, 10000);
+    int st = t_wait(sup, 10000);
     if (st != 0)
         fail_msg("supervisor ended with %d (wq_run_workers = %d, returned %d)",
                  st, atomic_load(&rep->rc), atomic_load(&rep->returned));
@@ -265,8 +232,8 @@ static int fn_hot(wq *q, const void *key, size_t len, struct wq_reconcile *out, 
         atomic_store(&w->last_seen_seq, seen);
     atomic_fetch_add(&w->calls, 1);
     /* A little work, so an overlap would have a window to show. */
-    uint64_t until = th_now_ns() + 20000 + (uint64_t)(seen % 7) * 5000;
-    while (th_now_ns() < until)
+    uint64_t until = t_now_ns() + 20000 + (uint64_t)(seen % 7) * 5000;
+    while (t_now_ns() < until)
         ;
     atomic_fetch_sub(&w->inflight, 1);
     snprintf(out->message, sizeof out->message, "seq %lld", seen);
@@ -276,13 +243,13 @@ static int fn_hot(wq *q, const void *key, size_t len, struct wq_reconcile *out, 
 static void no_overlap_hot_keys(void **state)
 {
     (void)state;
-    wq *q = open_new("hot", 64, NULL);
+    wq *q = t_create("hot", T_OPTS(.capacity = 64, .max_key_len = 64), NULL);
     const char *name = wq_name(q);
-    struct hot *h = th_shared_alloc(sizeof *h);
+    struct hot *h = t_shared_alloc(sizeof *h);
 
     pid_t sup = start_supervisor(name, 8, fn_hot, h, &h->rep, 40, NULL, NULL);
 
-    pid_t prod = th_fork(30);
+    pid_t prod = t_fork(30);
     if (prod == 0) {
         wq *pq;
         if (wq_open(name, NULL, &pq) != 0)
@@ -296,7 +263,7 @@ static void no_overlap_hot_keys(void **state)
             atomic_store(&h->keys[i].last_add_seq, seq);
             int rc = wq_add(pq, key, 5);
             if (rc < 0) {
-                th_failf(__FILE__, __LINE__, "producer: wq_add = %d", rc);
+                t_failf(__FILE__, __LINE__, "producer: wq_add = %d", rc);
                 _exit(1);
             }
             atomic_fetch_add(rc == 0 ? &h->adds_new : &h->adds_coalesced, 1);
@@ -306,10 +273,10 @@ static void no_overlap_hot_keys(void **state)
         wq_close(pq);
         _exit(0);
     }
-    assert_int_equal(th_wait(prod, 25000), 0);
+    assert_int_equal(t_wait(prod, 25000), 0);
     assert_true(WAIT_UNTIL(quiet(q), 10000));
     stop_supervisor(q, sup, &h->rep);
-    TH_ASSERT_BOARD_CLEAN();
+    T_ASSERT_BOARD_CLEAN();
 
     assert_int_equal(atomic_load(&h->bad_key), 0);
     assert_int_equal(atomic_load(&h->adds_new) + atomic_load(&h->adds_coalesced), NADDS);
@@ -327,12 +294,12 @@ static void no_overlap_hot_keys(void **state)
             fail_msg("%s: last add was #%lld, last reconcile saw #%lld", key, last,
                      atomic_load(&w->last_seen_seq));
         /* Its recorded outcome is that of the reconcile after its last add. */
-        struct wq_result r = result_of(q, key);
+        struct wq_result r = t_result(q, key);
         char want[32];
         snprintf(want, sizeof want, "seq %lld", last);
         assert_int_equal(r.state, WQ_STATE_SUCCEEDED);
         assert_string_equal(r.message, want);
-        assert_int_equal(wq_num_requeues(q, KL(key)), 0);
+        assert_int_equal(wq_num_requeues(q, KS(key)), 0);
         total += atomic_load(&w->calls);
     }
     /* Coalescing: never more reconciles than adds that were not merged
@@ -340,13 +307,13 @@ static void no_overlap_hot_keys(void **state)
     assert_true(total >= NHOT && total <= atomic_load(&h->adds_new));
     printf("  %d adds (%ld new), %ld reconciles\n", NADDS,
            (long)atomic_load(&h->adds_new), total);
-    struct wq_stats st = stats_of(q);
+    struct wq_stats st = t_stats(q);
     assert_int_equal(st.processing, 0);
     assert_int_equal(st.crash_requeues_total, 0);
     assert_int_equal(st.processes, 1);   /* workers and supervisor closed */
     assert_int_equal(wq_check(q, 0), 0);
     wq_close(q);
-    th_shared_free(h, sizeof *h);
+    t_shared_free(h, sizeof *h);
 }
 
 /* ------------------------------------------------------------------ */
@@ -376,10 +343,10 @@ static int fn_long(wq *q, const void *key, size_t len, struct wq_reconcile *out,
     if (key_is(key, len, "A")) {
         int n = atomic_fetch_add(&L->a_calls, 1);
         if (n < 4)
-            atomic_store(&L->a_start[n], th_now_ns());
+            atomic_store(&L->a_start[n], t_now_ns());
         sleep_ns(A_NS);
         if (n < 4)
-            atomic_store(&L->a_end[n], th_now_ns());
+            atomic_store(&L->a_end[n], t_now_ns());
         return 0;
     }
     int i = len == 4 && k[0] == 'b' ? atoi(k + 1) : -1;
@@ -387,9 +354,9 @@ static int fn_long(wq *q, const void *key, size_t len, struct wq_reconcile *out,
         atomic_fetch_add(&L->bad_key, 1);
         return 0;
     }
-    atomic_store(&L->b_start[i], th_now_ns());
+    atomic_store(&L->b_start[i], t_now_ns());
     sleep_ns(B_NS);
-    atomic_store(&L->b_end[i], th_now_ns());
+    atomic_store(&L->b_end[i], t_now_ns());
     atomic_fetch_add(&L->b_calls[i], 1);
     atomic_fetch_add(&L->b_done, 1);
     return 0;
@@ -405,20 +372,20 @@ struct long_times {
 
 static void long_scenario(unsigned workers, struct long_times *t)
 {
-    wq *q = open_new("long", 512, NULL);
-    struct longrun *L = th_shared_alloc(sizeof *L);
+    wq *q = t_create("long", T_OPTS(.capacity = 512, .max_key_len = 64), NULL);
+    struct longrun *L = t_shared_alloc(sizeof *L);
     pid_t sup = start_supervisor(wq_name(q), workers, fn_long, L, &L->rep, 30, NULL, NULL);
 
-    assert_int_equal(wq_add(q, KL("A")), 0);
+    assert_int_equal(wq_add(q, KS("A")), 0);
     assert_true(WAIT_UNTIL(atomic_load(&L->a_start[0]) != 0, 5000));
     /* A is processing: re-add it, then the backlog arrives. */
-    t->readd = th_now_ns();
-    assert_int_equal(wq_add(q, KL("A")), 0);
-    assert_int_equal(result_of(q, "A").state, WQ_STATE_RUNNING);
+    t->readd = t_now_ns();
+    assert_int_equal(wq_add(q, KS("A")), 0);
+    assert_int_equal(t_result(q, "A").state, WQ_STATE_RUNNING);
     for (int i = 0; i < NBACK; i++) {
         char key[8];
         snprintf(key, sizeof key, "b%03d", i);
-        assert_int_equal(wq_add(q, KL(key)), 0);
+        assert_int_equal(wq_add(q, KS(key)), 0);
     }
     if (atomic_load(&L->a_end[0]) != 0)
         fail_msg("A's first run ended before the backlog was added: too slow a machine?");
@@ -426,9 +393,9 @@ static void long_scenario(unsigned workers, struct long_times *t)
     assert_true(WAIT_UNTIL(atomic_load(&L->a_end[1]) != 0 &&
                            atomic_load(&L->b_done) == NBACK, 15000));
     assert_true(WAIT_UNTIL(quiet(q), 5000));
-    th_sleep_ms(50);   /* a third run of A would show now */
+    t_sleep_ms(50);   /* a third run of A would show now */
     stop_supervisor(q, sup, &L->rep);
-    TH_ASSERT_BOARD_CLEAN();
+    T_ASSERT_BOARD_CLEAN();
 
     assert_int_equal(atomic_load(&L->bad_key), 0);
     assert_int_equal(atomic_load(&L->a_calls), 2);   /* exactly once more */
@@ -444,7 +411,7 @@ static void long_scenario(unsigned workers, struct long_times *t)
         t->b_done_before_a2 += e <= t->a2_start;
     }
     assert_true(t->a2_start >= t->a1_end);   /* after its Done */
-    struct wq_result r = result_of(q, "A");
+    struct wq_result r = t_result(q, "A");
     assert_int_equal(r.state, WQ_STATE_SUCCEEDED);
     assert_int_equal(wq_check(q, 0), 0);
     printf("  %u worker(s): A re-run %.0f ms after its re-add; backlog done at "
@@ -452,8 +419,8 @@ static void long_scenario(unsigned workers, struct long_times *t)
            (double)(t->a2_start - t->readd) / 1e6,
            (double)(t->last_b_end - t->readd) / 1e6, t->b_done_before_a2, NBACK);
     wq_close(q);
-    th_unlink_all();
-    th_shared_free(L, sizeof *L);
+    t_unlink_all();
+    t_shared_free(L, sizeof *L);
 }
 
 static void long_reconcile_one_worker(void **state)
@@ -477,7 +444,7 @@ static void long_reconcile_four_workers(void **state)
     for (int attempt = 1;; attempt++) {
         long_scenario(4, &t);
         /* Never the full serial wait of a single worker. */
-        assert_true(t.a2_start - t.readd < (uint64_t)NBACK * B_NS * th_scale());
+        assert_true(t.a2_start - t.readd < (uint64_t)NBACK * B_NS * t_scale());
         if (t.a2_start < t.last_b_end && t.b_done_before_a2 < NBACK)
             break;
         if (attempt == 3)
@@ -533,7 +500,7 @@ static int fn_outcome(wq *q, const void *key, size_t len, struct wq_reconcile *o
     struct call_rec *rec = n < NREC ? &k->rec[n] : NULL;
     if (rec) {
         struct wq_result r;
-        atomic_store(&rec->start, th_now_ns());
+        atomic_store(&rec->start, t_now_ns());
         atomic_store(&rec->nreq, wq_num_requeues(q, key, len));
         if (wq_result(q, key, len, &r) == 0) {
             atomic_store(&rec->state, (int)r.state);
@@ -566,7 +533,7 @@ static int fn_outcome(wq *q, const void *key, size_t len, struct wq_reconcile *o
             snprintf(out->message, sizeof out->message, "first failure");
             rc = -3;
         } else if (n == 1) {
-            out->requeue_after_ns = 50 * TH_MS;
+            out->requeue_after_ns = 50 * MS;
             snprintf(out->message, sizeof out->message, "again");
         } else {
             snprintf(out->message, sizeof out->message, "after done");
@@ -582,7 +549,7 @@ static int fn_outcome(wq *q, const void *key, size_t len, struct wq_reconcile *o
         break;
     }
     if (rec)
-        atomic_store(&rec->end, th_now_ns());
+        atomic_store(&rec->end, t_now_ns());
     return rc;
 }
 
@@ -600,7 +567,7 @@ static void check_rec(struct outkey *k, int n, int nreq, enum wq_state st, int c
 
 static void check_final(wq *q, const char *key, enum wq_state st, int code, const char *msg)
 {
-    struct wq_result r = result_of(q, key);
+    struct wq_result r = t_result(q, key);
     if (r.state != st || r.code != code || strcmp(r.message, msg) != 0)
         fail_msg("%s: final result {state %d, code %d, '%s'}, expected {%d, %d, '%s'}",
                  key, (int)r.state, r.code, r.message, (int)st, code, msg);
@@ -609,40 +576,41 @@ static void check_final(wq *q, const char *key, enum wq_state st, int code, cons
 static void outcome_mapping(void **state)
 {
     (void)state;
-    struct wq_options o = { .rl_base_delay_ns = 1 * TH_MS, .rl_max_delay_ns = 100 * TH_MS,
+    struct wq_options o = { .capacity = 64, .max_key_len = 64,
+                            .rl_base_delay_ns = 1 * MS, .rl_max_delay_ns = 100 * MS,
                             .rl_limiters = WQ_RL_EXPONENTIAL };
-    wq *q = open_new("outcome", 64, &o);
-    struct outcomes *O = th_shared_alloc(sizeof *O);
+    wq *q = t_create("outcome", &o, NULL);
+    struct outcomes *O = t_shared_alloc(sizeof *O);
     for (int i = 0; i < NOUT; i++)
         O->k[i].name = out_names[i];   /* static strings: same address in children */
 
     pid_t sup = start_supervisor(wq_name(q), 2, fn_outcome, O, &O->rep, 30, NULL, NULL);
     for (int i = 0; i < NOUT; i++)
-        assert_int_equal(wq_add(q, KL(out_names[i])), 0);
+        assert_int_equal(wq_add(q, KS(out_names[i])), 0);
 
 #define CALLS(i) atomic_load(&O->k[i].calls)
     assert_true(WAIT_UNTIL(CALLS(K_OK) >= 1 && CALLS(K_NEG) >= 4 && CALLS(K_C42) >= 2 &&
                            CALLS(K_POS) >= 2 && CALLS(K_AFTER) >= 3 &&
                            CALLS(K_RECOVER) >= 3, 10000));
     /* Let the last runs of the keys that end in success finish. */
-    assert_true(WAIT_UNTIL(result_of(q, "after").state == WQ_STATE_SUCCEEDED &&
-                           result_of(q, "recover").state == WQ_STATE_SUCCEEDED &&
-                           result_of(q, "ok").state == WQ_STATE_SUCCEEDED, 5000));
+    assert_true(WAIT_UNTIL(t_result(q, "after").state == WQ_STATE_SUCCEEDED &&
+                           t_result(q, "recover").state == WQ_STATE_SUCCEEDED &&
+                           t_result(q, "ok").state == WQ_STATE_SUCCEEDED, 5000));
     /* While they run: "ok" is done and forgotten. */
     check_final(q, "ok", WQ_STATE_SUCCEEDED, 0, "fine");
-    assert_int_equal(wq_num_requeues(q, KL("ok")), 0);
+    assert_int_equal(wq_num_requeues(q, KS("ok")), 0);
     /* The failing keys keep failing, with a rising count. */
-    assert_true(wq_num_requeues(q, KL("neg")) >= 3);
-    th_sleep_ms(120);   /* a spurious re-run of "after" or "recover" would show */
+    assert_true(wq_num_requeues(q, KS("neg")) >= 3);
+    t_sleep_ms(120);   /* a spurious re-run of "after" or "recover" would show */
     stop_supervisor(q, sup, &O->rep);
-    TH_ASSERT_BOARD_CLEAN();
+    T_ASSERT_BOARD_CLEAN();
     assert_int_equal(atomic_load(&O->bad_key), 0);
 
     /* 0 -> SUCCEEDED with the message, forgotten, not re-run. */
     assert_int_equal(CALLS(K_OK), 1);
     check_rec(&O->k[K_OK], 0, 0, WQ_STATE_RUNNING, 0, "");
     check_final(q, "ok", WQ_STATE_SUCCEEDED, 0, "fine");
-    assert_int_equal(wq_num_requeues(q, KL("ok")), 0);
+    assert_int_equal(wq_num_requeues(q, KS("ok")), 0);
 
     /* -5 with out->code 0 -> FAILED -5, re-added rate limited: each run
        sees one more failure than the one before. */
@@ -653,17 +621,17 @@ static void outcome_mapping(void **state)
                     atomic_load(&O->k[K_NEG].rec[n - 1].end));
     }
     check_final(q, "neg", WQ_STATE_FAILED, -5, "neg failed");
-    assert_true(wq_num_requeues(q, KL("neg")) >= CALLS(K_NEG) - 1);
+    assert_true(wq_num_requeues(q, KS("neg")) >= CALLS(K_NEG) - 1);
 
     /* out->code wins over the negative return. */
     check_rec(&O->k[K_C42], 1, 1, WQ_STATE_RUNNING, 42, "c42");
     check_final(q, "c42", WQ_STATE_FAILED, 42, "c42");
-    assert_true(wq_num_requeues(q, KL("c42")) >= 1);
+    assert_true(wq_num_requeues(q, KS("c42")) >= 1);
 
     /* A positive return is reserved: FAILED -EINVAL, retried. */
     check_rec(&O->k[K_POS], 1, 1, WQ_STATE_RUNNING, -EINVAL, "positive");
     check_final(q, "pos", WQ_STATE_FAILED, -EINVAL, "positive");
-    assert_true(wq_num_requeues(q, KL("pos")) >= 1);
+    assert_true(wq_num_requeues(q, KS("pos")) >= 1);
 
     /* requeue_after: SUCCEEDED, forgotten, reconciled again >= 50 ms after. */
     assert_int_equal(CALLS(K_AFTER), 3);
@@ -671,25 +639,25 @@ static void outcome_mapping(void **state)
     check_rec(&O->k[K_AFTER], 2, 0, WQ_STATE_RUNNING, 0, "again");
     uint64_t gap = atomic_load(&O->k[K_AFTER].rec[2].start) -
                    atomic_load(&O->k[K_AFTER].rec[1].end);
-    if (gap < 50 * (uint64_t)TH_MS)
+    if (gap < 50 * (uint64_t)MS)
         fail_msg("requeue_after 50 ms: re-run after %.1f ms", (double)gap / 1e6);
     check_final(q, "after", WQ_STATE_SUCCEEDED, 0, "after done");
-    assert_int_equal(wq_num_requeues(q, KL("after")), 0);
+    assert_int_equal(wq_num_requeues(q, KS("after")), 0);
 
     /* Failures, then success: forgotten. */
     assert_int_equal(CALLS(K_RECOVER), 3);
     check_rec(&O->k[K_RECOVER], 1, 1, WQ_STATE_RUNNING, -7, "not yet");
     check_rec(&O->k[K_RECOVER], 2, 2, WQ_STATE_RUNNING, -7, "not yet");
     check_final(q, "recover", WQ_STATE_SUCCEEDED, 0, "recovered");
-    assert_int_equal(wq_num_requeues(q, KL("recover")), 0);
+    assert_int_equal(wq_num_requeues(q, KS("recover")), 0);
 #undef CALLS
 
-    struct wq_stats st = stats_of(q);
+    struct wq_stats st = t_stats(q);
     assert_int_equal(st.processing, 0);
     assert_int_equal(st.crash_requeues_total, 0);
     assert_int_equal(wq_check(q, 0), 0);
     wq_close(q);
-    th_shared_free(O, sizeof *O);
+    t_shared_free(O, sizeof *O);
 }
 
 /* ------------------------------------------------------------------ */
@@ -745,7 +713,7 @@ static int fn_crashy(wq *q, const void *key, size_t len, struct wq_reconcile *ou
     if (n < NCALLS) {
         atomic_store(&C->call_key[n], i);
         atomic_store(&C->call_pid[n], me);
-        atomic_store(&C->call_ns[n], th_now_ns());
+        atomic_store(&C->call_ns[n], t_now_ns());
         atomic_store(&C->call_nreq[n], wq_num_requeues(q, key, len));
     }
     atomic_fetch_add(&C->calls[i], 1);
@@ -760,7 +728,7 @@ static int fn_crashy(wq *q, const void *key, size_t len, struct wq_reconcile *ou
                                              pid_dead(prev) ? 1 : -1);
     }
     if (C->work_ms)
-        th_sleep_ms(C->work_ms);
+        t_sleep_ms(C->work_ms);
     snprintf(out->message, sizeof out->message, "by %ld", (long)me);
     int expect = me;
     atomic_compare_exchange_strong(&C->holder[i], &expect, 0);
@@ -778,22 +746,22 @@ static int first_call_of(struct crashy *C, int key, int nth)
 
 static void crash_scenario(unsigned workers, unsigned work_ms, int nkeys)
 {
-    wq *q = open_new("crash", 64, NULL);
-    struct crashy *C = th_shared_alloc(sizeof *C);
+    wq *q = t_create("crash", T_OPTS(.capacity = 64, .max_key_len = 64), NULL);
+    struct crashy *C = t_shared_alloc(sizeof *C);
     C->work_ms = work_ms;
     pid_t sup = start_supervisor(wq_name(q), workers, fn_crashy, C, &C->rep, 30, NULL, NULL);
 
     char key[16];
     for (int i = 0; i < nkeys; i++) {
         snprintf(key, sizeof key, "k%02d", i);
-        assert_int_equal(wq_add(q, KL(key)), 0);
+        assert_int_equal(wq_add(q, KS(key)), 0);
         if (i == nkeys / 4)
-            assert_int_equal(wq_add(q, KL("boom")), 0);
+            assert_int_equal(wq_add(q, KS("boom")), 0);
     }
     assert_true(WAIT_UNTIL(atomic_load(&C->calls[30]) >= 2 && quiet(q), 10000));
-    th_sleep_ms(50);
+    t_sleep_ms(50);
     stop_supervisor(q, sup, &C->rep);
-    TH_ASSERT_BOARD_CLEAN();
+    T_ASSERT_BOARD_CLEAN();
 
     assert_int_equal(atomic_load(&C->bad_key), 0);
     assert_int_equal(atomic_load(&C->overlap), 0);
@@ -813,7 +781,7 @@ static void crash_scenario(unsigned workers, unsigned work_ms, int nkeys)
         /* Only a replacement could run it again, after the backoff; and
            it ran everything that came after the crash. */
         uint64_t gap = atomic_load(&C->call_ns[c2]) - atomic_load(&C->call_ns[c1]);
-        if (gap < 100 * (uint64_t)TH_MS)
+        if (gap < 100 * (uint64_t)MS)
             fail_msg("replacement ran %.1f ms after the crash (backoff 100 ms)",
                      (double)gap / 1e6);
         int n = atomic_load(&C->ncalls);
@@ -822,15 +790,15 @@ static void crash_scenario(unsigned workers, unsigned work_ms, int nkeys)
             assert_int_equal(atomic_load(&C->call_pid[c]), atomic_load(&C->call_pid[c2]));
         assert_true(n - c1 - 1 > 1);   /* the replacement ran other keys too */
     }
-    struct wq_result r = result_of(q, "boom");
+    struct wq_result r = t_result(q, "boom");
     assert_int_equal(r.state, WQ_STATE_SUCCEEDED);
-    assert_int_equal(wq_num_requeues(q, KL("boom")), 0);
-    struct wq_stats st = stats_of(q);
+    assert_int_equal(wq_num_requeues(q, KS("boom")), 0);
+    struct wq_stats st = t_stats(q);
     assert_int_equal(st.crash_requeues_total, 1);
     assert_int_equal(st.processing, 0);
     assert_int_equal(wq_check(q, 0), 0);
     wq_close(q);
-    th_shared_free(C, sizeof *C);
+    t_shared_free(C, sizeof *C);
 }
 
 static void crashed_worker_replaced(void **state)
@@ -848,15 +816,16 @@ static void crashed_key_never_twice(void **state)
 static void crash_loop_backs_off(void **state)
 {
     (void)state;
-    struct wq_options o = { .rl_base_delay_ns = 1 * TH_MS, .rl_max_delay_ns = 50 * TH_MS };
-    wq *q = open_new("loop", 16, &o);
-    struct crashy *C = th_shared_alloc(sizeof *C);
+    struct wq_options o = { .capacity = 16, .max_key_len = 64,
+                            .rl_base_delay_ns = 1 * MS, .rl_max_delay_ns = 50 * MS };
+    wq *q = t_create("loop", &o, NULL);
+    struct crashy *C = t_shared_alloc(sizeof *C);
     pid_t sup = start_supervisor(wq_name(q), 1, fn_crashy, C, &C->rep, 30, NULL, NULL);
 
-    assert_int_equal(wq_add(q, KL("loop")), 0);
+    assert_int_equal(wq_add(q, KS("loop")), 0);
     assert_true(WAIT_UNTIL(atomic_load(&C->calls[31]) >= 1, 5000));
     uint64_t first = atomic_load(&C->call_ns[0]);
-    uint64_t until = first + 1500 * (uint64_t)TH_MS, now = th_now_ns();
+    uint64_t until = first + 1500 * (uint64_t)MS, now = t_now_ns();
     if (until > now)
         sleep_ns(until - now);
     int seen = atomic_load(&C->calls[31]);
@@ -866,10 +835,10 @@ static void crash_loop_backs_off(void **state)
     /* And it is restarted (slow machines: give it time). */
     assert_true(WAIT_UNTIL(atomic_load(&C->calls[31]) >= 3, 3000));
     stop_supervisor(q, sup, &C->rep);
-    TH_ASSERT_BOARD_CLEAN();
+    T_ASSERT_BOARD_CLEAN();
     int calls = atomic_load(&C->calls[31]);
     assert_true(calls <= (seen > 3 ? seen : 3) + 1);
-    uint64_t backoff = 100 * (uint64_t)TH_MS;
+    uint64_t backoff = 100 * (uint64_t)MS;
     for (int c = 0; c < calls && c < NCALLS; c++) {
         assert_int_equal(atomic_load(&C->call_key[c]), 31);
         /* Each crash was a failure: the count rose every time. */
@@ -885,13 +854,13 @@ static void crash_loop_backs_off(void **state)
             assert_int_not_equal(atomic_load(&C->call_pid[c]),
                                  atomic_load(&C->call_pid[c - 1]));
     }
-    struct wq_stats st = stats_of(q);
+    struct wq_stats st = t_stats(q);
     assert_int_equal(st.crash_requeues_total, (uint64_t)calls);
-    assert_int_equal(wq_num_requeues(q, KL("loop")), calls);
+    assert_int_equal(wq_num_requeues(q, KS("loop")), calls);
     assert_int_equal(st.processing, 0);
     assert_int_equal(wq_check(q, 0), 0);
     wq_close(q);
-    th_shared_free(C, sizeof *C);
+    t_shared_free(C, sizeof *C);
 }
 
 /* ------------------------------------------------------------------ */
@@ -932,23 +901,23 @@ static int fn_sig(wq *q, const void *key, size_t len, struct wq_reconcile *out, 
 static void sigterm_drains(void **state)
 {
     (void)state;
-    wq *q = open_new("term", 64, NULL);
-    struct sigrun *S = th_shared_alloc(sizeof *S);
-    S->work_ns = 20 * TH_MS;
+    wq *q = t_create("term", T_OPTS(.capacity = 64, .max_key_len = 64), NULL);
+    struct sigrun *S = t_shared_alloc(sizeof *S);
+    S->work_ns = 20 * MS;
     char key[8];
     for (int i = 0; i < NSIG_KEYS; i++) {
         snprintf(key, sizeof key, "s%02d", i);
-        assert_int_equal(wq_add(q, KL(key)), 0);
+        assert_int_equal(wq_add(q, KS(key)), 0);
     }
     pid_t sup = start_supervisor(wq_name(q), 2, fn_sig, S, &S->rep, 30, NULL, NULL);
     assert_true(WAIT_UNTIL(atomic_load(&S->done) >= 3, 5000));
     assert_int_equal(kill(sup, SIGTERM), 0);
-    int st = th_wait(sup, 10000);
+    int st = t_wait(sup, 10000);
     assert_int_equal(atomic_load(&S->rep.returned), 1);
     assert_int_equal(atomic_load(&S->rep.rc), 0);
     assert_int_equal(st, 0);
     assert_int_equal(atomic_load(&S->rep.restored), 1);
-    TH_ASSERT_BOARD_CLEAN();
+    T_ASSERT_BOARD_CLEAN();
     assert_int_equal(atomic_load(&S->bad_key), 0);
 
     /* Every key that started finished; the queued ones were drained too. */
@@ -956,19 +925,19 @@ static void sigterm_drains(void **state)
         snprintf(key, sizeof key, "s%02d", i);
         assert_int_equal(atomic_load(&S->starts[i]), atomic_load(&S->ends[i]));
         assert_int_equal(atomic_load(&S->ends[i]), 1);
-        assert_int_equal(result_of(q, key).state, WQ_STATE_SUCCEEDED);
+        assert_int_equal(t_result(q, key).state, WQ_STATE_SUCCEEDED);
     }
     assert_true(wq_shutting_down(q));
-    struct wq_stats s = stats_of(q);
+    struct wq_stats s = t_stats(q);
     assert_int_equal(s.processing, 0);
     assert_int_equal(s.queued, 0);
     assert_int_equal(s.shutting_down, 1);
     assert_int_equal(s.crash_requeues_total, 0);
     assert_int_equal(s.processes, 1);
-    assert_int_equal(wq_add(q, KL("late")), -ESHUTDOWN);
+    assert_int_equal(wq_add(q, KS("late")), -ESHUTDOWN);
     assert_int_equal(wq_check(q, 0), 0);
     wq_close(q);
-    th_shared_free(S, sizeof *S);
+    t_shared_free(S, sizeof *S);
 }
 
 struct owners {
@@ -987,13 +956,13 @@ static int collect_owners(const struct wq_key_info *info, void *arg)
 static void second_sigterm_kills(void **state)
 {
     (void)state;
-    wq *q = open_new("term2", 64, NULL);
-    struct sigrun *S = th_shared_alloc(sizeof *S);
-    S->work_ns = 2 * TH_S;
+    wq *q = t_create("term2", T_OPTS(.capacity = 64, .max_key_len = 64), NULL);
+    struct sigrun *S = t_shared_alloc(sizeof *S);
+    S->work_ns = 2 * SEC;
     char key[8];
     for (int i = 0; i < 4; i++) {
         snprintf(key, sizeof key, "s%02d", i);
-        assert_int_equal(wq_add(q, KL(key)), 0);
+        assert_int_equal(wq_add(q, KS(key)), 0);
     }
     pid_t sup = start_supervisor(wq_name(q), 2, fn_sig, S, &S->rep, 30, NULL, NULL);
     assert_true(WAIT_UNTIL(atomic_load(&S->started) == 2, 5000));
@@ -1013,19 +982,19 @@ static void second_sigterm_kills(void **state)
        did, or the two signals could merge into one pending SIGTERM). */
     assert_int_equal(kill(sup, SIGTERM), 0);
     assert_true(WAIT_UNTIL(wq_shutting_down(q), 2000));
-    th_sleep_ms(20);
+    t_sleep_ms(20);
     assert_int_equal(atomic_load(&S->rep.returned), 0);   /* draining */
-    uint64_t t0 = th_now_ns();
+    uint64_t t0 = t_now_ns();
     assert_int_equal(kill(sup, SIGTERM), 0);
-    int st = th_wait(sup, 5000);
-    uint64_t took = th_now_ns() - t0;
+    int st = t_wait(sup, 5000);
+    uint64_t took = t_now_ns() - t0;
     assert_int_equal(atomic_load(&S->rep.returned), 1);
     assert_int_equal(atomic_load(&S->rep.rc), -EINTR);
     assert_int_equal(st, 1);
     assert_int_equal(atomic_load(&S->rep.restored), 1);
-    if (took >= 1000 * (uint64_t)TH_MS * th_scale())
+    if (took >= 1000 * (uint64_t)MS * t_scale())
         fail_msg("second SIGTERM: wq_run_workers returned after %.0f ms", (double)took / 1e6);
-    TH_ASSERT_BOARD_CLEAN();
+    T_ASSERT_BOARD_CLEAN();
 
     /* The workers are gone (reaped by the supervisor). */
     for (int k = 0; k < 2; k++) {
@@ -1038,21 +1007,21 @@ static void second_sigterm_kills(void **state)
        failure (wq.h, wq_run_workers). */
     assert_int_equal(atomic_load(&S->done), 0);
     assert_int_equal(atomic_load(&S->started), 2);
-    struct wq_stats s = stats_of(q);
+    struct wq_stats s = t_stats(q);
     assert_int_equal(s.processing, 0);
     assert_int_equal(s.crash_requeues_total, 0);
     assert_int_equal(s.queued, 4);
     assert_int_equal(s.shutting_down, 1);
     for (int i = 0; i < 4; i++) {
         snprintf(key, sizeof key, "s%02d", i);
-        struct wq_result r = result_of(q, key);
+        struct wq_result r = t_result(q, key);
         if (r.state != WQ_STATE_PENDING)
             fail_msg("%s: state %d after the kill, expected PENDING", key, (int)r.state);
-        assert_int_equal(wq_num_requeues(q, KL(key)), 0);
+        assert_int_equal(wq_num_requeues(q, KS(key)), 0);
     }
     assert_int_equal(wq_check(q, 0), 0);
     wq_close(q);
-    th_shared_free(S, sizeof *S);
+    t_shared_free(S, sizeof *S);
 }
 
 /* ------------------------------------------------------------------ */
@@ -1073,11 +1042,11 @@ static void strangers_hook(void *arg, int phase)
 {
     struct strangers *X = arg;
     if (phase == 0) {
-        atomic_store(&X->forked_ns, th_now_ns());
+        atomic_store(&X->forked_ns, t_now_ns());
         pid_t s = fork();
         if (s == 0) {
             prctl(PR_SET_PDEATHSIG, SIGKILL);   /* if the test fails early */
-            sleep_ns(3 * TH_S * th_scale());
+            sleep_ns(3 * SEC * t_scale());
             _exit(7);
         }
         pid_t k = fork();
@@ -1085,7 +1054,7 @@ static void strangers_hook(void *arg, int phase)
             _exit(5);
         atomic_store(&X->sleeper, s);
         atomic_store(&X->quick, k);
-        th_sleep_ms(20);   /* the quick one is a zombie before the pool starts */
+        t_sleep_ms(20);   /* the quick one is a zombie before the pool starts */
         return;
     }
     pid_t s = atomic_load(&X->sleeper), k = atomic_load(&X->quick);
@@ -1106,7 +1075,7 @@ static int fn_count(wq *q, const void *key, size_t len, struct wq_reconcile *out
     (void)len;
     (void)out;
     struct strangers *X = arg;
-    th_sleep_ms(5);
+    t_sleep_ms(5);
     atomic_fetch_add(&X->done, 1);
     return 0;
 }
@@ -1114,47 +1083,46 @@ static int fn_count(wq *q, const void *key, size_t len, struct wq_reconcile *out
 static void waits_only_for_own_workers(void **state)
 {
     (void)state;
-    wq *q = open_new("strangers", 16, NULL);
-    struct strangers *X = th_shared_alloc(sizeof *X);
+    wq *q = t_create("strangers", T_OPTS(.capacity = 16, .max_key_len = 64), NULL);
+    struct strangers *X = t_shared_alloc(sizeof *X);
     pid_t sup = start_supervisor(wq_name(q), 2, fn_count, X, &X->rep, 30,
                                  strangers_hook, X);
     char key[8];
     for (int i = 0; i < 5; i++) {
         snprintf(key, sizeof key, "x%d", i);
-        assert_int_equal(wq_add(q, KL(key)), 0);
+        assert_int_equal(wq_add(q, KS(key)), 0);
     }
     assert_true(WAIT_UNTIL(atomic_load(&X->done) == 5 && quiet(q), 5000));
     stop_supervisor(q, sup, &X->rep);
-    TH_ASSERT_BOARD_CLEAN();
+    T_ASSERT_BOARD_CLEAN();
 
     uint64_t ret_after = atomic_load(&X->rep.returned_ns) - atomic_load(&X->forked_ns);
     printf("  wq_run_workers returned %.0f ms after the unrelated children were forked\n",
            (double)ret_after / 1e6);
     /* It did not wait for the sleeper (3 s). */
-    assert_true(ret_after < 3 * (uint64_t)TH_S * th_scale());
+    assert_true(ret_after < 3 * (uint64_t)SEC * t_scale());
     assert_int_equal(atomic_load(&X->sleeper_alive_after), 1);
     assert_int_equal(atomic_load(&X->quick_reaped_by_us), 1);
     assert_int_equal(atomic_load(&X->sleeper_reaped_by_us), 1);
     assert_int_equal(wq_check(q, 0), 0);
     wq_close(q);
-    th_shared_free(X, sizeof *X);
+    t_shared_free(X, sizeof *X);
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(no_overlap_hot_keys, th_setup, th_teardown),
-        cmocka_unit_test_setup_teardown(long_reconcile_one_worker, th_setup, th_teardown),
-        cmocka_unit_test_setup_teardown(long_reconcile_four_workers, th_setup, th_teardown),
-        cmocka_unit_test_setup_teardown(outcome_mapping, th_setup, th_teardown),
-        cmocka_unit_test_setup_teardown(crashed_worker_replaced, th_setup, th_teardown),
-        cmocka_unit_test_setup_teardown(crashed_key_never_twice, th_setup, th_teardown),
-        cmocka_unit_test_setup_teardown(crash_loop_backs_off, th_setup, th_teardown),
-        cmocka_unit_test_setup_teardown(sigterm_drains, th_setup, th_teardown),
-        cmocka_unit_test_setup_teardown(second_sigterm_kills, th_setup, th_teardown),
-        cmocka_unit_test_setup_teardown(waits_only_for_own_workers, th_setup, th_teardown),
-        cmocka_unit_test(th_test_no_leftovers),
+        T_TEST(no_overlap_hot_keys),
+        T_TEST(long_reconcile_one_worker),
+        T_TEST(long_reconcile_four_workers),
+        T_TEST(outcome_mapping),
+        T_TEST(crashed_worker_replaced),
+        T_TEST(crashed_key_never_twice),
+        T_TEST(crash_loop_backs_off),
+        T_TEST(sigterm_drains),
+        T_TEST(second_sigterm_kills),
+        T_TEST(waits_only_for_own_workers),
+        T_NO_LEFTOVERS,
     };
-    int rc = cmocka_run_group_tests_name("pool", tests, th_group_setup, th_group_teardown);
-    return rc | th_final_check();
+    return T_RUN_GROUP("pool", tests);
 }

@@ -17,7 +17,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "helpers.h"
+#include "t.h"
 #include "shm/shm.h"
 
 /* Keys of dead holders come back through the rate limiter (5 ms for a
@@ -25,7 +25,7 @@
 static int get_key(wq *q, const char *want)
 {
     char buf[64];
-    int n = wq_get(q, buf, sizeof buf, TH_S);
+    int n = wq_get(q, buf, sizeof buf, SEC);
     if (n < 0)
         return n;
     return (size_t)n == strlen(want) && memcmp(buf, want, (size_t)n) == 0 ? 0 : -1;
@@ -42,13 +42,13 @@ static uint32_t slot_of(wq *q, pid_t pid)
 static void dead_holder_with_reused_pid(void **state)
 {
     (void)state;
-    const char *name = th_qname("pidreuse");
+    const char *name = t_qname("pidreuse");
     struct wq_options o = { .capacity = 16, .max_key_len = 16, .flags = WQ_CREATE };
     wq *q;
     assert_int_equal(wq_open(name, &o, &q), 0);
     assert_int_equal(wq_add(q, "k", 1), 0);
-    int *sync = th_shared_alloc(4096);
-    pid_t c = th_fork(10);
+    int *sync = t_shared_alloc(4096);
+    pid_t c = t_fork(10);
     if (c == 0) {
         wq *cq;
         if (wq_open(name, NULL, &cq) < 0 || get_key(cq, "k") < 0)
@@ -62,7 +62,7 @@ static void dead_holder_with_reused_pid(void **state)
     uint32_t s = slot_of(q, c);
     assert_int_not_equal(s, WQ_NIL);
     kill(c, SIGKILL);
-    assert_int_equal(th_wait(c, 5000), 128 + SIGKILL);
+    assert_int_equal(t_wait(c, 5000), 128 + SIGKILL);
     /* The dead child's pid now "belongs" to a live process: us. */
     wq__shm(q)->procs[s].pid = getpid();
     assert_int_equal(get_key(q, "k"), 0);   /* reaped anyway */
@@ -74,19 +74,19 @@ static void dead_holder_with_reused_pid(void **state)
     assert_int_equal(wq_done(q, "k", 1), 0);
     assert_int_equal(wq_check(q, 0), 0);
     wq_close(q);
-    th_shared_free(sync, 4096);
+    t_shared_free(sync, 4096);
 }
 
 static void live_holder_with_dead_pid(void **state)
 {
     (void)state;
-    const char *name = th_qname("pidstale");
+    const char *name = t_qname("pidstale");
     struct wq_options o = { .capacity = 16, .max_key_len = 16, .flags = WQ_CREATE };
     wq *q;
     assert_int_equal(wq_open(name, &o, &q), 0);
     assert_int_equal(wq_add(q, "k", 1), 0);
-    int *sync = th_shared_alloc(4096);
-    pid_t c = th_fork(10);
+    int *sync = t_shared_alloc(4096);
+    pid_t c = t_fork(10);
     if (c == 0) {
         wq *cq;
         if (wq_open(name, NULL, &cq) < 0 || get_key(cq, "k") < 0)
@@ -103,22 +103,22 @@ static void live_holder_with_dead_pid(void **state)
     /* A pid that cannot exist: pid-based liveness would call it dead. */
     wq__shm(q)->procs[s].pid = 0x3fffffff;
     assert_int_equal(wq_check(q, WQ_CHECK_REAP), 0);
-    assert_int_equal(wq_get(q, (char[64]){0}, 64, 200 * TH_MS), -ETIMEDOUT);
-    assert_int_equal(wq__shm(q)->procs[s].state, WQ_PROC_LIVE);
+    assert_int_equal(wq_get(q, (char[64]){0}, 64, 200 * MS), -ETIMEDOUT);
+    assert_int_equal(q->procs[s].state, WQ_PROC_LIVE);
     sync[1] = 1;
-    assert_int_equal(th_wait(c, 5000), 0);
+    assert_int_equal(t_wait(c, 5000), 0);
     struct wq_stats st;
     assert_int_equal(wq_stats(q, &st), 0);
     assert_int_equal(st.crash_requeues_total, 0);
     assert_int_equal(st.live, 0);
     wq_close(q);
-    th_shared_free(sync, 4096);
+    t_shared_free(sync, 4096);
 }
 
 static void reused_slot_new_generation(void **state)
 {
     (void)state;
-    const char *name = th_qname("slotgen");
+    const char *name = t_qname("slotgen");
     struct wq_options o = { .capacity = 16, .max_key_len = 16, .max_procs = 2,
                             .flags = WQ_CREATE };
     wq *q;
@@ -127,14 +127,14 @@ static void reused_slot_new_generation(void **state)
     assert_int_equal(wq_add(q, "b", 1), 0);
     for (int round = 0; round < 2; round++) {
         /* Only one other slot: each child reuses the previous one's. */
-        pid_t c = th_fork(10);
+        pid_t c = t_fork(10);
         if (c == 0) {
             wq *cq;
             if (wq_open(name, NULL, &cq) < 0 || get_key(cq, round ? "b" : "a") < 0)
                 _exit(1);
             raise(SIGKILL);
         }
-        assert_int_equal(th_wait(c, 5000), 128 + SIGKILL);
+        assert_int_equal(t_wait(c, 5000), 128 + SIGKILL);
     }
     /* Round 1's open reaped round 0's slot (a requeued); b is held by the
        dead round-1 child in the same slot with a newer generation. */
@@ -154,11 +154,10 @@ static void reused_slot_new_generation(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(dead_holder_with_reused_pid, th_setup, th_teardown),
-        cmocka_unit_test_setup_teardown(live_holder_with_dead_pid, th_setup, th_teardown),
-        cmocka_unit_test_setup_teardown(reused_slot_new_generation, th_setup, th_teardown),
-        cmocka_unit_test(th_test_no_leftovers),
+        T_TEST(dead_holder_with_reused_pid),
+        T_TEST(live_holder_with_dead_pid),
+        T_TEST(reused_slot_new_generation),
+        T_NO_LEFTOVERS,
     };
-    int rc = cmocka_run_group_tests_name("procs", tests, th_group_setup, th_group_teardown);
-    return rc | th_final_check();
+    return T_RUN_GROUP("procs", tests);
 }

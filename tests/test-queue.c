@@ -19,13 +19,13 @@
  *     TestAddWhileProcessing), with witnesses in shared memory.
  *
  * Only the main thread of the test process uses cmocka asserts; actors
- * write to the failure board (helpers.h). TestGarbageCollection is about
+ * write to the failure board (t.h). TestGarbageCollection is about
  * Go's garbage collector and has no C counterpart (skipped).
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* pthread_timedjoin_np, setgroups */
 #endif
-#include "fixture.h"
+#include "t.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -35,15 +35,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-#define KEYBUF 256 /* default max_key_len */
-
-static wq *make_queue(const char *tag, uint32_t capacity, const char **name_out)
-{
-    struct wq_options o = { .capacity = capacity };
-
-    return create_q(tag, &o, name_out);
-}
 
 /* ================================================================== */
 /* Script engine                                                       */
@@ -110,7 +101,7 @@ struct sctx {
     atomic_int fin[MAX_STEPS];
     int res[MAX_STEPS];
     uint64_t t0[MAX_STEPS], t1[MAX_STEPS];
-    unsigned char got[MAX_STEPS][KEYBUF];
+    unsigned char got[MAX_STEPS][T_KEYBUF];
     int state[MAX_STEPS];
     pid_t owner[MAX_STEPS];
     uint64_t pos[MAX_STEPS];
@@ -148,9 +139,9 @@ static void exec_step(struct sctx *c, wq *q, int i)
        expected to expire, or whose duration is checked, does not. */
     int64_t timeout = s->timeout;
     if (timeout > 0 && s->min_ms == 0 && s->expect != -ETIMEDOUT)
-        timeout *= th_scale();
+        timeout *= t_scale();
 
-    c->t0[i] = th_now_ns();
+    c->t0[i] = t_now_ns();
     switch (s->op) {
     case S_ADD:
         r = wq_add(q, s->key, kl);
@@ -159,9 +150,9 @@ static void exec_step(struct sctx *c, wq *q, int i)
         r = wq_done(q, s->key, kl);
         break;
     case S_GET: {
-        unsigned char buf[KEYBUF];
+        unsigned char buf[T_KEYBUF];
         r = wq_get(q, buf, sizeof buf, timeout);
-        if (r > 0 && r <= KEYBUF)
+        if (r > 0 && r <= T_KEYBUF)
             memcpy(c->got[i], buf, (size_t)r);
         break;
     }
@@ -197,10 +188,10 @@ static void exec_step(struct sctx *c, wq *q, int i)
         r = -99999;
     }
     c->res[i] = r;
-    c->t1[i] = th_now_ns();
+    c->t1[i] = t_now_ns();
 }
 
-static int script_actor(struct th_actor *a)
+static int script_actor(struct t_actor *a)
 {
     struct sctx *c = a->arg;
 
@@ -281,9 +272,9 @@ static int check_step(struct sctx *c, int i, char *err, size_t cap)
 
 static int wait_flag(atomic_int *f, int64_t ms)
 {
-    uint64_t deadline = th_now_ns() + (uint64_t)ms * th_scale() * 1000000u;
+    uint64_t deadline = t_now_ns() + (uint64_t)ms * t_scale() * 1000000u;
     while (atomic_load(f) == 0) {
-        if (th_now_ns() >= deadline)
+        if (t_now_ns() >= deadline)
             return -1;
         usleep(100);
     }
@@ -312,7 +303,7 @@ static int coordinate(struct sctx *c, char *err, size_t cap)
             }
             switch (s->op) {
             case C_SLEEP:
-                th_sleep_ms((unsigned)s->timeout);
+                t_sleep_ms((unsigned)s->timeout);
                 break;
             case C_PENDING:
                 if (atomic_load(&c->fin[j])) {
@@ -371,12 +362,12 @@ static int coordinate(struct sctx *c, char *err, size_t cap)
     return 0;
 }
 
-static void run_script(enum th_mode mode, const char *tag,
+static void run_script(enum t_mode mode, const char *tag,
                        const struct step *steps, int n)
 {
     const char *name;
-    wq *q = make_queue(tag, 1024, &name);
-    struct sctx *c = th_shared_alloc(sizeof *c);
+    wq *q = t_create(tag, T_OPTS(.capacity = 1024), &name);
+    struct sctx *c = t_shared_alloc(sizeof *c);
     char err[512] = "";
     int nactors = 0;
 
@@ -390,19 +381,19 @@ static void run_script(enum th_mode mode, const char *tag,
     c->nsteps = n;
     atomic_store(&c->cur, -1);
 
-    struct th_team *t = th_team_start(mode, name, q, nactors, script_actor, c);
+    struct t_team *t = t_team_start(mode, name, q, nactors, script_actor, c);
     int rc = coordinate(c, err, sizeof err);
     atomic_store(&c->stop, 1);
-    int failed = th_team_wait(t, 10000);
+    int failed = t_team_wait(t, 10000);
     struct wq_stats st;
     int src = wq_stats(q, &st);
     int crc = wq_check(q, 0);
 
     wq_close(q);
-    th_shared_free(c, sizeof *c);
+    t_shared_free(c, sizeof *c);
     if (rc != 0)
-        fail_msg("[%s] %s", th_mode_name(mode), err);
-    TH_ASSERT_BOARD_CLEAN();
+        fail_msg("[%s] %s", t_mode_name(mode), err);
+    T_ASSERT_BOARD_CLEAN();
     assert_int_equal(failed, 0);
     assert_int_equal(src, 0);
     /* Every actor closed its handle (or shared ours): one slot left. */
@@ -452,9 +443,9 @@ static const struct step s_collapse[] = {
     /* ShutDownWithDrain in the background. It races with the Get below
        (as in client-go): if it runs first, foo is queued, not processing,
        and it may return at once, so it is only checked at the end. */
-    ADRAIN(4, 5 * TH_S, 0, 1),
-    GET(5, "foo", 2 * TH_S),   /* queued keys are still handed out */
-    GETX(5, 3 * TH_S, -ESHUTDOWN),
+    ADRAIN(4, 5 * SEC, 0, 1),
+    GET(5, "foo", 2 * SEC),   /* queued keys are still handed out */
+    GETX(5, 3 * SEC, -ESHUTDOWN),
     ADD(0, "bar", -ESHUTDOWN), /* add in shutdown mode: refused */
     ADD(1, "foo", -ESHUTDOWN),
     SHUTTING(2, 1),
@@ -521,8 +512,8 @@ static const struct step s_drain[] = {
     ADD(0, "bar", 0),
     GET(1, "foo", 0),
     GET(2, "bar", 0),
-    ADRAIN(3, 5 * TH_S, 0, 1),
-    GETX(4, 3 * TH_S, -ESHUTDOWN), /* Get until shutting down */
+    ADRAIN(3, 5 * SEC, 0, 1),
+    GETX(4, 3 * SEC, -ESHUTDOWN), /* Get until shutting down */
     SHUTTING(5, 1),
     SLEEP(50),
     PENDING(1),                    /* waits for foo and bar */
@@ -545,7 +536,7 @@ static const struct step s_nodrain[] = {
     ASHUTDOWN(3, 1),
     WAIT(1, 1000),                 /* returns without any Done */
     SHUTTING(4, 1),
-    GETX(4, TH_S, -ESHUTDOWN),
+    GETX(4, SEC, -ESHUTDOWN),
     ADD(5, "baz", -ESHUTDOWN),
     STATE(5, "foo", WQ_KEY_PROCESSING, 1, -1),
     STATE(5, "bar", WQ_KEY_PROCESSING, 2, -1),
@@ -562,8 +553,8 @@ static const struct step s_force[] = {
     ADD(0, "bar", 0),
     GET(1, "foo", 0),
     GET(2, "bar", 0),
-    ADRAIN(3, 5 * TH_S, -ECANCELED, 1),
-    GETX(4, 3 * TH_S, -ESHUTDOWN),
+    ADRAIN(3, 5 * SEC, -ECANCELED, 1),
+    GETX(4, 3 * SEC, -ESHUTDOWN),
     SLEEP(50),
     PENDING(1),
     SHUTDOWN(5),
@@ -580,15 +571,15 @@ static const struct step s_dirty[] = {
     ADD(0, "foo", 0),
     GET(1, "foo", 0),
     ADD(2, "foo", 0),              /* dirty while processing */
-    ADRAIN(3, 5 * TH_S, 0, 1),
-    GETX(4, 3 * TH_S, -ESHUTDOWN), /* nothing queued yet */
+    ADRAIN(3, 5 * SEC, 0, 1),
+    GETX(4, 3 * SEC, -ESHUTDOWN), /* nothing queued yet */
     SLEEP(50),
     PENDING(1),
     DONE(1, "foo", 0),             /* puts foo back on the queue */
     STATE(5, "foo", QUEUED_DIRTY, -1, 0),
-    GET(4, "foo", 2 * TH_S),       /* not done: foo is handed out again */
+    GET(4, "foo", 2 * SEC),       /* not done: foo is handed out again */
     DONE(4, "foo", 0),
-    GETX(5, 2 * TH_S, -ESHUTDOWN), /* now we are really done */
+    GETX(5, 2 * SEC, -ESHUTDOWN), /* now we are really done */
     WAIT(1, 3000),
     LEN(0, 0),
     ABSENT(0, "foo"),
@@ -615,20 +606,20 @@ static const struct step s_release[] = {
    blocked getters are both served by two adds (which one gets which key is
    not specified, so only lengths are checked there). */
 static const struct step s_wake[] = {
-    AGETK(0, "foo", 5 * TH_S, 1),
+    AGETK(0, "foo", 5 * SEC, 1),
     SLEEP(100),
     PENDING(1),
     ADD(1, "foo", 0),
     WAIT(1, 1000),
     DONE(0, "foo", 0),
-    AGETK(2, "bar", 5 * TH_S, 2),
+    AGETK(2, "bar", 5 * SEC, 2),
     SLEEP(50),
     PENDING(2),
     ADD(3, "bar", 0),
     WAIT(2, 1000),
     DONE(1, "bar", 0),             /* any actor may call Done */
-    AGET(4, 5 * TH_S, 3, 3),
-    AGET(5, 5 * TH_S, 3, 4),
+    AGET(4, 5 * SEC, 3, 3),
+    AGET(5, 5 * SEC, 3, 4),
     SLEEP(100),
     PENDING(3),
     PENDING(4),
@@ -649,36 +640,36 @@ static const struct step s_wake[] = {
 static const struct step s_drain_timeout[] = {
     ADD(0, "foo", 0),
     GET(1, "foo", 0),
-    DRAINT(2, 100 * TH_MS, -ETIMEDOUT, 100),
+    DRAINT(2, 100 * MS, -ETIMEDOUT, 100),
     SHUTTING(3, 1),
     ADD(3, "bar", -ESHUTDOWN),
     STATE(3, "foo", WQ_KEY_PROCESSING, 1, -1),
     DONE(1, "foo", 0),
-    DRAIN(2, TH_S, 0),             /* nothing processing: at once */
+    DRAIN(2, SEC, 0),             /* nothing processing: at once */
     DRAIN(0, 0, 0),
     GETX(3, 0, -ESHUTDOWN),
 };
 
 #define SCRIPT(fn, steps)                                                    \
-    static void fn##_ts(void **s) { (void)s; run_script(TH_THREADS_SHARED, #fn "-ts", steps, (int)(sizeof steps / sizeof steps[0])); } \
-    static void fn##_to(void **s) { (void)s; run_script(TH_THREADS_OWN, #fn "-to", steps, (int)(sizeof steps / sizeof steps[0])); }    \
-    static void fn##_po(void **s) { (void)s; run_script(TH_PROCS_OPEN, #fn "-po", steps, (int)(sizeof steps / sizeof steps[0])); }     \
-    static void fn##_pi(void **s) { (void)s; run_script(TH_PROCS_INHERIT, #fn "-pi", steps, (int)(sizeof steps / sizeof steps[0])); }
+    static void fn##_ts(void **s) { (void)s; run_script(T_THREADS_SHARED, #fn "-ts", steps, (int)(sizeof steps / sizeof steps[0])); }  \
+    static void fn##_to(void **s) { (void)s; run_script(T_THREADS_OWN, #fn "-to", steps, (int)(sizeof steps / sizeof steps[0])); }     \
+    static void fn##_po(void **s) { (void)s; run_script(T_PROCS_OPEN, #fn "-po", steps, (int)(sizeof steps / sizeof steps[0])); }      \
+    static void fn##_pi(void **s) { (void)s; run_script(T_PROCS_INHERIT, #fn "-pi", steps, (int)(sizeof steps / sizeof steps[0])); }
 
 SCRIPT(len, s_len)
 SCRIPT(reinsert, s_reinsert)
 SCRIPT(collapse, s_collapse)
 #define SCRIPT_MODES(fn, steps, fair_steps)                                  \
-    static void fn##_run(enum th_mode m, const char *tag) {                  \
+    static void fn##_run(enum t_mode m, const char *tag) {                   \
         if (getenv("WQ_TEST_FAIR"))                                          \
             run_script(m, tag, fair_steps, (int)(sizeof fair_steps / sizeof fair_steps[0])); \
         else                                                                 \
             run_script(m, tag, steps, (int)(sizeof steps / sizeof steps[0])); \
     }                                                                        \
-    static void fn##_ts(void **s) { (void)s; fn##_run(TH_THREADS_SHARED, #fn "-ts"); } \
-    static void fn##_to(void **s) { (void)s; fn##_run(TH_THREADS_OWN, #fn "-to"); }    \
-    static void fn##_po(void **s) { (void)s; fn##_run(TH_PROCS_OPEN, #fn "-po"); }     \
-    static void fn##_pi(void **s) { (void)s; fn##_run(TH_PROCS_INHERIT, #fn "-pi"); }
+    static void fn##_ts(void **s) { (void)s; fn##_run(T_THREADS_SHARED, #fn "-ts"); }  \
+    static void fn##_to(void **s) { (void)s; fn##_run(T_THREADS_OWN, #fn "-to"); }     \
+    static void fn##_po(void **s) { (void)s; fn##_run(T_PROCS_OPEN, #fn "-po"); }      \
+    static void fn##_pi(void **s) { (void)s; fn##_run(T_PROCS_INHERIT, #fn "-pi"); }
 
 SCRIPT_MODES(find, s_find, s_find_fair)
 SCRIPT(drain, s_drain)
@@ -693,7 +684,7 @@ SCRIPT(drain_timeout, s_drain_timeout)
 /* TestBasic                                                           */
 /* ================================================================== */
 
-/* The witnesses, the consumers and the checks: fixture.h. Keys "k<id>". */
+/* The witnesses, the consumers and the checks: t.h. Keys "k<id>". */
 #define AFTER_SHUTDOWN "added after shutdown!"
 
 static int parse_key(const unsigned char *buf, int n, int max)
@@ -707,24 +698,24 @@ static int parse_key(const unsigned char *buf, int n, int max)
     return v >= 0 && v < max ? v : -1;
 }
 
-static int basic_actor(struct th_actor *a)
+/* A producer's add: a plain wq_add. */
+static int basic_add(wq *q, const char *key, size_t len, int j,
+                     unsigned *seed)
 {
-    struct fx_basic *b = a->arg;
+    (void)j;
+    (void)seed;
+    return wq_add(q, key, len);
+}
+
+static int basic_actor(struct t_actor *a)
+{
     char key[32];
 
-    if (a->id < B_PRODUCERS) {
+    if (a->id < T_BASIC_PRODUCERS) {
         int kl = snprintf(key, sizeof key, "k%d", a->id);
-        for (int j = 0; j < B_ADDS; j++) {
-            fx_atomic_max(&b->last_add[a->id],
-                          atomic_fetch_add(&b->seq, 1) + 1);
-            int rc = wq_add(a->q, key, (size_t)kl);
-            TH_CHECK(rc == 0 || rc == 1);
-            th_sleep_ms(1);
-        }
-        atomic_fetch_add(&b->producers_done, 1);
-        return 0;
+        return t_basic_produce(a, key, (size_t)kl, basic_add, NULL);
     }
-    return fx_basic_consume(a, parse_key, AFTER_SHUTDOWN);
+    return t_basic_consume(a, parse_key, AFTER_SHUTDOWN);
 }
 
 static int add_after_shutdown(wq *q)
@@ -732,20 +723,21 @@ static int add_after_shutdown(wq *q)
     return wq_add(q, AFTER_SHUTDOWN, strlen(AFTER_SHUTDOWN));
 }
 
-static void run_basic(enum th_mode mode, int drain)
+static void run_basic(enum t_mode mode, int drain)
 {
     const char *name;
-    wq *q = make_queue(drain ? "basic-drain" : "basic-shutdown", 4096, &name);
-    struct fx_basic *b = th_shared_alloc(sizeof *b);
+    wq *q = t_create(drain ? "basic-drain" : "basic-shutdown",
+                     T_OPTS(.capacity = 4096), &name);
+    struct t_basic *b = t_shared_alloc(sizeof *b);
     struct wq_stats st;
 
-    fx_basic_run(mode, drain, q, name, b, basic_actor, add_after_shutdown);
+    t_basic_run(mode, drain, q, name, b, basic_actor, add_after_shutdown);
     assert_true(wq_shutting_down(q));
-    fx_basic_check_stats(q, b, "k", &st);
+    t_basic_check_stats(q, b, "k", &st);
     assert_int_equal(wq_check(q, 0), 0);
 
     wq_close(q);
-    th_shared_free(b, sizeof *b);
+    t_shared_free(b, sizeof *b);
 }
 
 /* ================================================================== */
@@ -759,44 +751,35 @@ static int readd(wq *q, const void *key, size_t len, unsigned *seed)
     return wq_add(q, key, len);
 }
 
-static int awp_actor(struct th_actor *a)
+static int awp_actor(struct t_actor *a)
 {
-    struct fx_awp *w = a->arg;
+    struct t_awp *w = a->arg;
     char key[32];
 
-    if (a->id < W_PRODUCERS) {
+    if (a->id < T_AWP_PRODUCERS) {
         int kl = snprintf(key, sizeof key, "k%d", a->id);
-        TH_CHECK_EQ(wq_add(a->q, key, (size_t)kl), 0);
+        T_CHECK_EQ(wq_add(a->q, key, (size_t)kl), 0);
         atomic_fetch_add(&w->producers_done, 1);
         return 0;
     }
-    return fx_awp_consume(a, parse_key, readd, NULL, "k");
+    return t_awp_consume(a, parse_key, readd, NULL, "k");
 }
 
-static void run_awp(enum th_mode mode, int drain)
+static void run_awp(enum t_mode mode, int drain)
 {
     const char *name;
-    wq *q = make_queue(drain ? "awp-drain" : "awp-shutdown", 4096, &name);
-    struct fx_awp *w = th_shared_alloc(sizeof *w);
+    wq *q = t_create(drain ? "awp-drain" : "awp-shutdown",
+                     T_OPTS(.capacity = 4096), &name);
+    struct t_awp *w = t_shared_alloc(sizeof *w);
 
-    fx_awp_run(mode, drain, q, name, w, awp_actor, 0, "k");
+    t_awp_run(mode, drain, q, name, w, awp_actor, 0, "k");
     assert_int_equal(wq_check(q, 0), 0);
     wq_close(q);
-    th_shared_free(w, sizeof *w);
+    t_shared_free(w, sizeof *w);
 }
 
-#define TEAM(fn, runner)                                                     \
-    static void fn##_shutdown_ts(void **s) { (void)s; runner(TH_THREADS_SHARED, 0); } \
-    static void fn##_shutdown_to(void **s) { (void)s; runner(TH_THREADS_OWN, 0); }    \
-    static void fn##_shutdown_po(void **s) { (void)s; runner(TH_PROCS_OPEN, 0); }     \
-    static void fn##_shutdown_pi(void **s) { (void)s; runner(TH_PROCS_INHERIT, 0); }  \
-    static void fn##_drain_ts(void **s) { (void)s; runner(TH_THREADS_SHARED, 1); }    \
-    static void fn##_drain_to(void **s) { (void)s; runner(TH_THREADS_OWN, 1); }       \
-    static void fn##_drain_po(void **s) { (void)s; runner(TH_PROCS_OPEN, 1); }        \
-    static void fn##_drain_pi(void **s) { (void)s; runner(TH_PROCS_INHERIT, 1); }
-
-TEAM(basic, run_basic)
-TEAM(add_while_processing, run_awp)
+T_TEAM_CASES(basic, run_basic)
+T_TEAM_CASES(add_while_processing, run_awp)
 
 static void garbage_collection(void **state)
 {
@@ -804,15 +787,14 @@ static void garbage_collection(void **state)
     skip(); /* TestGarbageCollection checks Go's GC; nothing to port. */
 }
 
-#define T(fn) cmocka_unit_test_setup_teardown(fn, th_setup, th_teardown)
-#define T4(fn) T(fn##_ts), T(fn##_to), T(fn##_po), T(fn##_pi)
-#define T8(fn) T4(fn##_shutdown), T4(fn##_drain)
+#define T4(fn) T_TEST(fn##_ts), T_TEST(fn##_to), T_TEST(fn##_po), \
+               T_TEST(fn##_pi)
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        T8(basic),
-        T8(add_while_processing),
+        T_TEAM_TESTS(basic),
+        T_TEAM_TESTS(add_while_processing),
         T4(len),
         T4(reinsert),
         T4(collapse),
@@ -824,11 +806,8 @@ int main(void)
         T4(release),
         T4(wake),
         T4(drain_timeout),
-        T(garbage_collection),
-        cmocka_unit_test(th_test_no_leftovers),
+        T_TEST(garbage_collection),
+        T_NO_LEFTOVERS,
     };
-    int failed = cmocka_run_group_tests(tests, th_group_setup,
-                                        th_group_teardown);
-    int left = th_final_check();
-    return failed != 0 || left != 0 ? 1 : 0;
+    return T_RUN_GROUP("queue", tests);
 }

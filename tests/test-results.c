@@ -25,9 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "helpers.h"
-
-#define KL(s) (s), strlen(s)
+#include "t.h"
 
 static uint64_t real_now(void)
 {
@@ -36,51 +34,25 @@ static uint64_t real_now(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-static wq *open_new(const char *tag, uint32_t capacity, uint32_t result_capacity)
+/* A new queue for results: keys up to 64 bytes. */
+static wq *results_q(const char *tag, uint32_t capacity, uint32_t result_capacity)
 {
-    struct wq_options o = { .capacity = capacity, .max_key_len = 64,
-                            .result_capacity = result_capacity,
-                            .flags = WQ_CREATE | WQ_EXCL };
-    wq *q = NULL;
-    int rc = wq_open(th_qname(tag), &o, &q);
-    if (rc != 0)
-        fail_msg("wq_open: %d (%s)", rc, wq_strerror(rc));
-    return q;
-}
-
-static struct wq_result get_result(wq *q, const char *key)
-{
-    struct wq_result r;
-    memset(&r, 0xa5, sizeof r);
-    int rc = wq_result(q, KL(key), &r);
-    if (rc != 0)
-        fail_msg("wq_result(%s) = %d (%s)", key, rc, wq_strerror(rc));
-    return r;
-}
-
-/* The key must be the front of the queue: get it. */
-static void get_exact(wq *q, const char *key)
-{
-    char buf[64];
-    int n = wq_get(q, buf, sizeof buf, 0);
-    if (n < 0)
-        fail_msg("wq_get (expecting %s) = %d (%s)", key, n, wq_strerror(n));
-    if ((size_t)n != strlen(key) || memcmp(buf, key, (size_t)n) != 0)
-        fail_msg("wq_get returned '%.*s', expected '%s'", n, buf, key);
+    return t_create(tag, T_OPTS(.capacity = capacity, .max_key_len = 64,
+                                .result_capacity = result_capacity), NULL);
 }
 
 /* add -> get -> finish, the key being the only queued one. */
 static void run_once(wq *q, const char *key, int code, const char *msg)
 {
-    assert_int_equal(wq_add(q, KL(key)), 0);
-    get_exact(q, key);
-    assert_int_equal(wq_finish(q, KL(key), code, msg), 0);
+    assert_int_equal(wq_add(q, KS(key)), 0);
+    T_EXPECT_GET(q, key);
+    assert_int_equal(wq_finish(q, KS(key), code, msg), 0);
 }
 
 static void assert_result(wq *q, const char *key, enum wq_state state, int code,
                           const char *msg)
 {
-    struct wq_result r = get_result(q, key);
+    struct wq_result r = t_result(q, key);
     if (r.state != state || r.code != code || strcmp(r.message, msg) != 0)
         fail_msg("wq_result(%s) = {state %d, code %d, '%s'}, expected "
                  "{state %d, code %d, '%s'}", key, (int)r.state, r.code,
@@ -89,16 +61,11 @@ static void assert_result(wq *q, const char *key, enum wq_state state, int code,
 
 static void assert_none(wq *q, const char *key)
 {
-    struct wq_result r = get_result(q, key);
+    struct wq_result r = t_result(q, key);
     assert_int_equal(r.state, WQ_STATE_NONE);
     assert_int_equal(r.code, 0);
     assert_int_equal(r.updated_ns, 0);
     assert_string_equal(r.message, "");
-}
-
-static void check_clean(wq *q)
-{
-    assert_int_equal(wq_check(q, 0), 0);
 }
 
 /* ------------------------------------------------------------------ */
@@ -106,44 +73,44 @@ static void check_clean(wq *q)
 static void unknown_pending_running(void **state)
 {
     (void)state;
-    wq *q = open_new("states", 16, 0);
+    wq *q = results_q("states", 16, 0);
 
     assert_none(q, "nobody");
 
     /* Queued. */
-    assert_int_equal(wq_add(q, KL("a")), 0);
+    assert_int_equal(wq_add(q, KS("a")), 0);
     assert_result(q, "a", WQ_STATE_PENDING, 0, "");
-    assert_int_equal(get_result(q, "a").updated_ns, 0);
+    assert_int_equal(t_result(q, "a").updated_ns, 0);
 
     /* Waiting for a delay. */
-    assert_int_equal(wq_add_after(q, KL("w"), 10 * TH_S), 0);
+    assert_int_equal(wq_add_after(q, KS("w"), 10 * SEC), 0);
     assert_result(q, "w", WQ_STATE_PENDING, 0, "");
     assert_int_equal(wq_len(q), 1);
 
     /* Processing. */
-    get_exact(q, "a");
+    T_EXPECT_GET(q, "a");
     assert_result(q, "a", WQ_STATE_RUNNING, 0, "");
     /* Re-added while processing: dirty, still RUNNING. */
-    assert_int_equal(wq_add(q, KL("a")), 0);
+    assert_int_equal(wq_add(q, KS("a")), 0);
     assert_result(q, "a", WQ_STATE_RUNNING, 0, "");
     assert_int_equal(wq_len(q), 0);
     /* And a delayed re-add of a processing key. */
-    assert_int_equal(wq_add_after(q, KL("a"), 10 * TH_S), 1);
+    assert_int_equal(wq_add_after(q, KS("a"), 10 * SEC), 1);
     assert_result(q, "a", WQ_STATE_RUNNING, 0, "");
-    check_clean(q);
+    t_check_clean(q, NULL);
 
     /* Finished while dirty: recorded, and queued again -> PENDING with the
        outcome that was just recorded. */
     uint64_t before = real_now();
-    assert_int_equal(wq_finish(q, KL("a"), 0, "ok"), 0);
+    assert_int_equal(wq_finish(q, KS("a"), 0, "ok"), 0);
     uint64_t after = real_now();
-    struct wq_result r = get_result(q, "a");
+    struct wq_result r = t_result(q, "a");
     assert_int_equal(r.state, WQ_STATE_PENDING);
     assert_int_equal(r.code, 0);
     assert_string_equal(r.message, "ok");
     assert_in_range(r.updated_ns, before, after);
     assert_int_equal(wq_len(q), 1);
-    check_clean(q);
+    t_check_clean(q, NULL);
 
     /* Waiting key still PENDING; unknown still NONE. */
     assert_result(q, "w", WQ_STATE_PENDING, 0, "");
@@ -151,44 +118,44 @@ static void unknown_pending_running(void **state)
 
     /* Argument errors. */
     struct wq_result rr;
-    assert_int_equal(wq_result(q, KL("a"), NULL), -EINVAL);
-    assert_int_equal(wq_result(NULL, KL("a"), &rr), -EINVAL);
+    assert_int_equal(wq_result(q, KS("a"), NULL), -EINVAL);
+    assert_int_equal(wq_result(NULL, KS("a"), &rr), -EINVAL);
     assert_int_equal(wq_result(q, "a", 0, &rr), -EINVAL);
     char big[65];
     memset(big, 'x', sizeof big);
     assert_int_equal(wq_result(q, big, sizeof big, &rr), -EMSGSIZE);
     assert_int_equal(wq_finish(q, big, sizeof big, 0, "x"), -EMSGSIZE);
     assert_int_equal(wq_finish(q, "a", 0, 0, "x"), -EINVAL);
-    assert_int_equal(wq_finish(NULL, KL("a"), 0, "x"), -EINVAL);
-    check_clean(q);
+    assert_int_equal(wq_finish(NULL, KS("a"), 0, "x"), -EINVAL);
+    t_check_clean(q, NULL);
     wq_close(q);
 }
 
 static void succeeded_failed_messages(void **state)
 {
     (void)state;
-    wq *q = open_new("outcomes", 16, 0);
+    wq *q = results_q("outcomes", 16, 0);
 
     /* Success. */
-    assert_int_equal(wq_add(q, KL("ok")), 0);
-    get_exact(q, "ok");
+    assert_int_equal(wq_add(q, KS("ok")), 0);
+    T_EXPECT_GET(q, "ok");
     uint64_t before = real_now();
-    assert_int_equal(wq_finish(q, KL("ok"), 0, "ok"), 0);
+    assert_int_equal(wq_finish(q, KS("ok"), 0, "ok"), 0);
     uint64_t after = real_now();
-    struct wq_result r = get_result(q, "ok");
+    struct wq_result r = t_result(q, "ok");
     assert_int_equal(r.state, WQ_STATE_SUCCEEDED);
     assert_int_equal(r.code, 0);
     assert_string_equal(r.message, "ok");
     assert_in_range(r.updated_ns, before, after);
-    check_clean(q);
+    t_check_clean(q, NULL);
 
     /* Failure. */
-    assert_int_equal(wq_add(q, KL("bad")), 0);
-    get_exact(q, "bad");
+    assert_int_equal(wq_add(q, KS("bad")), 0);
+    T_EXPECT_GET(q, "bad");
     before = real_now();
-    assert_int_equal(wq_finish(q, KL("bad"), 7, "bad"), 0);
+    assert_int_equal(wq_finish(q, KS("bad"), 7, "bad"), 0);
     after = real_now();
-    r = get_result(q, "bad");
+    r = t_result(q, "bad");
     assert_int_equal(r.state, WQ_STATE_FAILED);
     assert_int_equal(r.code, 7);
     assert_string_equal(r.message, "bad");
@@ -196,7 +163,7 @@ static void succeeded_failed_messages(void **state)
     /* A negative code is a failure too. */
     run_once(q, "neg", -5, "minus five");
     assert_result(q, "neg", WQ_STATE_FAILED, -5, "minus five");
-    check_clean(q);
+    t_check_clean(q, NULL);
 
     /* NULL message -> "". */
     run_once(q, "null", 3, NULL);
@@ -210,7 +177,7 @@ static void succeeded_failed_messages(void **state)
         longmsg[i] = (char)('a' + i % 26);
     longmsg[300] = '\0';
     run_once(q, "long", 1, longmsg);
-    r = get_result(q, "long");
+    r = t_result(q, "long");
     assert_int_equal(r.state, WQ_STATE_FAILED);
     assert_int_equal(r.code, 1);
     assert_int_equal(strlen(r.message), 255);
@@ -219,25 +186,25 @@ static void succeeded_failed_messages(void **state)
     /* Exactly 255 bytes fit whole. */
     longmsg[255] = '\0';
     run_once(q, "long255", 0, longmsg);
-    r = get_result(q, "long255");
+    r = t_result(q, "long255");
     assert_int_equal(r.state, WQ_STATE_SUCCEEDED);
     assert_string_equal(r.message, longmsg);
 
     /* The others are untouched. */
     assert_result(q, "ok", WQ_STATE_SUCCEEDED, 0, "ok");
     assert_result(q, "bad", WQ_STATE_FAILED, 7, "bad");
-    check_clean(q);
+    t_check_clean(q, NULL);
     wq_close(q);
 }
 
 static void finish_not_processing(void **state)
 {
     (void)state;
-    wq *q = open_new("enoent", 16, 0);
+    wq *q = results_q("enoent", 16, 0);
     struct wq_stats st;
 
     /* Unknown key: -ENOENT, nothing appears. */
-    assert_int_equal(wq_finish(q, KL("ghost"), 1, "boo"), -ENOENT);
+    assert_int_equal(wq_finish(q, KS("ghost"), 1, "boo"), -ENOENT);
     assert_none(q, "ghost");
     assert_int_equal(wq_stats(q, &st), 0);
     assert_int_equal(st.results, 0);
@@ -245,64 +212,64 @@ static void finish_not_processing(void **state)
     assert_int_equal(st.live, 0);
 
     /* Queued, not processing. */
-    assert_int_equal(wq_add(q, KL("queued")), 0);
-    assert_int_equal(wq_finish(q, KL("queued"), 1, "boo"), -ENOENT);
+    assert_int_equal(wq_add(q, KS("queued")), 0);
+    assert_int_equal(wq_finish(q, KS("queued"), 1, "boo"), -ENOENT);
     assert_result(q, "queued", WQ_STATE_PENDING, 0, "");
     assert_int_equal(wq_len(q), 1);
 
     /* Waiting, not processing. */
-    assert_int_equal(wq_add_after(q, KL("waiting"), 10 * TH_S), 0);
-    assert_int_equal(wq_finish(q, KL("waiting"), 1, "boo"), -ENOENT);
+    assert_int_equal(wq_add_after(q, KS("waiting"), 10 * SEC), 0);
+    assert_int_equal(wq_finish(q, KS("waiting"), 1, "boo"), -ENOENT);
     assert_result(q, "waiting", WQ_STATE_PENDING, 0, "");
 
     /* Idle with a result: the result stays as it was. */
-    get_exact(q, "queued");
-    assert_int_equal(wq_finish(q, KL("queued"), 0, "first"), 0);
-    uint64_t upd = get_result(q, "queued").updated_ns;
-    assert_int_equal(wq_finish(q, KL("queued"), 9, "second"), -ENOENT);
+    T_EXPECT_GET(q, "queued");
+    assert_int_equal(wq_finish(q, KS("queued"), 0, "first"), 0);
+    uint64_t upd = t_result(q, "queued").updated_ns;
+    assert_int_equal(wq_finish(q, KS("queued"), 9, "second"), -ENOENT);
     assert_result(q, "queued", WQ_STATE_SUCCEEDED, 0, "first");
-    assert_int_equal(get_result(q, "queued").updated_ns, upd);
+    assert_int_equal(t_result(q, "queued").updated_ns, upd);
     /* Finishing twice: the second is -ENOENT. */
-    assert_int_equal(wq_done(q, KL("queued")), -ENOENT);
+    assert_int_equal(wq_done(q, KS("queued")), -ENOENT);
 
     assert_int_equal(wq_stats(q, &st), 0);
     assert_int_equal(st.results, 1);
-    check_clean(q);
+    t_check_clean(q, NULL);
     wq_close(q);
 }
 
 static void readd_keeps_previous_until_next_finish(void **state)
 {
     (void)state;
-    wq *q = open_new("readd", 16, 0);
+    wq *q = results_q("readd", 16, 0);
 
     run_once(q, "k", 7, "bad");
-    uint64_t upd1 = get_result(q, "k").updated_ns;
+    uint64_t upd1 = t_result(q, "k").updated_ns;
     assert_result(q, "k", WQ_STATE_FAILED, 7, "bad");
 
     /* Re-added: PENDING, previous outcome still shown. */
-    assert_int_equal(wq_add(q, KL("k")), 0);
-    struct wq_result r = get_result(q, "k");
+    assert_int_equal(wq_add(q, KS("k")), 0);
+    struct wq_result r = t_result(q, "k");
     assert_int_equal(r.state, WQ_STATE_PENDING);
     assert_int_equal(r.code, 7);
     assert_string_equal(r.message, "bad");
     assert_int_equal(r.updated_ns, upd1);
 
     /* Processing: RUNNING, previous outcome still shown. */
-    get_exact(q, "k");
-    r = get_result(q, "k");
+    T_EXPECT_GET(q, "k");
+    r = t_result(q, "k");
     assert_int_equal(r.state, WQ_STATE_RUNNING);
     assert_int_equal(r.code, 7);
     assert_string_equal(r.message, "bad");
     assert_int_equal(r.updated_ns, upd1);
-    check_clean(q);
+    t_check_clean(q, NULL);
 
     /* The next finish replaces it. */
-    th_sleep_ms(2);
+    t_sleep_ms(2);
     uint64_t before = real_now();
-    assert_int_equal(wq_finish(q, KL("k"), 0, "fixed"), 0);
+    assert_int_equal(wq_finish(q, KS("k"), 0, "fixed"), 0);
     uint64_t after = real_now();
-    r = get_result(q, "k");
+    r = t_result(q, "k");
     assert_int_equal(r.state, WQ_STATE_SUCCEEDED);
     assert_int_equal(r.code, 0);
     assert_string_equal(r.message, "fixed");
@@ -310,19 +277,19 @@ static void readd_keeps_previous_until_next_finish(void **state)
     assert_true(r.updated_ns > upd1);
 
     /* Through a delay as well: waiting shows PENDING with the result. */
-    assert_int_equal(wq_add_after(q, KL("k"), 20 * TH_MS), 0);
+    assert_int_equal(wq_add_after(q, KS("k"), 20 * MS), 0);
     assert_result(q, "k", WQ_STATE_PENDING, 0, "fixed");
     char buf[64];
-    int n = wq_get(q, buf, sizeof buf, 2 * TH_S * (int64_t)th_scale());
+    int n = wq_get(q, buf, sizeof buf, 2 * SEC * (int64_t)t_scale());
     assert_int_equal(n, 1);
     assert_result(q, "k", WQ_STATE_RUNNING, 0, "fixed");
-    assert_int_equal(wq_finish(q, KL("k"), 4, NULL), 0);
+    assert_int_equal(wq_finish(q, KS("k"), 4, NULL), 0);
     assert_result(q, "k", WQ_STATE_FAILED, 4, "");
 
     struct wq_stats st;
     assert_int_equal(wq_stats(q, &st), 0);
     assert_int_equal(st.results, 1);
-    check_clean(q);
+    t_check_clean(q, NULL);
     wq_close(q);
 }
 
@@ -331,13 +298,13 @@ static void readd_keeps_previous_until_next_finish(void **state)
 static void visible_across_processes(void **state)
 {
     (void)state;
-    wq *q = open_new("xproc", 16, 0);
+    wq *q = results_q("xproc", 16, 0);
     const char *name = wq_name(q);
-    uint64_t *when = th_shared_alloc(4096);
+    uint64_t *when = t_shared_alloc(4096);
 
-    assert_int_equal(wq_add(q, KL("x")), 0);
-    assert_int_equal(wq_add(q, KL("y")), 0);
-    pid_t c = th_fork(10);
+    assert_int_equal(wq_add(q, KS("x")), 0);
+    assert_int_equal(wq_add(q, KS("y")), 0);
+    pid_t c = t_fork(10);
     if (c == 0) {
         wq *cq;
         char buf[64];
@@ -346,57 +313,57 @@ static void visible_across_processes(void **state)
         if (wq_get(cq, buf, sizeof buf, 0) != 1 || buf[0] != 'x')
             _exit(3);
         when[0] = real_now();
-        if (wq_finish(cq, KL("x"), 12, "from child") != 0)
+        if (wq_finish(cq, KS("x"), 12, "from child") != 0)
             _exit(4);
         when[1] = real_now();
         if (wq_get(cq, buf, sizeof buf, 0) != 1 || buf[0] != 'y')
             _exit(5);
-        if (wq_finish(cq, KL("y"), 0, "y done") != 0)
+        if (wq_finish(cq, KS("y"), 0, "y done") != 0)
             _exit(6);
         _exit(0);   /* no wq_close */
     }
-    assert_int_equal(th_wait(c, 10000), 0);
+    assert_int_equal(t_wait(c, 10000), 0);
 
-    struct wq_result r = get_result(q, "x");
+    struct wq_result r = t_result(q, "x");
     assert_int_equal(r.state, WQ_STATE_FAILED);
     assert_int_equal(r.code, 12);
     assert_string_equal(r.message, "from child");
     assert_in_range(r.updated_ns, when[0], when[1]);
     assert_result(q, "y", WQ_STATE_SUCCEEDED, 0, "y done");
-    check_clean(q);
+    t_check_clean(q, NULL);
 
     /* A fresh process sees the same. */
-    pid_t d = th_fork(10);
+    pid_t d = t_fork(10);
     if (d == 0) {
         wq *dq;
         struct wq_result dr;
         if (wq_open(name, NULL, &dq) != 0)
             _exit(2);
-        if (wq_result(dq, KL("x"), &dr) != 0 || dr.state != WQ_STATE_FAILED ||
+        if (wq_result(dq, KS("x"), &dr) != 0 || dr.state != WQ_STATE_FAILED ||
             dr.code != 12 || strcmp(dr.message, "from child") != 0 ||
             dr.updated_ns != r.updated_ns)
             _exit(3);
-        if (wq_result(dq, KL("y"), &dr) != 0 || dr.state != WQ_STATE_SUCCEEDED ||
+        if (wq_result(dq, KS("y"), &dr) != 0 || dr.state != WQ_STATE_SUCCEEDED ||
             dr.code != 0 || strcmp(dr.message, "y done") != 0)
             _exit(4);
-        if (wq_result(dq, KL("z"), &dr) != 0 || dr.state != WQ_STATE_NONE)
+        if (wq_result(dq, KS("z"), &dr) != 0 || dr.state != WQ_STATE_NONE)
             _exit(5);
         wq_close(dq);
         _exit(0);
     }
-    assert_int_equal(th_wait(d, 10000), 0);
+    assert_int_equal(t_wait(d, 10000), 0);
 
     /* The processes are gone; the results stay. */
     assert_result(q, "x", WQ_STATE_FAILED, 12, "from child");
-    check_clean(q);
-    th_shared_free(when, 4096);
+    t_check_clean(q, NULL);
+    t_shared_free(when, 4096);
     wq_close(q);
 }
 
 static void forget_drops_result(void **state)
 {
     (void)state;
-    wq *q = open_new("forget", 16, 0);
+    wq *q = results_q("forget", 16, 0);
     struct wq_stats st;
 
     run_once(q, "f", 5, "five");
@@ -406,48 +373,48 @@ static void forget_drops_result(void **state)
     assert_int_equal(st.failing, 2);   /* idle, kept for their results */
     assert_int_equal(st.live, 0);      /* queued+processing+waiting */
 
-    assert_int_equal(wq_forget(q, KL("f")), 0);
+    assert_int_equal(wq_forget(q, KS("f")), 0);
     assert_none(q, "f");
     assert_int_equal(wq_stats(q, &st), 0);
     assert_int_equal(st.results, 1);
     assert_int_equal(st.failing, 1);
     assert_int_equal(st.live, 0);
-    check_clean(q);
+    t_check_clean(q, NULL);
 
-    assert_int_equal(wq_forget(q, KL("s")), 0);
+    assert_int_equal(wq_forget(q, KS("s")), 0);
     assert_none(q, "s");
     assert_int_equal(wq_stats(q, &st), 0);
     assert_int_equal(st.results, 0);
     assert_int_equal(st.failing, 0);
     assert_int_equal(st.live, 0);
     /* Forgetting again, or an unknown key: fine. */
-    assert_int_equal(wq_forget(q, KL("s")), 0);
-    assert_int_equal(wq_forget(q, KL("nobody")), 0);
-    check_clean(q);
+    assert_int_equal(wq_forget(q, KS("s")), 0);
+    assert_int_equal(wq_forget(q, KS("nobody")), 0);
+    t_check_clean(q, NULL);
 
     /* A key with a result and a failure count: forget drops both. */
-    assert_int_equal(wq_add(q, KL("rl")), 0);
-    get_exact(q, "rl");
-    assert_int_equal(wq_add_rate_limited(q, KL("rl")), 0);
-    assert_int_equal(wq_finish(q, KL("rl"), 1, "retry"), 0);
-    assert_int_equal(wq_num_requeues(q, KL("rl")), 1);
+    assert_int_equal(wq_add(q, KS("rl")), 0);
+    T_EXPECT_GET(q, "rl");
+    assert_int_equal(wq_add_rate_limited(q, KS("rl")), 0);
+    assert_int_equal(wq_finish(q, KS("rl"), 1, "retry"), 0);
+    assert_int_equal(wq_num_requeues(q, KS("rl")), 1);
     assert_result(q, "rl", WQ_STATE_PENDING, 1, "retry");
-    assert_int_equal(wq_forget(q, KL("rl")), 0);
-    assert_int_equal(wq_num_requeues(q, KL("rl")), 0);
+    assert_int_equal(wq_forget(q, KS("rl")), 0);
+    assert_int_equal(wq_num_requeues(q, KS("rl")), 0);
     /* Still waiting (wq_forget does not remove it from the queue). */
-    struct wq_result r = get_result(q, "rl");
+    struct wq_result r = t_result(q, "rl");
     assert_int_equal(r.state, WQ_STATE_PENDING);
     assert_int_equal(wq_stats(q, &st), 0);
     assert_int_equal(st.results, 0);
     assert_int_equal(st.live, 1);
-    check_clean(q);
+    t_check_clean(q, NULL);
     wq_close(q);
 }
 
 static void eviction_least_recently_updated(void **state)
 {
     (void)state;
-    wq *q = open_new("evict", 16, 3);
+    wq *q = results_q("evict", 16, 3);
     struct wq_stats st;
 
     assert_int_equal(wq_stats(q, &st), 0);
@@ -466,7 +433,7 @@ static void eviction_least_recently_updated(void **state)
     assert_int_equal(wq_stats(q, &st), 0);
     assert_int_equal(st.results, 3);
     assert_int_equal(st.failing, 3);
-    check_clean(q);
+    t_check_clean(q, NULL);
 
     /* Re-finishing b moves it to the back: order c, d, b. Reading a
        result is not an update: read c (the oldest) first, it still goes. */
@@ -478,7 +445,7 @@ static void eviction_least_recently_updated(void **state)
     assert_result(q, "b", WQ_STATE_SUCCEEDED, 0, "b2");
     assert_result(q, "d", WQ_STATE_FAILED, 4, "d1");
     assert_result(q, "e", WQ_STATE_FAILED, 5, "e1");
-    check_clean(q);
+    t_check_clean(q, NULL);
 
     /* Order now d, b, e: re-finishing d (the oldest) saves it, and b
        goes instead. */
@@ -492,108 +459,88 @@ static void eviction_least_recently_updated(void **state)
     assert_int_equal(st.results, 3);
     assert_int_equal(st.failing, 3);
     assert_int_equal(st.live, 0);
-    check_clean(q);
+    t_check_clean(q, NULL);
     wq_close(q);
 }
 
+/* What wq_dump lists: how many keys (n), how often `key` (found), and the
+   entry of `key` (k, zeroed when it is absent). */
 struct dump_seen {
-    int n;
+    size_t n;
     int found;
-    unsigned state;
-    pid_t owner;
-    uint64_t position;
-    uint32_t failures;
-    enum wq_state result;
-    int code;
-    char message[256];
-    const char *want;
+    struct t_dkey k;
 };
-
-static int dump_cb(const struct wq_key_info *info, void *arg)
-{
-    struct dump_seen *s = arg;
-    s->n++;
-    if (info->len == strlen(s->want) && memcmp(info->key, s->want, info->len) == 0) {
-        s->found++;
-        s->state = info->state;
-        s->owner = info->owner_pid;
-        s->position = info->position;
-        s->failures = info->failures;
-        s->result = info->result;
-        s->code = info->result_code;
-        snprintf(s->message, sizeof s->message, "%s",
-                 info->result_message ? info->result_message : "(null)");
-    }
-    return 0;
-}
 
 static struct dump_seen dump_key(wq *q, const char *key)
 {
-    struct dump_seen s;
-    memset(&s, 0, sizeof s);
-    s.want = key;
-    assert_int_equal(wq_dump(q, dump_cb, &s), 0);
+    struct t_dump d = t_dump_all(q);
+    const struct t_dkey *e = t_dump_find(&d, key);
+    struct dump_seen s = { .n = d.n, .found = t_dump_count(&d, key) };
+
+    if (e != NULL)
+        s.k = *e;
+    t_dump_free(&d);
     return s;
 }
 
 static void dump_shows_results(void **state)
 {
     (void)state;
-    wq *q = open_new("dump", 16, 0);
+    wq *q = results_q("dump", 16, 0);
 
     run_once(q, "failed", 3, "three");
     run_once(q, "ok", 0, "fine");
-    assert_int_equal(wq_add(q, KL("queued")), 0);
+    assert_int_equal(wq_add(q, KS("queued")), 0);
 
     struct dump_seen s = dump_key(q, "failed");
     assert_int_equal(s.n, 3);
     assert_int_equal(s.found, 1);
-    assert_int_equal(s.state, WQ_KEY_FAILING);
-    assert_int_equal(s.owner, 0);
-    assert_true(s.position == UINT64_MAX);
-    assert_int_equal(s.failures, 0);
-    assert_int_equal(s.result, WQ_STATE_FAILED);
-    assert_int_equal(s.code, 3);
-    assert_string_equal(s.message, "three");
+    assert_int_equal(s.k.state, WQ_KEY_FAILING);
+    assert_int_equal(s.k.owner, 0);
+    assert_true(s.k.position == UINT64_MAX);
+    assert_int_equal(s.k.failures, 0);
+    assert_int_equal(s.k.result, WQ_STATE_FAILED);
+    assert_int_equal(s.k.code, 3);
+    assert_string_equal(s.k.message, "three");
 
     s = dump_key(q, "ok");
     assert_int_equal(s.found, 1);
-    assert_int_equal(s.state, WQ_KEY_FAILING);
-    assert_int_equal(s.result, WQ_STATE_SUCCEEDED);
-    assert_int_equal(s.code, 0);
-    assert_string_equal(s.message, "fine");
+    assert_int_equal(s.k.state, WQ_KEY_FAILING);
+    assert_int_equal(s.k.result, WQ_STATE_SUCCEEDED);
+    assert_int_equal(s.k.code, 0);
+    assert_string_equal(s.k.message, "fine");
 
     s = dump_key(q, "queued");
     assert_int_equal(s.found, 1);
-    assert_int_equal(s.state, WQ_KEY_QUEUED | WQ_KEY_DIRTY);
-    assert_int_equal(s.result, WQ_STATE_PENDING);
-    assert_int_equal(s.code, 0);
-    assert_string_equal(s.message, "");
+    assert_int_equal(s.k.state, WQ_KEY_QUEUED | WQ_KEY_DIRTY);
+    assert_int_equal(s.k.result, WQ_STATE_PENDING);
+    assert_int_equal(s.k.code, 0);
+    assert_string_equal(s.k.message, "");
 
     /* Re-added and processing: RUNNING with the previous outcome. */
-    get_exact(q, "queued");
-    assert_int_equal(wq_add(q, KL("failed")), 0);
-    get_exact(q, "failed");
+    T_EXPECT_GET(q, "queued");
+    assert_int_equal(wq_add(q, KS("failed")), 0);
+    T_EXPECT_GET(q, "failed");
     s = dump_key(q, "failed");
     assert_int_equal(s.found, 1);
-    assert_int_equal(s.state, WQ_KEY_PROCESSING);
-    assert_int_equal(s.owner, getpid());
-    assert_int_equal(s.result, WQ_STATE_RUNNING);
-    assert_int_equal(s.code, 3);
-    assert_string_equal(s.message, "three");
-    assert_int_equal(wq_finish(q, KL("failed"), 0, "recovered"), 0);
-    assert_int_equal(wq_finish(q, KL("queued"), 0, NULL), 0);
+    assert_int_equal(s.k.state, WQ_KEY_PROCESSING);
+    assert_int_equal(s.k.owner, getpid());
+    assert_int_equal(s.k.result, WQ_STATE_RUNNING);
+    assert_int_equal(s.k.code, 3);
+    assert_string_equal(s.k.message, "three");
+    assert_int_equal(wq_finish(q, KS("failed"), 0, "recovered"), 0);
+    assert_int_equal(wq_finish(q, KS("queued"), 0, NULL), 0);
     s = dump_key(q, "failed");
-    assert_int_equal(s.state, WQ_KEY_FAILING);
-    assert_int_equal(s.result, WQ_STATE_SUCCEEDED);
-    assert_string_equal(s.message, "recovered");
+    assert_int_equal(s.k.state, WQ_KEY_FAILING);
+    assert_int_equal(s.k.result, WQ_STATE_SUCCEEDED);
+    assert_string_equal(s.k.message, "recovered");
 
     /* Forgotten: gone from the dump. */
-    assert_int_equal(wq_forget(q, KL("ok")), 0);
+    assert_int_equal(wq_forget(q, KS("ok")), 0);
     s = dump_key(q, "ok");
     assert_int_equal(s.found, 0);
     assert_int_equal(s.n, 2);
-    check_clean(q);
+    t_check_clean(q, NULL);
     wq_close(q);
 }
 
@@ -602,7 +549,7 @@ static void dump_shows_results(void **state)
 static void full_table_gives_up_idle_results(void **state)
 {
     (void)state;
-    wq *q = open_new("full", 4, 0);
+    wq *q = results_q("full", 4, 0);
     struct wq_stats st;
     static const char *old[] = { "o0", "o1", "o2", "o3" };
     static const char *fresh[] = { "n0", "n1", "n2", "n3" };
@@ -614,17 +561,17 @@ static void full_table_gives_up_idle_results(void **state)
     assert_int_equal(st.results, 4);
     assert_int_equal(st.failing, 4);
     assert_int_equal(st.live, 0);
-    check_clean(q);
+    t_check_clean(q, NULL);
 
     for (int i = 0; i < 4; i++) {
-        int rc = wq_add(q, KL(fresh[i]));
+        int rc = wq_add(q, KS(fresh[i]));
         if (rc != 0)
             fail_msg("wq_add(%s) with %d idle results = %d (%s)", fresh[i],
                      4 - i, rc, wq_strerror(rc));
         assert_result(q, fresh[i], WQ_STATE_PENDING, 0, "");
-        check_clean(q);
+        t_check_clean(q, NULL);
     }
-    assert_int_equal(wq_add(q, KL("n4")), -ENOSPC);
+    assert_int_equal(wq_add(q, KS("n4")), -ENOSPC);
     assert_none(q, "n4");
     assert_int_equal(wq_stats(q, &st), 0);
     assert_int_equal(st.live, 4);
@@ -634,37 +581,36 @@ static void full_table_gives_up_idle_results(void **state)
     for (int i = 0; i < 4; i++)
         assert_none(q, old[i]);
     /* Re-adding a queued key still coalesces when full. */
-    assert_int_equal(wq_add(q, KL("n0")), 1);
-    check_clean(q);
+    assert_int_equal(wq_add(q, KS("n0")), 1);
+    t_check_clean(q, NULL);
 
     /* The new keys finish and keep results again. */
     for (int i = 0; i < 4; i++) {
-        get_exact(q, fresh[i]);
-        assert_int_equal(wq_finish(q, KL(fresh[i]), 0, "new"), 0);
+        T_EXPECT_GET(q, fresh[i]);
+        assert_int_equal(wq_finish(q, KS(fresh[i]), 0, "new"), 0);
     }
     assert_int_equal(wq_stats(q, &st), 0);
     assert_int_equal(st.results, 4);
     assert_int_equal(st.live, 0);
     for (int i = 0; i < 4; i++)
         assert_result(q, fresh[i], WQ_STATE_SUCCEEDED, 0, "new");
-    check_clean(q);
+    t_check_clean(q, NULL);
     wq_close(q);
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(unknown_pending_running, th_setup, th_teardown),
-        cmocka_unit_test_setup_teardown(succeeded_failed_messages, th_setup, th_teardown),
-        cmocka_unit_test_setup_teardown(finish_not_processing, th_setup, th_teardown),
-        cmocka_unit_test_setup_teardown(readd_keeps_previous_until_next_finish, th_setup, th_teardown),
-        cmocka_unit_test_setup_teardown(visible_across_processes, th_setup, th_teardown),
-        cmocka_unit_test_setup_teardown(forget_drops_result, th_setup, th_teardown),
-        cmocka_unit_test_setup_teardown(eviction_least_recently_updated, th_setup, th_teardown),
-        cmocka_unit_test_setup_teardown(dump_shows_results, th_setup, th_teardown),
-        cmocka_unit_test_setup_teardown(full_table_gives_up_idle_results, th_setup, th_teardown),
-        cmocka_unit_test(th_test_no_leftovers),
+        T_TEST(unknown_pending_running),
+        T_TEST(succeeded_failed_messages),
+        T_TEST(finish_not_processing),
+        T_TEST(readd_keeps_previous_until_next_finish),
+        T_TEST(visible_across_processes),
+        T_TEST(forget_drops_result),
+        T_TEST(eviction_least_recently_updated),
+        T_TEST(dump_shows_results),
+        T_TEST(full_table_gives_up_idle_results),
+        T_NO_LEFTOVERS,
     };
-    int rc = cmocka_run_group_tests_name("results", tests, th_group_setup, th_group_teardown);
-    return rc | th_final_check();
+    return T_RUN_GROUP("results", tests);
 }

@@ -22,7 +22,7 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
-#include "fixture.h"
+#include "t.h"
 
 #include <errno.h>
 #include <signal.h>
@@ -38,8 +38,8 @@
 
 static void get_done(wq *q, const char *key)
 {
-    expect_get(q, key);
-    expect_done(q, key);
+    T_EXPECT_GET(q, key);
+    T_EXPECT_DONE(q, key);
 }
 
 /* Capacity 4, store with WQ_DURABLE_NONE and a long snapshot interval:
@@ -49,10 +49,10 @@ static void get_done(wq *q, const char *key)
 static void test_add_many_room_from_zombies(void **state)
 {
     (void)state;
-    struct wq_options o = { .capacity = 4, .store_path = mkstore(),
+    struct wq_options o = { .capacity = 4, .store_path = t_mkstore(),
                             .durability = WQ_DURABLE_NONE,
                             .snapshot_interval_ms = 3600 * 1000 };
-    wq *q = track(create_q("manyzomb", &o, NULL));
+    wq *q = t_track(t_create("manyzomb", &o, NULL));
     assert_int_equal(wq_add(q, KS("z1")), 0);
     assert_int_equal(wq_add(q, KS("z2")), 0);
     get_done(q, "z1");
@@ -68,8 +68,8 @@ static void test_add_many_room_from_zombies(void **state)
         snprintf(k, sizeof k, "n%d", i);
         get_done(q, k);
     }
-    check_clean(q);
-    close_q(q);
+    t_check_clean(q, __func__);
+    t_close(q);
 }
 
 /* Without a store the same batch evicts idle keys kept for a failure
@@ -78,18 +78,18 @@ static void test_add_many_all_or_none(void **state)
 {
     (void)state;
     struct wq_options o = { .capacity = 4 };
-    wq *q = track(create_q("manyall", &o, NULL));
+    wq *q = t_track(t_create("manyall", &o, NULL));
     assert_int_equal(wq_add(q, KS("a")), 0);
     assert_int_equal(wq_add(q, KS("b")), 0);
     struct iovec keys[3] = { { "c", 1 }, { "d", 1 }, { "e", 1 } };
     assert_int_equal(wq_add_many(q, keys, 3), -ENOSPC);
     assert_int_equal(wq_len(q), 2);
-    assert_int_equal(key_state(q, "c"), 0);
+    assert_int_equal(t_key_state(q, "c"), 0);
     struct iovec dup[3] = { { "c", 1 }, { "c", 1 }, { "a", 1 } };
     assert_int_equal(wq_add_many(q, dup, 3), 2);   /* 1 new, 2 coalesced */
     assert_int_equal(wq_len(q), 3);
-    check_clean(q);
-    close_q(q);
+    t_check_clean(q, __func__);
+    t_close(q);
 }
 
 /* A corrupt ring count makes the settle of a stored key fail to queue
@@ -98,19 +98,19 @@ static void test_add_many_all_or_none(void **state)
 static void test_settle_failure_repaired(void **state)
 {
     (void)state;
-    struct wq_options o = { .capacity = 4, .store_path = mkstore() };
-    wq *q = track(create_q("settle", &o, NULL));
+    struct wq_options o = { .capacity = 4, .store_path = t_mkstore() };
+    wq *q = t_track(t_create("settle", &o, NULL));
     struct wq_shm *s = wq__shm(q);
     /* head 0, count == capacity: no push fits, no index is out of range */
     s->hdr->ring_pos = (uint64_t)4 << 32;
     assert_int_equal(wq_add(q, KS("k")), 0);   /* stored: the add succeeded */
     assert_int_equal(s->hdr->corrupt, 1);      /* left for the next locker */
-    check_clean(q);                            /* ... which repairs */
+    t_check_clean(q, __func__);                            /* ... which repairs */
     assert_int_equal(wq_len(q), 1);
     get_done(q, "k");
-    expect_get_rc(q, -EAGAIN);
-    check_clean(q);
-    close_q(q);
+    T_EXPECT_GET_RC(q, -EAGAIN);
+    t_check_clean(q, __func__);
+    t_close(q);
 }
 
 /* Fair heaps with an index of exactly capacity (the first byte past the
@@ -120,7 +120,7 @@ static void test_settle_failure_repaired(void **state)
 static void fair_corrupt(uint32_t bad, bool age_heap)
 {
     struct wq_options o = { .capacity = 8, .flags = WQ_FAIR };
-    wq *q = track(create_q(age_heap ? "fairage" : "fairprio", &o, NULL));
+    wq *q = t_track(t_create(age_heap ? "fairage" : "fairprio", &o, NULL));
     const char *keys[] = { "t1/a", "t2/b", "t1/c", "t3/d" };
     for (int i = 0; i < 4; i++)
         assert_int_equal(wq_add(q, keys[i], strlen(keys[i])), 0);
@@ -128,7 +128,7 @@ static void fair_corrupt(uint32_t bad, bool age_heap)
     uint32_t *heap = age_heap ? s->fheap_a : s->fheap_p;
     heap[1] = bad;
     int got[4] = { 0 }, rounds = 0, n;
-    char buf[FX_KEYBUF];
+    char buf[T_KEYBUF];
     while ((n = wq_get(q, buf, sizeof buf, 0)) != -EAGAIN && rounds++ < 20) {
         if (n == -EBADMSG)
             continue;   /* the next call repairs */
@@ -142,8 +142,8 @@ static void fair_corrupt(uint32_t bad, bool age_heap)
     }
     for (int i = 0; i < 4; i++)
         assert_int_equal(got[i], 1);
-    check_clean(q);
-    close_q(q);
+    t_check_clean(q, __func__);
+    t_close(q);
 }
 
 static void test_fair_heap_index_past_capacity(void **state)
@@ -159,7 +159,7 @@ static void test_fair_heap_index_past_capacity(void **state)
 static void test_mutex_attr_refused(void **state)
 {
     (void)state;
-    const char *name = th_qname("mutexattr");
+    const char *name = t_qname("mutexattr");
     struct wq_options o = { .capacity = 4, .flags = WQ_CREATE };
     wq *q = NULL;
     assert_int_equal(wq_fault_arm("mutex.attr", 1, WQ_FAULT_FAIL), 0);
@@ -167,7 +167,7 @@ static void test_mutex_attr_refused(void **state)
     wq_fault_arm(NULL, 0, 0);
     assert_null(q);
     char path[256];
-    th_shm_path(name, path, sizeof path);
+    t_shm_path(name, path, sizeof path);
     assert_int_equal(access(path, F_OK), -1);
     assert_int_equal(wq_open(name, &o, &q), 0);   /* and works once allowed */
     wq_close(q);
@@ -182,8 +182,8 @@ static void test_lock_held_asserted(void **state)
     skip();
 #else
     struct wq_options o = { .capacity = 4 };
-    wq *q = track(create_q("lockheld", &o, NULL));
-    pid_t c = th_fork(10);
+    wq *q = t_track(t_create("lockheld", &o, NULL));
+    pid_t c = t_fork(10);
     if (c == 0) {
         signal(SIGABRT, SIG_DFL);
         struct wq_shm *s = wq__shm(q);
@@ -191,8 +191,8 @@ static void test_lock_held_asserted(void **state)
         wq__ring_push(s, 0);
         _exit(0);
     }
-    assert_int_equal(th_wait(c, 10000), 128 + SIGABRT);
-    close_q(q);
+    assert_int_equal(t_wait(c, 10000), 128 + SIGABRT);
+    t_close(q);
 #endif
 }
 
@@ -210,28 +210,28 @@ static void test_damaged_lease_dead_pid(void **state)
     (void)state;
     struct wq_options o = { .capacity = 8, .rl_base_delay_ns = 1, .rl_max_delay_ns = 1 };
     const char *name;
-    wq *q = track(create_q("leasedead", &o, &name));
+    wq *q = t_track(t_create("leasedead", &o, &name));
     assert_int_equal(wq_add(q, KS("k")), 0);
-    pid_t c = th_fork(10);
+    pid_t c = t_fork(10);
     if (c == 0) {
         wq *cq;
-        char buf[FX_KEYBUF];
+        char buf[T_KEYBUF];
         if (wq_open(name, NULL, &cq) < 0 || wq_get(cq, buf, sizeof buf, 0) != 1)
             _exit(1);
         raise(SIGKILL);
     }
-    assert_int_equal(th_wait(c, 10000), 128 + SIGKILL);
+    assert_int_equal(t_wait(c, 10000), 128 + SIGKILL);
     struct wq_shm *s = wq__shm(q);
     for (uint32_t i = 0; i < s->max_procs; i++)
         if (s->procs[i].state == WQ_PROC_LIVE && s->procs[i].pid == c)
             damage_lease(&s->procs[i]);
     assert_int_equal(wq_check(q, WQ_CHECK_REAP), 0);
-    struct wq_stats st = stats_of(q);
+    struct wq_stats st = t_stats(q);
     assert_int_equal(st.crash_requeues_total, 1);
     assert_int_equal(st.processes, 1);
-    char buf[FX_KEYBUF];
-    assert_int_equal(wq_get(q, buf, sizeof buf, TH_S), 1);
-    close_q(q);
+    char buf[T_KEYBUF];
+    assert_int_equal(wq_get(q, buf, sizeof buf, (int64_t)SEC), 1);
+    t_close(q);
 }
 
 static void test_damaged_lease_live_pid(void **state)
@@ -239,13 +239,13 @@ static void test_damaged_lease_live_pid(void **state)
     (void)state;
     struct wq_options o = { .capacity = 8 };
     const char *name;
-    wq *q = track(create_q("leaselive", &o, &name));
+    wq *q = t_track(t_create("leaselive", &o, &name));
     assert_int_equal(wq_add(q, KS("k")), 0);
-    int *sync = th_shared_alloc(4096);
-    pid_t c = th_fork(20);
+    int *sync = t_shared_alloc(4096);
+    pid_t c = t_fork(20);
     if (c == 0) {
         wq *cq;
-        char buf[FX_KEYBUF];
+        char buf[T_KEYBUF];
         if (wq_open(name, NULL, &cq) < 0 || wq_get(cq, buf, sizeof buf, 0) != 1)
             _exit(1);
         sync[0] = 1;
@@ -253,7 +253,7 @@ static void test_damaged_lease_live_pid(void **state)
         _exit(0);
     }
     while (!sync[0])
-        th_sleep_ms(1);
+        t_sleep_ms(1);
     struct wq_shm *s = wq__shm(q);
     uint32_t slot = WQ_NIL;
     for (uint32_t i = 0; i < s->max_procs; i++)
@@ -262,19 +262,19 @@ static void test_damaged_lease_live_pid(void **state)
     assert_int_not_equal(slot, WQ_NIL);
     damage_lease(&s->procs[slot]);
     assert_int_equal(wq_check(q, WQ_CHECK_REAP), 0);   /* the reaper: alive */
-    assert_int_equal(key_state(q, "k"), WQ_KEY_PROCESSING);
+    assert_int_equal(t_key_state(q, "k"), WQ_KEY_PROCESSING);
     s->procs[slot].state = 7;   /* an illegal state word: wq_check repairs it */
     assert_true(wq_check(q, WQ_CHECK_REPAIR) > 0);
     assert_int_equal(s->procs[slot].state, WQ_PROC_LIVE);   /* ... as alive */
-    assert_int_equal(key_state(q, "k"), WQ_KEY_PROCESSING);
-    assert_int_equal(stats_of(q).crash_requeues_total, 0);
+    assert_int_equal(t_key_state(q, "k"), WQ_KEY_PROCESSING);
+    assert_int_equal(t_stats(q).crash_requeues_total, 0);
     kill(c, SIGKILL);
-    th_wait(c, 10000);
-    th_shared_free(sync, 4096);
+    t_wait(c, 10000);
+    t_shared_free(sync, 4096);
     /* The pid is gone now: the damaged lease's slot is reaped. */
     assert_int_equal(wq_check(q, WQ_CHECK_REAP), 0);
-    assert_int_equal(stats_of(q).crash_requeues_total, 1);
-    close_q(q);
+    assert_int_equal(t_stats(q).crash_requeues_total, 1);
+    t_close(q);
 }
 
 /* Errors: a damaged store is -EUCLEAN, the region's corruption -EBADMSG;
@@ -298,10 +298,10 @@ static void test_store_errors_distinct(void **state)
 static void test_restore_needs_a_store(void **state)
 {
     (void)state;
-    const char *dir = mkstore();
+    const char *dir = t_mkstore();
     char missing[512];
     snprintf(missing, sizeof missing, "%s/nope", dir);
-    const char *name = th_qname("restoreflag");
+    const char *name = t_qname("restoreflag");
     struct wq_options o = { .store_path = missing, .flags = WQ_CREATE | WQ_RESTORE };
     wq *q = NULL;
     assert_int_equal(wq_open(name, &o, &q), -ENODATA);
@@ -324,29 +324,26 @@ static void test_restore_needs_a_store(void **state)
     wq_close(q);
 }
 
-static int run_group(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_add_many_room_from_zombies, th_setup, th_teardown),
-        cmocka_unit_test_setup_teardown(test_add_many_all_or_none, th_setup, th_teardown),
-        cmocka_unit_test_setup_teardown(test_settle_failure_repaired, th_setup, th_teardown),
-        cmocka_unit_test_setup_teardown(test_fair_heap_index_past_capacity, th_setup,
-                                        th_teardown),
-        cmocka_unit_test_setup_teardown(test_mutex_attr_refused, th_setup, th_teardown),
-        cmocka_unit_test_setup_teardown(test_lock_held_asserted, th_setup, th_teardown),
-        cmocka_unit_test_setup_teardown(test_damaged_lease_dead_pid, th_setup, th_teardown),
-        cmocka_unit_test_setup_teardown(test_damaged_lease_live_pid, th_setup, th_teardown),
-        cmocka_unit_test_setup_teardown(test_store_errors_distinct, th_setup, th_teardown),
-        cmocka_unit_test_setup_teardown(test_restore_needs_a_store, th_setup, th_teardown),
-        cmocka_unit_test(th_test_no_leftovers),
-    };
-    fx_test_filters();
-    return cmocka_run_group_tests_name("shm", tests, th_group_setup, th_group_teardown);
-}
-
 int main(void)
 {
-    static const struct fx_guard g = { .prog = "test-shm", .max_stores = 16,
-                                       .deadline_s = 120, .run_group = run_group };
-    return fx_guard_main(&g);
+    static const struct CMUnitTest tests[] = {
+        T_STORE_TEST(test_add_many_room_from_zombies),
+        T_TEST(test_add_many_all_or_none),
+        T_STORE_TEST(test_settle_failure_repaired),
+        T_TEST(test_fair_heap_index_past_capacity),
+        T_TEST(test_mutex_attr_refused),
+        T_TEST(test_lock_held_asserted),
+        T_TEST(test_damaged_lease_dead_pid),
+        T_TEST(test_damaged_lease_live_pid),
+        T_TEST(test_store_errors_distinct),
+        T_STORE_TEST(test_restore_needs_a_store),
+        T_NO_LEFTOVERS,
+    };
+    static const struct t_guard g = {
+        .prog = "test-shm",
+        .max_stores = 16,
+        .deadline_s = 120,
+        T_GUARD_TESTS(tests),
+    };
+    return t_guard_main(&g);
 }

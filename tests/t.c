@@ -1,5 +1,8 @@
 /*
- * helpers.c - see helpers.h.
+ * t.c - the process scaffolding of t.h: names and cleanup, the watchdog,
+ * the cmocka fixtures, shared memory and time, the failure board,
+ * processes and teams. (t-queue.c: handles, queue helpers, stores and
+ * workloads.)
  *
  * Design notes:
  *   - Everything that cleans up (names, children) belongs to the process
@@ -14,11 +17,12 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* pthread_timedjoin_np, setgroups */
 #endif
-#include "helpers.h"
+#include "t.h"
 
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -31,29 +35,29 @@
 #include <time.h>
 #include <unistd.h>
 
-#define TH_DEFAULT_WATCHDOG_S 30
-#define TH_MAX_KIDS 1024
+#define T_DEFAULT_WATCHDOG_S 30
+#define T_MAX_KIDS 1024
 
 /* ------------------------------------------------------------------ */
 /* State                                                               */
 /* ------------------------------------------------------------------ */
 
-struct th_board {
+struct board {
     atomic_int nfail;
     atomic_int claimed;
     char msg[1024];
 };
 
-static struct th_board *board;
+static struct board *board;
 static pid_t owner_pid;
 
 /* "/dev/shm/wq." + name, prepared for the signal handler. */
-static char paths[TH_MAX_NAMES][sizeof("/dev/shm/wq.") + WQ_MAX_NAME_LEN + 1];
-static char names[TH_MAX_NAMES][WQ_MAX_NAME_LEN + 1];
+static char paths[T_MAX_NAMES][sizeof("/dev/shm/wq.") + WQ_MAX_NAME_LEN + 1];
+static char names[T_MAX_NAMES][WQ_MAX_NAME_LEN + 1];
 static volatile sig_atomic_t nnames;
 static unsigned name_counter;
 
-static volatile pid_t kids[TH_MAX_KIDS];
+static volatile pid_t kids[T_MAX_KIDS];
 static volatile sig_atomic_t nkids;
 
 static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -68,25 +72,54 @@ static void ensure_board(void)
 {
     ensure_owner();
     if (board == NULL)
-        board = th_shared_alloc(sizeof *board);
+        board = t_shared_alloc(sizeof *board);
 }
 
 /* ------------------------------------------------------------------ */
 /* Names                                                               */
 /* ------------------------------------------------------------------ */
 
-void th_shm_path(const char *name, char *buf, size_t cap)
+void t_shm_path(const char *name, char *buf, size_t cap)
 {
     snprintf(buf, cap, "/dev/shm/wq.%s", name);
 }
 
-static void atexit_cleanup(void)
+int t_shm_exists(const char *name)
 {
-    th_kill_children();
-    th_unlink_all();
+    char p[512];
+
+    t_shm_path(name, p, sizeof p);
+    return access(p, F_OK) == 0;
 }
 
-const char *th_qname(const char *tag)
+void t_expect_no_shm_(const char *name, const char *ctx, int line)
+{
+    char p[512];
+    DIR *d;
+    struct dirent *e;
+
+    t_shm_path(name, p, sizeof p);
+    if (access(p, F_OK) == 0)
+        fail_msg("line %d: %s: %s exists after a failed wq_open", line, ctx, p);
+    d = opendir("/dev/shm");
+    if (d == NULL)
+        return;
+    while ((e = readdir(d)) != NULL)
+        if (strstr(e->d_name, name) != NULL) {
+            closedir(d);
+            fail_msg("line %d: %s: /dev/shm/%s left behind", line, ctx,
+                     e->d_name);
+        }
+    closedir(d);
+}
+
+static void atexit_cleanup(void)
+{
+    t_kill_children();
+    t_unlink_all();
+}
+
+const char *t_qname(const char *tag)
 {
     static int atexit_done;
     char clean[96];
@@ -106,20 +139,20 @@ const char *th_qname(const char *tag)
         atexit(atexit_cleanup);
         atexit_done = 1;
     }
-    if (nnames >= TH_MAX_NAMES) {
+    if (nnames >= T_MAX_NAMES) {
         pthread_mutex_unlock(&reg_lock);
-        th_fatal("th_qname: too many names");
+        t_fatal("t_qname: too many names");
     }
     int k = nnames;
     snprintf(names[k], sizeof names[k], "t%ld-%s-%u", (long)getpid(), clean,
              ++name_counter);
-    th_shm_path(names[k], paths[k], sizeof paths[k]);
+    t_shm_path(names[k], paths[k], sizeof paths[k]);
     nnames = k + 1;
     pthread_mutex_unlock(&reg_lock);
     return names[k];
 }
 
-void th_unlink_all(void)
+void t_unlink_all(void)
 {
     if (owner_pid == 0 || getpid() != owner_pid)
         return;
@@ -136,7 +169,7 @@ void th_unlink_all(void)
     pthread_mutex_unlock(&reg_lock);
 }
 
-int th_shm_leftovers(char *buf, size_t cap)
+int t_shm_leftovers(char *buf, size_t cap)
 {
     char prefix[32];
     int n = 0;
@@ -199,7 +232,7 @@ static void on_alarm(int sig)
     _exit(124);
 }
 
-void th_watchdog(unsigned seconds)
+void t_watchdog(unsigned seconds)
 {
     struct sigaction sa;
 
@@ -211,7 +244,7 @@ void th_watchdog(unsigned seconds)
     alarm(seconds);
 }
 
-void th_fatal(const char *fmt, ...)
+void t_fatal(const char *fmt, ...)
 {
     va_list ap;
 
@@ -240,7 +273,7 @@ static void on_term(int sig)
     raise(sig);
 }
 
-int th_group_setup(void **state)
+int t_group_setup(void **state)
 {
     static const int sigs[] = { SIGTERM, SIGINT, SIGHUP };
     struct sigaction sa;
@@ -255,60 +288,61 @@ int th_group_setup(void **state)
     return board == NULL ? -1 : 0;
 }
 
-int th_group_teardown(void **state)
+int t_group_teardown(void **state)
 {
     char buf[512];
 
     (void)state;
     alarm(0);
-    th_kill_children();
-    th_unlink_all();
-    if (th_shm_leftovers(buf, sizeof buf) != 0) {
+    t_kill_children();
+    t_unlink_all();
+    if (t_shm_leftovers(buf, sizeof buf) != 0) {
         fprintf(stderr, "leftovers in /dev/shm: %s\n", buf);
         return -1;
     }
     return 0;
 }
 
-int th_setup(void **state)
+int t_setup(void **state)
 {
     (void)state;
     ensure_board();
-    th_failures_reset();
-    th_watchdog(TH_DEFAULT_WATCHDOG_S * th_scale());
+    t_failures_reset();
+    t_watchdog(T_DEFAULT_WATCHDOG_S * t_scale());
     return 0;
 }
 
-int th_teardown(void **state)
+int t_teardown(void **state)
 {
     (void)state;
     alarm(0);
-    th_kill_children();
-    th_unlink_all();
+    t_kill_children();
+    t_close_all();
+    t_unlink_all();
     return 0;
 }
 
-void th_test_no_leftovers(void **state)
+void t_test_no_leftovers(void **state)
 {
     char buf[1024];
     int n;
 
     (void)state;
-    n = th_shm_leftovers(buf, sizeof buf);
+    n = t_shm_leftovers(buf, sizeof buf);
     if (n != 0)
         fail_msg("%d object(s) left in /dev/shm: %s", n, buf);
 }
 
-int th_final_check(void)
+int t_final_check(void)
 {
     char buf[1024];
     char prefix[32];
     DIR *d;
     struct dirent *e;
 
-    th_kill_children();
-    th_unlink_all();
-    if (th_shm_leftovers(buf, sizeof buf) == 0)
+    t_kill_children();
+    t_unlink_all();
+    if (t_shm_leftovers(buf, sizeof buf) == 0)
         return 0;
     fprintf(stderr, "FAIL: objects left in /dev/shm: %s (removing them)\n",
             buf);
@@ -327,26 +361,46 @@ int th_final_check(void)
     return 1;
 }
 
+void t_test_filters(void)
+{
+    const char *filter = getenv("WQ_TEST_FILTER"); /* e.g. "test_full*" */
+    const char *skip = getenv("WQ_TEST_SKIP");
+
+    if (filter != NULL)
+        cmocka_set_test_filter(filter);
+    if (skip != NULL)
+        cmocka_set_skip_filter(skip);
+}
+
+int t_exit_status(int failed)
+{
+    int left;
+
+    t_stores_cleanup();
+    left = t_final_check();
+    return failed != 0 || left != 0 ? 1 : 0;
+}
+
 /* ------------------------------------------------------------------ */
 /* Shared memory and time                                              */
 /* ------------------------------------------------------------------ */
 
-void *th_shared_alloc(size_t size)
+void *t_shared_alloc(size_t size)
 {
     void *p = mmap(NULL, size, PROT_READ | PROT_WRITE,
                    MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED)
-        th_fatal("mmap(%zu): %s", size, strerror(errno));
+        t_fatal("mmap(%zu): %s", size, strerror(errno));
     return p;
 }
 
-void th_shared_free(void *p, size_t size)
+void t_shared_free(void *p, size_t size)
 {
     if (p != NULL)
         munmap(p, size);
 }
 
-unsigned th_scale(void)
+unsigned t_scale(void)
 {
     static unsigned scale;
     if (scale == 0) {
@@ -362,25 +416,43 @@ unsigned th_scale(void)
     return scale;
 }
 
-uint64_t th_now_ns(void)
+uint64_t t_now_ns(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-void th_sleep_ms(unsigned ms)
+void t_sleep_ms(unsigned ms)
 {
     struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
         ;
 }
 
+void t_atomic_max(atomic_ullong *a, unsigned long long v)
+{
+    unsigned long long cur = atomic_load(a);
+    while (cur < v && !atomic_compare_exchange_weak(a, &cur, v))
+        ;
+}
+
+int t_wait_count(atomic_int *v, int target, int ms)
+{
+    uint64_t deadline = t_now_ns() + (uint64_t)ms * t_scale() * 1000000u;
+    while (atomic_load(v) < target) {
+        if (t_now_ns() >= deadline)
+            return -1;
+        usleep(500);
+    }
+    return 0;
+}
+
 /* ------------------------------------------------------------------ */
 /* Failure board                                                       */
 /* ------------------------------------------------------------------ */
 
-void th_failf(const char *file, int line, const char *fmt, ...)
+void t_failf(const char *file, int line, const char *fmt, ...)
 {
     va_list ap;
     char msg[768];
@@ -400,17 +472,17 @@ void th_failf(const char *file, int line, const char *fmt, ...)
     }
 }
 
-int th_failures(void)
+int t_failures(void)
 {
     return board == NULL ? 0 : atomic_load(&board->nfail);
 }
 
-const char *th_failure_msg(void)
+const char *t_failure_msg(void)
 {
     return board == NULL ? "" : board->msg;
 }
 
-void th_failures_reset(void)
+void t_failures_reset(void)
 {
     if (board == NULL)
         return;
@@ -436,7 +508,7 @@ static void forget_kid(pid_t pid)
     pthread_mutex_unlock(&reg_lock);
 }
 
-pid_t th_fork(unsigned alarm_s)
+pid_t t_fork(unsigned alarm_s)
 {
     pid_t pid;
 
@@ -445,7 +517,7 @@ pid_t th_fork(unsigned alarm_s)
     fflush(stderr);
     pid = fork();
     if (pid < 0)
-        th_fatal("fork: %s", strerror(errno));
+        t_fatal("fork: %s", strerror(errno));
     if (pid == 0) {
         static const int sigs[] = { SIGSEGV, SIGILL, SIGFPE, SIGBUS,
                                     SIGSYS, SIGABRT, SIGALRM, SIGTERM,
@@ -453,11 +525,11 @@ pid_t th_fork(unsigned alarm_s)
         for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
             signal(sigs[i], SIG_DFL);
         nkids = 0;
-        alarm(alarm_s * th_scale());
+        alarm(alarm_s * t_scale());
         return 0;
     }
     pthread_mutex_lock(&reg_lock);
-    if (nkids < TH_MAX_KIDS) {
+    if (nkids < T_MAX_KIDS) {
         kids[nkids] = pid;
         nkids = nkids + 1;
     }
@@ -465,10 +537,10 @@ pid_t th_fork(unsigned alarm_s)
     return pid;
 }
 
-int th_wait(pid_t pid, int timeout_ms)
+int t_wait(pid_t pid, int timeout_ms)
 {
-    uint64_t deadline = th_now_ns() +
-                        (uint64_t)timeout_ms * th_scale() * 1000000u;
+    uint64_t deadline = t_now_ns() +
+                        (uint64_t)timeout_ms * t_scale() * 1000000u;
     int st;
 
     for (;;) {
@@ -479,7 +551,7 @@ int th_wait(pid_t pid, int timeout_ms)
             forget_kid(pid);
             return -1;
         }
-        if (th_now_ns() >= deadline) {
+        if (t_now_ns() >= deadline) {
             fprintf(stderr, "  child %ld did not exit within %d ms: SIGKILL\n",
                     (long)pid, timeout_ms);
             kill(pid, SIGKILL);
@@ -488,7 +560,7 @@ int th_wait(pid_t pid, int timeout_ms)
             forget_kid(pid);
             return -1;
         }
-        th_sleep_ms(1);
+        t_sleep_ms(1);
     }
     forget_kid(pid);
     if (WIFEXITED(st))
@@ -498,7 +570,7 @@ int th_wait(pid_t pid, int timeout_ms)
     return -1;
 }
 
-void th_kill_children(void)
+void t_kill_children(void)
 {
     if (owner_pid == 0 || getpid() != owner_pid)
         return;
@@ -514,15 +586,23 @@ void th_kill_children(void)
     pthread_mutex_unlock(&reg_lock);
 }
 
+int t_drop_to(uid_t uid)
+{
+    if (setgroups(0, NULL) != 0 || setgid(uid) != 0 || setuid(uid) != 0 ||
+        getuid() != uid || geteuid() != uid)
+        return -1;
+    return 0;
+}
+
 /* ------------------------------------------------------------------ */
 /* Teams                                                               */
 /* ------------------------------------------------------------------ */
 
-struct th_team {
-    enum th_mode mode;
+struct t_team {
+    enum t_mode mode;
     int n;
-    th_actor_fn fn;
-    struct th_actor *actors;
+    t_actor_fn fn;
+    struct t_actor *actors;
     pthread_t *threads;
     int *started;
     int *rc;
@@ -531,39 +611,39 @@ struct th_team {
 };
 
 struct thread_start {
-    struct th_team *t;
+    struct t_team *t;
     int i;
 };
 
-const char *th_mode_name(enum th_mode m)
+const char *t_mode_name(enum t_mode m)
 {
     switch (m) {
-    case TH_THREADS_SHARED: return "threads/shared-handle";
-    case TH_THREADS_OWN:    return "threads/own-handle";
-    case TH_PROCS_OPEN:     return "processes/own-open";
-    case TH_PROCS_INHERIT:  return "processes/inherited-handle";
+    case T_THREADS_SHARED: return "threads/shared-handle";
+    case T_THREADS_OWN:    return "threads/own-handle";
+    case T_PROCS_OPEN:     return "processes/own-open";
+    case T_PROCS_INHERIT:  return "processes/inherited-handle";
     default:                return "?";
     }
 }
 
-static int run_actor(struct th_team *t, int i)
+static int run_actor(struct t_team *t, int i)
 {
-    struct th_actor *a = &t->actors[i];
-    int own = t->mode == TH_THREADS_OWN || t->mode == TH_PROCS_OPEN;
+    struct t_actor *a = &t->actors[i];
+    int own = t->mode == T_THREADS_OWN || t->mode == T_PROCS_OPEN;
     int rc;
 
     if (own) {
         wq *q = NULL;
         int orc = wq_open(a->qname, NULL, &q);
         if (orc != 0) {
-            th_failf(__FILE__, __LINE__, "actor %d: wq_open(%s) = %d (%s)",
+            t_failf(__FILE__, __LINE__, "actor %d: wq_open(%s) = %d (%s)",
                      i, a->qname, orc, wq_strerror(orc));
             return 1;
         }
         a->q = q;
     }
     rc = t->fn(a);
-    if (own || t->mode == TH_PROCS_INHERIT)
+    if (own || t->mode == T_PROCS_INHERIT)
         wq_close(a->q);
     return rc;
 }
@@ -576,13 +656,13 @@ static void *thread_main(void *p)
     return NULL;
 }
 
-struct th_team *th_team_start(enum th_mode mode, const char *qname, wq *mainq,
-                              int n, th_actor_fn fn, void *arg)
+struct t_team *t_team_start(enum t_mode mode, const char *qname, wq *mainq,
+                              int n, t_actor_fn fn, void *arg)
 {
-    struct th_team *t = calloc(1, sizeof *t);
+    struct t_team *t = calloc(1, sizeof *t);
 
     if (t == NULL)
-        th_fatal("calloc");
+        t_fatal("calloc");
     t->mode = mode;
     t->n = n;
     t->fn = fn;
@@ -591,22 +671,22 @@ struct th_team *th_team_start(enum th_mode mode, const char *qname, wq *mainq,
     t->started = calloc((size_t)n, sizeof *t->started);
     t->rc = calloc((size_t)n, sizeof *t->rc);
     t->pids = calloc((size_t)n, sizeof *t->pids);
-    t->alarm_s = 25 * th_scale();
+    t->alarm_s = 25 * t_scale();
     if (!t->actors || !t->threads || !t->started || !t->rc || !t->pids)
-        th_fatal("calloc");
+        t_fatal("calloc");
     for (int i = 0; i < n; i++) {
-        struct th_actor *a = &t->actors[i];
+        struct t_actor *a = &t->actors[i];
         a->id = i;
         a->n = n;
         a->mode = mode;
-        a->q = (mode == TH_THREADS_SHARED || mode == TH_PROCS_INHERIT) ? mainq
+        a->q = (mode == T_THREADS_SHARED || mode == T_PROCS_INHERIT) ? mainq
                                                                        : NULL;
         a->qname = qname;
         a->arg = arg;
     }
     for (int i = 0; i < n; i++) {
-        if (TH_MODE_IS_PROC(mode)) {
-            pid_t pid = th_fork(t->alarm_s);
+        if (T_MODE_IS_PROC(mode)) {
+            pid_t pid = t_fork(t->alarm_s);
             if (pid == 0) {
                 int rc = run_actor(t, i);
                 _exit(rc == 0 ? 0 : 1);
@@ -617,37 +697,37 @@ struct th_team *th_team_start(enum th_mode mode, const char *qname, wq *mainq,
             struct thread_start *s = malloc(sizeof *s);
             int e;
             if (s == NULL)
-                th_fatal("malloc");
+                t_fatal("malloc");
             s->t = t;
             s->i = i;
             e = pthread_create(&t->threads[i], NULL, thread_main, s);
             if (e != 0)
-                th_fatal("pthread_create: %s", strerror(e));
+                t_fatal("pthread_create: %s", strerror(e));
             t->started[i] = 1;
         }
     }
     return t;
 }
 
-int th_team_wait(struct th_team *t, int timeout_ms)
+int t_team_wait(struct t_team *t, int timeout_ms)
 {
-    uint64_t deadline = th_now_ns() +
-                        (uint64_t)timeout_ms * th_scale() * 1000000u;
+    uint64_t deadline = t_now_ns() +
+                        (uint64_t)timeout_ms * t_scale() * 1000000u;
     int failed = 0;
 
     for (int i = 0; i < t->n; i++) {
         if (!t->started[i])
             continue;
-        int64_t left_ms = (int64_t)(deadline - th_now_ns()) / 1000000;
-        if ((int64_t)(deadline - th_now_ns()) < 0)
+        int64_t left_ms = (int64_t)(deadline - t_now_ns()) / 1000000;
+        if ((int64_t)(deadline - t_now_ns()) < 0)
             left_ms = 0;
-        if (TH_MODE_IS_PROC(t->mode)) {
-            /* th_wait scales its timeout; left_ms is already scaled. */
-            int rc = th_wait(t->pids[i], (int)(left_ms / th_scale()) + 1);
+        if (T_MODE_IS_PROC(t->mode)) {
+            /* t_wait scales its timeout; left_ms is already scaled. */
+            int rc = t_wait(t->pids[i], (int)(left_ms / t_scale()) + 1);
             if (rc != 0) {
-                th_failf(__FILE__, __LINE__,
+                t_failf(__FILE__, __LINE__,
                          "%s actor %d (pid %ld): %s %d",
-                         th_mode_name(t->mode), i, (long)t->pids[i],
+                         t_mode_name(t->mode), i, (long)t->pids[i],
                          rc < 0 ? "timed out, killed," :
                          rc > 128 ? "killed by signal" : "exit code",
                          rc > 128 ? rc - 128 : rc);
@@ -664,8 +744,8 @@ int th_team_wait(struct th_team *t, int timeout_ms)
             }
             int e = pthread_timedjoin_np(t->threads[i], NULL, &ts);
             if (e != 0)
-                th_fatal("%s actor %d did not finish within %d ms (%s)",
-                         th_mode_name(t->mode), i, timeout_ms, strerror(e));
+                t_fatal("%s actor %d did not finish within %d ms (%s)",
+                         t_mode_name(t->mode), i, timeout_ms, strerror(e));
             if (t->rc[i] != 0)
                 failed++;
         }

@@ -1,0 +1,347 @@
+/*
+ * test-store-durability.c - the LMDB store (wq_options.store_path): what
+ * reaches it, and when. Single process unless stated.
+ *
+ *   - WQ_DURABLE_NONE: keys not snapshotted are lost, snapshotted ones
+ *     come back; the periodic snapshot (100 ms) runs under a lock;
+ *   - a full store (WQ_TEST_STORE_MAX_MAP, fault build only): the add that
+ *     does not fit fails and changes nothing, every add that returned 0
+ *     is restored;
+ *   - wq_snapshot without a store.
+ *
+ * Store directories live under one mkdtemp directory in /tmp. main()
+ * runs the cmocka group in a child and removes that directory (and any
+ * /dev/shm object of the child) whatever happened to the child, so a
+ * crash or a watchdog exit leaves nothing behind (t_guard_main).
+ *
+ * Linked against libwq-fault.la (for WQ_TEST_STORE_MAX_MAP).
+ */
+#include "t.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* ------------------------------------------------------------------ */
+/* WQ_DURABLE_NONE                                                     */
+/* ------------------------------------------------------------------ */
+
+/* In a child: snapshot 5 keys, add 3 more, die without wq_close. */
+static int none_child(const char *name, const char *store)
+{
+    struct wq_options o = t_store_opts(store, WQ_DURABLE_NONE);
+    wq *q = NULL;
+    T_CHECK_EQ(wq_open(name, &o, &q), 0);
+    char k[8];
+    for (int i = 0; i < 5; i++) {
+        snprintf(k, sizeof k, "s%d", i);
+        T_CHECK_EQ(wq_add(q, KS(k)), 0);
+    }
+    struct wq_stats s;
+    T_CHECK_EQ(wq_stats(q, &s), 0);
+    T_CHECK_EQ(s.store_unsynced, 5);
+    int n = wq_snapshot(q);
+    printf("  wq_snapshot after 5 adds: %d\n", n);
+    fflush(stdout);
+    T_CHECK(n > 0);
+    T_CHECK_EQ(wq_stats(q, &s), 0);
+    T_CHECK_EQ(s.store_unsynced, 0);
+    for (int i = 0; i < 3; i++) {
+        snprintf(k, sizeof k, "l%d", i);
+        T_CHECK_EQ(wq_add(q, KS(k)), 0);
+    }
+    T_CHECK_EQ(wq_stats(q, &s), 0);
+    T_CHECK_EQ(s.store_unsynced, 3);
+    fflush(stdout);
+    return 0; /* _exit without wq_close: the world stops here */
+}
+
+/* In a child: interval 100 ms; after 300 ms a lock-taking call has
+   written everything. */
+static int interval_child(const char *name, const char *store)
+{
+    struct wq_options o = t_store_opts(store, WQ_DURABLE_NONE);
+    o.snapshot_interval_ms = 100;
+    wq *q = NULL;
+    T_CHECK_EQ(wq_open(name, &o, &q), 0);
+    char k[8];
+    for (int i = 0; i < 10; i++) {
+        snprintf(k, sizeof k, "i%d", i);
+        T_CHECK_EQ(wq_add(q, KS(k)), 0);
+    }
+    struct wq_stats s;
+    T_CHECK_EQ(wq_stats(q, &s), 0);
+    printf("  interval 100 ms: store_unsynced right after 10 adds: %" PRIu64 "\n",
+           s.store_unsynced);
+    t_sleep_ms(300);
+    /* wq_stats takes the lock: the snapshot is due, so it runs there. */
+    T_CHECK_EQ(wq_stats(q, &s), 0);
+    if (s.store_unsynced != 0) {
+        t_failf(__FILE__, __LINE__, "interval 100 ms: 300 ms later wq_stats reports "
+                 "store_unsynced %" PRIu64 ", expected 0 (the due snapshot did not run "
+                 "under wq_stats' lock)", s.store_unsynced);
+        /* Diagnose: does a mutating call run it? (i0 comes back queued.) */
+        char buf[T_KEYBUF];
+        int n = wq_get(q, buf, sizeof buf, 0);
+        T_CHECK_EQ(wq_stats(q, &s), 0);
+        printf("  interval 100 ms: after a wq_get (= %d) store_unsynced is %" PRIu64 "\n",
+               n, s.store_unsynced);
+    }
+    fflush(stdout);
+    return 0; /* no wq_close */
+}
+
+static void test_none_durability(void **state)
+{
+    (void)state;
+    const char *store = t_mkstore();
+    const char *name = t_qname("none");
+    pid_t c = t_fork(20);
+    if (c == 0)
+        _exit(none_child(name, store));
+    int st = t_wait(c, 15000);
+    T_ASSERT_BOARD_CLEAN();
+    assert_int_equal(st, 0);
+    assert_int_equal(wq_unlink(name), 0);
+    struct wq_options o = t_store_opts(store, WQ_DURABLE_NONE);
+    wq *q = t_track(T_OPEN(name, &o));
+    struct t_dump d = t_dump_all(q);
+    for (int i = 0; i < 3; i++) {
+        char k[8];
+        snprintf(k, sizeof k, "l%d", i);
+        if (t_dump_count(&d, k) != 0)
+            fail_msg("NONE: %s was never snapshotted but came back", k);
+    }
+    if (d.n != 5)
+        fail_msg("NONE: %zu keys restored, expected the 5 snapshotted", d.n);
+    for (int i = 0; i < 5; i++) {
+        char k[8];
+        snprintf(k, sizeof k, "s%d", i);
+        if (strcmp(d.v[i].key, k) != 0 || !(d.v[i].state & WQ_KEY_QUEUED))
+            fail_msg("NONE: position %d holds %s (0x%x), expected %s queued", i,
+                     d.v[i].key, d.v[i].state, k);
+    }
+    t_dump_free(&d);
+    T_EXPECT_STATS(q, 5, 5, 0, 0, "NONE restore");
+    struct wq_stats s;
+    s = t_stats(q);
+    assert_int_equal(s.durability, WQ_DURABLE_NONE);
+    assert_int_equal(s.has_store, 1);
+    t_check_clean(q, "NONE");
+    t_close(q);
+
+    /* The periodic snapshot. */
+    const char *store2 = t_mkstore();
+    const char *name2 = t_qname("interval");
+    c = t_fork(20);
+    if (c == 0)
+        _exit(interval_child(name2, store2));
+    st = t_wait(c, 15000);
+    assert_int_equal(st, 0); /* the board is checked after the restore */
+    assert_int_equal(wq_unlink(name2), 0);
+    o.store_path = store2;
+    q = t_track(T_OPEN(name2, &o));
+    T_EXPECT_STATS(q, 10, 10, 0, 0, "interval restore");
+    d = t_dump_all(q);
+    assert_int_equal(d.n, 10);
+    for (int i = 0; i < 10; i++) {
+        char k[8];
+        snprintf(k, sizeof k, "i%d", i);
+        if (strcmp(d.v[i].key, k) != 0)
+            fail_msg("interval: position %d holds %s, expected %s", i, d.v[i].key, k);
+    }
+    t_dump_free(&d);
+    t_close(q);
+    T_ASSERT_BOARD_CLEAN();
+}
+
+/* ------------------------------------------------------------------ */
+/* A full store                                                        */
+/* ------------------------------------------------------------------ */
+
+#define DISK_KEYLEN 150
+#define DISK_MAX 20000
+
+static void disk_key(char *k, int i)
+{
+    memset(k, 'x', DISK_KEYLEN);
+    int n = snprintf(k, DISK_KEYLEN, "disk-%06d-", i);
+    k[n] = 'x';
+}
+
+static int disk_idx(const struct wq_key_info *ki)
+{
+    if (ki->len != DISK_KEYLEN || memcmp(ki->key, "disk-", 5) != 0)
+        return -1;
+    return atoi((const char *)ki->key + 5);
+}
+
+struct disk_seen {
+    unsigned char *count;
+    int other;
+    int watch;          /* index whose state is recorded */
+    unsigned watch_state;
+};
+
+static int disk_cb(const struct wq_key_info *ki, void *arg)
+{
+    struct disk_seen *s = arg;
+    int i = disk_idx(ki);
+    if (i < 0 || i >= DISK_MAX)
+        s->other++;
+    else if (s->count[i] < 255)
+        s->count[i]++;
+    if (i == s->watch)
+        s->watch_state = ki->state;
+    return 0;
+}
+
+static void test_full_store(void **state)
+{
+    (void)state;
+    const char *s = t_mkstore();
+    const char *name = t_qname("full");
+    struct wq_options o;
+    memset(&o, 0, sizeof o);
+    o.capacity = 65536;
+    o.max_key_len = 200;
+    o.store_path = s;
+    o.flags = WQ_CREATE | WQ_EXCL;
+    setenv("WQ_TEST_STORE_MAX_MAP", "262144", 1);
+    wq *q = t_track(T_OPEN(name, &o));
+    char k[DISK_KEYLEN];
+    int ok = 0, fail_rc = 0;
+    struct wq_stats before, after;
+    for (int i = 0; i < DISK_MAX; i++) {
+        disk_key(k, i);
+        before = t_stats(q);
+        int rc = wq_add(q, k, sizeof k);
+        if (rc == 0) {
+            ok++;
+            continue;
+        }
+        fail_rc = rc;
+        break;
+    }
+    printf("  map capped at 256 KiB: %d adds of %d-byte keys succeeded, then %s\n", ok,
+           DISK_KEYLEN, fail_rc ? wq_strerror(fail_rc) : "none failed");
+    if (fail_rc == 0)
+        fail_msg("%d adds (%d bytes of keys) fit in a 256 KiB map: "
+                 "WQ_TEST_STORE_MAX_MAP not honoured?", ok, ok * DISK_KEYLEN);
+    if (fail_rc != -ENOSPC && fail_rc != -EIO)
+        fail_msg("the add that did not fit returned %d (%s), expected -ENOSPC or -EIO",
+                 fail_rc, wq_strerror(fail_rc));
+    assert_true(ok > 0);
+    /* The failed add changed nothing (checked at the end, so the restore
+       is looked at too). */
+    char changed[512] = "";
+    after = t_stats(q);
+    if (after.live != before.live || after.queued != before.queued ||
+        after.adds_total != before.adds_total || after.live != (uint64_t)ok)
+        snprintf(changed, sizeof changed, "after the failed add: live %" PRIu64 " queued %"
+                 PRIu64 " adds_total %" PRIu64 ", before it %" PRIu64 " %" PRIu64 " %"
+                 PRIu64 " (%d adds succeeded)", after.live, after.queued,
+                 after.adds_total, before.live, before.queued, before.adds_total, ok);
+    struct wq_result r;
+    disk_key(k, ok);
+    assert_int_equal(wq_result(q, k, sizeof k, &r), 0);
+    assert_int_equal(r.state, WQ_STATE_NONE);
+    char buf[T_KEYBUF];
+    /* Nobody is handed the failed key. */
+    struct disk_seen seen = { calloc(DISK_MAX, 1), 0, ok, 0 };
+    assert_int_equal(wq_dump(q, disk_cb, &seen), 0);
+    if (seen.count[ok] != 0 && !changed[0])
+        snprintf(changed, sizeof changed, "the key whose add failed is listed by wq_dump "
+                 "(state 0x%x)", seen.watch_state);
+    else if (seen.count[ok] != 0)
+        snprintf(changed + strlen(changed), sizeof changed - strlen(changed),
+                 "; the key whose add failed is listed by wq_dump (state 0x%x)",
+                 seen.watch_state);
+    free(seen.count);
+    t_check_clean(q, "full store");
+    t_close(q);
+    unsetenv("WQ_TEST_STORE_MAX_MAP");
+
+    assert_int_equal(wq_unlink(name), 0);
+    struct wq_options z;
+    memset(&z, 0, sizeof z);
+    z.store_path = s;
+    z.flags = WQ_CREATE | WQ_EXCL;
+    q = t_track(T_OPEN(name, &z));
+    seen.count = calloc(DISK_MAX, 1);
+    seen.other = 0;
+    seen.watch = -1;
+    assert_int_equal(wq_dump(q, disk_cb, &seen), 0);
+    int missing = 0, dup = 0, extra = 0, first_missing = -1;
+    for (int i = 0; i < DISK_MAX; i++) {
+        if (i < ok && seen.count[i] == 0) {
+            missing++;
+            if (first_missing < 0)
+                first_missing = i;
+        }
+        if (seen.count[i] > 1)
+            dup++;
+        if (i >= ok && seen.count[i] != 0)
+            extra++;
+    }
+    free(seen.count);
+    if (missing || dup || extra || seen.other)
+        fail_msg("after restore: %d acknowledged keys missing (first %d), %d duplicated, "
+                 "%d never acknowledged present, %d foreign", missing, first_missing, dup,
+                 extra, seen.other);
+    T_EXPECT_STATS(q, (uint64_t)ok, (uint64_t)ok, 0, 0, "full store restore");
+    /* And the restored queue works. */
+    int n = wq_get(q, buf, sizeof buf, 0);
+    assert_int_equal(n, DISK_KEYLEN);
+    assert_int_equal(wq_done(q, buf, (size_t)n), 0);
+    t_check_clean(q, "full store restore");
+    t_close(q);
+    if (changed[0])
+        fail_msg("%s", changed);
+}
+
+/* ------------------------------------------------------------------ */
+/* wq_snapshot without a store                                         */
+/* ------------------------------------------------------------------ */
+
+static void test_snapshot_no_store(void **state)
+{
+    (void)state;
+    const char *name = t_qname("nostore");
+    struct wq_options o;
+    memset(&o, 0, sizeof o);
+    o.flags = WQ_CREATE | WQ_EXCL;
+    wq *q = t_track(T_OPEN(name, &o));
+    assert_int_equal(wq_add(q, KS("x")), 0);
+    assert_int_equal(wq_snapshot(q), -ENOENT);
+    struct wq_stats s;
+    s = t_stats(q);
+    assert_int_equal(s.has_store, 0);
+    assert_int_equal(s.store_unsynced, 0);
+    assert_int_equal(wq_snapshot(NULL), -EINVAL);
+    t_close(q);
+}
+
+/* ------------------------------------------------------------------ */
+/* main: the group in a child, then every store removed                */
+/* ------------------------------------------------------------------ */
+
+int main(void)
+{
+    static const struct CMUnitTest tests[] = {
+        T_STORE_TEST(test_none_durability),
+        T_STORE_TEST(test_full_store),
+        T_STORE_TEST(test_snapshot_no_store),
+        T_NO_LEFTOVERS,
+    };
+    static const struct t_guard g = {
+        .prog = "test-store-durability",
+        .max_stores = 64,
+        .deadline_s = 300,
+        T_GUARD_TESTS(tests),
+    };
+    return t_guard_main(&g);
+}

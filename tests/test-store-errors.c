@@ -1,0 +1,510 @@
+/*
+ * test-store-errors.c - LMDB stores that cannot be used, and the store
+ * options. Single process unless stated.
+ *
+ *   - damaged, foreign and unusable stores fail cleanly (-EUCLEAN, -EIO,
+ *     -ENOTDIR, ...) without a crash and without creating the region
+ *     (each wq_open runs in a child, so a crash there is seen as one);
+ *   - read-only stores (as nobody): wq_open fails cleanly, or opens and
+ *     the first write fails and changes nothing;
+ *   - option checks and the permissions of the store files.
+ *
+ * Store directories live under one mkdtemp directory in /tmp. main()
+ * runs the cmocka group in a child and removes that directory (and any
+ * /dev/shm object of the child) whatever happened to the child, so a
+ * crash or a watchdog exit leaves nothing behind (t_guard_main).
+ */
+#include "t.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <lmdb.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* ------------------------------------------------------------------ */
+/* Damaged, foreign and unusable stores                                */
+/* ------------------------------------------------------------------ */
+
+struct child_result {
+    int rc;
+    int add_rc;
+    int len_before, len_after;
+};
+
+/* wq_open in a child (a crash there must not take the runner down).
+   Returns the child's status as t_wait does; *res holds wq_open's rc. */
+static int open_in_child(const char *name, const struct wq_options *o,
+                         struct child_result *res, uid_t uid)
+{
+    res->rc = 1;
+    res->add_rc = 1;
+    pid_t c = t_fork(20);
+    if (c == 0) {
+        if (uid != 0 && t_drop_to(uid) != 0)
+            _exit(90);
+        wq *q = NULL;
+        int rc = wq_open(name, o, &q);
+        res->rc = rc;
+        if (rc == 0) {
+            /* Opened (a readable store): a write must then fail cleanly. */
+            res->len_before = wq_len(q);
+            res->add_rc = wq_add(q, KS("new-key"));
+            res->len_after = wq_len(q);
+            wq_close(q);
+            wq_unlink(name);
+        }
+        _exit(0);
+    }
+    return t_wait(c, 15000);
+}
+
+static void populate(const char *name, const char *store, int nkeys)
+{
+    struct wq_options o;
+    memset(&o, 0, sizeof o);
+    o.store_path = store;
+    o.max_key_len = 32;
+    o.flags = WQ_CREATE | WQ_EXCL;
+    wq *q = t_track(T_OPEN(name, &o));
+    for (int i = 0; i < nkeys; i++) {
+        char k[16];
+        snprintf(k, sizeof k, "p%d", i);
+        assert_int_equal(wq_add(q, KS(k)), 0);
+    }
+    t_close(q);
+    assert_int_equal(wq_unlink(name), 0);
+}
+
+static off_t file_size(const char *p)
+{
+    struct stat st;
+    if (stat(p, &st) != 0)
+        fail_msg("stat(%s): %s", p, strerror(errno));
+    return st.st_size;
+}
+
+static void fill_random(const char *path, off_t from, off_t to)
+{
+    int fd = open(path, O_WRONLY);
+    if (fd < 0)
+        fail_msg("open(%s): %s", path, strerror(errno));
+    unsigned char buf[4096];
+    unsigned x = 12345;
+    for (off_t off = from; off < to; off += (off_t)sizeof buf) {
+        for (size_t i = 0; i < sizeof buf; i++) {
+            x = x * 1103515245u + 12345u;
+            buf[i] = (unsigned char)(x >> 16);
+        }
+        size_t n = (size_t)(to - off) < sizeof buf ? (size_t)(to - off) : sizeof buf;
+        if (pwrite(fd, buf, n, off) != (ssize_t)n)
+            fail_msg("pwrite(%s): %s", path, strerror(errno));
+    }
+    close(fd);
+}
+
+/* Expect a clean failure with one of the given errnos (0-terminated). */
+static void expect_open_fails_(const char *name, const struct wq_options *o,
+                               const char *ctx, const int *allowed, int line)
+{
+    struct child_result *res = t_shared_alloc(sizeof *res);
+    int st = open_in_child(name, o, res, 0);
+    if (st != 0)
+        fail_msg("line %d: %s: wq_open crashed the process (status %d%s)", line, ctx,
+                 st, st > 128 ? ", killed by a signal" : "");
+    int ok = 0;
+    for (const int *a = allowed; *a; a++)
+        ok |= res->rc == *a;
+    if (!ok)
+        fail_msg("line %d: %s: wq_open = %d (%s)", line, ctx, res->rc,
+                 res->rc <= 0 ? wq_strerror(res->rc) : "");
+    printf("  %s: wq_open = %s\n", ctx, wq_strerror(res->rc));
+    t_shared_free(res, sizeof *res);
+    t_expect_no_shm_(name, ctx, line);
+}
+#define expect_open_fails(n, o, c, ...)                                      \
+    do {                                                                     \
+        static const int allowed_[] = { __VA_ARGS__, 0 };                    \
+        expect_open_fails_((n), (o), (c), allowed_, __LINE__);               \
+    } while (0)
+
+static void test_corrupt_store(void **state)
+{
+    (void)state;
+    struct wq_options o;
+    memset(&o, 0, sizeof o);
+    o.flags = WQ_CREATE | WQ_EXCL;
+    char data[256];
+
+    /* Garbage over the whole data.mdb. */
+    const char *s1 = t_mkstore();
+    const char *n1 = t_qname("garbage");
+    populate(n1, s1, 20);
+    snprintf(data, sizeof data, "%s/data.mdb", s1);
+    fill_random(data, 0, file_size(data));
+    o.store_path = s1;
+    expect_open_fails(n1, &o, "garbage data.mdb", -EUCLEAN, -EIO);
+
+    /* Truncated to its two meta pages: the data pages are gone. */
+    const char *s2 = t_mkstore();
+    const char *n2 = t_qname("trunc");
+    populate(n2, s2, 20);
+    snprintf(data, sizeof data, "%s/data.mdb", s2);
+    long psz = sysconf(_SC_PAGESIZE);
+    if (truncate(data, 2 * psz) != 0)
+        fail_msg("truncate: %s", strerror(errno));
+    o.store_path = s2;
+    expect_open_fails(n2, &o, "data.mdb truncated to its meta pages", -EUCLEAN, -EIO);
+
+    /* Truncated to 100 bytes (not even a meta page). */
+    const char *s3 = t_mkstore();
+    const char *n3 = t_qname("trunc100");
+    populate(n3, s3, 20);
+    snprintf(data, sizeof data, "%s/data.mdb", s3);
+    if (truncate(data, 100) != 0)
+        fail_msg("truncate: %s", strerror(errno));
+    o.store_path = s3;
+    expect_open_fails(n3, &o, "data.mdb truncated to 100 bytes", -EUCLEAN, -EIO);
+
+    /* Meta pages intact, garbage in every data page. LMDB has no page
+       checksums; reported, not asserted. */
+    const char *s4 = t_mkstore();
+    const char *n4 = t_qname("datapages");
+    populate(n4, s4, 20);
+    snprintf(data, sizeof data, "%s/data.mdb", s4);
+    fill_random(data, 2 * psz, file_size(data));
+    o.store_path = s4;
+    struct child_result *res = t_shared_alloc(sizeof *res);
+    int st = open_in_child(n4, &o, res, 0);
+    if (st != 0)
+        printf("  garbage in the data pages only (meta intact): the opening process "
+               "died (status %d) (informational)\n", st);
+    else
+        printf("  garbage in the data pages only (meta intact): wq_open = %s "
+               "(informational)\n", wq_strerror(res->rc));
+    t_shared_free(res, sizeof *res);
+    t_unlink_all();
+}
+
+static void test_foreign_store(void **state)
+{
+    (void)state;
+    const char *s = t_mkstore();
+    const char *name = t_qname("foreign");
+    MDB_env *env;
+    MDB_txn *txn;
+    MDB_dbi dbi;
+    assert_int_equal(mdb_env_create(&env), 0);
+    assert_int_equal(mdb_env_set_mapsize(env, 1 << 20), 0);
+    assert_int_equal(mdb_env_open(env, s, 0, 0600), 0);
+    assert_int_equal(mdb_txn_begin(env, NULL, 0, &txn), 0);
+    assert_int_equal(mdb_dbi_open(txn, NULL, 0, &dbi), 0);
+    char kb[16], vb[32];
+    snprintf(kb, sizeof kb, "foreign-%d", (int)getpid());
+    for (size_t i = 0; i < sizeof vb; i++)
+        vb[i] = (char)(i * 37 + 11);
+    MDB_val k = { strlen(kb), kb }, v = { sizeof vb, vb };
+    assert_int_equal(mdb_put(txn, dbi, &k, &v, 0), 0);
+    assert_int_equal(mdb_txn_commit(txn), 0);
+    mdb_env_close(env);
+
+    struct wq_options o;
+    memset(&o, 0, sizeof o);
+    o.store_path = s;
+    o.flags = WQ_CREATE | WQ_EXCL;
+    expect_open_fails(name, &o, "foreign LMDB environment", -EUCLEAN);
+
+    /* The foreign environment was not written to. */
+    assert_int_equal(mdb_env_create(&env), 0);
+    assert_int_equal(mdb_env_open(env, s, MDB_RDONLY, 0600), 0);
+    assert_int_equal(mdb_txn_begin(env, NULL, MDB_RDONLY, &txn), 0);
+    assert_int_equal(mdb_dbi_open(txn, NULL, 0, &dbi), 0);
+    MDB_stat ms;
+    assert_int_equal(mdb_stat(txn, dbi, &ms), 0);
+    MDB_val got;
+    int grc = mdb_get(txn, dbi, &k, &got);
+    mdb_txn_abort(txn);
+    mdb_env_close(env);
+    if (ms.ms_entries != 1 || grc != 0)
+        fail_msg("foreign environment changed: %zu entries, our key %s", ms.ms_entries,
+                 grc == 0 ? "present" : "missing");
+}
+
+static void test_store_path_is_file(void **state)
+{
+    (void)state;
+    const char *dir = t_mkstore();
+    char file[256];
+    snprintf(file, sizeof file, "%s/plain-file", dir);
+    FILE *f = fopen(file, "w");
+    assert_non_null(f);
+    fputs("not a directory\n", f);
+    fclose(f);
+    const char *name = t_qname("isfile");
+    struct wq_options o;
+    memset(&o, 0, sizeof o);
+    o.store_path = file;
+    o.flags = WQ_CREATE | WQ_EXCL;
+    expect_open_fails(name, &o, "store_path is a regular file", -ENOTDIR, -EIO);
+    assert_int_equal(file_size(file), 16);
+}
+
+static int count_entries(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (d == NULL)
+        return -1;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0)
+            n++;
+    closedir(d);
+    return n;
+}
+
+/* In a child, as nobody: create a store with keys. */
+static int nobody_populate(const char *name, const char *store)
+{
+    if (t_drop_to(T_NOBODY) != 0)
+        return 90;
+    struct wq_options o;
+    memset(&o, 0, sizeof o);
+    o.store_path = store;
+    o.flags = WQ_CREATE | WQ_EXCL;
+    wq *q = NULL;
+    T_CHECK_EQ(wq_open(name, &o, &q), 0);
+    for (int i = 0; i < 5; i++) {
+        char k[8];
+        snprintf(k, sizeof k, "n%d", i);
+        T_CHECK_EQ(wq_add(q, KS(k)), 0);
+    }
+    wq_close(q);
+    return 0;
+}
+
+static void check_perm_outcome(const char *ctx, int st, const struct child_result *res,
+                               const char *name)
+{
+    if (st != 0)
+        fail_msg("%s: the process died or could not drop privileges (status %d)", ctx, st);
+    if (res->rc == 0) {
+        /* Opened read-only: then the first write must fail and change
+           nothing (wq.h: "gives -EIO ... from the call that needed it"). */
+        printf("  %s: wq_open succeeded; wq_add = %s, len %d -> %d\n", ctx,
+               wq_strerror(res->add_rc), res->len_before, res->len_after);
+        if (res->add_rc != -EIO && res->add_rc != -EACCES && res->add_rc != -EROFS)
+            fail_msg("%s: wq_open succeeded and wq_add = %d (%s), expected a clean "
+                     "error", ctx, res->add_rc, wq_strerror(res->add_rc));
+        if (res->len_after != res->len_before)
+            fail_msg("%s: the failed add changed wq_len %d -> %d", ctx, res->len_before,
+                     res->len_after);
+    } else {
+        printf("  %s: wq_open = %s\n", ctx, wq_strerror(res->rc));
+        if (res->rc != -EACCES && res->rc != -EIO && res->rc != -EROFS &&
+            res->rc != -EPERM)
+            fail_msg("%s: wq_open = %d (%s), expected -EACCES/-EIO/-EROFS/-EPERM", ctx,
+                     res->rc, res->rc < 0 ? wq_strerror(res->rc) : "?");
+        T_EXPECT_NO_SHM(name, ctx);
+    }
+}
+
+static void test_readonly_store(void **state)
+{
+    (void)state;
+    if (geteuid() != 0) {
+        printf("  not root: the permission test needs setuid(%d)\n", T_NOBODY);
+        skip();
+    }
+    struct child_result *res = t_shared_alloc(sizeof *res);
+    struct wq_options o;
+    memset(&o, 0, sizeof o);
+    o.flags = WQ_CREATE | WQ_EXCL;
+
+    /* An empty directory nobody may read but not write. */
+    const char *s1 = t_mkstore();
+    const char *n1 = t_qname("ro-empty");
+    assert_int_equal(chown(s1, T_NOBODY, T_NOBODY), 0);
+    assert_int_equal(chmod(s1, 0500), 0);
+    o.store_path = s1;
+    int st = open_in_child(n1, &o, res, T_NOBODY);
+    check_perm_outcome("read-only empty store directory", st, res, n1);
+    if (res->rc != 0 && count_entries(s1) != 0)
+        fail_msg("read-only empty store: %d files created", count_entries(s1));
+
+    /* A store with keys, made read-only afterwards. */
+    const char *s2 = t_mkstore();
+    const char *n2 = t_qname("ro-full");
+    assert_int_equal(chown(s2, T_NOBODY, T_NOBODY), 0);
+    pid_t c = t_fork(20);
+    if (c == 0)
+        _exit(nobody_populate(n2, s2));
+    st = t_wait(c, 15000);
+    T_ASSERT_BOARD_CLEAN();
+    assert_int_equal(st, 0);
+    assert_int_equal(wq_unlink(n2), 0);
+    char p[256];
+    struct stat before, after;
+    snprintf(p, sizeof p, "%s/data.mdb", s2);
+    assert_int_equal(stat(p, &before), 0);
+    assert_int_equal(chmod(p, 0400), 0);
+    snprintf(p, sizeof p, "%s/lock.mdb", s2);
+    if (access(p, F_OK) == 0)
+        assert_int_equal(chmod(p, 0400), 0);
+    assert_int_equal(chmod(s2, 0500), 0);
+    o.store_path = s2;
+    memset(res, 0, sizeof *res);
+    st = open_in_child(n2, &o, res, T_NOBODY);
+    check_perm_outcome("read-only store with keys", st, res, n2);
+    snprintf(p, sizeof p, "%s/data.mdb", s2);
+    assert_int_equal(stat(p, &after), 0);
+    if (after.st_size != before.st_size || after.st_mtim.tv_sec != before.st_mtim.tv_sec ||
+        after.st_mtim.tv_nsec != before.st_mtim.tv_nsec)
+        fail_msg("read-only store with keys: data.mdb was modified");
+
+    /* Root's own view: the keys are all still there. */
+    assert_int_equal(chmod(s2, 0700), 0);
+    o.store_path = s2;
+    wq *q = t_track(T_OPEN(n2, &o));
+    T_EXPECT_STATS(q, 5, 5, 0, 0, "after the read-only attempt");
+    t_close(q);
+    t_shared_free(res, sizeof *res);
+}
+
+/* ------------------------------------------------------------------ */
+/* Options and file modes                                              */
+/* ------------------------------------------------------------------ */
+
+static void expect_einval_(const struct wq_options *o, const char *ctx, int line)
+{
+    const char *name = t_qname("einval");
+    wq *q = NULL;
+    int rc = wq_open(name, o, &q);
+    if (rc == 0)
+        t_close(q);
+    if (rc != -EINVAL)
+        fail_msg("line %d: %s: wq_open = %d (%s), expected -EINVAL", line, ctx, rc,
+                 wq_strerror(rc));
+    t_expect_no_shm_(name, ctx, line);
+}
+#define expect_einval(o, c) expect_einval_((o), (c), __LINE__)
+
+static int file_mode(const char *dir, const char *f)
+{
+    char p[256];
+    struct stat st;
+    snprintf(p, sizeof p, "%s/%s", dir, f);
+    if (stat(p, &st) != 0)
+        fail_msg("stat(%s): %s", p, strerror(errno));
+    return (int)(st.st_mode & 07777);
+}
+
+static void expect_modes(mode_t opt_mode, int want, mode_t mask)
+{
+    const char *s = t_mkstore();
+    const char *name = t_qname("mode");
+    struct wq_options o;
+    memset(&o, 0, sizeof o);
+    o.store_path = s;
+    o.mode = opt_mode;
+    o.flags = WQ_CREATE | WQ_EXCL;
+    mode_t old = umask(mask);
+    wq *q = NULL;
+    int rc = wq_open(name, &o, &q);
+    if (rc == 0) {
+        t_track(q);
+        rc = wq_add(q, KS("m"));
+    }
+    umask(old);
+    if (rc != 0)
+        fail_msg("mode 0%o, umask 0%03o: wq_open/wq_add = %d (%s)", (unsigned)opt_mode,
+                 (unsigned)mask, rc, wq_strerror(rc));
+    int md = file_mode(s, "data.mdb"), ml = file_mode(s, "lock.mdb");
+    if (md != want || ml != want)
+        fail_msg("mode 0%o, umask 0%03o: data.mdb 0%o lock.mdb 0%o, expected 0%o",
+                 (unsigned)opt_mode, (unsigned)mask, md, ml, want);
+    char shm[512];
+    struct stat st;
+    t_shm_path(name, shm, sizeof shm);
+    assert_int_equal(stat(shm, &st), 0);
+    if ((int)(st.st_mode & 0777) != want)
+        fail_msg("shm object mode 0%o, expected 0%o", (unsigned)(st.st_mode & 0777), want);
+    t_close(q);
+}
+
+static void test_options(void **state)
+{
+    (void)state;
+    const char *s = t_mkstore();
+    struct wq_options o;
+
+    memset(&o, 0, sizeof o);
+    o.flags = WQ_CREATE;
+    o.durability = WQ_DURABLE_FSYNC;
+    expect_einval(&o, "FSYNC without store_path");
+    o.durability = WQ_DURABLE_NONE;
+    expect_einval(&o, "NONE without store_path");
+    o.snapshot_interval_ms = 100;
+    expect_einval(&o, "NONE + interval without store_path");
+    o.durability = WQ_DURABLE_PROCESS;
+    expect_einval(&o, "interval without store_path");
+
+    o.store_path = s;
+    o.durability = WQ_DURABLE_PROCESS;
+    o.snapshot_interval_ms = 100;
+    expect_einval(&o, "interval with PROCESS");
+    o.durability = WQ_DURABLE_FSYNC;
+    expect_einval(&o, "interval with FSYNC");
+    o.snapshot_interval_ms = 0;
+    o.durability = 3;
+    expect_einval(&o, "durability 3");
+    o.durability = -1;
+    expect_einval(&o, "durability -1");
+    if (count_entries(s) != 0)
+        fail_msg("a refused wq_open created %d files in the store", count_entries(s));
+
+    /* Accepted: NONE with an interval, with a store. */
+    o.durability = WQ_DURABLE_NONE;
+    o.snapshot_interval_ms = 100;
+    const char *name = t_qname("okopts");
+    wq *q = t_track(T_OPEN(name, &o));
+    struct wq_stats st;
+    st = t_stats(q);
+    assert_int_equal(st.has_store, 1);
+    assert_int_equal(st.durability, WQ_DURABLE_NONE);
+    t_close(q);
+
+    /* Store files: 0600 by default, else exactly `mode`, umask or not. */
+    expect_modes(0, 0600, 022);
+    expect_modes(0640, 0640, 022);
+    expect_modes(0640, 0640, 077);
+}
+
+/* ------------------------------------------------------------------ */
+/* main: the group in a child, then every store removed                */
+/* ------------------------------------------------------------------ */
+
+int main(void)
+{
+    static const struct CMUnitTest tests[] = {
+        T_STORE_TEST(test_corrupt_store),
+        T_STORE_TEST(test_foreign_store),
+        T_STORE_TEST(test_store_path_is_file),
+        T_STORE_TEST(test_readonly_store),
+        T_STORE_TEST(test_options),
+        T_NO_LEFTOVERS,
+    };
+    static const struct t_guard g = {
+        .prog = "test-store-errors",
+        .max_stores = 64,
+        /* Traversable, so a child running as nobody reaches its store. */
+        .topdir_mode = 0711,
+        .deadline_s = 300,
+        T_GUARD_TESTS(tests),
+    };
+    return t_guard_main(&g);
+}

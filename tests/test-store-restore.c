@@ -1,0 +1,408 @@
+/*
+ * test-store-restore.c - the LMDB store (wq_options.store_path): what a
+ * new region is rebuilt from. Single process unless stated.
+ *
+ *   - restore after wq_unlink, for each durability (PROCESS, FSYNC, and
+ *     NONE with wq_snapshot): queued keys in first-add order, processing
+ *     keys back queued (processed once more), a waiting key with its
+ *     remaining delay, failure counts, results; a clean done key never
+ *     comes back; removals are stored too (second restore);
+ *   - geometry taken from the store when the options leave it 0;
+ *   - no double restore: an attacher with WQ_CREATE and the same store,
+ *     and a reopen without wq_unlink, keep the region as it is.
+ *
+ * Store directories live under one mkdtemp directory in /tmp. main()
+ * runs the cmocka group in a child and removes that directory (and any
+ * /dev/shm object of the child) whatever happened to the child, so a
+ * crash or a watchdog exit leaves nothing behind (t_guard_main).
+ * (What reaches the store when: test-store-durability.c; stores that
+ * cannot be used: test-store-errors.c.)
+ */
+#include "t.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* ------------------------------------------------------------------ */
+/* Restore after wq_unlink                                             */
+/* ------------------------------------------------------------------ */
+
+static void restore_round(int durability)
+{
+    char ctx[64];
+    snprintf(ctx, sizeof ctx, "restore/%s", t_durability_name(durability));
+    const char *store = t_mkstore();
+    const char *name = t_qname("restore");
+    struct wq_options o = t_store_opts(store, durability);
+    wq *q = t_track(T_OPEN(name, &o));
+    char k[16];
+    struct wq_stats s;
+
+    s = t_stats(q);
+    assert_int_equal(s.has_store, 1);
+    assert_int_equal(s.durability, (uint64_t)durability);
+
+    for (char c = 'a'; c <= 'z'; c++) {
+        snprintf(k, sizeof k, "key-%c", c);
+        assert_int_equal(wq_add(q, KS(k)), 0);
+    }
+    T_EXPECT_GET(q, "key-a"); /* processing at the end */
+    T_EXPECT_GET(q, "key-b");
+    T_EXPECT_GET(q, "key-c");
+    assert_int_equal(wq_finish(q, KS("key-c"), 3, "bad"), 0); /* idle, result */
+    T_EXPECT_GET(q, "key-d");
+    assert_int_equal(wq_done(q, KS("key-d")), 0);              /* clean: gone */
+    assert_int_equal(wq_add_after(q, KS("wait-1h"), HOUR), 0); /* waiting 1 h */
+    assert_int_equal(wq_add_rate_limited(q, KS("rl-2h")), 0);  /* waiting 2 h, 1 failure */
+    assert_int_equal(wq_add_rate_limited(q, KS("key-e")), 1);  /* queued, 1 failure */
+    assert_int_equal(wq_num_requeues(q, KS("key-e")), 1);
+    T_EXPECT_STATS(q, 26, 22, 2, 2, ctx);
+
+    s = t_stats(q);
+    if (durability == WQ_DURABLE_NONE) {
+        if (s.store_unsynced == 0)
+            fail_msg("%s: store_unsynced 0 before any snapshot (interval 60 s)", ctx);
+        int n = wq_snapshot(q);
+        if (n <= 0)
+            fail_msg("%s: wq_snapshot = %d, expected > 0", ctx, n);
+        s = t_stats(q);
+        if (s.store_unsynced != 0)
+            fail_msg("%s: store_unsynced %" PRIu64 " after wq_snapshot", ctx,
+                     s.store_unsynced);
+    } else {
+        printf("  %s: store_unsynced before close: %" PRIu64 "\n", ctx, s.store_unsynced);
+    }
+
+    t_close(q);
+    assert_int_equal(wq_unlink(name), 0);
+    T_EXPECT_NO_SHM(name, "after wq_unlink");
+
+    q = t_track(T_OPEN(name, &o));   /* WQ_CREATE | WQ_EXCL: a new region */
+    /* What comes back, in first-add order: a, b (were processing), then
+       e .. z; c is idle with its result; d is gone. */
+    const char *order[24];
+    static char names[24][16];
+    int no = 0;
+    for (char c = 'a'; c <= 'z'; c++) {
+        if (c == 'c' || c == 'd')
+            continue;
+        snprintf(names[no], sizeof names[no], "key-%c", c);
+        order[no] = names[no];
+        no++;
+    }
+    assert_int_equal(no, 24);
+
+    s = t_stats(q);
+    if (s.live != 26 || s.queued != 24 || s.waiting != 2 || s.processing != 0 ||
+        s.failing != 1 || s.results != 1)
+        fail_msg("%s: restored live %" PRIu64 " queued %" PRIu64 " waiting %" PRIu64
+                 " processing %" PRIu64 " failing %" PRIu64 " results %" PRIu64
+                 ", expected 26 24 2 0 1 1", ctx, s.live, s.queued, s.waiting,
+                 s.processing, s.failing, s.results);
+    assert_int_equal(s.has_store, 1);
+    assert_int_equal(s.durability, (uint64_t)durability);
+    assert_int_equal(s.capacity, 64);
+    assert_int_equal(s.max_key_len, 32);
+    t_check_clean(q, ctx);
+
+    uint64_t now = t_now_ns();
+    struct t_dump d = t_dump_all(q);
+    if (d.n != 27) {
+        for (size_t i = 0; i < d.n; i++)
+            fprintf(stderr, "  dump: %s state 0x%x pos %" PRIu64 "\n", d.v[i].key,
+                    d.v[i].state, d.v[i].position);
+        fail_msg("%s: %zu keys restored, expected 27", ctx, d.n);
+    }
+    for (int i = 0; i < 24; i++) {
+        const struct t_dkey *e = &d.v[i]; /* queued keys come first, in FIFO order */
+        if (strcmp(e->key, order[i]) != 0 || !(e->state & WQ_KEY_QUEUED) ||
+            e->position != (uint64_t)i) {
+            for (size_t j = 0; j < d.n; j++)
+                fprintf(stderr, "  dump: %s state 0x%x pos %" PRIu64 "\n", d.v[j].key,
+                        d.v[j].state, d.v[j].position);
+            fail_msg("%s: FIFO position %d holds %s (state 0x%x, pos %" PRIu64
+                     "), expected %s queued", ctx, i, e->key, e->state, e->position, order[i]);
+        }
+        if (e->state & (WQ_KEY_PROCESSING | WQ_KEY_WAITING))
+            fail_msg("%s: %s state 0x%x", ctx, e->key, e->state);
+        /* a and b were requeued by wq_close (not a crash): no failure */
+        if (e->failures != (strcmp(e->key, "key-e") == 0 ? 1u : 0u))
+            fail_msg("%s: %s has %u failures", ctx, e->key, e->failures);
+        if (t_dump_count(&d, order[i]) != 1)
+            fail_msg("%s: %s appears %d times", ctx, order[i], t_dump_count(&d, order[i]));
+    }
+    const struct t_dkey *w = t_dump_find(&d, "wait-1h");
+    if (w == NULL || w->state != WQ_KEY_WAITING || w->failures != 0)
+        fail_msg("%s: wait-1h %s (state 0x%x failures %u), expected waiting", ctx,
+                 w ? "present" : "absent", w ? w->state : 0, w ? w->failures : 0);
+    int64_t rem = (int64_t)(w->ready - now);
+    if (rem > (int64_t)HOUR || rem < (int64_t)(HOUR - 5 * SEC))
+        fail_msg("%s: wait-1h ready in %.3f s, expected within [3595, 3600]", ctx,
+                 (double)rem / 1e9);
+    const struct t_dkey *r = t_dump_find(&d, "rl-2h");
+    if (r == NULL || r->state != WQ_KEY_WAITING || r->failures != 1)
+        fail_msg("%s: rl-2h %s (state 0x%x failures %u), expected waiting, 1 failure",
+                 ctx, r ? "present" : "absent", r ? r->state : 0, r ? r->failures : 0);
+    rem = (int64_t)(r->ready - now);
+    if (rem > (int64_t)(2 * HOUR) || rem < (int64_t)(2 * HOUR - 5 * SEC))
+        fail_msg("%s: rl-2h ready in %.3f s, expected within [7195, 7200]", ctx,
+                 (double)rem / 1e9);
+    const struct t_dkey *c = t_dump_find(&d, "key-c");
+    if (c == NULL || c->state != WQ_KEY_FAILING || c->result != WQ_STATE_FAILED ||
+        c->code != 3 || strcmp(c->message, "bad") != 0)
+        fail_msg("%s: key-c %s (state 0x%x result %d code %d msg '%s'), expected "
+                 "idle FAILED 3 'bad'", ctx, c ? "present" : "absent", c ? c->state : 0,
+                 c ? (int)c->result : -1, c ? c->code : 0, c ? c->message : "");
+    if (t_dump_count(&d, "key-d") != 0)
+        fail_msg("%s: key-d (done clean) came back", ctx);
+    t_dump_free(&d);
+
+    struct wq_result res;
+    assert_int_equal(wq_result(q, KS("key-c"), &res), 0);
+    assert_int_equal(res.state, WQ_STATE_FAILED);
+    assert_int_equal(res.code, 3);
+    assert_string_equal(res.message, "bad");
+    assert_true(res.updated_ns > 0);
+    assert_int_equal(wq_result(q, KS("key-d"), &res), 0);
+    assert_int_equal(res.state, WQ_STATE_NONE);
+    assert_int_equal(wq_result(q, KS("key-a"), &res), 0);
+    assert_int_equal(res.state, WQ_STATE_PENDING);
+    assert_int_equal(wq_num_requeues(q, KS("key-e")), 1);
+    assert_int_equal(wq_num_requeues(q, KS("rl-2h")), 1);
+    assert_int_equal(wq_num_requeues(q, KS("wait-1h")), 0);
+    assert_int_equal(wq_num_requeues(q, KS("key-c")), 0);
+
+    /* Every queued key is processed once more, in order, then nothing. */
+    for (int i = 0; i < 24; i++) {
+        T_EXPECT_GET(q, order[i]);
+        assert_int_equal(wq_done(q, KS(order[i])), 0);
+    }
+    char buf[T_KEYBUF];
+    assert_int_equal(wq_get(q, buf, sizeof buf, 0), -EAGAIN);
+    s = t_stats(q);
+    /* key-e keeps its failure count, key-c its result */
+    if (s.live != 2 || s.waiting != 2 || s.failing != 2)
+        fail_msg("%s: after the drain live %" PRIu64 " waiting %" PRIu64 " failing %"
+                 PRIu64 ", expected 2 2 2", ctx, s.live, s.waiting, s.failing);
+
+    /* The removals reached the store: a second restore brings back only
+       the two waiting keys and the two idle ones. */
+    if (durability == WQ_DURABLE_NONE) {
+        int n = wq_snapshot(q);
+        if (n <= 0)
+            fail_msg("%s: second wq_snapshot = %d, expected > 0 (22 removals)", ctx, n);
+    }
+    t_close(q);
+    assert_int_equal(wq_unlink(name), 0);
+    q = t_track(T_OPEN(name, &o));
+    s = t_stats(q);
+    if (s.live != 2 || s.waiting != 2 || s.queued != 0 || s.failing != 2 || s.results != 1)
+        fail_msg("%s: second restore live %" PRIu64 " waiting %" PRIu64 " queued %" PRIu64
+                 " failing %" PRIu64 " results %" PRIu64 ", expected 2 2 0 2 1", ctx,
+                 s.live, s.waiting, s.queued, s.failing, s.results);
+    d = t_dump_all(q);
+    assert_int_equal(d.n, 4);
+    assert_int_equal(t_dump_count(&d, "wait-1h") + t_dump_count(&d, "rl-2h") +
+                     t_dump_count(&d, "key-c") + t_dump_count(&d, "key-e"), 4);
+    t_dump_free(&d);
+    assert_int_equal(wq_num_requeues(q, KS("key-e")), 1);
+    t_check_clean(q, ctx);
+    t_close(q);
+    assert_int_equal(wq_unlink(name), 0);
+}
+
+static void test_restore_process(void **state)
+{
+    (void)state;
+    restore_round(WQ_DURABLE_PROCESS);
+}
+
+static void test_restore_fsync(void **state)
+{
+    (void)state;
+    restore_round(WQ_DURABLE_FSYNC);
+}
+
+static void test_restore_none(void **state)
+{
+    (void)state;
+    restore_round(WQ_DURABLE_NONE);
+}
+
+/* ------------------------------------------------------------------ */
+/* Geometry from the store                                             */
+/* ------------------------------------------------------------------ */
+
+static void test_geometry_from_store(void **state)
+{
+    (void)state;
+    const char *store = t_mkstore();
+    const char *name = t_qname("geom");
+    struct wq_options o;
+    memset(&o, 0, sizeof o);
+    o.capacity = 100;
+    o.max_key_len = 40;
+    o.store_path = store;
+    o.flags = WQ_CREATE | WQ_EXCL;
+    wq *q = t_track(T_OPEN(name, &o));
+    assert_int_equal(wq_add(q, KS("g1")), 0);
+    assert_int_equal(wq_add(q, KS("g2")), 0);
+    t_close(q);
+    assert_int_equal(wq_unlink(name), 0);
+
+    struct wq_options z;
+    memset(&z, 0, sizeof z);
+    z.store_path = store;
+    z.flags = WQ_CREATE | WQ_EXCL;
+    q = t_track(T_OPEN(name, &z));
+    struct wq_stats s;
+    s = t_stats(q);
+    if (s.capacity != 100 || s.max_key_len != 40)
+        fail_msg("restored with capacity %" PRIu64 " max_key_len %" PRIu64
+                 ", expected the store's 100 and 40", s.capacity, s.max_key_len);
+    assert_int_equal(s.queued, 2);
+    /* A 40-byte key fits, a 41-byte one does not. */
+    char k[48];
+    memset(k, 'x', sizeof k);
+    assert_int_equal(wq_add(q, k, 40), 0);
+    assert_int_equal(wq_add(q, k, 41), -EMSGSIZE);
+    t_close(q);
+    assert_int_equal(wq_unlink(name), 0);
+
+    /* A field given in the options wins; the ones left 0 come from the
+       store. */
+    z.capacity = 200;
+    q = t_track(T_OPEN(name, &z));
+    s = t_stats(q);
+    if (s.capacity != 200 || s.max_key_len != 40)
+        fail_msg("restored with capacity %" PRIu64 " max_key_len %" PRIu64
+                 ", expected 200 (options) and 40 (store)", s.capacity, s.max_key_len);
+    assert_int_equal(s.queued, 3);
+    t_close(q);
+}
+
+/* ------------------------------------------------------------------ */
+/* No double restore                                                   */
+/* ------------------------------------------------------------------ */
+
+static int attach_child(const char *name, const char *store)
+{
+    struct wq_options o;
+    memset(&o, 0, sizeof o);
+    o.capacity = 64;
+    o.max_key_len = 32;
+    o.store_path = store;
+    o.flags = WQ_CREATE;
+    wq *q = NULL;
+    int rc = wq_open(name, &o, &q);
+    T_CHECK_EQ(rc, 0);
+    struct wq_stats s;
+    T_CHECK_EQ(wq_stats(q, &s), 0);
+    T_CHECK_EQ(s.queued, 9);
+    T_CHECK_EQ(s.processing, 1);
+    T_CHECK_EQ(s.live, 10);
+    T_CHECK_EQ(s.adds_total, 10);
+    struct t_dump d = { 0 };
+    T_CHECK_EQ(t_dump_collect(q, &d), 0);
+    T_CHECK_EQ(d.n, 10);
+    for (int i = 0; i < 10; i++) {
+        char k[8];
+        snprintf(k, sizeof k, "k%d", i);
+        T_CHECK_EQ(t_dump_count(&d, k), 1);
+    }
+    t_dump_free(&d);
+    wq_close(q);
+    return 0;
+}
+
+static void test_no_double_restore(void **state)
+{
+    (void)state;
+    const char *store = t_mkstore();
+    const char *name = t_qname("nodouble");
+    struct wq_options o;
+    memset(&o, 0, sizeof o);
+    o.capacity = 64;
+    o.max_key_len = 32;
+    o.store_path = store;
+    o.flags = WQ_CREATE | WQ_EXCL;
+    wq *a = t_track(T_OPEN(name, &o));
+    char k[8];
+    for (int i = 0; i < 10; i++) {
+        snprintf(k, sizeof k, "k%d", i);
+        assert_int_equal(wq_add(a, KS(k)), 0);
+    }
+    T_EXPECT_GET(a, "k0"); /* A holds k0 */
+
+    /* Another process opens with WQ_CREATE and the same store: it
+       attaches, nothing is restored into the running region. */
+    pid_t c = t_fork(20);
+    if (c == 0)
+        _exit(attach_child(name, store));
+    int st = t_wait(c, 15000);
+    T_ASSERT_BOARD_CLEAN();
+    assert_int_equal(st, 0);
+    T_EXPECT_STATS(a, 10, 9, 1, 0, "after the second open");
+    struct wq_stats s;
+    s = t_stats(a);
+    assert_int_equal(s.adds_total, 10);
+    t_check_clean(a, "nodouble");
+
+    /* The same in this process, with a second handle. */
+    struct wq_options o2 = o;
+    o2.flags = WQ_CREATE;
+    wq *b = t_track(T_OPEN(name, &o2));
+    T_EXPECT_STATS(b, 10, 9, 1, 0, "second handle");
+    t_close(b);
+    o2.flags = WQ_CREATE | WQ_EXCL;
+    wq *x = NULL;
+    assert_int_equal(wq_open(name, &o2, &x), -EEXIST);
+
+    /* Close (k0 goes to the back of the queue) and reopen without
+       unlinking: the region's state stays, nothing is restored (a restore
+       would put k0 first, in first-add order). */
+    t_close(a);
+    o2.flags = WQ_CREATE;
+    a = t_track(T_OPEN(name, &o2));
+    T_EXPECT_STATS(a, 10, 10, 0, 0, "reopen without unlink");
+    s = t_stats(a);
+    assert_int_equal(s.adds_total, 10);
+    struct t_dump d = t_dump_all(a);
+    assert_int_equal(d.n, 10);
+    for (int i = 0; i < 10; i++) {
+        snprintf(k, sizeof k, "k%d", (i + 1) % 10);
+        if (strcmp(d.v[i].key, k) != 0)
+            fail_msg("reopen without unlink: position %d holds %s, expected %s "
+                     "(the region's order, k0 last)", i, d.v[i].key, k);
+    }
+    t_dump_free(&d);
+    t_check_clean(a, "reopen");
+    t_close(a);
+}
+
+/* ------------------------------------------------------------------ */
+/* main: the group in a child, then every store removed                */
+/* ------------------------------------------------------------------ */
+
+int main(void)
+{
+    static const struct CMUnitTest tests[] = {
+        T_STORE_TEST(test_restore_process),
+        T_STORE_TEST(test_restore_fsync),
+        T_STORE_TEST(test_restore_none),
+        T_STORE_TEST(test_geometry_from_store),
+        T_STORE_TEST(test_no_double_restore),
+        T_NO_LEFTOVERS,
+    };
+    static const struct t_guard g = {
+        .prog = "test-store-restore",
+        .max_stores = 64,
+        .deadline_s = 300,
+        T_GUARD_TESTS(tests),
+    };
+    return t_guard_main(&g);
+}
