@@ -104,7 +104,7 @@ static void live_holder_with_dead_pid(void **state)
     wq__shm(q)->procs[s].pid = 0x3fffffff;
     assert_int_equal(wq_check(q, WQ_CHECK_REAP), 0);
     assert_int_equal(wq_get(q, (char[64]){0}, 64, 200 * MS), -ETIMEDOUT);
-    assert_int_equal(q->procs[s].state, WQ_PROC_LIVE);
+    assert_int_equal(wq__shm(q)->procs[s].state, WQ_PROC_LIVE);
     sync[1] = 1;
     assert_int_equal(t_wait(c, 5000), 0);
     struct wq_stats st;
