@@ -294,9 +294,8 @@ int cmd_create(const struct args *a)
 
 static int queue_exists_error(const char *name)
 {
-    fputs("wqctl: queue '", stderr);
-    put_text(stderr, name, strlen(name));
-    fputs("': queue exists: restore only builds a missing queue; wqctl rm "
+    queue_msg(name);
+    fputs("queue exists: restore only builds a missing queue; wqctl rm "
           "it first\n", stderr);
     return EXIT_FAIL;
 }
@@ -381,10 +380,8 @@ int cmd_snapshot(const struct args *a)
     n = wq_snapshot(q);
     wq_close(q);
     if (n == -ENOENT) {
-        fputs("wqctl: queue '", stderr);
-        put_text(stderr, name, strlen(name));
-        fputs("': no store to write to (wqctl create --store DIR)\n",
-              stderr);
+        queue_msg(name);
+        fputs("no store to write to (wqctl create --store DIR)\n", stderr);
         return EXIT_FAIL;
     }
     if (n < 0)

@@ -45,9 +45,8 @@ struct add_state {
 /* Priorities on a queue made without --fair: wq_add_opts says -EINVAL. */
 static int not_fair_error(const char *name)
 {
-    fputs("wqctl: queue '", stderr);
-    put_text(stderr, name, strlen(name));
-    fputs("': priorities need a fair queue (wqctl create --fair)\n", stderr);
+    queue_msg(name);
+    fputs("priorities need a fair queue (wqctl create --fair)\n", stderr);
     return EXIT_FAIL;
 }
 

@@ -3,8 +3,10 @@
  *
  * Design note. Keys and queue names are bytes, not text, so nothing is
  * printed raw: text output goes through put_text, JSON through put_json
- * (see the rules in main.c). Errors print to stderr and return the exit
- * status, so a command can end with `return queue_error(...)`.
+ * (see the rules in main.c). Every message about a queue starts with
+ * queue_msg, so that the name is escaped alike in all of them. Errors
+ * print to stderr and return the exit status, so a command can end with
+ * `return queue_error(...)`.
  */
 #include "wqctl.h"
 
@@ -87,12 +89,18 @@ int usage_error(const struct command *c, const char *fmt, ...)
     return EXIT_USAGE;
 }
 
-/* "wqctl: queue 'NAME': [WHAT: ]<wq_strerror text>"; returns EXIT_FAIL. */
-int queue_error(const char *name, const char *what, int err)
+/* Start a message about queue NAME on stderr: "wqctl: queue 'NAME': ". */
+void queue_msg(const char *name)
 {
     fputs("wqctl: queue '", stderr);
     put_text(stderr, name, strlen(name));
     fputs("': ", stderr);
+}
+
+/* "wqctl: queue 'NAME': [WHAT: ]<wq_strerror text>"; returns EXIT_FAIL. */
+int queue_error(const char *name, const char *what, int err)
+{
+    queue_msg(name);
     if (what)
         fprintf(stderr, "%s: ", what);
     fprintf(stderr, "%s\n", wq_strerror(err));

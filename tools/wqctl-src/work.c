@@ -686,9 +686,8 @@ int cmd_work(const struct args *a)
     /* Each worker, and the monitor, takes a process-table slot. */
     need = jobs + (c.progress || c.exit_when_empty);
     if (st.processes > st.max_procs || st.max_procs - st.processes < need) {
-        fprintf(stderr, "wqctl: queue '");
-        put_text(stderr, name, strlen(name));
-        fprintf(stderr, "': -j %" PRIu32 " needs %" PRIu32 " free process "
+        queue_msg(name);
+        fprintf(stderr, "-j %" PRIu32 " needs %" PRIu32 " free process "
                 "slots, %" PRIu64 " of %" PRIu64 " are free (see create "
                 "--max-procs)\n", jobs, need,
                 st.max_procs > st.processes ? st.max_procs - st.processes : 0,

@@ -115,6 +115,7 @@ void put_json_str(FILE *f, const char *s);
 
 int usage_error(const struct command *c, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+void queue_msg(const char *name);
 int queue_error(const char *name, const char *what, int err);
 int out_of_memory(void);
 int finish_stdout(int rc);
