@@ -1,0 +1,173 @@
+/*
+ * wqctl.h - what the files of wqctl share (main.c has the map of them).
+ *
+ * Design note. Only what crosses a file boundary is declared here; all
+ * else stays static in its file. Like the rest of wqctl, this header
+ * uses nothing of libwq's but the public <wq.h>.
+ */
+#ifndef WQCTL_H
+#define WQCTL_H
+
+#ifdef HAVE_CONFIG_H
+#include "config.h"
+#endif
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE 1
+#endif
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include <wq.h>
+
+/* Exit statuses (`work` has one more: see main.c). */
+enum { EXIT_OK = 0, EXIT_FAIL = 1, EXIT_USAGE = 2 };
+
+enum opt_id {
+    O_CAPACITY,
+    O_MAX_KEY_LEN,
+    O_MAX_PROCS,
+    O_MODE,
+    O_EXIST_OK,
+    O_JSON,
+    O_TIMEOUT,
+    O_REPAIR,
+    O_DRAIN,
+    O_AFTER,
+    O_RATE_LIMITED,
+    O_NO_METRICS,
+    O_RL_BASE,
+    O_RL_MAX,
+    O_RL_QPS,
+    O_RL_BURST,
+    O_RL_LIMITERS,
+    O_RL_FAST,
+    O_RL_SLOW,
+    O_RL_MAX_FAST,
+    O_RESULT_CAPACITY,
+    O_JOBS,
+    O_REQUEUE_STATUS,
+    O_REQUEUE_AFTER,
+    O_EXIT_WHEN_EMPTY,
+    O_STORE,
+    O_DURABILITY,
+    O_SNAPSHOT_INTERVAL,
+    O_FAIR,
+    O_FAIR_SHARE,
+    O_TENANT_SEP,
+    O_PRIORITY,
+    O_HELP,
+    O_COUNT
+};
+
+_Static_assert(O_COUNT <= 64, "command option masks are 64 bits");
+
+#define OPT(id) (UINT64_C(1) << (id))
+
+struct command;
+
+/* A parsed command line. */
+struct args {
+    const struct command *cmd;
+    char **pos;               /* positional arguments, in order */
+    size_t npos;
+    const char *val[O_COUNT]; /* option value ("" for flags); NULL if absent */
+};
+
+struct command {
+    const char *name;
+    int (*run)(const struct args *a);
+    uint64_t opts;          /* OPT() bits this command accepts */
+    size_t min_pos, max_pos;
+    size_t cmd_pos;         /* > 0: the positional with this index starts a
+                               command line; it and every word after it are
+                               positionals, options included (as with env,
+                               xargs, timeout) */
+    const char *synopsis;   /* what follows "wqctl <name> " */
+    const char *summary;
+};
+
+/* ---- args.c ---- */
+
+int parse_args(const struct command *c, int argc, char **argv,
+               struct args *a);
+const char *opt_name(enum opt_id o);
+
+/* The option value parsers: true, or false after printing a usage error.
+   An absent option leaves *out as is, or sets def where there is one. */
+bool opt_u32(const struct args *a, enum opt_id o, int base, uint64_t max,
+             uint32_t *out);
+bool opt_duration(const struct args *a, enum opt_id o, bool allow_forever,
+                  int64_t def, int64_t *out);
+bool opt_timeout(const struct args *a, int64_t def, int64_t *out);
+bool opt_delay(const struct args *a, enum opt_id o, uint64_t *out);
+bool opt_qps(const struct args *a, double *out);
+bool opt_priority(const struct args *a, int *out);
+
+/* ---- out.c ---- */
+
+void put_text(FILE *f, const void *p, size_t len);
+size_t text_width(const void *p, size_t len);
+void put_json(FILE *f, const void *p, size_t len);
+void put_json_str(FILE *f, const char *s);
+
+int usage_error(const struct command *c, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+void queue_msg(const char *name);
+int queue_error(const char *name, const char *what, int err);
+int out_of_memory(void);
+int finish_stdout(int rc);
+
+/* A growable array of byte strings (names, report lines). */
+struct strv {
+    char **v;
+    size_t n, cap;
+};
+
+int grow(void **arr, size_t n, size_t *cap, size_t elem, size_t first);
+int strv_push(struct strv *sv, const char *s);
+void strv_free(struct strv *sv);
+
+/* ---- queue.c ---- */
+
+int open_queue(const char *name, wq **q);
+int queue_stats(wq *q, const char *name, struct wq_stats *st);
+int open_queue_stats(const char *name, wq **q, struct wq_stats *st);
+int open_queue_keys(const char *name, wq **q, uint64_t *max_key_len);
+int check_key(uint64_t max_key_len, size_t len, const char *where,
+              uint64_t index);
+int check_keys(uint64_t max_key_len, char **keys, size_t n);
+uint64_t now_mono(void);
+
+/* ---- the commands ---- */
+
+/* create.c */
+int cmd_create(const struct args *a);
+int cmd_restore(const struct args *a);
+int cmd_snapshot(const struct args *a);
+int cmd_rm(const struct args *a);
+const char *durability_name(uint64_t d);
+
+/* inspect.c */
+int cmd_ls(const struct args *a);
+int cmd_stat(const struct args *a);
+int cmd_dump(const struct args *a);
+int cmd_result(const struct args *a);
+int cmd_check(const struct args *a);
+
+/* metrics.c */
+int cmd_metrics(const struct args *a);
+
+/* keys.c */
+int cmd_add(const struct args *a);
+int cmd_get(const struct args *a);
+int cmd_forget(const struct args *a);
+int cmd_requeues(const struct args *a);
+int cmd_shutdown(const struct args *a);
+
+/* work.c */
+int cmd_work(const struct args *a);
+
+#endif /* WQCTL_H */
