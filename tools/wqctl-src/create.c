@@ -300,42 +300,24 @@ static int queue_exists_error(const char *name)
     return EXIT_FAIL;
 }
 
-/*
- * DIR must hold a store already: wq_open would make a new, empty one
- * (and an empty queue) out of a mistyped path. An LMDB environment is a
- * directory with a data.mdb.
- */
-/* TODO(lib): ask the library instead of probing data.mdb */
-static int check_store_dir(const char *dir)
+/* The library found no store in DIR (WQ_RESTORE: -ENODATA): say whether
+   the directory itself is missing or merely holds no store. */
+static int no_store_error(const char *dir)
 {
     struct stat sb;
-    char *data;
-    int rc = EXIT_OK, err = 0;
-
-    if (stat(dir, &sb) < 0)
-        err = errno;
-    else if (!S_ISDIR(sb.st_mode))
-        err = ENOTDIR;
-    if (err) {
-        fprintf(stderr, "wqctl: restore: store '%s': %s\n", dir,
-                strerror(err));
-        return EXIT_FAIL;
-    }
-    if (asprintf(&data, "%s/data.mdb", dir) < 0)
-        return out_of_memory();
-    if (access(data, F_OK) < 0) {
-        fprintf(stderr, "wqctl: restore: '%s' holds no store (no data.mdb)"
-                "\n", dir);
-        rc = EXIT_FAIL;
-    }
-    free(data);
-    return rc;
+    int err = stat(dir, &sb) < 0 ? errno : !S_ISDIR(sb.st_mode) ? ENOTDIR : 0;
+    if (err)
+        fprintf(stderr, "wqctl: restore: store '%s': %s\n", dir, strerror(err));
+    else
+        fprintf(stderr, "wqctl: restore: '%s' holds no store (nothing to restore)\n", dir);
+    return EXIT_FAIL;
 }
 
 /*
  * Explicit restore: build the missing queue NAME from the store in DIR
- * (wq_open with WQ_CREATE|WQ_EXCL and store_path; geometry left out is
- * taken from the store). Never into an existing queue: the check by name
+ * (wq_open with WQ_CREATE|WQ_EXCL|WQ_RESTORE and store_path: the library
+ * refuses a directory that holds no store instead of making an empty one;
+ * geometry left out is taken from the store). Never into an existing queue: the check by name
  * comes first, so that the store is not even opened then, and WQ_EXCL
  * settles a race with another creator.
  */
@@ -351,15 +333,15 @@ int cmd_restore(const struct args *a)
         return usage_error(a->cmd, "--store is required");
     if ((rc = create_options(a, &o)) != EXIT_OK)
         return rc;
-    o.flags |= WQ_EXCL;
+    o.flags |= WQ_EXCL | WQ_RESTORE;
     if (wq_list(match_name, (void *)name) > 0)
         return queue_exists_error(name);
-    if ((rc = check_store_dir(o.store_path)) != EXIT_OK)
-        return rc;
 
     rc = wq_open(name, &o, &q);
     if (rc == -EEXIST)
         return queue_exists_error(name);
+    if (rc == -ENODATA)
+        return no_store_error(o.store_path);
     if (rc < 0)
         return queue_error(name, "restore", rc);
     if ((rc = queue_stats(q, name, &st)) != EXIT_OK)
