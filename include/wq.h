@@ -810,6 +810,16 @@ WQ_API int wq_release_pid(wq *q, pid_t pid);
 /* wq_strerror - libwq's wording for a negative (or positive) errno. */
 WQ_API const char *wq_strerror(int err);
 
+/*
+ * wq_last_error - what went wrong, in more words than an errno: after
+ * wq_open, wq_snapshot or wq_store_salvage returned a negative errno,
+ * a one-line description naming the object and the cause when the
+ * library knows one (e.g. "store /var/lib/q: 3 damaged records (record
+ * 17: record checksum mismatch)"), else "". Per thread; valid until the
+ * next of those calls in this thread. Never NULL.
+ */
+WQ_API const char *wq_last_error(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -51,6 +51,7 @@ static int keys_ok(const wq *q, const struct iovec *keys, size_t n)
 
 int wq_open(const char *name, const struct wq_options *opts, wq **out)
 {
+    wq__err_clear();
     if (!out || !wq__name_ok(name))
         return -EINVAL;
     if (opts) {
@@ -307,6 +308,7 @@ int wq_check(wq *q, unsigned flags)
 
 int wq_snapshot(wq *q)
 {
+    wq__err_clear();
     return q ? q->eng->snapshot(q) : -EINVAL;
 }
 

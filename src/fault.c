@@ -3,7 +3,7 @@
  * test only; the release library is built without WQ_FAULT_INJECTION and
  * contains none of this).
  *
- * A test arms one named point (see WQ_STEP in internal.h) and an
+ * A test arms one named point (see WQ_STEP in shm/mutate.h) and an
  * occurrence count; when the process reaches that point for the n-th
  * time it kills itself with SIGKILL (or _exit, to check that a plain exit
  * inside a critical section is handled the same way). Recording mode

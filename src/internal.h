@@ -33,10 +33,16 @@ extern unsigned wq__fork_gen;   /* bumped in every forked child (atomics.h) */
 void wq__fork_init(void);
 uint32_t wq__hash(uint64_t seed, const void *key, size_t len);
 uint64_t wq__fnv1a(const void *p, size_t n);
+uint64_t wq__hash64(uint64_t seed, const void *key, size_t len);
 uint64_t wq__now_mono(void);
 uint64_t wq__now_real(void);
 int wq__name_ok(const char *name);
 int wq__deadline(int64_t timeout_ns, uint64_t *deadline);
+/* wq_last_error's text: set on an error path that knows more than the
+   errno (naming the object and the cause); cleared by the calls wq.h
+   lists there. */
+void wq__errf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void wq__err_clear(void);
 
 /*
  * options.c: wq_options with every default resolved, the one place the

@@ -8,6 +8,8 @@
  * getpid() system call.
  */
 #include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <time.h>
 
 #include "internal.h"
@@ -84,6 +86,32 @@ uint32_t wq__hash(uint64_t seed, const void *key, size_t len)
     return (uint32_t)(h ^ (h >> 32));
 }
 
+/* 64-bit hash of the same construction: store checksums (not a crypto
+   hash; it detects damage, not forgery). */
+uint64_t wq__hash64(uint64_t seed, const void *key, size_t len)
+{
+    const unsigned char *p = key;
+    size_t n = len;
+    uint64_t h = seed ^ P0 ^ ((uint64_t)len * P2);
+    while (n > 16) {
+        h = mum(load64(p) ^ P1, load64(p + 8) ^ h);
+        p += 16;
+        n -= 16;
+    }
+    uint64_t a = 0, b = 0;
+    if (n >= 8) {
+        a = load64(p);
+        b = load64(p + n - 8);
+    } else if (n >= 4) {
+        a = load32(p);
+        b = load32(p + n - 4);
+    } else if (n > 0) {
+        a = ((uint64_t)p[0] << 16) | ((uint64_t)p[n >> 1] << 8) | p[n - 1];
+    }
+    h = mum(a ^ P1 ^ h, b ^ P2);
+    return mum(h ^ P0, (uint64_t)len ^ P1);
+}
+
 uint64_t wq__fnv1a(const void *p, size_t n)
 {
     const unsigned char *s = p;
@@ -146,4 +174,26 @@ int wq__deadline(int64_t timeout_ns, uint64_t *deadline)
     else
         *deadline = wq__now_mono() + (uint64_t)timeout_ns;
     return 0;
+}
+
+/* The description of the last error that had more to say than its errno
+   (wq_last_error): per thread, written only on error paths. */
+static _Thread_local char detail[512];
+
+void wq__errf(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(detail, sizeof detail, fmt, ap);
+    va_end(ap);
+}
+
+void wq__err_clear(void)
+{
+    detail[0] = 0;
+}
+
+const char *wq_last_error(void)
+{
+    return detail;
 }

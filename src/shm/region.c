@@ -289,8 +289,9 @@ int wq__region_create(const char *path, const struct wq_options *opts)
     char tmpname[128];
     char abs[sizeof g.store_path] = { 0 };
     struct wq_options eff = *opts;
-    bool has_meta = false;
+    struct wq_store_img img;
     int rc;
+    memset(&img, 0, sizeof img);
 #ifdef WQ_FAULT_INJECTION
     /* Test builds: run whole suites in fair mode with the default mode's
        order wherever the two agree (no priorities, tenants or age share). */
@@ -301,10 +302,10 @@ int wq__region_create(const char *path, const struct wq_options *opts)
     }
 #endif
     if (opts->store_path &&
-        (rc = wq__store_prepare(&eff, &eff, abs, sizeof abs, &has_meta)) < 0)
-        return rc;
+        (rc = wq__store_prepare(&eff, &eff, abs, sizeof abs, &img)) < 0)
+        goto out_img;
     if ((rc = wq__options_resolve(&eff, &c)) < 0 || (rc = wq__geometry(&g, &c)) < 0)
-        return rc;
+        goto out_img;
     if (c.has_store)
         memcpy(g.store_path, abs, sizeof g.store_path);
     if (getrandom(&g.hash_seed, sizeof g.hash_seed, 0) != sizeof g.hash_seed)
@@ -319,8 +320,10 @@ int wq__region_create(const char *path, const struct wq_options *opts)
     g.created_ns = wq__now_real();
 
     int fd = create_tmp((mode_t)c.mode, tmpname, sizeof tmpname);
-    if (fd < 0)
-        return fd;
+    if (fd < 0) {
+        rc = fd;
+        goto out_img;
+    }
     rc = posix_fallocate(fd, 0, (off_t)g.total_size);
     if (rc != 0) {
         rc = (rc == EFBIG || rc == ENOSPC) ? -ENOSPC : -rc;
@@ -339,9 +342,9 @@ int wq__region_create(const char *path, const struct wq_options *opts)
         memset(&view, 0, sizeof view);
         map_view(&view, base, g.total_size, &((struct wq_hdr *)base)->g);
         view.restoring = true;
-        rc = has_meta ? wq__store_restore(&view) : wq__store_init_meta(&view.g);
-        if (rc >= 0 && has_meta)
-            rc = wq__store_init_meta(&view.g);   /* keep the meta current */
+        rc = img.has_meta ? wq__store_restore(&view, &img) : 0;
+        if (rc >= 0)   /* the meta current, a version 1 store rewritten */
+            rc = wq__store_init_meta(&view.g, &img);
     }
     munmap(base, g.total_size);
     if (rc < 0)
@@ -352,6 +355,8 @@ out:
     if (tmpname[0])
         unlink(tmpname);
     close(fd);
+out_img:
+    wq__store_img_free(&img);
     return rc;
 }
 

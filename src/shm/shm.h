@@ -263,5 +263,6 @@ int wq__shm_release_pid(wq *q, pid_t pid);
 void wq__shm_close(wq *q);
 
 #include "../store/store.h"
+#include "../store/read.h"
 
 #endif

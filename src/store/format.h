@@ -1,12 +1,18 @@
 /*
  * format.h - the store's on-disk format, and the calls of its LMDB layer
- * (lmdb.c).
+ * (lmdb.c) and of its verified reader (read.c).
  *
- * A store is an LMDB environment (a directory with data.mdb and lock.mdb)
- * holding exactly two named databases and nothing else:
+ * A store is a directory holding an LMDB environment (data.mdb, lock.mdb)
+ * and a marker file, WQ_STORE_MARKER, written once the store holds a
+ * queue: a directory with the marker and without a readable data.mdb is
+ * a damaged store, never a new, empty one. The environment holds exactly
+ * two named databases and nothing else:
  *
  *   "meta"     one record under the key "meta": struct wq_meta, the
- *              queue's settings and the next first-add order number;
+ *              queue's settings, the next first-add order number, and
+ *              what the store holds: the number of records and the sum
+ *              of their checksums, kept in the same transaction as every
+ *              change, so a lost, added or altered record is detected;
  *   "records"  one record per key the queue must bring back: struct
  *              wq_rec followed by the key bytes and the result message.
  *
@@ -18,11 +24,16 @@
  * The hash is fixed (FNV-1a, then a 64-bit finaliser) and independent of
  * any region's seed, since regions come and go while the store stays.
  *
+ * Checksums: wq__hash64 with a fixed seed. A record's covers its 10-byte
+ * LMDB key, its header (check field 0), key and message; the meta's
+ * covers the meta (check field 0).
+ *
  * Values are the structs below in the machine's byte order, which is
  * little-endian (checked at compile time): a store written on one
  * little-endian machine reads on another. Both structs have no implicit
  * padding (asserted) and magic numbers that a foreign or big-endian
- * reader would not match.
+ * reader would not match. Version 1 stores (no checksums, no counts) are
+ * read once and rewritten as version 2 by the restore that opens them.
  */
 #ifndef WQ_STORE_FORMAT_H
 #define WQ_STORE_FORMAT_H
@@ -33,12 +44,18 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "wq.h"
+
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "the store's on-disk format is little-endian; see store/format.h"
 #endif
 
-#define WQ_REC_MAGIC  0x31525157u   /* "WQR1" */
-#define WQ_META_MAGIC "libwq-store-v1"
+#define WQ_STORE_MARKER "libwq-store"
+#define WQ_REC_MAGIC1 0x31525157u   /* "WQR1": version 1 records */
+#define WQ_REC_MAGIC  0x32525157u   /* "WQR2" */
+#define WQ_META_MAGIC "libwq-store-v1"  /* both versions; `version` tells */
+#define WQ_STORE_VERSION 2u
+#define WQ_CHECK_SEED 0x6c6962777173746full   /* "libwqsto" */
 
 /* wq_rec.cls: what the key comes back as. */
 enum { WQ_CLS_PENDING = 1, WQ_CLS_WAITING = 2, WQ_CLS_IDLE = 3,
@@ -57,14 +74,16 @@ struct wq_rec {
     uint16_t msglen;          /* result message bytes, <= 255, after the key */
     uint16_t pad0;            /* 0 */
     int32_t prio;             /* WQ_FAIR priority */
+    uint64_t check;           /* checksum, see above (version 2) */
 };
-_Static_assert(sizeof(struct wq_rec) == 48, "store record header is 48 bytes");
-_Static_assert(offsetof(struct wq_rec, order) == 32 && offsetof(struct wq_rec, prio) == 44,
-               "store record header layout");
+_Static_assert(sizeof(struct wq_rec) == 56, "store record header is 56 bytes");
+_Static_assert(offsetof(struct wq_rec, order) == 32 && offsetof(struct wq_rec, prio) == 44 &&
+               offsetof(struct wq_rec, check) == 48, "store record header layout");
+#define WQ_REC1_SIZE 48       /* a version 1 header: the same without `check` */
 
 struct wq_meta {
     char magic[16];           /* WQ_META_MAGIC, NUL-padded */
-    uint32_t version;         /* 1 */
+    uint32_t version;         /* 1 or 2 */
     uint32_t capacity, max_key_len, max_procs, result_capacity;
     uint32_t durability, snapshot_ms, flags;
     uint32_t rl_limiters, rl_burst, rl_max_fast_attempts;
@@ -74,9 +93,15 @@ struct wq_meta {
     uint64_t next_order;      /* the order the next new record gets */
     uint32_t fair_share;
     int32_t tenant_sep;
+    /* version 2 */
+    uint64_t records;         /* records in "records" */
+    uint64_t sum;             /* their checks added up (mod 2^64) */
+    uint64_t check;           /* checksum of this struct, check = 0 */
 };
-_Static_assert(sizeof(struct wq_meta) == 120, "store meta record is 120 bytes");
-_Static_assert(offsetof(struct wq_meta, rl_base_delay_ns) == 64, "store meta layout");
+_Static_assert(sizeof(struct wq_meta) == 144, "store meta record is 144 bytes");
+_Static_assert(offsetof(struct wq_meta, rl_base_delay_ns) == 64 &&
+               offsetof(struct wq_meta, records) == 120, "store meta layout");
+#define WQ_META1_SIZE 120     /* a version 1 meta: up to tenant_sep */
 
 /* One environment per store path and process (LMDB forbids opening one
    twice in a process, and using one across fork()). */
@@ -102,10 +127,19 @@ int wq__lmdb_err(int rc);
 int wq__lmdb_env(const char *path, mode_t mode, bool create, struct wq_env **out);
 int wq__lmdb_txn(struct wq_env *e, unsigned flags, MDB_txn **txn);
 int wq__lmdb_grow(struct wq_env *e);
-int wq__lmdb_decode(const MDB_val *v, struct wq_rec *r, const unsigned char **key,
-                    const char **msg);
-int wq__lmdb_put(MDB_txn *txn, struct wq_env *e, struct wq_item *it, uint64_t *next_order);
+/* Decode and verify a record (k: its LMDB key, for the checksum and the
+   key hash): 0, or -EUCLEAN with *why saying what is wrong. Version 1
+   records decode with v1 set (no checksum to verify). */
+int wq__rec_decode(const MDB_val *k, const MDB_val *v, struct wq_rec *r,
+                   const unsigned char **key, const char **msg, bool *v1, const char **why);
+int wq__meta_decode(const void *p, size_t n, struct wq_meta *m, const char **why);
+uint64_t wq__rec_check(const unsigned char lkey[10], const struct wq_rec *r,
+                       const void *key, const void *msg);
+void wq__meta_seal(struct wq_meta *m);
+int wq__lmdb_put(MDB_txn *txn, struct wq_env *e, struct wq_item *it, struct wq_meta *m);
 int wq__lmdb_meta_get(MDB_txn *txn, struct wq_env *e, struct wq_meta *m);
-int wq__lmdb_meta_put(MDB_txn *txn, struct wq_env *e, const struct wq_meta *m);
+int wq__lmdb_meta_put(MDB_txn *txn, struct wq_env *e, struct wq_meta *m);
+void wq__lmdb_key(unsigned char out[10], const void *key, size_t len, uint16_t n);
+int wq__lmdb_env_close(const char *path);
 
 #endif

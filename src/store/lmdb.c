@@ -230,20 +230,65 @@ static void lkey(unsigned char out[10], uint64_t h, uint16_t n)
     out[9] = (unsigned char)n;
 }
 
-/* Decode and check a record value; key and message point into it. */
-int wq__lmdb_decode(const MDB_val *v, struct wq_rec *r, const unsigned char **key,
-                    const char **msg)
+void wq__lmdb_key(unsigned char out[10], const void *key, size_t len, uint16_t n)
 {
-    if (v->mv_size < sizeof *r)
+    lkey(out, store_hash(key, len), n);
+}
+
+uint64_t wq__rec_check(const unsigned char lk[10], const struct wq_rec *r, const void *key,
+                       const void *msg)
+{
+    struct wq_rec h = *r;
+    h.check = 0;
+    uint64_t c = wq__hash64(WQ_CHECK_SEED, lk, 10);
+    c = wq__hash64(c, &h, sizeof h);
+    c = wq__hash64(c, key, r->keylen);
+    return wq__hash64(c, msg, r->msglen);
+}
+
+int wq__rec_decode(const MDB_val *k, const MDB_val *v, struct wq_rec *r,
+                   const unsigned char **key, const char **msg, bool *v1, const char **why)
+{
+    *why = NULL;
+    uint32_t magic;
+    if (k->mv_size != 10)
+        *why = "record key is not 10 bytes";
+    else if (v->mv_size < 4)
+        *why = "record shorter than its header";
+    if (*why)
         return -EUCLEAN;
-    memcpy(r, v->mv_data, sizeof *r);
-    if (r->magic != WQ_REC_MAGIC || r->keylen == 0 || r->keylen > WQ_MAX_KEY_LEN ||
-        r->msglen > 255 || r->cls < WQ_CLS_PENDING || r->cls > WQ_CLS_IDLE ||
-        v->mv_size != sizeof *r + r->keylen + r->msglen)
+    memcpy(&magic, v->mv_data, 4);
+    *v1 = magic == WQ_REC_MAGIC1;
+    size_t hdr = *v1 ? WQ_REC1_SIZE : sizeof *r;
+    memset(r, 0, sizeof *r);
+    if (magic != WQ_REC_MAGIC && magic != WQ_REC_MAGIC1)
+        *why = "record magic is not libwq's";
+    else if (v->mv_size < hdr)
+        *why = "record shorter than its header";
+    if (*why)
         return -EUCLEAN;
-    *key = (const unsigned char *)v->mv_data + sizeof *r;
+    memcpy(r, v->mv_data, hdr);
+    if (r->keylen == 0 || r->keylen > WQ_MAX_KEY_LEN)
+        *why = "record key length out of range";
+    else if (r->msglen > 255)
+        *why = "record message longer than 255 bytes";
+    else if (r->cls < WQ_CLS_PENDING || r->cls > WQ_CLS_IDLE)
+        *why = "record class unknown";
+    else if (r->has_result > 1 || r->pad0 != 0 || (!r->has_result && r->msglen))
+        *why = "record fields out of range";
+    else if (v->mv_size != hdr + r->keylen + r->msglen)
+        *why = "record size does not match its lengths";
+    if (*why)
+        return -EUCLEAN;
+    *key = (const unsigned char *)v->mv_data + hdr;
     *msg = (const char *)*key + r->keylen;
-    return 0;
+    unsigned char want[10];
+    wq__lmdb_key(want, *key, r->keylen, 0);
+    if (memcmp(want, k->mv_data, 8) != 0)
+        *why = "record filed under another key's hash";
+    else if (!*v1 && r->check != wq__rec_check(k->mv_data, r, *key, *msg))
+        *why = "record checksum mismatch";
+    return *why ? -EUCLEAN : 0;
 }
 
 /* Find the LMDB key holding `key`; *n = its collision index, or the next
@@ -260,15 +305,15 @@ static int find(MDB_txn *txn, struct wq_env *e, const void *key, size_t len, uin
     lkey(kb, h, 0);
     k.mv_data = kb;
     k.mv_size = sizeof kb;
-    uint16_t next = 0;
+    uint32_t next = 0;
     rc = mdb_cursor_get(c, &k, &v, MDB_SET_RANGE);
     while (rc == 0 && k.mv_size == 10 && memcmp(k.mv_data, kb, 8) == 0) {
-        const unsigned char *kp = k.mv_data;
+        const unsigned char *kp = k.mv_data, *rk;
         uint16_t idx = (uint16_t)(kp[8] << 8 | kp[9]);
-        const unsigned char *rk;
-        const char *msg;
+        const char *msg, *why;
         struct wq_rec r;
-        if (wq__lmdb_decode(&v, &r, &rk, &msg) == 0 && r.keylen == len &&
+        bool v1;
+        if (wq__rec_decode(&k, &v, &r, &rk, &msg, &v1, &why) == 0 && r.keylen == len &&
             memcmp(rk, key, len) == 0) {
             *n = idx;
             if (old)
@@ -276,35 +321,46 @@ static int find(MDB_txn *txn, struct wq_env *e, const void *key, size_t len, uin
             mdb_cursor_close(c);
             return 0;
         }
-        next = idx + 1;
+        next = (uint32_t)idx + 1;
         rc = mdb_cursor_get(c, &k, &v, MDB_NEXT);
     }
     mdb_cursor_close(c);
     if (rc && rc != MDB_NOTFOUND)
         return wq__lmdb_err(rc);
-    *n = next;
+    if (next > UINT16_MAX)
+        return -ENOSPC;   /* 65536 keys with one 64-bit hash: refuse */
+    *n = (uint16_t)next;
     return -ENOENT;
 }
 
 /* Write (or, for WQ_CLS_DELETE, remove) the item's record; a new record
-   takes the next first-add order. */
-int wq__lmdb_put(MDB_txn *txn, struct wq_env *e, struct wq_item *it, uint64_t *next_order)
+   takes the next first-add order. The meta's count and sum follow, in
+   the same transaction. */
+int wq__lmdb_put(MDB_txn *txn, struct wq_env *e, struct wq_item *it, struct wq_meta *m)
 {
     uint64_t h = store_hash(it->key, it->r.keylen);
     uint16_t n = 0;
-    struct wq_rec old = { 0 };
+    struct wq_rec old;
     unsigned char kb[10];
+    memset(&old, 0, sizeof old);
     int rc = find(txn, e, it->key, it->r.keylen, h, &n, &old);
     if (rc < 0 && rc != -ENOENT)
         return rc;
+    bool found = rc == 0;
     lkey(kb, h, n);
     MDB_val k = { sizeof kb, kb }, v;
     if (it->r.cls == WQ_CLS_DELETE) {
-        if (rc == -ENOENT)
+        if (!found)
             return 0;
-        return wq__lmdb_err(mdb_del(txn, e->recs, &k, NULL));
+        if ((rc = wq__lmdb_err(mdb_del(txn, e->recs, &k, NULL))) < 0)
+            return rc;
+        m->records--;
+        m->sum -= old.check;
+        return 0;
     }
-    it->r.order = rc == 0 ? old.order : (*next_order)++;
+    it->r.order = found ? old.order : m->next_order++;
+    it->r.magic = WQ_REC_MAGIC;
+    it->r.check = wq__rec_check(kb, &it->r, it->key, it->msg);
     v.mv_size = sizeof it->r + it->r.keylen + it->r.msglen;
     rc = mdb_put(txn, e->recs, &k, &v, MDB_RESERVE);
     if (rc)
@@ -312,28 +368,80 @@ int wq__lmdb_put(MDB_txn *txn, struct wq_env *e, struct wq_item *it, uint64_t *n
     memcpy(v.mv_data, &it->r, sizeof it->r);
     memcpy((char *)v.mv_data + sizeof it->r, it->key, it->r.keylen);
     memcpy((char *)v.mv_data + sizeof it->r + it->r.keylen, it->msg, it->r.msglen);
+    if (found) {
+        m->sum -= old.check;
+    } else {
+        m->records++;
+    }
+    m->sum += it->r.check;
     return 0;
+}
+
+void wq__meta_seal(struct wq_meta *m)
+{
+    m->version = WQ_STORE_VERSION;
+    m->check = 0;
+    m->check = wq__hash64(WQ_CHECK_SEED, m, sizeof *m);
+}
+
+int wq__meta_decode(const void *p, size_t n, struct wq_meta *m, const char **why)
+{
+    memset(m, 0, sizeof *m);
+    *why = NULL;
+    if (n != sizeof *m && n != WQ_META1_SIZE)
+        *why = "meta record has the wrong size";
+    else
+        memcpy(m, p, n);
+    if (!*why && memcmp(m->magic, WQ_META_MAGIC, sizeof WQ_META_MAGIC) != 0)
+        *why = "meta record magic is not libwq's";
+    else if (!*why && !((m->version == 1 && n == WQ_META1_SIZE) ||
+                        (m->version == WQ_STORE_VERSION && n == sizeof *m)))
+        *why = "meta record version unknown";
+    else if (!*why && m->version == WQ_STORE_VERSION) {
+        uint64_t c = m->check;
+        m->check = 0;
+        if (c != wq__hash64(WQ_CHECK_SEED, m, sizeof *m))
+            *why = "meta record checksum mismatch";
+        m->check = c;
+    }
+    if (!*why && (m->capacity == 0 || m->capacity > WQ_MAX_CAPACITY || m->max_key_len == 0 ||
+                  m->max_key_len > WQ_MAX_KEY_LEN || m->pad0 != 0))
+        *why = "meta record settings out of range";
+    return *why ? -EUCLEAN : 0;
 }
 
 int wq__lmdb_meta_get(MDB_txn *txn, struct wq_env *e, struct wq_meta *m)
 {
     MDB_val k = { 4, "meta" }, v;
+    const char *why;
     int rc = mdb_get(txn, e->meta, &k, &v);
     if (rc)
         return wq__lmdb_err(rc);
-    if (v.mv_size != sizeof *m)
-        return -EUCLEAN;
-    memcpy(m, v.mv_data, sizeof *m);
-    if (memcmp(m->magic, WQ_META_MAGIC, sizeof WQ_META_MAGIC) != 0 || m->version != 1 ||
-        m->capacity == 0 || m->capacity > WQ_MAX_CAPACITY || m->max_key_len == 0 ||
-        m->max_key_len > WQ_MAX_KEY_LEN)
-        return -EUCLEAN;
-    return 0;
+    return wq__meta_decode(v.mv_data, v.mv_size, m, &why);
 }
 
-int wq__lmdb_meta_put(MDB_txn *txn, struct wq_env *e, const struct wq_meta *m)
+int wq__lmdb_meta_put(MDB_txn *txn, struct wq_env *e, struct wq_meta *m)
 {
+    wq__meta_seal(m);
     MDB_val k = { 4, "meta" }, v = { sizeof *m, (void *)m };
     return wq__lmdb_err(mdb_put(txn, e->meta, &k, &v, 0));
 }
 
+/* Forget this process's environment for path (the store is being moved
+   aside). Only when no queue of this process uses it. */
+int wq__lmdb_env_close(const char *path)
+{
+    pid_t me = getpid();
+    pthread_mutex_lock(&envs_mu);
+    for (struct wq_env **pp = &envs; *pp; pp = &(*pp)->next) {
+        struct wq_env *e = *pp;
+        if (e->pid == me && strcmp(e->path, path) == 0) {
+            *pp = e->next;
+            mdb_env_close(e->env);
+            free(e);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&envs_mu);
+    return 0;
+}

@@ -6,13 +6,19 @@
  * A region is only ever restored into while it is unpublished (region.c
  * builds it unnamed and links it into /dev/shm afterwards), so nobody
  * else can be restoring into it and no key ever comes back twice.
- * Everything read from the store is checked before it is used: the meta
- * record's settings obey wq_open's own option rules (options.c), and a
- * record that does not decode, does not fit the queue, or repeats a key
- * fails the restore with -EUCLEAN.
+ * Everything read from the store is checked before it is used (read.c
+ * reads it in a child process, so that LMDB tripping over a damaged page
+ * kills only that child): every record's checksum, the number of records
+ * and the sum of their checksums against the meta record, the meta's
+ * settings against wq_open's own option rules (options.c), keys fitting
+ * the queue and unique. Anything else fails the restore with -EUCLEAN
+ * and a description naming the store (wq_last_error): a restore brings
+ * back every stored record exactly, or nothing.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -20,6 +26,7 @@
 
 #include "shm/shm.h"
 #include "format.h"
+#include "read.h"
 
 static void meta_from_geom(struct wq_meta *m, const struct wq_geom *g)
 {
@@ -80,56 +87,168 @@ static void options_from_meta(struct wq_options *eff, const struct wq_meta *m)
     }
 }
 
+static int store_err(int rc, const char *dir, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int store_err(int rc, const char *dir, const char *fmt, ...)
+{
+    char what[400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    wq__errf("store %s: %s", dir, what);
+    return rc;
+}
+
+static bool exists(const char *dir, const char *file, off_t *size)
+{
+    char p[PATH_MAX + 32];
+    struct stat sb;
+    snprintf(p, sizeof p, "%s/%s", dir, file);
+    if (stat(p, &sb) < 0)
+        return false;
+    if (size)
+        *size = sb.st_size;
+    return true;
+}
+
+/*
+ * What the read store holds must be what its meta says it holds: every
+ * record verified (read.c), their number and checksum sum equal to the
+ * meta's, no key twice (restore_one), the settings valid.
+ */
+static int verify(const char *dir, struct wq_store_img *img)
+{
+    if (img->bad_meta)
+        return store_err(-EUCLEAN, dir, "its meta record is damaged (%s)", img->meta_why);
+    if (img->bad)
+        return store_err(-EUCLEAN, dir, "%zu damaged record%s (%s)", img->bad,
+                         img->bad == 1 ? "" : "s", img->first_bad);
+    if (!img->has_meta)
+        return img->n ? store_err(-EUCLEAN, dir, "records without a meta record: "
+                                  "not a libwq store") : 0;
+    if (img->meta.version < WQ_STORE_VERSION)
+        return 0;   /* version 1: no counts to check (rewritten on restore) */
+    uint64_t sum = 0;
+    for (size_t i = 0; i < img->n; i++) {
+        if (img->recs[i].v1)
+            return store_err(-EUCLEAN, dir, "a version 1 record in a version 2 store");
+        sum += img->recs[i].r.check;
+    }
+    if (img->n != img->meta.records)
+        return store_err(-EUCLEAN, dir, "holds %zu records, its meta record says %llu "
+                         "(records lost or added)", img->n,
+                         (unsigned long long)img->meta.records);
+    if (sum != img->meta.sum)
+        return store_err(-EUCLEAN, dir, "its records do not add up to its meta record's "
+                         "checksum (a record was altered or replaced)");
+    return 0;
+}
+
 int wq__store_prepare(const struct wq_options *o, struct wq_options *eff, char *abs,
-                      size_t abslen, bool *has_meta)
+                      size_t abslen, struct wq_store_img *img)
 {
     mode_t mode = o->mode ? o->mode : 0600;
     bool restore = o->flags & WQ_RESTORE;
+    if (eff != o)
+        *eff = *o;
     if (strlen(o->store_path) >= abslen - 1)
         return -ENAMETOOLONG;
     if (!restore && mkdir(o->store_path, (mode & 0777) | 0700) < 0 && errno != EEXIST)
-        return -errno;
+        return store_err(-errno, o->store_path, "cannot make the directory: %s",
+                         strerror(errno));
     if (!realpath(o->store_path, abs))
         return restore && errno == ENOENT ? -ENODATA : -errno;
     struct stat sb;
     if (stat(abs, &sb) < 0)
         return -errno;
     if (!S_ISDIR(sb.st_mode))
-        return -ENOTDIR;
-    if (restore) {   /* never make a store out of a mistyped path */
-        char data[PATH_MAX + 16];
-        snprintf(data, sizeof data, "%s/data.mdb", abs);
-        if (access(data, F_OK) < 0)
-            return errno == ENOENT ? -ENODATA : -errno;
+        return store_err(-ENOTDIR, abs, "not a directory");
+    off_t size = 0;
+    bool marker = exists(abs, WQ_STORE_MARKER, NULL);
+    bool data = exists(abs, "data.mdb", &size);
+    if (marker && (!data || size == 0))
+        return store_err(-EUCLEAN, abs, "it held a queue (%s is there) but data.mdb is %s",
+                         WQ_STORE_MARKER, data ? "empty" : "missing");
+    if (!data || size == 0) {
+        if (restore)
+            return -ENODATA;   /* never make a store out of a mistyped path */
+        struct wq_env *e;
+        return wq__lmdb_env(abs, mode, true, &e);   /* a new store */
     }
-    struct wq_env *e;
-    int rc = wq__lmdb_env(abs, mode, true, &e);
+    /* A store nothing has vouched for yet: read it without trusting it. */
+    char why[256];
+    int rc = wq__store_read(abs, img, why, sizeof why);
     if (rc < 0)
+        return store_err(rc, abs, "%s", why);
+    if ((rc = verify(abs, img)) < 0)
         return rc;
-    MDB_txn *txn;
-    if ((rc = wq__lmdb_txn(e, MDB_RDONLY, &txn)) < 0)
-        return rc;
-    struct wq_meta m;
-    rc = wq__lmdb_meta_get(txn, e, &m);
-    MDB_stat st;
-    bool records = mdb_stat(txn, e->recs, &st) == 0 && st.ms_entries > 0;
-    mdb_txn_abort(txn);
-    if (eff != o)
-        *eff = *o;
-    *has_meta = rc == 0;
-    if (rc == -ENOENT && records)
-        return -EUCLEAN;   /* records without meta: not ours */
-    if (rc == -ENOENT)
-        return restore ? -ENODATA : 0;
-    if (rc < 0)
-        return rc;
-    options_from_meta(eff, &m);
-    /* The stored settings obey the options' rules, or the store is not
-       one we wrote: refuse it before a region is built from it. */
-    return wq__options_check(eff) < 0 ? -EUCLEAN : 0;
+    if (!img->has_meta) {
+        if (marker)
+            return store_err(-EUCLEAN, abs, "it held a queue (%s is there) but data.mdb "
+                             "holds none", WQ_STORE_MARKER);
+        if (restore)
+            return -ENODATA;
+    } else {
+        options_from_meta(eff, &img->meta);
+        /* The stored settings obey the options' rules, or the store is
+           not one we wrote: refuse it before a region is built from it. */
+        if (wq__options_check(eff) < 0)
+            return store_err(-EUCLEAN, abs, "its meta record holds settings wq_open "
+                             "would refuse");
+    }
+    struct wq_env *e;   /* sound: now this process may open it */
+    return wq__lmdb_env(abs, mode, true, &e);
+}
+/* A store written by version 1 (no checksums, no counts): rewrite every
+   record as version 2, in its first-add order, in the caller's txn. */
+static int upgrade(MDB_txn *txn, struct wq_env *e, const struct wq_store_img *img,
+                   struct wq_meta *m)
+{
+    int rc = wq__lmdb_err(mdb_drop(txn, e->recs, 0));
+    m->records = 0;
+    m->sum = 0;
+    for (size_t i = 0; i < img->n && rc == 0; i++) {
+        const struct wq_srec *sr = &img->recs[i];
+        struct wq_rec r = sr->r;
+        r.magic = WQ_REC_MAGIC;
+        r.check = wq__rec_check(sr->lkey, &r, sr->key, sr->msg);
+        MDB_val k = { 10, (void *)sr->lkey }, v;
+        v.mv_size = sizeof r + r.keylen + r.msglen;
+        if ((rc = wq__lmdb_err(mdb_put(txn, e->recs, &k, &v, MDB_RESERVE))) < 0)
+            break;
+        memcpy(v.mv_data, &r, sizeof r);
+        memcpy((char *)v.mv_data + sizeof r, sr->key, r.keylen);
+        memcpy((char *)v.mv_data + sizeof r + r.keylen, sr->msg, r.msglen);
+        m->records++;
+        m->sum += r.check;
+    }
+    return rc;
 }
 
-int wq__store_init_meta(const struct wq_geom *g)
+/* The marker that says "this directory holds a queue's store" (format.h). */
+static int write_marker(const char *dir, mode_t mode)
+{
+    char p[PATH_MAX + 32];
+    snprintf(p, sizeof p, "%s/%s", dir, WQ_STORE_MARKER);
+    int fd = open(p, O_WRONLY | O_CREAT | O_CLOEXEC, mode & 0666);
+    if (fd < 0)
+        return -errno;
+    static const char text[] = "libwq store: data.mdb holds a queue; do not remove one "
+                               "without the other\n";
+    int rc = 0;
+    if (fchmod(fd, mode & 0666) < 0 || write(fd, text, sizeof text - 1) != sizeof text - 1 ||
+        fsync(fd) < 0)
+        rc = -errno;
+    close(fd);
+    if (rc == 0 && (fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) >= 0) {
+        fsync(fd);   /* the marker's name is durable too */
+        close(fd);
+    }
+    return rc;
+}
+
+int wq__store_init_meta(const struct wq_geom *g, const struct wq_store_img *img)
 {
     struct wq_env *e;
     int rc = wq__lmdb_env(g->store_path, (mode_t)g->mode, false, &e);
@@ -139,47 +258,54 @@ int wq__store_init_meta(const struct wq_geom *g)
         MDB_txn *txn;
         if ((rc = wq__lmdb_txn(e, 0, &txn)) < 0)
             return rc;
-        struct wq_meta m;
-        uint64_t next = 0;
-        if (wq__lmdb_meta_get(txn, e, &m) == 0)
-            next = m.next_order;
+        struct wq_meta m, old;
         meta_from_geom(&m, g);
-        m.next_order = next;
-        rc = wq__lmdb_meta_put(txn, e, &m);
+        /* What the store holds is kept by its writers, in their txns: take
+           it from the meta as it is now, not as it was read. */
+        if (wq__lmdb_meta_get(txn, e, &old) == 0) {
+            m.next_order = old.next_order;
+            m.records = old.records;
+            m.sum = old.sum;
+        }
+        rc = 0;
+        if (img && (img->v1 || (img->has_meta && img->meta.version < WQ_STORE_VERSION)))
+            rc = upgrade(txn, e, img, &m);
+        if (rc == 0)
+            rc = wq__lmdb_meta_put(txn, e, &m);
         if (rc == 0)
             rc = wq__lmdb_err(mdb_txn_commit(txn));
         else
             mdb_txn_abort(txn);
         if (rc == -ENOSPC && wq__lmdb_grow(e) == 0)
             continue;
-        return rc;
+        if (rc < 0)
+            return rc;
+        return write_marker(g->store_path, (mode_t)g->mode);
     }
 }
 
-struct loaded {
-    struct wq_rec r;
-    unsigned char *key;
-    char *msg;
-};
-
 static int by_order(const void *a, const void *b)
 {
-    const struct loaded *x = a, *y = b;
+    const struct wq_srec *x = a, *y = b;
     return x->r.order < y->r.order ? -1 : x->r.order > y->r.order;
 }
 
-/* One decoded record into the (unpublished) region. */
-static int restore_one(shmq *view, const struct loaded *l, uint64_t mono, uint64_t real)
+/* One verified record into the (unpublished) region. */
+static int restore_one(shmq *view, const struct wq_srec *l, uint64_t mono, uint64_t real)
 {
     if (l->r.cls == WQ_CLS_IDLE && !l->r.failures && !l->r.has_result)
         return 0;   /* nothing to keep (never written so; takes no entry) */
+    if (l->r.keylen > view->max_key_len)
+        return store_err(-EUCLEAN, view->g.store_path, "holds a key of %u bytes, longer "
+                         "than the queue's max_key_len %u", l->r.keylen, view->max_key_len);
     uint32_t hash = wq__hash(view->seed, l->key, l->r.keylen);
     if (wq__table_lookup(view, l->key, l->r.keylen, hash) != WQ_NIL)
-        return -EUCLEAN;   /* the same key twice */
+        return store_err(-EUCLEAN, view->g.store_path, "holds one key twice");
     int rc = 0;
     uint32_t idx = wq__entry_new(view, l->key, l->r.keylen, hash, &rc);
     if (idx == WQ_NIL)
-        return rc;
+        return rc == -ENOSPC ? store_err(rc, view->g.store_path, "holds more keys than the "
+                                         "queue's capacity %u", view->capacity) : rc;
     struct wq_entry *en = wq__entry(view, idx);
     en->failures = l->r.failures;
     if (view->fair)
@@ -211,62 +337,16 @@ static int restore_one(shmq *view, const struct loaded *l, uint64_t mono, uint64
     return wq__entry_commit_new(view, idx, state, &queued);
 }
 
-int wq__store_restore(shmq *view)
+int wq__store_restore(shmq *view, struct wq_store_img *img)
 {
-    struct wq_env *e;
-    int rc = wq__lmdb_env(view->g.store_path, (mode_t)view->g.mode, false, &e);
-    if (rc < 0)
-        return rc;
-    MDB_txn *txn;
-    if ((rc = wq__lmdb_txn(e, MDB_RDONLY, &txn)) < 0)
-        return rc;
-    MDB_stat st;
-    struct loaded *all = NULL;
-    MDB_cursor *c = NULL;
-    size_t n = 0;
-    if ((rc = wq__lmdb_err(mdb_stat(txn, e->recs, &st))) < 0)
-        goto out;
-    if (st.ms_entries == 0)
-        goto out;
-    if (st.ms_entries > view->capacity) {
-        rc = -ENOSPC;
-        goto out;
-    }
-    all = calloc(st.ms_entries, sizeof *all);
-    if (!all || (rc = wq__lmdb_err(mdb_cursor_open(txn, e->recs, &c))) < 0) {
-        rc = rc < 0 ? rc : -ENOMEM;
-        goto out;
-    }
-    MDB_val k, v;
-    for (int r = mdb_cursor_get(c, &k, &v, MDB_FIRST); r == 0;
-         r = mdb_cursor_get(c, &k, &v, MDB_NEXT)) {
-        const unsigned char *key;
-        const char *msg;
-        if (n >= st.ms_entries || (rc = wq__lmdb_decode(&v, &all[n].r, &key, &msg)) < 0) {
-            rc = rc < 0 ? rc : -EUCLEAN;
-            goto out;
-        }
-        if (all[n].r.keylen > view->max_key_len) {
-            rc = -EMSGSIZE;
-            goto out;
-        }
-        all[n].key = (unsigned char *)key;   /* valid while txn lives */
-        all[n].msg = (char *)msg;
-        n++;
-    }
-    qsort(all, n, sizeof *all, by_order);
+    qsort(img->recs, img->n, sizeof *img->recs, by_order);
     uint64_t mono = wq__now_mono(), real = wq__now_real();
+    int rc = 0;
     wq__mut_begin(view);
-    for (size_t i = 0; i < n && rc >= 0; i++)
-        rc = restore_one(view, &all[i], mono, real);
+    for (size_t i = 0; i < img->n && rc >= 0; i++)
+        rc = restore_one(view, &img->recs[i], mono, real);
     if (rc < 0)
-        goto out;
+        return rc;
     wq__mut_end(view, 0);
-    rc = (int)n;
-out:
-    if (c)
-        mdb_cursor_close(c);
-    mdb_txn_abort(txn);
-    free(all);
-    return rc;
+    return (int)img->n;
 }

@@ -192,7 +192,7 @@ static int flush_round(shmq *q, struct wq_env *e, int *written)
     if ((rc = wq__lmdb_meta_get(txn, e, &m)) < 0)
         goto abort;
     for (uint32_t i = 0; i < n && rc == 0; i++) {
-        rc = wq__lmdb_put(txn, e, &items[i], &m.next_order);
+        rc = wq__lmdb_put(txn, e, &items[i], &m);
         WQ_STEP("store.put");
     }
     if (rc == 0)

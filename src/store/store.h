@@ -5,6 +5,7 @@
  *              format (format.h): knows LMDB, knows nothing of regions;
  *   store.c    the region side: marks, the store queue, flush and settle,
  *              the add epilogue, wq_snapshot;
+ *   read.c     reading a store of unknown health in a child process;
  *   restore.c  building a new region from a store at wq_open.
  */
 #ifndef WQ_STORE_H
@@ -19,6 +20,7 @@ struct wq;
 struct wq_shm;
 struct wq_geom;
 struct wq_options;
+struct wq_store_img;
 
 /* store.c. Lock and busy held: the entry's store record is out of date. */
 void wq__store_mark(struct wq_shm *q, uint32_t idx);
@@ -36,14 +38,16 @@ int wq__store_make_room(struct wq_shm *q, int tries);
 int wq__store_finish_add(struct wq_shm *q, const struct iovec *keys, size_t n, int rc);
 
 /* restore.c. wq_open with a store_path, before the region is built:
-   resolve the path into abs, open (creating) the environment, and copy
-   the options to eff with what they leave 0 taken from the store's meta
-   record (-EUCLEAN when that record breaks the option rules). */
+   resolve the path into abs; an existing store is read and verified into
+   *img (read.c); a new one is created; the options are copied to eff
+   with what they leave 0 taken from the store's meta record. -EUCLEAN,
+   with wq_last_error saying why, for a damaged or foreign store. */
 int wq__store_prepare(const struct wq_options *o, struct wq_options *eff, char *abs,
-                      size_t abslen, bool *has_meta);
-/* Write the meta record of a (new or restored) queue. */
-int wq__store_init_meta(const struct wq_geom *g);
-/* Fill a region nobody else sees yet from the store: keys restored or -errno. */
-int wq__store_restore(struct wq_shm *view);
+                      size_t abslen, struct wq_store_img *img);
+/* Write the meta record of a (new or restored) queue, and the marker. */
+int wq__store_init_meta(const struct wq_geom *g, const struct wq_store_img *img);
+/* Fill a region nobody else sees yet from the store read by prepare:
+   keys restored or -errno. */
+int wq__store_restore(struct wq_shm *view, struct wq_store_img *img);
 
 #endif

@@ -1,0 +1,497 @@
+/*
+ * read.c - reading a store of unknown health without trusting it.
+ *
+ * LMDB 0.9 verifies nothing on its pages: a zeroed or edited page of
+ * data.mdb makes it assert (SIGABRT) or fault (SIGSEGV) inside the
+ * process that walks it, or walk less than the store holds. So a store
+ * that no region has vouched for yet (wq_open restoring a queue, a
+ * salvage) is read in a child process forked for the purpose: the child
+ * opens its own environment read-only, walks every database (the main
+ * one, which must name only ours; the free-page list, so that the writes
+ * that follow will not trip over it; the meta record; every record) and
+ * writes what it read, raw, into a memfd. If LMDB kills the child, or it
+ * stops making progress, the parent reports a damaged store instead of
+ * dying with it. The parent then decodes and verifies everything itself
+ * (record checksums, the meta's count and checksum sum, keys unique) and
+ * uses the records from the memfd; it opens the environment only once
+ * the store has passed.
+ *
+ * Salvage: records that fail are dropped and reported; a walk that LMDB
+ * cuts short (an error, or a crash of the child) restarts in a new child
+ * past the damage, skipping ever larger slices of the key hash space, so
+ * records behind a damaged page are still found.
+ *
+ * Cost (1e6 records, see the closing note of the issue): one fork, a
+ * sequential copy through the memfd, one 64-bit hash per record.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "format.h"
+#include "read.h"
+
+/* Frames the child writes: a type byte, a 32-bit length, the bytes. */
+enum { F_META = 'M', F_REC = 'R', F_FAIL = 'X', F_END = 'E', F_FREE = 'F' };
+
+#define STALL_NS (5ull * 1000 * 1000 * 1000)   /* no progress for this long: hung */
+#define MAX_RESTARTS 4096
+
+/* ------------------------------------------------------------------ */
+/* The child                                                           */
+/* ------------------------------------------------------------------ */
+
+struct out {
+    int fd;
+    size_t n;
+    char buf[1 << 16];
+};
+
+static void put_bytes(int fd, const void *p, size_t n)
+{
+    for (size_t off = 0; off < n;) {
+        ssize_t w = write(fd, (const char *)p + off, n - off);
+        if (w <= 0)
+            _exit(3);
+        off += (size_t)w;
+    }
+}
+
+static void flush_out(struct out *o)
+{
+    put_bytes(o->fd, o->buf, o->n);
+    o->n = 0;
+}
+
+/* One frame of up to three parts. */
+static void frame(struct out *o, char type, const void *a, size_t an, const void *b,
+                  size_t bn, const void *c, size_t cn)
+{
+    uint32_t len = (uint32_t)(an + bn + cn);
+    const void *part[3] = { a, b, c };
+    size_t plen[3] = { an, bn, cn };
+    if (o->n + 5 + len > sizeof o->buf)
+        flush_out(o);
+    o->buf[o->n] = type;
+    memcpy(o->buf + o->n + 1, &len, 4);
+    o->n += 5;
+    for (int i = 0; i < 3; i++) {
+        if (o->n + plen[i] > sizeof o->buf) {
+            flush_out(o);
+            put_bytes(o->fd, part[i], plen[i]);   /* larger than the buffer */
+        } else if (plen[i]) {
+            memcpy(o->buf + o->n, part[i], plen[i]);
+            o->n += plen[i];
+        }
+    }
+}
+
+static void fail(struct out *o, const char *what, int rc)
+{
+    char msg[256];
+    int32_t code = rc;   /* LMDB's code or the system's errno */
+    int n = snprintf(msg, sizeof msg, "%s: %s", what, mdb_strerror(rc));
+    frame(o, F_FAIL, &code, 4, msg, (size_t)n, NULL, 0);
+    flush_out(o);
+}
+
+/* A truncated data file would make LMDB fault on a page past its end. */
+static bool size_ok(MDB_env *env, const char *dir)
+{
+    MDB_envinfo info;
+    MDB_stat st;
+    char file[4200];
+    struct stat sb;
+    snprintf(file, sizeof file, "%s/data.mdb", dir);
+    return mdb_env_info(env, &info) == 0 && mdb_env_stat(env, &st) == 0 &&
+           stat(file, &sb) == 0 &&
+           (uint64_t)(info.me_last_pgno + 1) * st.ms_psize <= (uint64_t)sb.st_size;
+}
+
+/*
+ * Walk the store at dir into fd. from: the record key to start at (NULL:
+ * the first; then also the main database, the free list and the meta).
+ * Exits 0 after an END frame; an error ends in a FAIL frame (exit 2).
+ */
+static void child_walk(const char *dir, int fd, const unsigned char *from)
+{
+    struct out *o = malloc(sizeof *o);
+    if (!o)
+        _exit(4);
+    o->fd = fd;
+    o->n = 0;
+    MDB_env *env;
+    MDB_txn *txn;
+    MDB_dbi main_db, meta, recs;
+    MDB_cursor *c;
+    MDB_val k, v;
+    int rc;
+    if ((rc = mdb_env_create(&env)) || (rc = mdb_env_set_maxdbs(env, 4)) ||
+        (rc = mdb_env_set_maxreaders(env, 1024)) ||
+        (rc = mdb_env_open(env, dir, MDB_RDONLY | MDB_NOTLS | MDB_NORDAHEAD, 0600))) {
+        fail(o, "opening the environment", rc);
+        _exit(2);
+    }
+    if (!size_ok(env, dir)) {
+        fail(o, "data.mdb is shorter than the environment says", MDB_CORRUPTED);
+        _exit(2);
+    }
+    if ((rc = mdb_txn_begin(env, NULL, MDB_RDONLY, &txn))) {
+        fail(o, "reading", rc);
+        _exit(2);
+    }
+    if (!from) {
+        /* Named databases are keys of the main one: anything else there
+           means somebody else's environment. */
+        if ((rc = mdb_dbi_open(txn, NULL, 0, &main_db)) || (rc = mdb_cursor_open(txn, main_db, &c))) {
+            fail(o, "the main database", rc);
+            _exit(2);
+        }
+        while ((rc = mdb_cursor_get(c, &k, &v, MDB_NEXT)) == 0) {
+            if (!(k.mv_size == 4 && memcmp(k.mv_data, "meta", 4) == 0) &&
+                !(k.mv_size == 7 && memcmp(k.mv_data, "records", 7) == 0)) {
+                fail(o, "the main database names a database that is not libwq's",
+                     MDB_INCOMPATIBLE);
+                _exit(2);
+            }
+        }
+        if (rc != MDB_NOTFOUND) {
+            fail(o, "the main database", rc);
+            _exit(2);
+        }
+        mdb_cursor_close(c);
+        /* The free-page list: later writes walk it, so it must be sound. */
+        uint64_t pages = 0;
+        if ((rc = mdb_cursor_open(txn, 0, &c))) {
+            fail(o, "the free-page list", rc);
+            _exit(2);
+        }
+        while ((rc = mdb_cursor_get(c, &k, &v, MDB_NEXT)) == 0)
+            pages++;
+        if (rc != MDB_NOTFOUND) {
+            fail(o, "the free-page list", rc);
+            _exit(2);
+        }
+        mdb_cursor_close(c);
+        frame(o, F_FREE, &pages, sizeof pages, NULL, 0, NULL, 0);
+    }
+    rc = mdb_dbi_open(txn, "meta", 0, &meta);
+    if (rc == 0) {
+        if (!from) {
+            MDB_val mk = { 4, "meta" };
+            if ((rc = mdb_get(txn, meta, &mk, &v)) == 0)
+                frame(o, F_META, v.mv_data, v.mv_size, NULL, 0, NULL, 0);
+            else if (rc != MDB_NOTFOUND) {
+                fail(o, "the meta record", rc);
+                _exit(2);
+            }
+        }
+    } else if (rc != MDB_NOTFOUND) {
+        fail(o, "the meta database", rc);
+        _exit(2);
+    }
+    rc = mdb_dbi_open(txn, "records", 0, &recs);
+    if (rc == MDB_NOTFOUND) {
+        frame(o, F_END, NULL, 0, NULL, 0, NULL, 0);
+        flush_out(o);
+        _exit(0);
+    }
+    if (rc || (rc = mdb_cursor_open(txn, recs, &c))) {
+        fail(o, "the records database", rc);
+        _exit(2);
+    }
+    if (from) {
+        k.mv_data = (void *)from;
+        k.mv_size = 10;
+        rc = mdb_cursor_get(c, &k, &v, MDB_SET_RANGE);
+    } else {
+        rc = mdb_cursor_get(c, &k, &v, MDB_FIRST);
+    }
+    for (; rc == 0; rc = mdb_cursor_get(c, &k, &v, MDB_NEXT)) {
+        uint32_t kl = (uint32_t)k.mv_size;   /* [key length][key][value] */
+        frame(o, F_REC, &kl, 4, k.mv_data, k.mv_size, v.mv_data, v.mv_size);
+    }
+    if (rc != MDB_NOTFOUND) {
+        fail(o, "the records database", rc);
+        _exit(2);
+    }
+    frame(o, F_END, NULL, 0, NULL, 0, NULL, 0);
+    flush_out(o);
+    _exit(0);
+}
+
+/* ------------------------------------------------------------------ */
+/* The parent                                                          */
+/* ------------------------------------------------------------------ */
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/*
+ * Run one walk in a child; append its output to fd. Returns 0 when the
+ * child ended normally (its frames say how the walk went), or -EUCLEAN
+ * with *why set when it was killed by a signal or hung.
+ */
+static int run_child(const char *dir, int fd, const unsigned char *from, char *why, size_t wn)
+{
+    /* Block what the child must not run the caller's handlers for. */
+    pid_t pid = fork();
+    if (pid < 0)
+        return -errno;
+    if (pid == 0) {
+        signal(SIGPIPE, SIG_DFL);
+        child_walk(dir, fd, from);
+    }
+    struct stat sb;
+    off_t last = -1;
+    uint64_t since = now_ns();
+    int st;
+    for (unsigned spin = 0;; spin++) {
+        pid_t w = waitpid(pid, &st, WNOHANG);
+        if (w == pid)
+            break;
+        if (w < 0 && errno != EINTR) {
+            snprintf(why, wn, "waiting for the reader: %s", strerror(errno));
+            return -EIO;
+        }
+        if (fstat(fd, &sb) == 0 && sb.st_size != last) {
+            last = sb.st_size;
+            since = now_ns();
+        } else if (now_ns() - since > STALL_NS) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &st, 0);
+            snprintf(why, wn, "walking it made no progress for %llu s (a cycle of pages?)",
+                     (unsigned long long)(STALL_NS / 1000000000ull));
+            return -EUCLEAN;
+        }
+        struct timespec ts = { 0, spin < 100 ? 100000 : 2000000 };
+        nanosleep(&ts, NULL);
+    }
+    if (WIFSIGNALED(st)) {
+        snprintf(why, wn, "LMDB died reading it (signal %d: %s)", WTERMSIG(st),
+                 strsignal(WTERMSIG(st)));
+        return -EUCLEAN;
+    }
+    return 0;
+}
+
+static void note(struct wq_store_img *img, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void note(struct wq_store_img *img, const char *fmt, ...)
+{
+    char line[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    if (img->report)
+        img->report(line, img->report_arg);
+}
+
+/* Decode the frames of fd's content [start, end): records appended to
+   img->recs. Returns F_END, F_FAIL (with why) or 0 (cut short: the child
+   died), and the key of the last record read in *last. */
+static int parse(struct wq_store_img *img, const unsigned char *p, size_t start, size_t end,
+                 char *why, size_t wn, unsigned char last[10], bool *have_last)
+{
+    size_t off = start;
+    while (off + 5 <= end) {
+        char type = (char)p[off];
+        uint32_t len;
+        memcpy(&len, p + off + 1, 4);
+        if (len > end - off - 5)
+            return 0;   /* a frame cut short: the child died mid-write */
+        const unsigned char *d = p + off + 5;
+        off += 5 + len;
+        switch (type) {
+        case F_FREE:
+            break;
+        case F_META:
+            if (wq__meta_decode(d, len, &img->meta, &img->meta_why) == 0) {
+                img->has_meta = true;
+            } else {
+                img->bad_meta = true;
+                snprintf(why, wn, "its meta record: %s", img->meta_why);
+            }
+            break;
+        case F_REC: {
+            uint32_t kl;
+            if (len < 4)
+                return 0;
+            memcpy(&kl, d, 4);
+            if (kl > len - 4)
+                return 0;
+            MDB_val k = { kl, (void *)(d + 4) }, v = { len - 4 - kl, (void *)(d + 4 + kl) };
+            if (img->n == img->cap) {
+                size_t nc = img->cap ? img->cap * 2 : 1024;
+                struct wq_srec *nr = realloc(img->recs, nc * sizeof *nr);
+                if (!nr) {
+                    snprintf(why, wn, "out of memory");
+                    return F_FAIL;
+                }
+                img->recs = nr;
+                img->cap = nc;
+            }
+            struct wq_srec *r = &img->recs[img->n];
+            const char *rwhy;
+            if (kl == 10) {
+                memcpy(last, d + 4, 10);
+                *have_last = true;
+            }
+            const unsigned char *key;
+            const char *msg;
+            if (wq__rec_decode(&k, &v, &r->r, &key, &msg, &r->v1, &rwhy) < 0) {
+                img->bad++;
+                if (!img->first_bad[0])
+                    snprintf(img->first_bad, sizeof img->first_bad, "record %zu: %s",
+                             img->n + img->bad, rwhy);
+                if (img->salvage)
+                    note(img, "dropped a record: %s", rwhy);
+                break;
+            }
+            memcpy(r->lkey, d + 4, 10);
+            r->key_off = (size_t)(key - p);   /* the map moves: offsets */
+            r->msg_off = (size_t)((const unsigned char *)msg - p);
+            img->v1 |= r->v1;
+            img->n++;
+            break;
+        }
+        case F_FAIL:
+            if (len < 4)
+                return 0;
+            memcpy(&img->fail_code, d, 4);
+            snprintf(why, wn, "%.*s", (int)len - 4, (const char *)d + 4);
+            return F_FAIL;
+        case F_END:
+            return F_END;
+        default:
+            return 0;
+        }
+    }
+    return 0;
+}
+
+/* k += 2^bits as a big-endian number (bits 0: the very next key).
+   False past the end of the key space. */
+static bool advance(unsigned char k[10], unsigned bits)
+{
+    unsigned byte = 9 - bits / 8;
+    unsigned carry = 1u << (bits % 8);
+    for (int i = (int)byte; i >= 0 && carry; i--) {
+        unsigned v = k[i] + carry;
+        k[i] = (unsigned char)v;
+        carry = v >> 8;
+    }
+    return carry == 0;
+}
+
+int wq__store_read(const char *dir, struct wq_store_img *img, char *why, size_t wn)
+{
+    why[0] = 0;
+    int fd = memfd_create("wq-store-read", MFD_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    unsigned char from[10] = { 0 }, last[10];
+    bool have_from = false, have_last = false, done = false;
+    unsigned bits = 0;
+    size_t parsed = 0;
+    int rc = 0;
+    for (unsigned attempt = 0; attempt <= MAX_RESTARTS && !done; attempt++) {
+        size_t before = img->n + img->bad;
+        have_last = false;
+        rc = run_child(dir, fd, have_from ? from : NULL, why, wn);
+        struct stat sb;
+        if (fstat(fd, &sb) < 0) {
+            rc = -errno;
+            break;
+        }
+        size_t size = (size_t)sb.st_size;
+        int end = 0;
+        if (size > parsed) {
+            unsigned char *m = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+            if (m == MAP_FAILED) {
+                rc = -errno;
+                break;
+            }
+            end = parse(img, m, parsed, size, why, wn, last, &have_last);
+            munmap(m, size);
+            parsed = size;
+        }
+        if (end == F_END && rc == 0) {
+            done = true;
+            break;
+        }
+        if (rc == 0)   /* the walk reported an error: LMDB's, or the system's */
+            rc = end == F_FAIL && img->fail_code ? wq__lmdb_err(img->fail_code) : -EUCLEAN;
+        if (!why[0])
+            snprintf(why, wn, "the reader stopped before the end");
+        if (!img->salvage)
+            break;
+        /* Salvage: go on past the damage in a new child, from just after
+           the last record read, or (no progress) ever further on. */
+        img->cut++;
+        note(img, "walk cut short: %s", why);
+        if (img->n + img->bad > before && have_last) {
+            memcpy(from, last, 10);
+            bits = 0;
+        } else if (!have_from) {
+            memset(from, 0, sizeof from);   /* the start, skipping the checks */
+            bits = 0;
+            have_from = true;
+            why[0] = 0;
+            continue;
+        } else {
+            bits = bits == 0 ? 16 : bits + 8;
+        }
+        have_from = true;
+        if (bits > 72 || !advance(from, bits))
+            break;
+        why[0] = 0;
+    }
+    if (!done && !img->salvage) {
+        close(fd);
+        return rc < 0 ? rc : -EUCLEAN;
+    }
+    img->complete = done;
+    struct stat sb;
+    if (fstat(fd, &sb) == 0 && sb.st_size > 0) {
+        img->map_len = (size_t)sb.st_size;
+        img->map = mmap(NULL, img->map_len, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (img->map == MAP_FAILED) {
+            img->map = NULL;
+            close(fd);
+            return -errno;
+        }
+        for (size_t i = 0; i < img->n; i++) {
+            img->recs[i].key = img->map + img->recs[i].key_off;
+            img->recs[i].msg = (const char *)img->map + img->recs[i].msg_off;
+        }
+    }
+    close(fd);
+    return 0;
+}
+
+void wq__store_img_free(struct wq_store_img *img)
+{
+    if (img->map)
+        munmap(img->map, img->map_len);
+    free(img->recs);
+    memset(img, 0, sizeof *img);
+}
