@@ -155,6 +155,10 @@ extern "C" {
 /* An opaque per-process handle. */
 typedef struct wq wq;
 
+/* A line of a report (wq_check_report, wq_store_salvage): `what` has no
+   trailing newline and is valid only during the call. */
+typedef void (*wq_report_fn)(const char *what, void *arg);
+
 /* wq_options.flags */
 #define WQ_CREATE (1u << 0) /* create the queue if it does not exist */
 #define WQ_EXCL   (1u << 1) /* with WQ_CREATE: fail with -EEXIST if it does */
@@ -633,6 +637,40 @@ WQ_API int wq_run_workers(wq *q, unsigned workers, wq_reconcile_fn fn, void *arg
  */
 
 /*
+ * Damage. LMDB checks nothing on its pages, so libwq checks for it: every
+ * record carries a checksum, and the meta record the number of records
+ * and the sum of their checksums, kept in the same transaction as every
+ * change; a marker file (libwq-store) says the directory holds a queue.
+ * A store no region has vouched for yet is read in a child process, so
+ * LMDB tripping over a damaged page kills that child, not the caller, and
+ * verified before any region is built from it. A restore therefore
+ * brings back every stored record exactly, or fails with -EUCLEAN and
+ * names the store and the damage (wq_last_error): a record that fails
+ * its checksum, records lost or added, a meta record that is damaged or
+ * holds settings wq_open would refuse, a data.mdb that is missing or
+ * empty where the marker says a queue was. A store damaged while a
+ * region uses it is not re-checked (only at restore).
+ */
+
+/*
+ * wq_store_salvage - rescue a damaged store, for an operator: the store
+ * directory is renamed aside to "<store_path>.damaged-<UTC time>" (kept,
+ * never overwritten) and a new store is written at store_path with every
+ * record that verifies, in first-add order. Records that fail their
+ * checksum are dropped, pages LMDB cannot read are walked around (in
+ * child processes), and report (may be NULL) gets one line per loss and
+ * a summary naming the kept and dropped counts and where the damaged
+ * store went. The queue's settings come from the old meta record when it
+ * is readable, else from opts (NULL or zero fields: defaults). No region
+ * is touched: restore the queue afterwards with wq_open(WQ_CREATE |
+ * WQ_RESTORE). Returns the number of records kept (>= 0), -ENODATA when
+ * there is no data.mdb to salvage, -EINVAL, or the system's error
+ * (renaming, writing); wq_last_error says more.
+ */
+WQ_API int wq_store_salvage(const char *store_path, const struct wq_options *opts,
+                            wq_report_fn report, void *arg);
+
+/*
  * wq_snapshot - write every change the store does not have yet, now.
  * Returns the number of records written or removed (>= 0), or -EIO,
  * -ENOSPC; -ENOENT when the queue has no store.
@@ -785,7 +823,6 @@ WQ_API int wq_list(int (*fn)(const char *name, void *arg), void *arg);
  * case, not a violation. If report is not NULL it is called once per
  * violation with a one-line description (no trailing newline).
  */
-typedef void (*wq_report_fn)(const char *what, void *arg);
 WQ_API int wq_check_report(wq *q, unsigned flags, wq_report_fn report, void *arg);
 WQ_API int wq_check(wq *q, unsigned flags);
 

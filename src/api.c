@@ -17,6 +17,7 @@
 
 #include "internal.h"
 #include "engine.h"
+#include "store/store.h"
 
 /* The public structs' sizes are ABI (wq.h, "Growth"): they change only
    by taking reserved space. Checked for LP64 builds. */
@@ -304,6 +305,15 @@ int wq_check_report(wq *q, unsigned flags, wq_report_fn report, void *arg)
 int wq_check(wq *q, unsigned flags)
 {
     return wq_check_report(q, flags, NULL, NULL);
+}
+
+int wq_store_salvage(const char *store_path, const struct wq_options *opts,
+                     wq_report_fn report, void *arg)
+{
+    wq__err_clear();
+    if (!store_path || !store_path[0] || (opts && wq__options_check(opts) < 0))
+        return -EINVAL;
+    return wq__store_salvage(store_path, opts, report, arg);
 }
 
 int wq_snapshot(wq *q)

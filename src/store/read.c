@@ -305,6 +305,24 @@ static void note(struct wq_store_img *img, const char *fmt, ...)
         img->report(line, img->report_arg);
 }
 
+/* "key 'k'" with the key's bytes escaped (cut at 40), or "an unreadable
+   key" when the record is too damaged to say. */
+static void describe(char *out, size_t cap, const unsigned char *key, size_t len)
+{
+    if (!key || len == 0) {
+        snprintf(out, cap, "an unreadable key");
+        return;
+    }
+    size_t n = snprintf(out, cap, "key '");
+    for (size_t i = 0; i < len && i < 40 && n + 6 < cap; i++) {
+        unsigned char c = key[i];
+        n += (size_t)(c >= 0x20 && c < 0x7f && c != '\\' && c != '\''
+                          ? snprintf(out + n, cap - n, "%c", c)
+                          : snprintf(out + n, cap - n, "\\x%02x", c));
+    }
+    snprintf(out + n, cap - n, "%s'", len > 40 ? "..." : "");
+}
+
 /* Decode the frames of fd's content [start, end): records appended to
    img->recs. Returns F_END, F_FAIL (with why) or 0 (cut short: the child
    died), and the key of the last record read in *last. */
@@ -355,15 +373,17 @@ static int parse(struct wq_store_img *img, const unsigned char *p, size_t start,
                 memcpy(last, d + 4, 10);
                 *have_last = true;
             }
-            const unsigned char *key;
+            const unsigned char *key = NULL;
             const char *msg;
             if (wq__rec_decode(&k, &v, &r->r, &key, &msg, &r->v1, &rwhy) < 0) {
+                char name[80];
                 img->bad++;
+                describe(name, sizeof name, key, key ? r->r.keylen : 0);
                 if (!img->first_bad[0])
-                    snprintf(img->first_bad, sizeof img->first_bad, "record %zu: %s",
-                             img->n + img->bad, rwhy);
+                    snprintf(img->first_bad, sizeof img->first_bad, "the record of %s: %s",
+                             name, rwhy);
                 if (img->salvage)
-                    note(img, "dropped a record: %s", rwhy);
+                    note(img, "dropped the record of %s: %s", name, rwhy);
                 break;
             }
             memcpy(r->lkey, d + 4, 10);

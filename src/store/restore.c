@@ -227,7 +227,7 @@ static int upgrade(MDB_txn *txn, struct wq_env *e, const struct wq_store_img *im
 }
 
 /* The marker that says "this directory holds a queue's store" (format.h). */
-static int write_marker(const char *dir, mode_t mode)
+int wq__store_write_marker(const char *dir, mode_t mode)
 {
     char p[PATH_MAX + 32];
     snprintf(p, sizeof p, "%s/%s", dir, WQ_STORE_MARKER);
@@ -280,7 +280,7 @@ int wq__store_init_meta(const struct wq_geom *g, const struct wq_store_img *img)
             continue;
         if (rc < 0)
             return rc;
-        return write_marker(g->store_path, (mode_t)g->mode);
+        return wq__store_write_marker(g->store_path, (mode_t)g->mode);
     }
 }
 

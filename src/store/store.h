@@ -14,7 +14,10 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 #include <sys/uio.h>
+
+#include "wq.h"
 
 struct wq;
 struct wq_shm;
@@ -49,5 +52,9 @@ int wq__store_init_meta(const struct wq_geom *g, const struct wq_store_img *img)
 /* Fill a region nobody else sees yet from the store read by prepare:
    keys restored or -errno. */
 int wq__store_restore(struct wq_shm *view, struct wq_store_img *img);
+int wq__store_write_marker(const char *dir, mode_t mode);
+/* salvage.c: wq_store_salvage (wq.h). */
+int wq__store_salvage(const char *path, const struct wq_options *opts, wq_report_fn report,
+                      void *arg);
 
 #endif

@@ -56,6 +56,7 @@ static const struct opt_def opt_defs[O_COUNT] = {
     [O_FAIR_SHARE]  = { "fair-share", true, 0 },
     [O_TENANT_SEP]  = { "tenant-sep", true, 0 },
     [O_PRIORITY]    = { "priority", true, 0 },
+    [O_SALVAGE]     = { "salvage", false, 0 },
     [O_HELP]        = { "help", false, 'h' },
 };
 

@@ -300,6 +300,28 @@ static int queue_exists_error(const char *name)
     return EXIT_FAIL;
 }
 
+/* One line of wq_store_salvage's report. */
+static void salvage_line(const char *what, void *arg)
+{
+    (void)arg;
+    fprintf(stderr, "wqctl: salvage: %s\n", what);
+}
+
+/* The store in DIR is damaged (or cannot be salvaged): the library says
+   what is wrong with it; point at the way out. */
+static int store_error(const char *cmd, const char *dir, int err)
+{
+    const char *why = wq_last_error();
+    if (why[0])
+        fprintf(stderr, "wqctl: %s: %s\n", cmd, why);
+    else
+        fprintf(stderr, "wqctl: %s: store '%s': %s\n", cmd, dir, wq_strerror(err));
+    if (err == -EUCLEAN && strcmp(cmd, "restore") == 0)
+        fputs("wqctl: restore --salvage keeps what verifies and moves the damaged "
+              "store aside\n", stderr);
+    return EXIT_FAIL;
+}
+
 /* The library found no store in DIR (WQ_RESTORE: -ENODATA): say whether
    the directory itself is missing or merely holds no store. */
 static int no_store_error(const char *dir)
@@ -337,11 +359,20 @@ int cmd_restore(const struct args *a)
     if (wq_list(match_name, (void *)name) > 0)
         return queue_exists_error(name);
 
+    if (a->val[O_SALVAGE]) {
+        int kept = wq_store_salvage(o.store_path, &o, salvage_line, NULL);
+        if (kept == -ENODATA)
+            return no_store_error(o.store_path);
+        if (kept < 0)
+            return store_error("restore --salvage", o.store_path, kept);
+    }
     rc = wq_open(name, &o, &q);
     if (rc == -EEXIST)
         return queue_exists_error(name);
     if (rc == -ENODATA)
         return no_store_error(o.store_path);
+    if (rc == -EUCLEAN)
+        return store_error("restore", o.store_path, rc);
     if (rc < 0)
         return queue_error(name, "restore", rc);
     if ((rc = queue_stats(q, name, &st)) != EXIT_OK)

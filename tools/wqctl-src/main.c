@@ -10,8 +10,8 @@
  * command runs, so every command body starts from validated input. The
  * tool uses nothing but <wq.h> (and the C library: CLOCK_MONOTONIC, the
  * clock of wq_key_info.ready_ns, to show how soon a waiting key is
- * ready; stat(2) and access(2), for `restore` to check that a store is
- * there; and, for `work`, the POSIX and Linux process calls it needs to
+ * ready; stat(2), for `restore` to tell a missing store directory from
+ * one that holds no store; and, for `work`, the POSIX and Linux process calls it needs to
  * run commands: see the note in work.c).
  *
  * Two rules shape the code:
@@ -69,8 +69,8 @@ static const struct command commands[] = {
       "                    [--exist-ok] [--store DIR]\n"
       CREATE_SYNOPSIS,
       "create a queue" },
-    { "restore", cmd_restore, CREATE_OPTS, 1, 1, 0,
-      "NAME --store DIR [--capacity N] [--max-key-len N]\n"
+    { "restore", cmd_restore, CREATE_OPTS | OPT(O_SALVAGE), 1, 1, 0,
+      "NAME --store DIR [--salvage] [--capacity N] [--max-key-len N]\n"
       "                    [--max-procs N]\n"
       CREATE_SYNOPSIS,
       "build a missing queue from its store" },

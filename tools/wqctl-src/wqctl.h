@@ -58,6 +58,7 @@ enum opt_id {
     O_FAIR_SHARE,
     O_TENANT_SEP,
     O_PRIORITY,
+    O_SALVAGE,
     O_HELP,
     O_COUNT
 };

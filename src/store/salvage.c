@@ -1,0 +1,237 @@
+/*
+ * salvage.c - wq_store_salvage: rescue what can still be read from a
+ * damaged store, for an operator (wqctl restore --salvage).
+ *
+ * Nothing is overwritten: the damaged directory is renamed aside (its
+ * name gets ".damaged-<UTC time>") and a new store is written in its
+ * place with every record that verifies, in first-add order, with a
+ * fresh meta record (count and checksum sum) and marker. The reader
+ * (read.c, salvage mode) drops records that fail their checksum, walks
+ * past pages LMDB cannot read, and reports each loss; records the meta
+ * says exist but no walk reached are reported as missing. No region is
+ * touched: the queue is restored from the new store afterwards.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "format.h"
+#include "read.h"
+#include "store.h"
+
+static void say(wq_report_fn report, void *arg, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void say(wq_report_fn report, void *arg, const char *fmt, ...)
+{
+    char line[600];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    if (report)
+        report(line, arg);
+}
+
+static int by_key(const void *a, const void *b)
+{
+    const struct wq_srec *x = a, *y = b;
+    size_t n = x->r.keylen < y->r.keylen ? x->r.keylen : y->r.keylen;
+    int c = memcmp(x->key, y->key, n);
+    if (c || x->r.keylen != y->r.keylen)
+        return c ? c : x->r.keylen < y->r.keylen ? -1 : 1;
+    return x->r.order < y->r.order ? -1 : x->r.order > y->r.order;
+}
+
+static int by_order(const void *a, const void *b)
+{
+    const struct wq_srec *x = a, *y = b;
+    return x->r.order < y->r.order ? -1 : x->r.order > y->r.order;
+}
+
+/* The meta for the new store: the old one's settings when it was read,
+   else the caller's options (defaults where 0). */
+static int settings(const struct wq_store_img *img, const struct wq_options *opts,
+                    struct wq_meta *m, wq_report_fn report, void *arg)
+{
+    memset(m, 0, sizeof *m);
+    memcpy(m->magic, WQ_META_MAGIC, sizeof WQ_META_MAGIC);
+    if (img->has_meta) {
+        *m = img->meta;
+        m->pad0 = 0;
+        return 0;
+    }
+    struct wq_options o;
+    struct wq_conf c;
+    memset(&o, 0, sizeof o);
+    if (opts)
+        o = *opts;
+    o.flags &= WQ_FAIR | WQ_NO_METRICS;
+    o.store_path = "x";   /* the rules of a queue with a store */
+    int rc = wq__options_resolve(&o, &c);
+    if (rc < 0)
+        return rc;
+    say(report, arg, "the meta record is %s: the queue's settings come from the options "
+        "given (defaults where 0)", img->bad_meta ? "damaged" : "missing");
+    m->capacity = c.capacity;
+    m->max_key_len = c.max_key_len;
+    m->max_procs = c.max_procs;
+    m->result_capacity = c.result_capacity;
+    m->durability = c.durability;
+    m->snapshot_ms = c.snapshot_ms;
+    m->flags = c.flags;
+    m->rl_limiters = c.rl_limiters;
+    m->rl_burst = c.rl_burst;
+    m->rl_max_fast_attempts = c.rl_max_fast_attempts;
+    m->rl_base_delay_ns = c.rl_base_delay_ns;
+    m->rl_max_delay_ns = c.rl_max_delay_ns;
+    m->rl_fast_delay_ns = c.rl_fast_delay_ns;
+    m->rl_slow_delay_ns = c.rl_slow_delay_ns;
+    m->rl_qps = c.rl_qps;
+    m->fair_share = c.fair_share;
+    m->tenant_sep = c.tenant_sep;
+    return 0;
+}
+
+/* Write the kept records and the meta into the new store at dir. */
+static int write_store(const char *dir, mode_t mode, struct wq_store_img *img,
+                       struct wq_meta *m)
+{
+    struct wq_env *e;
+    wq__lmdb_env_close(dir);   /* this process may hold the old one open */
+    int rc = wq__lmdb_env(dir, mode, true, &e);
+    if (rc < 0)
+        return rc;
+    for (;;) {
+        MDB_txn *txn;
+        if ((rc = wq__lmdb_txn(e, 0, &txn)) < 0)
+            return rc;
+        m->records = 0;
+        m->sum = 0;
+        uint64_t next = 0;
+        for (size_t i = 0; i < img->n && rc == 0; i++) {
+            struct wq_srec *sr = &img->recs[i];
+            struct wq_rec r = sr->r;
+            r.magic = WQ_REC_MAGIC;
+            r.check = wq__rec_check(sr->lkey, &r, sr->key, sr->msg);
+            MDB_val k = { 10, sr->lkey }, v;
+            v.mv_size = sizeof r + r.keylen + r.msglen;
+            if ((rc = wq__lmdb_err(mdb_put(txn, e->recs, &k, &v, MDB_RESERVE))) < 0)
+                break;
+            memcpy(v.mv_data, &r, sizeof r);
+            memcpy((char *)v.mv_data + sizeof r, sr->key, r.keylen);
+            memcpy((char *)v.mv_data + sizeof r + r.keylen, sr->msg, r.msglen);
+            m->records++;
+            m->sum += r.check;
+            if (r.order >= next)
+                next = r.order + 1;
+        }
+        if (m->next_order < next)
+            m->next_order = next;
+        if (rc == 0)
+            rc = wq__lmdb_meta_put(txn, e, m);
+        if (rc == 0)
+            rc = wq__lmdb_err(mdb_txn_commit(txn));
+        else
+            mdb_txn_abort(txn);
+        if (rc == -ENOSPC && wq__lmdb_grow(e) == 0)
+            continue;
+        return rc;
+    }
+}
+
+int wq__store_salvage(const char *path, const struct wq_options *opts, wq_report_fn report,
+                      void *arg)
+{
+    char dir[PATH_MAX], aside[PATH_MAX + 64], why[256];
+    struct stat sb, db;
+    if (!realpath(path, dir))
+        return errno == ENOENT ? -ENODATA : -errno;
+    if (stat(dir, &sb) < 0)
+        return -errno;
+    if (!S_ISDIR(sb.st_mode))
+        return -ENOTDIR;
+    char data[PATH_MAX + 16];
+    snprintf(data, sizeof data, "%s/data.mdb", dir);
+    if (stat(data, &db) < 0 || db.st_size == 0) {
+        wq__errf("store %s: data.mdb is %s: nothing to salvage", dir,
+                 errno == ENOENT ? "missing" : "empty");
+        return -ENODATA;
+    }
+    struct wq_store_img img;
+    memset(&img, 0, sizeof img);
+    img.salvage = true;
+    img.report = report;
+    img.report_arg = arg;
+    int rc = wq__store_read(dir, &img, why, sizeof why);
+    if (rc < 0)
+        goto out;
+    /* One record per key: a sound store never has two; keep the oldest. */
+    qsort(img.recs, img.n, sizeof *img.recs, by_key);
+    size_t w = 0, dups = 0;
+    for (size_t i = 0; i < img.n; i++) {
+        if (w > 0 && img.recs[w - 1].r.keylen == img.recs[i].r.keylen &&
+            memcmp(img.recs[w - 1].key, img.recs[i].key, img.recs[i].r.keylen) == 0) {
+            dups++;
+            continue;
+        }
+        img.recs[w++] = img.recs[i];
+    }
+    img.n = w;
+    if (dups)
+        say(report, arg, "dropped %zu second record%s of a key", dups, dups == 1 ? "" : "s");
+    qsort(img.recs, img.n, sizeof *img.recs, by_order);
+    struct wq_meta m;
+    if ((rc = settings(&img, opts, &m, report, arg)) < 0)
+        goto out;
+    uint64_t missing = img.has_meta && img.meta.version >= WQ_STORE_VERSION &&
+                       img.meta.records > img.n + img.bad + dups
+                           ? img.meta.records - img.n - img.bad - dups : 0;
+    /* Keep the damaged store: a name that says when, never one in use. */
+    char stamp[32];
+    time_t t = time(NULL);
+    struct tm tm;
+    gmtime_r(&t, &tm);
+    strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%SZ", &tm);
+    snprintf(aside, sizeof aside, "%s.damaged-%s", dir, stamp);
+    for (int i = 1; access(aside, F_OK) == 0 && i < 1000; i++)
+        snprintf(aside, sizeof aside, "%s.damaged-%s-%d", dir, stamp, i);
+    if (rename(dir, aside) < 0) {
+        rc = -errno;
+        wq__errf("store %s: cannot move it aside to %s: %s", dir, aside, strerror(errno));
+        goto out;
+    }
+    if (mkdir(dir, sb.st_mode & 0777) < 0 || chmod(dir, sb.st_mode & 0777) < 0) {
+        rc = -errno;
+        wq__errf("store %s: cannot make the new store (the damaged one is at %s): %s", dir,
+                 aside, strerror(errno));
+        goto out;
+    }
+    mode_t mode = db.st_mode & 0666;
+    if ((rc = write_store(dir, mode, &img, &m)) < 0) {
+        wq__errf("store %s: writing the salvaged records failed: %s (the damaged store is "
+                 "at %s)", dir, wq_strerror(rc), aside);
+        goto out;
+    }
+    say(report, arg, "kept %zu record%s; dropped %zu damaged, %llu missing%s; the damaged "
+        "store is kept at %s", img.n, img.n == 1 ? "" : "s", img.bad,
+        (unsigned long long)missing,
+        img.cut ? " (LMDB could not walk all of it)" : "", aside);
+    rc = wq__store_write_marker(dir, mode);
+    if (rc == 0)
+        rc = img.n > INT32_MAX ? INT32_MAX : (int)img.n;
+out:
+    if (rc < 0 && !wq_last_error()[0])
+        wq__errf("store %s: %s", dir, why[0] ? why : wq_strerror(rc));
+    wq__store_img_free(&img);
+    return rc;
+}
