@@ -15,7 +15,7 @@ PASS=0
 WORK_PID=
 cleanup() {
     [ -n "$WORK_PID" ] && kill -9 "$WORK_PID" 2>/dev/null
-    for q in "$P" "$N" "$C" "$F" "$G" "$D" "$X"; do
+    for q in "$P" "$N" "$C" "$F" "$G" "$D" "$X" "t-wqs-s-$$"; do
         "$WQCTL" rm "$q" >/dev/null 2>&1 || rm -f "/dev/shm/wq.$q"
     done
     rm -rf "$DIR"
@@ -228,6 +228,34 @@ has_re '.*"queued":0,.*'                               # nothing was added
 expect_out "added 1, coalesced 0" "$WQCTL" add "$D" --priority 0 k
 run "$WQCTL" dump "$D"                                  # default columns
 has_line 'POSITION   STATE              OWNER    READY        FAILURES RESULT    CODE  KEY'
+
+# ---- a damaged store: named, then salvaged ---------------------------------
+S="t-wqs-s-$$"
+expect_rc 0 "$WQCTL" create "$S" --store "$DIR/s"
+expect_out "added 5, coalesced 0" "$WQCTL" add "$S" s1 s2 s3 s4 s5
+expect_rc 0 "$WQCTL" rm "$S"
+# Flip one byte inside the last record header in the file (a record's
+# failure count): LMDB sees nothing wrong, the record's checksum does.
+off=$(grep -obUa WQR2 "$DIR/s/data.mdb" | tail -1 | cut -d: -f1)
+[ -n "$off" ] || fail "no record found in $DIR/s/data.mdb"
+printf '\001' | dd of="$DIR/s/data.mdb" bs=1 seek=$((off + 8)) conv=notrunc 2>/dev/null ||
+    fail "cannot damage the store"
+expect_rc 1 "$WQCTL" restore "$S" --store "$DIR/s"
+has_re "wqctl: restore: store .*/s: 1 damaged record (the record of key 's[1-5]': record checksum mismatch)"
+has_line "wqctl: restore --salvage keeps what verifies and moves the damaged store aside"
+expect_rc 1 "$WQCTL" stat "$S"                          # nothing was built
+expect_rc 0 "$WQCTL" restore "$S" --store "$DIR/s" --salvage
+has_re "wqctl: salvage: dropped the record of key 's[1-5]': record checksum mismatch"
+has_re "wqctl: salvage: kept 4 records; dropped 1 damaged, 0 missing; the damaged store is kept at .*/s.damaged-[0-9T]*Z"
+has_line "restored 4 keys (4 queued, 0 waiting, 0 failing)"
+[ "$(ls -d "$DIR"/s.damaged-* | wc -l)" = 1 ] || fail "the damaged store was not kept aside"
+[ -f "$DIR"/s.damaged-*/data.mdb ] || fail "the damaged store lost its data.mdb"
+expect_rc 0 "$WQCTL" check "$S"
+expect_rc 0 "$WQCTL" rm "$S"
+# A store whose data.mdb is gone is not an empty queue.
+rm "$DIR/s/data.mdb"
+expect_rc 1 "$WQCTL" restore "$S" --store "$DIR/s"
+has_re "wqctl: restore: store .*/s: it held a queue (libwq-store is there) but data.mdb is missing"
 
 # ---- usage errors --------------------------------------------------------
 expect_rc 2 "$WQCTL" create "$X" --store "$DIR/x" --durability bogus

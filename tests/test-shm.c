@@ -294,6 +294,57 @@ static void test_store_errors_distinct(void **state)
     assert_non_null(strstr(wq_strerror(-EBADMSG), "repair"));
 }
 
+/* A store record of an idle key with neither a failure count nor a
+   result (libwq never writes one, but a store may hold it): the restore
+   skips it without taking an entry, and the queue checks clean (it used
+   to leak a slot: the free list came out one short). */
+static void test_restore_idle_record_without_anything(void **state)
+{
+    (void)state;
+    const char *dir = t_mkstore(), *name = t_qname("idlerec");
+    struct wq_options o = { .capacity = 8, .store_path = dir, .flags = WQ_CREATE | WQ_EXCL };
+    wq *q = t_track(t_create("idlerec-src", &o, NULL));
+    assert_int_equal(wq_add(q, KS("kept")), 0);
+    const char *src = wq_name(q);
+    char srcname[256];
+    snprintf(srcname, sizeof srcname, "%s", src);
+    t_close(q);
+    assert_int_equal(wq_unlink(srcname), 0);
+    /* Add the odd record with a valid checksum, count and sum. */
+    struct wq_env *e;
+    assert_int_equal(wq__lmdb_env(dir, 0600, false, &e), 0);
+    MDB_txn *txn;
+    assert_int_equal(wq__lmdb_txn(e, 0, &txn), 0);
+    struct wq_meta m;
+    assert_int_equal(wq__lmdb_meta_get(txn, e, &m), 0);
+    struct wq_rec r;
+    memset(&r, 0, sizeof r);
+    r.magic = WQ_REC_MAGIC;
+    r.cls = WQ_CLS_IDLE;
+    r.keylen = 4;
+    r.order = m.next_order++;
+    unsigned char lk[10];
+    wq__lmdb_key(lk, "idle", 4, 0);
+    r.check = wq__rec_check(lk, &r, "idle", "");
+    unsigned char val[sizeof r + 4];
+    memcpy(val, &r, sizeof r);
+    memcpy(val + sizeof r, "idle", 4);
+    MDB_val k = { 10, lk }, v = { sizeof val, val };
+    assert_int_equal(mdb_put(txn, e->recs, &k, &v, 0), 0);
+    m.records++;
+    m.sum += r.check;
+    assert_int_equal(wq__lmdb_meta_put(txn, e, &m), 0);
+    assert_int_equal(mdb_txn_commit(txn), 0);
+    o.flags = WQ_CREATE | WQ_EXCL | WQ_RESTORE;
+    q = t_track(T_OPEN(name, &o));
+    assert_int_equal(wq_len(q), 1);
+    assert_int_equal(t_key_state(q, "idle"), 0);
+    t_check_clean(q, "restored");
+    struct wq_stats st = t_stats(q);
+    assert_int_equal(st.live, 1);
+    t_close(q);
+}
+
 /* WQ_RESTORE: the store must exist; a mistyped path creates nothing. */
 static void test_restore_needs_a_store(void **state)
 {
@@ -337,6 +388,7 @@ int main(void)
         T_TEST(test_damaged_lease_live_pid),
         T_TEST(test_store_errors_distinct),
         T_STORE_TEST(test_restore_needs_a_store),
+        T_STORE_TEST(test_restore_idle_record_without_anything),
         T_NO_LEFTOVERS,
     };
     static const struct t_guard g = {

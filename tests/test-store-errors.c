@@ -16,6 +16,9 @@
  */
 #include "t.h"
 
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* memmem */
+#endif
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -170,23 +173,37 @@ static void test_corrupt_store(void **state)
     o.store_path = s3;
     expect_open_fails(n3, &o, "data.mdb truncated to 100 bytes", -EUCLEAN, -EIO);
 
-    /* Meta pages intact, garbage in every data page. LMDB has no page
-       checksums; reported, not asserted. */
+    /* Meta pages intact, garbage in every data page: LMDB has no page
+       checksums and dies walking them, in libwq's reader child, not in
+       the opening process. */
     const char *s4 = t_mkstore();
     const char *n4 = t_qname("datapages");
     populate(n4, s4, 20);
     snprintf(data, sizeof data, "%s/data.mdb", s4);
     fill_random(data, 2 * psz, file_size(data));
     o.store_path = s4;
-    struct child_result *res = t_shared_alloc(sizeof *res);
-    int st = open_in_child(n4, &o, res, 0);
-    if (st != 0)
-        printf("  garbage in the data pages only (meta intact): the opening process "
-               "died (status %d) (informational)\n", st);
-    else
-        printf("  garbage in the data pages only (meta intact): wq_open = %s "
-               "(informational)\n", wq_strerror(res->rc));
-    t_shared_free(res, sizeof *res);
+    expect_open_fails(n4, &o, "garbage in the data pages only (meta intact)", -EUCLEAN);
+
+    /* One zeroed page of records in a larger store (the page holding the
+       last record header found in the file: a leaf in use). */
+    const char *s5 = t_mkstore();
+    const char *n5 = t_qname("zeropage");
+    populate(n5, s5, 2000);
+    snprintf(data, sizeof data, "%s/data.mdb", s5);
+    int fd = open(data, O_RDWR);
+    assert_true(fd >= 0);
+    off_t size = file_size(data), page = -1;
+    static unsigned char buf[4096], zero[4096];
+    for (off_t off = 0; off < size; off += 4096) {
+        assert_int_equal(pread(fd, buf, sizeof buf, off), (ssize_t)sizeof buf);
+        if (memmem(buf, sizeof buf, "WQR2", 4))
+            page = off;
+    }
+    assert_true(page > 0);
+    assert_int_equal(pwrite(fd, zero, sizeof zero, page), (ssize_t)sizeof zero);
+    close(fd);
+    o.store_path = s5;
+    expect_open_fails(n5, &o, "a zeroed page", -EUCLEAN);
     t_unlink_all();
 }
 
@@ -232,6 +249,168 @@ static void test_foreign_store(void **state)
     if (ms.ms_entries != 1 || grc != 0)
         fail_msg("foreign environment changed: %zu entries, our key %s", ms.ms_entries,
                  grc == 0 ? "present" : "missing");
+}
+
+/* Open the store's LMDB environment and change it as a careless tool
+   would: LMDB is happy, libwq must not be. */
+enum edit { EDIT_RECORD, DELETE_RECORD };
+static void lmdb_change(const char *store, enum edit what)
+{
+    MDB_env *env;
+    MDB_txn *txn;
+    MDB_dbi recs;
+    MDB_cursor *c;
+    MDB_val k, v;
+    assert_int_equal(mdb_env_create(&env), 0);
+    assert_int_equal(mdb_env_set_maxdbs(env, 4), 0);
+    assert_int_equal(mdb_env_open(env, store, 0, 0600), 0);
+    assert_int_equal(mdb_txn_begin(env, NULL, 0, &txn), 0);
+    assert_int_equal(mdb_dbi_open(txn, "records", 0, &recs), 0);
+    assert_int_equal(mdb_cursor_open(txn, recs, &c), 0);
+    assert_int_equal(mdb_cursor_get(c, &k, &v, MDB_FIRST), 0);
+    if (what == EDIT_RECORD) {
+        unsigned char val[512];
+        assert_true(v.mv_size <= sizeof val);
+        memcpy(val, v.mv_data, v.mv_size);
+        val[8] ^= 1;   /* the failure count: a plausible value, a wrong sum */
+        MDB_val nv = { v.mv_size, val };
+        assert_int_equal(mdb_cursor_put(c, &k, &nv, MDB_CURRENT), 0);
+    } else {
+        assert_int_equal(mdb_cursor_del(c, 0), 0);
+    }
+    mdb_cursor_close(c);
+    assert_int_equal(mdb_txn_commit(txn), 0);
+    mdb_env_close(env);
+}
+
+/* wq_open in a child; the error and wq_last_error come back. */
+struct named {
+    int rc;
+    char why[512];
+};
+static struct named open_named(const char *name, const char *store, unsigned flags)
+{
+    struct named *sh = t_shared_alloc(sizeof *sh);
+    pid_t c = t_fork(20);
+    if (c == 0) {
+        struct wq_options o = { .store_path = store, .flags = WQ_CREATE | WQ_EXCL | flags };
+        wq *q;
+        sh->rc = wq_open(name, &o, &q);
+        snprintf(sh->why, sizeof sh->why, "%s", wq_last_error());
+        if (sh->rc == 0) {
+            wq_close(q);
+            wq_unlink(name);
+        }
+        _exit(0);
+    }
+    assert_int_equal(t_wait(c, 15000), 0);
+    struct named r = *sh;
+    t_shared_free(sh, sizeof *sh);
+    T_EXPECT_NO_SHM(name, "after a refused restore");
+    return r;
+}
+
+static void expect_named(struct named r, const char *store, const char *what)
+{
+    if (r.rc != -EUCLEAN || !strstr(r.why, store) || !strstr(r.why, what))
+        fail_msg("wq_open = %d (%s), wq_last_error \"%s\": expected -EUCLEAN naming %s "
+                 "and \"%s\"", r.rc, wq_strerror(r.rc), r.why, store, what);
+    printf("  %s\n", r.why);
+}
+
+/* A store knows what it holds: an edited record, a lost record, a data
+   file gone or emptied under the marker all fail the restore, and the
+   message names the store and the damage. */
+static void test_damage_named(void **state)
+{
+    (void)state;
+    char data[300];
+    const char *s1 = t_mkstore(), *n1 = t_qname("edited");
+    populate(n1, s1, 20);
+    lmdb_change(s1, EDIT_RECORD);
+    expect_named(open_named(n1, s1, 0), s1, "checksum mismatch");
+
+    const char *s2 = t_mkstore(), *n2 = t_qname("lost");
+    populate(n2, s2, 20);
+    lmdb_change(s2, DELETE_RECORD);
+    expect_named(open_named(n2, s2, 0), s2, "holds 19 records, its meta record says 20");
+
+    const char *s3 = t_mkstore(), *n3 = t_qname("nodata");
+    populate(n3, s3, 5);
+    snprintf(data, sizeof data, "%s/data.mdb", s3);
+    assert_int_equal(unlink(data), 0);
+    expect_named(open_named(n3, s3, 0), s3, "data.mdb is missing");
+    expect_named(open_named(n3, s3, WQ_RESTORE), s3, "data.mdb is missing");
+
+    const char *s4 = t_mkstore(), *n4 = t_qname("emptydata");
+    populate(n4, s4, 5);
+    snprintf(data, sizeof data, "%s/data.mdb", s4);
+    assert_int_equal(truncate(data, 0), 0);
+    expect_named(open_named(n4, s4, 0), s4, "data.mdb is empty");
+    t_unlink_all();
+}
+
+struct lines {
+    char text[16][256];
+    int n;
+};
+static void keep_line(const char *what, void *arg)
+{
+    struct lines *l = arg;
+    if (l->n < 16)
+        snprintf(l->text[l->n++], sizeof l->text[0], "%s", what);
+}
+
+static bool has_line(const struct lines *l, const char *part)
+{
+    for (int i = 0; i < l->n; i++)
+        if (strstr(l->text[i], part))
+            return true;
+    return false;
+}
+
+/* wq_store_salvage keeps what verifies, says what it dropped, and keeps
+   the damaged store aside; the queue restores from the new store. */
+static void test_salvage(void **state)
+{
+    (void)state;
+    const char *s = t_mkstore(), *name = t_qname("salvage");
+    populate(name, s, 20);
+    lmdb_change(s, EDIT_RECORD);   /* one record fails its checksum */
+    struct lines l = { .n = 0 };
+    assert_int_equal(wq_store_salvage(s, NULL, keep_line, &l), 19);
+    for (int i = 0; i < l.n; i++)
+        printf("  salvage: %s\n", l.text[i]);
+    assert_true(has_line(&l, "dropped the record of key 'p"));
+    assert_true(has_line(&l, "record checksum mismatch"));
+    assert_true(has_line(&l, "kept 19 records; dropped 1 damaged, 0 missing"));
+    /* The damaged store is kept, whole, next to the new one. */
+    char parent[300], *slash;
+    snprintf(parent, sizeof parent, "%s", s);
+    slash = strrchr(parent, '/');
+    assert_non_null(slash);
+    *slash = 0;
+    DIR *d = opendir(parent);
+    assert_non_null(d);
+    struct dirent *de;
+    int aside = 0;
+    while ((de = readdir(d)))
+        aside += strstr(de->d_name, ".damaged-") != NULL;
+    closedir(d);
+    assert_int_equal(aside, 1);
+    struct named r = open_named(name, s, WQ_RESTORE);
+    assert_int_equal(r.rc, 0);
+    struct wq_options o = { .store_path = s, .flags = WQ_CREATE | WQ_EXCL | WQ_RESTORE };
+    wq *q = t_track(T_OPEN(name, &o));
+    assert_int_equal(wq_len(q), 19);
+    t_check_clean(q, "salvaged");
+    t_close(q);
+    assert_int_equal(wq_unlink(name), 0);
+
+    /* Nothing to salvage: no data.mdb. */
+    const char *empty = t_mkstore();
+    assert_int_equal(wq_store_salvage(empty, NULL, NULL, NULL), -ENODATA);
+    assert_int_equal(wq_store_salvage(NULL, NULL, NULL, NULL), -EINVAL);
 }
 
 static void test_store_path_is_file(void **state)
@@ -493,6 +672,8 @@ int main(void)
     static const struct CMUnitTest tests[] = {
         T_STORE_TEST(test_corrupt_store),
         T_STORE_TEST(test_foreign_store),
+        T_STORE_TEST(test_damage_named),
+        T_STORE_TEST(test_salvage),
         T_STORE_TEST(test_store_path_is_file),
         T_STORE_TEST(test_readonly_store),
         T_STORE_TEST(test_options),
