@@ -349,6 +349,17 @@ static int parse(struct wq_store_img *img, const unsigned char *p, size_t start,
         case F_META:
             if (wq__meta_decode(d, len, &img->meta, &img->meta_why) == 0) {
                 img->has_meta = true;
+                /* Room for what it says the store holds, at once: growing
+                   a million records by doubling copies them twice over. */
+                if (img->meta.version >= WQ_STORE_VERSION && img->cap == 0 &&
+                    img->meta.records < (1u << 31)) {
+                    size_t nc = (size_t)img->meta.records + 16;
+                    struct wq_srec *nr = malloc(nc * sizeof *nr);
+                    if (nr) {
+                        img->recs = nr;
+                        img->cap = nc;
+                    }
+                }
             } else {
                 img->bad_meta = true;
                 snprintf(why, wn, "its meta record: %s", img->meta_why);

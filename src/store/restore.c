@@ -345,16 +345,57 @@ static int restore_one(shmq *view, const struct wq_srec *l, uint64_t mono, uint6
     return wq__entry_commit_new(view, idx, state, &queued);
 }
 
-int wq__store_restore(shmq *view, struct wq_store_img *img)
+/*
+ * The records' indices in first-add order. Orders are handed out by a
+ * counter, so they are nearly dense: when their range is small, each
+ * index goes straight to its slot (O(n)); otherwise they are sorted.
+ */
+static struct rank *in_order(const struct wq_store_img *img)
 {
-    struct rank *rank = malloc((img->n ? img->n : 1) * sizeof *rank);
+    size_t n = img->n;
+    struct rank *rank = malloc((n ? n : 1) * sizeof *rank);
     if (!rank)
-        return -ENOMEM;
-    for (size_t i = 0; i < img->n; i++) {
+        return NULL;
+    uint64_t lo = UINT64_MAX, hi = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t o = img->recs[i].r.order;
+        lo = o < lo ? o : lo;
+        hi = o > hi ? o : hi;
+    }
+    uint32_t *slot = NULL;
+    if (n > 0 && hi - lo < 4 * (uint64_t)n + 1024)
+        slot = malloc((size_t)(hi - lo + 1) * sizeof *slot);
+    if (slot) {
+        memset(slot, 0xff, (size_t)(hi - lo + 1) * sizeof *slot);
+        bool dup = false;
+        for (size_t i = 0; i < n; i++) {
+            uint32_t *s = &slot[img->recs[i].r.order - lo];
+            dup |= *s != UINT32_MAX;
+            *s = (uint32_t)i;
+        }
+        size_t k = 0;
+        for (uint64_t o = 0; o <= hi - lo && !dup; o++)
+            if (slot[o] != UINT32_MAX) {
+                rank[k].order = lo + o;
+                rank[k++].idx = slot[o];
+            }
+        free(slot);
+        if (!dup)
+            return rank;   /* else (two records, one order) sort them all */
+    }
+    for (size_t i = 0; i < n; i++) {
         rank[i].order = img->recs[i].r.order;
         rank[i].idx = (uint32_t)i;
     }
-    qsort(rank, img->n, sizeof *rank, by_order);
+    qsort(rank, n, sizeof *rank, by_order);
+    return rank;
+}
+
+int wq__store_restore(shmq *view, struct wq_store_img *img)
+{
+    struct rank *rank = in_order(img);
+    if (!rank)
+        return -ENOMEM;
     uint64_t mono = wq__now_mono(), real = wq__now_real();
     int rc = 0;
     wq__mut_begin(view);
