@@ -170,10 +170,12 @@ typedef void (*wq_report_fn)(const char *what, void *arg);
                                 does not), so a mistyped path is an error
                                 rather than a new, empty store and queue */
 
-/* wq_options.durability */
-#define WQ_DURABLE_PROCESS 0
-#define WQ_DURABLE_FSYNC   1
-#define WQ_DURABLE_NONE    2
+/* wq_options.durability (see "Persistence"). 0 is "not given": PROCESS
+   for a new store, the store's own level on a restore. Any level given is
+   honoured, on a restore too. Use the names, never the numbers. */
+#define WQ_DURABLE_PROCESS 1 /* committed before the add returns */
+#define WQ_DURABLE_FSYNC   2 /* ... and on disk */
+#define WQ_DURABLE_NONE    3 /* periodic snapshots */
 
 /* Limits. */
 #define WQ_MAX_NAME_LEN    200        /* bytes of a queue name */
@@ -217,7 +219,7 @@ struct wq_options {
     uint32_t capacity;      /* max live keys (queued+processing+waiting); 0 -> 65536 */
     uint32_t max_key_len;   /* 0 -> 256; at most 4096 */
     const char *store_path; /* LMDB directory for persistence; NULL -> memory only */
-    int durability;         /* WQ_DURABLE_PROCESS (0) | WQ_DURABLE_FSYNC | WQ_DURABLE_NONE */
+    int durability;         /* 0 (not given) | WQ_DURABLE_PROCESS | _FSYNC | _NONE */
     uint32_t snapshot_interval_ms; /* WQ_DURABLE_NONE only; 0 -> 1000 */
     uint32_t result_capacity;      /* finished results kept; 0 -> capacity */
     mode_t mode;            /* permissions of the shm object and store; 0 -> 0600 */

@@ -56,8 +56,8 @@ int wq__options_check(const struct wq_options *o)
     if (o->capacity > WQ_MAX_CAPACITY || o->max_key_len > WQ_MAX_KEY_LEN ||
         o->max_procs > WQ_MAX_PROCS || o->result_capacity > WQ_MAX_CAPACITY)
         return -EINVAL;
-    if (o->durability != WQ_DURABLE_PROCESS && o->durability != WQ_DURABLE_FSYNC &&
-        o->durability != WQ_DURABLE_NONE)
+    if (o->durability != 0 && o->durability != WQ_DURABLE_PROCESS &&
+        o->durability != WQ_DURABLE_FSYNC && o->durability != WQ_DURABLE_NONE)
         return -EINVAL;
     if (!o->store_path && (o->durability || o->snapshot_interval_ms))
         return -EINVAL;
@@ -86,7 +86,7 @@ int wq__options_resolve(const struct wq_options *o, struct wq_conf *c)
     c->mode = o->mode ? (uint32_t)o->mode : 0600;
     c->has_store = o->store_path != NULL;
     if (c->has_store) {
-        c->durability = (uint32_t)o->durability;
+        c->durability = o->durability ? (uint32_t)o->durability : WQ_DURABLE_PROCESS;
         c->snapshot_ms = o->snapshot_interval_ms ? o->snapshot_interval_ms
                                                  : WQ_DEF_SNAPSHOT_MS;
     }

@@ -278,7 +278,7 @@ static void options_invalid(void **state)
     expect_open_rc("max_key_len UINT32_MAX", OPT(max_key_len, UINT32_MAX),
                    -EINVAL);
     expect_open_rc("max_procs 4097", OPT(max_procs, 4097), -EINVAL);
-    expect_open_rc("durability 3", OPT(durability, 3), -EINVAL);
+    expect_open_rc("durability 4", OPT(durability, 4), -EINVAL);
     expect_open_rc("durability -1", OPT(durability, -1), -EINVAL);
     expect_open_rc("rl_qps -1", OPT(rl_qps, -1.0), -EINVAL);
     {

@@ -325,6 +325,42 @@ static void test_snapshot_no_store(void **state)
     t_close(q);
 }
 
+/* Durability can be asked for: a level given on a restore is honoured
+   (and kept by the store), one not given is the store's own, a new
+   store without one is PROCESS. (WQ_DURABLE_PROCESS used to be 0, "not
+   given", so a store last used with NONE stayed NONE whatever was asked.) */
+static void test_durability_asked_for(void **state)
+{
+    (void)state;
+    const char *store = t_mkstore();
+    const char *name = t_qname("asked");
+    struct wq_options o = { .store_path = store, .flags = WQ_CREATE | WQ_EXCL };
+    wq *q = t_track(T_OPEN(name, &o));
+    assert_int_equal(t_stats(q).durability, WQ_DURABLE_PROCESS);   /* the default */
+    t_close(q);
+    assert_int_equal(wq_unlink(name), 0);
+    const int levels[] = { WQ_DURABLE_NONE, WQ_DURABLE_PROCESS, WQ_DURABLE_FSYNC,
+                           WQ_DURABLE_PROCESS };
+    for (size_t i = 0; i < sizeof levels / sizeof levels[0]; i++) {
+        o.durability = levels[i];
+        q = t_track(T_OPEN(name, &o));
+        assert_int_equal(wq_add(q, KS("k")), i == 0 ? 0 : 1);   /* restored after the first */
+        if (t_stats(q).durability != (uint64_t)levels[i])
+            fail_msg("restore asked for %s, got %s", t_durability_name(levels[i]),
+                     t_durability_name((int)t_stats(q).durability));
+        wq_snapshot(q);
+        t_close(q);
+        assert_int_equal(wq_unlink(name), 0);
+        /* Not given: the store's own level, the one asked for last. */
+        o.durability = 0;
+        q = t_track(T_OPEN(name, &o));
+        assert_int_equal(t_stats(q).durability, (uint64_t)levels[i]);
+        assert_int_equal(wq_len(q), 1);
+        t_close(q);
+        assert_int_equal(wq_unlink(name), 0);
+    }
+}
+
 /* ------------------------------------------------------------------ */
 /* main: the group in a child, then every store removed                */
 /* ------------------------------------------------------------------ */
@@ -333,6 +369,7 @@ int main(void)
 {
     static const struct CMUnitTest tests[] = {
         T_STORE_TEST(test_none_durability),
+        T_STORE_TEST(test_durability_asked_for),
         T_STORE_TEST(test_full_store),
         T_STORE_TEST(test_snapshot_no_store),
         T_NO_LEFTOVERS,

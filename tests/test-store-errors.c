@@ -639,8 +639,8 @@ static void test_options(void **state)
     o.durability = WQ_DURABLE_FSYNC;
     expect_einval(&o, "interval with FSYNC");
     o.snapshot_interval_ms = 0;
-    o.durability = 3;
-    expect_einval(&o, "durability 3");
+    o.durability = WQ_DURABLE_NONE + 1;   /* no such level */
+    expect_einval(&o, "durability 4");
     o.durability = -1;
     expect_einval(&o, "durability -1");
     if (count_entries(s) != 0)

@@ -407,6 +407,9 @@ int wq__meta_decode(const void *p, size_t n, struct wq_meta *m, const char **why
     if (!*why && (m->capacity == 0 || m->capacity > WQ_MAX_CAPACITY || m->max_key_len == 0 ||
                   m->max_key_len > WQ_MAX_KEY_LEN || m->pad0 != 0))
         *why = "meta record settings out of range";
+    /* Version 1 numbered the durability levels from 0. */
+    if (!*why && m->version == 1)
+        m->durability = m->durability <= 2 ? m->durability + 1 : UINT32_MAX;
     return *why ? -EUCLEAN : 0;
 }
 
