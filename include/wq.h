@@ -348,8 +348,15 @@ WQ_API int wq_len(wq *q);
  * wq_shutdown - stop accepting adds and wake every blocked wq_get (they
  * return queued keys first, then -ESHUTDOWN). Also ends a pending
  * wq_shutdown_drain early with -ECANCELED (client-go's forced shutdown).
- * The flag lives in the region: it is seen by every process and stays set
- * for the life of the region. Returns 0. Idempotent.
+ * Waiting keys (wq_add_after, rate limited) never fire while shut down:
+ * without a store they are dropped (client-go); with a store they stay,
+ * waiting, so that the region and the store agree, and fire after a
+ * wq_resume. The flag lives in the region: it is seen by every process
+ * and stays set until wq_resume. Returns 0. Idempotent.
+ *
+ * A shutdown is for when an operator means "this queue stops". To stop
+ * one consumer (a restart, a rolling deploy), stop its workers instead:
+ * wq_run_workers stops its pool on SIGTERM without shutting the queue.
  */
 WQ_API int wq_shutdown(wq *q);
 
@@ -358,11 +365,21 @@ WQ_API int wq_shutdown(wq *q);
  * processing. Keys may still be queued when it returns (client-go).
  * Keys held by dead processes are requeued while waiting, so a crashed
  * worker cannot make it hang. Returns 0, -ETIMEDOUT, -ECANCELED (a
- * wq_shutdown call was made while waiting), -EINVAL.
+ * wq_shutdown or wq_resume call was made while waiting), -EINVAL.
  */
 WQ_API int wq_shutdown_drain(wq *q, int64_t timeout_ns);
 
-/* wq_shutting_down - true once wq_shutdown or wq_shutdown_drain ran. */
+/*
+ * wq_resume - end a shutdown, for every process attached: adds are
+ * accepted again, wq_get hands out keys again, waiting keys fire when
+ * due. The queue's keys are all still there (queued, processing, and
+ * with a store the waiting ones). A drain still waiting ends with
+ * -ECANCELED. Returns 0 (also when the queue was not shut down).
+ */
+WQ_API int wq_resume(wq *q);
+
+/* wq_shutting_down - true from a wq_shutdown or wq_shutdown_drain until
+   a wq_resume. */
 WQ_API bool wq_shutting_down(wq *q);
 
 /* ------------------------------------------------------------------ */
@@ -555,42 +572,80 @@ typedef int (*wq_reconcile_fn)(wq *q, const void *key, size_t len,
 
 /*
  * wq_run_workers - fork `workers` processes that loop get -> fn -> finish,
- * and supervise them until the queue is shut down and they have exited.
- * Outcomes map like controller-runtime's:
+ * and supervise them until they have exited: after the queue was shut
+ * down, after a SIGTERM or SIGINT stopped the pool, or (until_empty) once
+ * the queue ran empty. Outcomes map like controller-runtime's:
  *   fn returns 0, requeue_after_ns == 0: wq_forget + SUCCEEDED(message);
  *   fn returns 0, requeue_after_ns > 0: wq_forget, re-added after that
  *     delay, SUCCEEDED recorded;
  *   fn returns < 0: FAILED(out->code, or the return value) and the key is
- *     re-added rate limited (its failure count rises).
+ *     re-added rate limited (its failure count rises); after max_attempts
+ *     failed attempts (wq_pool_options) it is given up instead: forgotten,
+ *     not re-added, its FAILED result kept.
  * The re-add is made while the key is still processing, so a worker that
  * dies between the two steps loses nothing.
  * Supervision: a worker that dies (signal, or exit status other than 0)
  * is replaced after a restart backoff (100 ms doubling to 10 s per worker
  * slot, reset once a worker has lived 10 s), so a crash-looping reconciler
  * does not spin; the key it held is requeued by the crash machinery, never
- * processed twice at once. The supervisor waits only for its own workers
- * (waitpid on their pids), never for other children of the caller.
+ * processed twice at once. A reconcile that overruns timeout_ns gets its
+ * worker SIGKILLed: the attempt counts as failed (the key comes back as a
+ * crash requeue, its failure count raised) and wq_pool_options.timeouts
+ * counts it. The supervisor waits only for its own workers (waitpid on
+ * their pids), never for other children of the caller.
  * Signals: while it runs, SIGTERM and SIGINT are handled by the
- * supervisor: the first shuts the queue down (wq_shutdown) and lets the
- * workers finish what is queued and exit (drain); a second one SIGKILLs
- * the workers and returns at once (-EINTR). Workers ignore SIGINT and
- * SIGTERM (a terminal ^C reaches the whole process group) and die with
- * the supervisor (PR_SET_PDEATHSIG). The caller's signal mask and
- * dispositions are restored on return.
- * Keys held by workers killed after a second signal go back to the
- * queue like on a close (no failure counted): the stop was chosen.
+ * supervisor. The first stops this pool, not the queue: each worker
+ * finishes the key it holds and exits; queued keys stay queued for the
+ * next start, and other processes attached to the queue are untouched
+ * (so a `systemctl restart` or a rolling deploy loses nothing). A second
+ * one SIGKILLs the workers and returns at once (-EINTR); the keys they
+ * held go back to the queue like on a close (no failure counted): the
+ * stop was chosen. Workers ignore SIGINT and SIGTERM (a terminal ^C
+ * reaches the whole process group) and die with the supervisor
+ * (PR_SET_PDEATHSIG). The caller's signal mask and dispositions are
+ * restored on return. To stop every consumer of the queue, shut the
+ * queue down (wq_shutdown, wqctl shutdown) instead.
  * A worker that cannot work at all (wq_get fails with -EUSERS, -ENOMEM,
  * -EBADMSG, -ENOTRECOVERABLE) stops the pool with that error instead of
  * being restarted forever.
+ * Workers are named "<name>-w<N>" (prctl PR_SET_NAME: ps -e, top and
+ * pgrep tell them from the supervisor); a worker sees a stop request
+ * within 200 ms of finishing its key.
  * Call it from a process whose other threads block SIGINT and SIGTERM
  * (the supervisor blocks them in its own thread only). Workers ignore
  * SIGINT and SIGTERM; a reconciler that execs a command should restore
  * them there (ignored dispositions survive exec).
- * Returns 0 when the queue was shut down and every worker exited, -EINTR
- * after a second signal, -EINVAL (workers == 0 or > 1024, NULL fn), a
- * worker's fatal error as above, or an error from fork.
+ * Returns 0 when the queue was shut down, the pool was stopped by a
+ * signal, or it ran empty, and every worker exited; -EINTR after a second
+ * signal; -EINVAL (workers == 0 or > 1024, NULL fn, a negative timeout,
+ * non-zero reserved fields); a worker's fatal error as above; or an error
+ * from fork.
  */
 WQ_API int wq_run_workers(wq *q, unsigned workers, wq_reconcile_fn fn, void *arg);
+
+/* Options of wq_run_workers_opts. Zero-initialise; every zero field is
+   wq_run_workers' behaviour. */
+struct wq_pool_options {
+    uint32_t max_attempts;  /* give a key up after this many failed attempts
+                               (0: never, as controller-runtime) */
+    int64_t timeout_ns;     /* kill a reconcile running longer (0: never) */
+    bool until_empty;       /* return once nothing is queued, processing or
+                               waiting (a batch job) */
+    /* Called in each worker right after fork, before its first key, with
+       the worker's number (0 .. workers-1) and wq_run_workers' arg:
+       reseed random numbers, reopen connections. */
+    void (*after_fork)(wq *q, unsigned worker, void *arg);
+    const char *name;       /* worker name prefix (at most 8 bytes used;
+                               NULL: "wq") */
+    /* Out, set on return: */
+    uint64_t timeouts;      /* reconciles killed for overrunning timeout_ns */
+    bool stopped_by_signal; /* a SIGTERM or SIGINT stopped the pool */
+    uint64_t reserved[4];   /* must be zero (-EINVAL): room to grow */
+};
+
+/* wq_run_workers with options (NULL: wq_run_workers). */
+WQ_API int wq_run_workers_opts(wq *q, unsigned workers, wq_reconcile_fn fn, void *arg,
+                               struct wq_pool_options *opts);
 
 /* ------------------------------------------------------------------ */
 /* Persistence (LMDB store)                                            */

@@ -236,6 +236,11 @@ int wq_shutdown_drain(wq *q, int64_t timeout_ns)
     return rc < 0 ? rc : q->eng->drain(q, deadline);
 }
 
+int wq_resume(wq *q)
+{
+    return q ? q->eng->resume(q) : -EINVAL;
+}
+
 bool wq_shutting_down(wq *q)
 {
     return q && q->eng->shutting_down(q);

@@ -51,6 +51,7 @@ struct wq_engine {
     int (*done_get)(wq *q, const void *key, size_t len, void *buf, uint64_t deadline);
     int (*len)(wq *q);
     int (*shutdown)(wq *q);
+    int (*resume)(wq *q);
     int (*drain)(wq *q, uint64_t deadline);
     bool (*shutting_down)(wq *q);
     int (*forget)(wq *q, const void *key, size_t len);

@@ -80,5 +80,9 @@ int wq__options_resolve(const struct wq_options *o, struct wq_conf *c);
 /* A conf read back from storage (a region header, a store's meta record)
    obeys the same rules: -EINVAL when it does not. */
 int wq__conf_valid(const struct wq_conf *c);
+/* WQ_CREATE of an existing queue: -EEXIST, why set, when an option given
+   differs from the queue's conf (store_path: the queue's store, or NULL). */
+int wq__options_match(const struct wq_options *o, const struct wq_conf *c,
+                      const char *store_path, char *why, size_t wn);
 
 #endif

@@ -14,7 +14,10 @@
  * defaults are client-go's DefaultControllerRateLimiter (exponential
  * 5 ms .. 1000 s, token bucket 10 qps burst 100, max of both).
  */
+#include <limits.h>
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 
 #include "internal.h"
 
@@ -127,5 +130,73 @@ int wq__conf_valid(const struct wq_conf *c)
         (!c->rl_fast_delay_ns || !c->rl_slow_delay_ns || !c->rl_max_fast_attempts ||
          c->rl_fast_delay_ns > c->rl_slow_delay_ns))
         return -EINVAL;
+    return 0;
+}
+
+/*
+ * An open with WQ_CREATE of a queue that exists: every option given (not
+ * zero) must be what the queue has, or the open fails (-EEXIST) and says
+ * which differs; nothing is changed. has_store_path: the queue's store
+ * directory (absolute), NULL without a store.
+ */
+int wq__options_match(const struct wq_options *o, const struct wq_conf *c,
+                      const char *store_path, char *why, size_t wn)
+{
+#define DIFF(...) do { snprintf(why, wn, __VA_ARGS__); return -EEXIST; } while (0)
+    if (o->capacity && o->capacity != c->capacity)
+        DIFF("capacity %u, not %u", c->capacity, o->capacity);
+    if (o->max_key_len && o->max_key_len != c->max_key_len)
+        DIFF("max_key_len %u, not %u", c->max_key_len, o->max_key_len);
+    if (o->max_procs && o->max_procs != c->max_procs)
+        DIFF("max_procs %u, not %u", c->max_procs, o->max_procs);
+    if (o->result_capacity && o->result_capacity != c->result_capacity)
+        DIFF("result_capacity %u, not %u", c->result_capacity, o->result_capacity);
+    if (o->mode && (uint32_t)o->mode != c->mode)
+        DIFF("mode %04o, not %04o", c->mode, (unsigned)o->mode);
+    if (o->store_path) {
+        char abs[4096];
+        if (!c->has_store)
+            DIFF("no store, not the store %s", o->store_path);
+        if (!realpath(o->store_path, abs) || strcmp(abs, store_path) != 0)
+            DIFF("the store %s, not %s", store_path, o->store_path);
+    }
+    if (o->durability && (!c->has_store || (uint32_t)o->durability != c->durability))
+        DIFF("durability %s, not %s",
+             !c->has_store ? "none (no store)" : c->durability == WQ_DURABLE_PROCESS ? "process"
+                 : c->durability == WQ_DURABLE_FSYNC ? "fsync" : "none (snapshots)",
+             o->durability == WQ_DURABLE_PROCESS ? "process"
+                 : o->durability == WQ_DURABLE_FSYNC ? "fsync" : "none (snapshots)");
+    if (o->snapshot_interval_ms && o->snapshot_interval_ms != c->snapshot_ms)
+        DIFF("snapshot_interval_ms %u, not %u", c->snapshot_ms, o->snapshot_interval_ms);
+    if ((o->flags & WQ_FAIR) && !(c->flags & WQ_FAIR))
+        DIFF("the default mode, not WQ_FAIR");
+    if ((o->flags & WQ_NO_METRICS) && !(c->flags & WQ_NO_METRICS))
+        DIFF("metrics on, not WQ_NO_METRICS");
+    if (o->fair_share && o->fair_share != c->fair_share)
+        DIFF("fair_share %u, not %u", c->fair_share, o->fair_share);
+    if (o->tenant_sep && o->tenant_sep != c->tenant_sep)
+        DIFF("tenant_sep %d, not %d", c->tenant_sep, o->tenant_sep);
+    if (o->rl_limiters && o->rl_limiters != c->rl_limiters)
+        DIFF("rl_limiters 0x%x, not 0x%x", c->rl_limiters, o->rl_limiters);
+    if (o->rl_base_delay_ns && o->rl_base_delay_ns != c->rl_base_delay_ns)
+        DIFF("rl_base_delay_ns %llu, not %llu", (unsigned long long)c->rl_base_delay_ns,
+             (unsigned long long)o->rl_base_delay_ns);
+    if (o->rl_max_delay_ns && o->rl_max_delay_ns != c->rl_max_delay_ns)
+        DIFF("rl_max_delay_ns %llu, not %llu", (unsigned long long)c->rl_max_delay_ns,
+             (unsigned long long)o->rl_max_delay_ns);
+    if (o->rl_qps > 0 && o->rl_qps != c->rl_qps)
+        DIFF("rl_qps %g, not %g", c->rl_qps, o->rl_qps);
+    if (o->rl_burst && o->rl_burst != c->rl_burst)
+        DIFF("rl_burst %u, not %u", c->rl_burst, o->rl_burst);
+    if (o->rl_fast_delay_ns && o->rl_fast_delay_ns != c->rl_fast_delay_ns)
+        DIFF("rl_fast_delay_ns %llu, not %llu", (unsigned long long)c->rl_fast_delay_ns,
+             (unsigned long long)o->rl_fast_delay_ns);
+    if (o->rl_slow_delay_ns && o->rl_slow_delay_ns != c->rl_slow_delay_ns)
+        DIFF("rl_slow_delay_ns %llu, not %llu", (unsigned long long)c->rl_slow_delay_ns,
+             (unsigned long long)o->rl_slow_delay_ns);
+    if (o->rl_max_fast_attempts && o->rl_max_fast_attempts != c->rl_max_fast_attempts)
+        DIFF("rl_max_fast_attempts %u, not %u", c->rl_max_fast_attempts,
+             o->rl_max_fast_attempts);
+#undef DIFF
     return 0;
 }

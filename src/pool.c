@@ -1,28 +1,34 @@
 /*
  * pool.c - controller-runtime's MaxConcurrentReconciles with processes:
  * wq_run_workers forks workers that loop get -> reconcile -> finish and
- * supervises them.
+ * supervises them. It uses nothing but wq.h.
  *
  * Supervisor: blocks SIGCHLD, SIGTERM and SIGINT and takes them with
  * sigtimedwait, so there is no signal handler and no race with the
  * caller's own handlers; it reaps only its own workers (waitpid on their
  * pids, never -1), restarts a worker that died abnormally after a
- * per-slot backoff, and returns once the queue is shut down and every
- * worker has exited. Keys held by a dead worker are requeued by the
- * library's crash machinery (lease -> reap); the supervisor only asks for
- * that reap at once (wq_check WQ_CHECK_REAP) instead of waiting for a
- * getter to notice.
+ * per-slot backoff, kills a worker whose reconcile overran its timeout,
+ * and returns once its workers have exited: after the queue was shut
+ * down, after a first SIGTERM/SIGINT stopped the pool (each worker
+ * finishes the key it holds; the queue is not touched, so the next start
+ * finds its keys), or once the queue ran empty (until_empty). Keys held
+ * by a dead worker are requeued by the library's crash machinery (lease
+ * -> reap); the supervisor only asks for that reap at once (wq_check
+ * WQ_CHECK_REAP).
  *
  * Worker: the handle inherited through fork registers the child as a new
  * process on first use (see wq.h, fork). SIGINT and SIGTERM are ignored
  * (a terminal ^C hits the whole process group; the supervisor decides),
- * and PR_SET_PDEATHSIG kills it if the supervisor dies. Outcome mapping
- * as documented in wq.h; re-adds are made while the key is still
+ * and PR_SET_PDEATHSIG kills it if the supervisor dies. It waits for keys
+ * in slices of STOP_POLL_NS so that a stop request (a word in a page
+ * shared with the supervisor) is seen between keys. Outcome mapping as
+ * documented in wq.h; re-adds are made while the key is still
  * processing, so dying between the two steps loses nothing.
  */
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -37,13 +43,8 @@
 #define BACKOFF_MIN_NS (100ull * 1000 * 1000)
 #define BACKOFF_MAX_NS (10ull * 1000 * 1000 * 1000)
 #define HEALTHY_NS (10ull * 1000 * 1000 * 1000)
-
-static uint64_t now_mono(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
+#define STOP_POLL_NS (200ull * 1000 * 1000)
+#define EMPTY_CHECK_NS (100ull * 1000 * 1000)
 
 struct worker {
     pid_t pid;              /* 0: not running */
@@ -52,7 +53,23 @@ struct worker {
     uint64_t restart_at_ns; /* 0: no restart pending */
 };
 
-static void reconcile_one(wq *q, char *key, int n, wq_reconcile_fn fn, void *arg)
+/* A page shared by the supervisor and its workers. */
+struct shared {
+    int fatal;              /* the first error that makes working impossible */
+    int stop;               /* the supervisor asks the workers to leave */
+    uint64_t busy_since[MAX_WORKERS]; /* per worker: CLOCK_MONOTONIC start of
+                                         the reconcile in progress, 0 between */
+};
+
+static uint64_t now_mono(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void reconcile_one(wq *q, char *key, int n, wq_reconcile_fn fn, void *arg,
+                          const struct wq_pool_options *po)
 {
     struct wq_reconcile out;
     memset(&out, 0, sizeof out);
@@ -68,53 +85,65 @@ static void reconcile_one(wq *q, char *key, int n, wq_reconcile_fn fn, void *arg
         wq_finish(q, key, (size_t)n, 0, out.message);
     } else {
         int code = rc > 0 ? -EINVAL : out.code ? out.code : rc;
-        wq_add_rate_limited(q, key, (size_t)n);
+        int tries = wq_num_requeues(q, key, (size_t)n);   /* failures before this one */
+        if (po->max_attempts && tries >= 0 && (uint32_t)tries + 1 >= po->max_attempts)
+            wq_forget(q, key, (size_t)n);   /* given up: no retry, the FAILED result stays */
+        else
+            wq_add_rate_limited(q, key, (size_t)n);
         wq_finish(q, key, (size_t)n, code, out.message);
     }
 }
 
-/* A page shared with the workers: the first error that makes working
-   impossible (e.g. the process table is full), so the supervisor stops
-   instead of restarting workers that cannot work. */
-static int *fatal_err;
-
-static void worker_main(wq *q, wq_reconcile_fn fn, void *arg, const sigset_t *orig)
+static void worker_main(wq *q, struct shared *sh, unsigned id, wq_reconcile_fn fn,
+                        void *arg, const struct wq_pool_options *po, const sigset_t *orig)
 {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
+    char comm[16];   /* ps -e, top, pgrep: the worker, not its supervisor */
+    snprintf(comm, sizeof comm, "%.8s-w%u", po->name ? po->name : "wq", id);
+    prctl(PR_SET_NAME, comm);
     signal(SIGINT, SIG_IGN);
     signal(SIGTERM, SIG_IGN);
     signal(SIGCHLD, SIG_DFL);
     sigprocmask(SIG_SETMASK, orig, NULL);
-    size_t cap = (size_t)wq_max_key_len(q) + 1;
-    char *key = malloc(cap);
+    if (po->after_fork)
+        po->after_fork(q, id, arg);
+    int max = wq_max_key_len(q);
+    char *key = max > 0 ? malloc((size_t)max + 1) : NULL;
     if (!key)
         _exit(1);
-    for (;;) {
-        int n = wq_get(q, key, cap, -1);
+    while (!__atomic_load_n(&sh->stop, __ATOMIC_ACQUIRE)) {
+        int n = wq_get(q, key, (size_t)max + 1, (int64_t)STOP_POLL_NS);
+        if (n == -ETIMEDOUT)
+            continue;
         if (n == -ESHUTDOWN)
             break;
         if (n < 0) {
             int none = 0;
             if (n == -EUSERS || n == -ENOMEM || n == -EBADMSG || n == -ENOTRECOVERABLE)
-                __atomic_compare_exchange_n(fatal_err, &none, n, false, __ATOMIC_SEQ_CST,
+                __atomic_compare_exchange_n(&sh->fatal, &none, n, false, __ATOMIC_SEQ_CST,
                                             __ATOMIC_SEQ_CST);
             _exit(1);   /* the supervisor restarts us, or gives up */
         }
-        reconcile_one(q, key, n, fn, arg);
+        __atomic_store_n(&sh->busy_since[id], now_mono(), __ATOMIC_RELEASE);
+        reconcile_one(q, key, n, fn, arg, po);
+        __atomic_store_n(&sh->busy_since[id], 0, __ATOMIC_RELEASE);
     }
     free(key);
     wq_close(q);
     _exit(0);
 }
 
-static int spawn(wq *q, struct worker *w, wq_reconcile_fn fn, void *arg,
+static int spawn(wq *q, struct shared *sh, struct worker *ws, unsigned id,
+                 wq_reconcile_fn fn, void *arg, const struct wq_pool_options *po,
                  const sigset_t *orig)
 {
+    struct worker *w = &ws[id];
+    __atomic_store_n(&sh->busy_since[id], 0, __ATOMIC_RELEASE);
     pid_t pid = fork();
     if (pid < 0)
         return -errno;
     if (pid == 0)
-        worker_main(q, fn, arg, orig);
+        worker_main(q, sh, id, fn, arg, po, orig);
     w->pid = pid;
     w->started_ns = now_mono();
     w->restart_at_ns = 0;
@@ -128,7 +157,7 @@ static void ended(wq *q, struct worker *w, int status)
     bool clean = WIFEXITED(status) && WEXITSTATUS(status) == 0;
     w->pid = 0;
     if (clean)
-        return;   /* it saw the shutdown */
+        return;   /* it saw the shutdown, or the stop */
     wq_check(q, WQ_CHECK_REAP);   /* requeue its key now */
     if (now - w->started_ns >= HEALTHY_NS)
         w->backoff_ns = BACKOFF_MIN_NS;
@@ -136,10 +165,24 @@ static void ended(wq *q, struct worker *w, int status)
     w->backoff_ns = w->backoff_ns * 2 > BACKOFF_MAX_NS ? BACKOFF_MAX_NS : w->backoff_ns * 2;
 }
 
-int wq_run_workers(wq *q, unsigned workers, wq_reconcile_fn fn, void *arg)
+/* Nothing left for a batch to do: no key queued, processing or waiting. */
+static bool empty(wq *q)
 {
-    if (!q || !fn || workers == 0 || workers > MAX_WORKERS)
+    struct wq_stats st;
+    return wq_stats(q, &st) == 0 && st.queued == 0 && st.processing == 0 && st.waiting == 0;
+}
+
+int wq_run_workers_opts(wq *q, unsigned workers, wq_reconcile_fn fn, void *arg,
+                        struct wq_pool_options *po)
+{
+    static const struct wq_pool_options none;
+    if (!q || !fn || workers == 0 || workers > MAX_WORKERS || (po && po->timeout_ns < 0))
         return -EINVAL;
+    if (po)
+        for (size_t i = 0; i < sizeof po->reserved / sizeof po->reserved[0]; i++)
+            if (po->reserved[i])
+                return -EINVAL;
+    const struct wq_pool_options *o = po ? po : &none;
     struct worker *ws = calloc(workers, sizeof *ws);
     if (!ws)
         return -ENOMEM;
@@ -154,57 +197,82 @@ int wq_run_workers(wq *q, unsigned workers, wq_reconcile_fn fn, void *arg)
     sigaction(SIGCHLD, &dfl, &old_chld);
 
     int rc = 0, signals = 0;
-    fatal_err = mmap(NULL, sizeof *fatal_err, PROT_READ | PROT_WRITE,
-                     MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    if (fatal_err == MAP_FAILED) {
-        fatal_err = NULL;
+    uint64_t timeouts = 0, next_empty_check = 0;
+    struct shared *sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE,
+                             MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (sh == MAP_FAILED) {
+        sh = NULL;
         rc = -ENOMEM;
         goto out;
     }
     for (unsigned i = 0; i < workers; i++) {
         ws[i].backoff_ns = BACKOFF_MIN_NS;
-        if ((rc = spawn(q, &ws[i], fn, arg, &orig)) < 0)
-            goto stop;
+        if ((rc = spawn(q, sh, ws, i, fn, arg, o, &orig)) < 0)
+            goto kill;
     }
     for (;;) {
         unsigned running = 0;
         uint64_t now = now_mono(), next = now + 100 * 1000 * 1000;
-        bool down = wq_shutting_down(q);
+        bool stopping = wq_shutting_down(q) || __atomic_load_n(&sh->stop, __ATOMIC_ACQUIRE);
         for (unsigned i = 0; i < workers; i++) {
             struct worker *w = &ws[i];
             int status;
             if (w->pid > 0 && waitpid(w->pid, &status, WNOHANG) == w->pid)
                 ended(q, w, status);
-            if (w->pid == 0 && w->restart_at_ns && !down) {
+            uint64_t busy = __atomic_load_n(&sh->busy_since[i], __ATOMIC_ACQUIRE);
+            if (w->pid > 0 && o->timeout_ns && busy && now - busy > (uint64_t)o->timeout_ns) {
+                /* Overran: killed; its key comes back as a crash (its
+                   failure count rises), like controller-runtime's
+                   ReconciliationTimeout counting a failed attempt. */
+                kill(w->pid, SIGKILL);
+                __atomic_store_n(&sh->busy_since[i], 0, __ATOMIC_RELEASE);
+                timeouts++;
+            }
+            if (w->pid == 0 && w->restart_at_ns && !stopping) {
                 if (w->restart_at_ns <= now) {
-                    if ((rc = spawn(q, w, fn, arg, &orig)) < 0)
-                        goto stop;
+                    if ((rc = spawn(q, sh, ws, i, fn, arg, o, &orig)) < 0)
+                        goto kill;
                 } else if (w->restart_at_ns < next) {
                     next = w->restart_at_ns;
                 }
             }
+            if (w->pid > 0 && o->timeout_ns && busy) {
+                uint64_t due = busy + (uint64_t)o->timeout_ns;
+                if (due > now && due < next)
+                    next = due;
+            }
             running += w->pid > 0;
         }
-        if (running == 0 && down)
+        if (running == 0 && stopping)
             break;
-        if (*fatal_err) {   /* workers cannot work: report, do not spin */
-            rc = *fatal_err;
-            goto stop;
+        if (sh->fatal) {   /* workers cannot work: report, do not spin */
+            rc = sh->fatal;
+            goto kill;
         }
+        if (o->until_empty && now >= next_empty_check && !stopping) {
+            next_empty_check = now + EMPTY_CHECK_NS;
+            if (empty(q))
+                __atomic_store_n(&sh->stop, 1, __ATOMIC_RELEASE);
+        }
+        if (next > now + EMPTY_CHECK_NS && o->until_empty)
+            next = now + EMPTY_CHECK_NS;
         struct timespec ts = { .tv_sec = (time_t)((next - now) / 1000000000ull),
                                .tv_nsec = (long)((next - now) % 1000000000ull) };
         int sig = sigtimedwait(&set, NULL, &ts);
         if (sig == SIGTERM || sig == SIGINT) {
             if (++signals == 1) {
-                wq_shutdown(q);   /* drain: workers finish what is queued */
+                /* Stop this pool, not the queue: each worker finishes the
+                   key it holds and leaves; queued keys wait for the next
+                   start, other processes attached are untouched. */
+                __atomic_store_n(&sh->stop, 1, __ATOMIC_RELEASE);
             } else {
                 rc = -EINTR;
-                goto stop;
+                goto kill;
             }
         }
     }
     goto out;
-stop:
+kill:
     for (unsigned i = 0; i < workers; i++)
         if (ws[i].pid > 0)
             kill(ws[i].pid, SIGKILL);
@@ -228,9 +296,17 @@ out:
     while (sigtimedwait(&stop_set, NULL, &zero) > 0)
         ;
     pthread_sigmask(SIG_SETMASK, &orig, NULL);
-    if (fatal_err)
-        munmap((void *)fatal_err, sizeof *fatal_err);
-    fatal_err = NULL;
+    if (sh)
+        munmap(sh, sizeof *sh);
+    if (po) {
+        po->timeouts = timeouts;
+        po->stopped_by_signal = signals > 0;
+    }
     free(ws);
     return rc;
+}
+
+int wq_run_workers(wq *q, unsigned workers, wq_reconcile_fn fn, void *arg)
+{
+    return wq_run_workers_opts(q, workers, fn, arg, NULL);
 }

@@ -117,7 +117,7 @@ ok
 "$WQCTL" stat "$Q" --json | grep -q '"results":3,"result_capacity":65536,' ||
     fail "stat --json results"
 ok
-"$WQCTL" stat "$Q" | grep -qx 'shutting_down  *yes' || fail "--exit-when-empty did not shut down"
+"$WQCTL" stat "$Q" | grep -qx 'shutting_down  *no' || fail "--exit-when-empty shut the queue down"
 ok
 "$WQCTL" dump "$Q" | grep -q '^-  *idle  *-  *-  *0  *succeeded 0  *k1$' ||
     { "$WQCTL" dump "$Q"; fail "dump result columns"; }
@@ -251,10 +251,12 @@ ok
 Q="$P-empty"
 expect_rc 0 "$WQCTL" create "$Q"
 expect_rc 0 "$WQCTL" work "$Q" -j 2 --exit-when-empty -- false
-"$WQCTL" stat "$Q" | grep -qx 'shutting_down  *yes' || fail "empty queue not shut down"
+"$WQCTL" stat "$Q" | grep -qx 'shutting_down  *no' || fail "--exit-when-empty shut the queue down"
 ok
 
-# ---- signals: the first drains (exit 0), the second stops (exit 130) ----
+# ---- signals: the first stops this work, not the queue (exit 0): the task
+# running finishes, queued keys stay queued for the next work; the second
+# stops at once (exit 130) ----
 Q="$P-drain"
 expect_rc 0 "$WQCTL" create "$Q"
 expect_rc 0 "$WQCTL" add "$Q" d1 d2 d3
@@ -262,7 +264,13 @@ start_work "$Q" -- sh -c 'sleep 0.2'
 wait_until "d1 runs" state_code_is "$Q" d1 running 0
 kill -TERM $wpid
 end_work 0
-for k in d1 d2 d3; do expect_field "$Q" $k state succeeded; done
+expect_field "$Q" d1 state succeeded
+for k in d2 d3; do expect_field "$Q" $k state pending; done
+"$WQCTL" stat "$Q" | grep -qx 'shutting_down  *no' || fail "a signal to work shut the queue down"
+"$WQCTL" stat "$Q" | grep -qx 'queued  *2' || fail "the queued keys did not stay queued"
+ok
+expect_rc 0 "$WQCTL" work "$Q" --exit-when-empty -- true   # the next work finishes them
+for k in d2 d3; do expect_field "$Q" $k state succeeded; done
 Q="$P-stop"
 expect_rc 0 "$WQCTL" create "$Q"
 expect_rc 0 "$WQCTL" add "$Q" s1 s2
@@ -331,6 +339,7 @@ expect_rc 1 "$WQCTL" result "$Q" "$(printf '%0300d' 0)"   # > max_key_len
 expect_rc 1 "$WQCTL" work "$Q" -j 1000 -- true           # max_procs 256
 # Options after CMD belong to CMD.
 expect_rc 0 "$WQCTL" help work
+expect_rc 0 "$WQCTL" shutdown "$P-empty"    # so that work returns at once
 expect_rc 0 "$WQCTL" work "$P-empty" echo -j 0
 
 echo "wqctl-work: $passed passed, 0 failed"

@@ -448,7 +448,8 @@ static void limiter_defaults_and_attach(void **state)
     expect_when(q, "b", 500 * MS);
     t_close(q);
 
-    /* attaching with other limiter options keeps the creator's */
+    /* attaching with other limiter options is refused; with none given
+       it keeps the creator's */
     const char *name = t_qname("attach");
     struct wq_options c = { .flags = WQ_CREATE | WQ_EXCL,
                             .rl_limiters = WQ_RL_EXPONENTIAL,
@@ -462,6 +463,11 @@ static void limiter_defaults_and_attach(void **state)
     wq *q1 = NULL, *q2 = NULL;
     assert_int_equal(wq_open(name, &c, &q1), 0);
     t_track(q1);
+    assert_int_equal(wq_open(name, &a, &q2), -EEXIST);
+    assert_non_null(strstr(wq_last_error(), "rl_limiters"));
+    a.rl_limiters = 0;
+    a.rl_fast_delay_ns = a.rl_slow_delay_ns = 0;
+    a.rl_max_fast_attempts = 0;
     assert_int_equal(wq_open(name, &a, &q2), 0);
     t_track(q2);
     expect_when(q2, "k", 1 * MS);

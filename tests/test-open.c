@@ -135,8 +135,12 @@ static void open_exists(void **state)
     assert_int_equal(wq_open(other, &o, &q2), -EINVAL);
     assert_false(t_shm_exists(other));
 
-    /* WQ_CREATE on an existing queue attaches; its geometry wins. */
+    /* WQ_CREATE on an existing queue attaches only if what it asks for is
+       what the queue is: another capacity is refused and named. */
     o.flags = WQ_CREATE;
+    assert_int_equal(wq_open(name, &o, &q2), -EEXIST);
+    assert_non_null(strstr(wq_last_error(), "capacity 16, not 32"));
+    o.capacity = 0;   /* zero: whatever the queue has */
     assert_int_equal(wq_open(name, &o, &q2), 0);
     assert_int_equal(t_stats(q2).capacity, 16);
     assert_int_equal(wq_len(q2), 1);

@@ -20,6 +20,7 @@ static const struct wq_engine shm_engine = {
     .done_get = wq__shm_done_get,
     .len = wq__shm_len,
     .shutdown = wq__shm_shutdown,
+    .resume = wq__shm_resume,
     .drain = wq__shm_drain,
     .shutting_down = wq__shm_shutting_down,
     .forget = wq__shm_forget,
@@ -67,6 +68,17 @@ int wq__shm_open(const char *name, const struct wq_options *opts, wq **out)
     }
     for (int tries = 0;; tries++) {
         rc = excl ? -ENOENT : wq__region_attach(q, path);
+        if (rc == 0 && create) {
+            /* An existing queue: what the caller asks for must be what it
+               is (a zero option: whatever it has). */
+            struct wq_conf c;
+            char why[300];
+            wq__geom_conf(&q->g, &c);
+            rc = wq__options_match(opts, &c, q->g.has_store ? q->g.store_path : NULL, why,
+                                   sizeof why);
+            if (rc < 0)
+                wq__errf("queue '%s' exists with %s", name, why);
+        }
         if (rc != -ENOENT || !create)
             break;
         rc = wq__region_create(path, opts);

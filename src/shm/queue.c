@@ -424,13 +424,29 @@ int wq__shm_len(wq *pub)
     return n <= q->capacity ? (int)n : -EBADMSG;
 }
 
-/* Lock held: the shutdown flag and its consequences (waiting keys are
-   dropped, every sleeper looks again). */
+/* Lock held: the shutdown flag and its consequences: every sleeper looks
+   again; waiting keys are dropped (client-go's waiting loop stops), but
+   with a store they stay, waiting and not fired while shut down, so the
+   region agrees with the store that keeps them (wq.h). */
 static void shut(shmq *q)
 {
     wq_store_relaxed(&q->hdr->shutdown, 1);
-    wq__drop_waiting(q);
+    if (!q->g.has_store)
+        wq__drop_waiting(q);
     wq__wake_all(q);
+}
+
+int wq__shm_resume(wq *pub)
+{
+    shmq *q = wq__shm(pub);
+    int rc = wq__lock(q);
+    if (rc < 0)
+        return rc;
+    wq_store_relaxed(&q->hdr->shutdown, 0);
+    q->hdr->shutdown_calls++;   /* a drain still waiting ends (-ECANCELED) */
+    wq__wake_all(q);            /* waits that came due fire at the next get */
+    wq__unlock(q);
+    return 0;
 }
 
 int wq__shm_shutdown(wq *pub)

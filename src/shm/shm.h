@@ -250,6 +250,7 @@ int wq__shm_done(wq *q, const void *key, size_t len, const struct wq_outcome *o)
 int wq__shm_done_get(wq *q, const void *key, size_t len, void *buf, uint64_t deadline);
 int wq__shm_len(wq *q);
 int wq__shm_shutdown(wq *q);
+int wq__shm_resume(wq *q);
 int wq__shm_drain(wq *q, uint64_t deadline);
 bool wq__shm_shutting_down(wq *q);
 int wq__shm_forget(wq *q, const void *key, size_t len);

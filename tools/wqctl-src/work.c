@@ -76,7 +76,6 @@ struct work_shared {
     _Atomic unsigned long long failed;    /* workers: failed or timed out */
     _Atomic unsigned long long requeued;  /* workers: the requeue status */
     atomic_int stop;                      /* wqctl -> monitor: exit */
-    atomic_int emptied;                   /* monitor: it shut the queue down */
     /* The process group of each running task, so that wqctl can kill
        what is left of the tasks when a second signal stops the run (the
        library SIGKILLs the workers; a task dies with its worker, but not
@@ -582,11 +581,6 @@ static void monitor_main(wq *q, const struct work_conf *c, pid_t parent)
         uint64_t now = now_mono();
 
         if (wq_stats(q, &st) == 0) {
-            if (c->exit_when_empty && !st.shutting_down &&
-                st.queued + st.processing + st.waiting == 0) {
-                wq_shutdown(q);
-                atomic_store(&c->sh->emptied, 1);
-            }
             if (c->progress && now >= next_draw) {
                 double rate = 0;
 
@@ -684,7 +678,7 @@ int cmd_work(const struct args *a)
     if ((rc = queue_stats(q, name, &st)) != EXIT_OK)
         return rc;
     /* Each worker, and the monitor, takes a process-table slot. */
-    need = jobs + (c.progress || c.exit_when_empty);
+    need = jobs + c.progress;
     if (st.processes > st.max_procs || st.max_procs - st.processes < need) {
         queue_msg(name);
         fprintf(stderr, "-j %" PRIu32 " needs %" PRIu32 " free process "
@@ -722,7 +716,7 @@ int cmd_work(const struct args *a)
 
     fflush(NULL);   /* nothing buffered is copied into the children */
     t0 = now_mono();
-    if (c.progress || c.exit_when_empty) {
+    if (c.progress) {
         pid_t parent = getpid();
 
         monitor = fork();
@@ -734,7 +728,10 @@ int cmd_work(const struct args *a)
         if (monitor == 0)
             monitor_main(q, &c, parent);
     }
-    err = wq_run_workers(q, jobs, work_reconcile, &c);
+    /* The pool: stopped by a first signal (tasks finish, queued keys
+       wait for the next work), or once the queue is empty. */
+    struct wq_pool_options po = { .until_empty = c.exit_when_empty, .name = "wqctl" };
+    err = wq_run_workers_opts(q, jobs, work_reconcile, &c, &po);
     if (err == -EINTR) {
         /* Stopped: the workers are dead and their tasks with them; kill
            what the tasks left in their process groups. */
