@@ -101,9 +101,18 @@
  * Exit status 1 if any round crashed. The generator aims its records at
  * the sections of the region (fair sections, in fair mode, a quarter of
  * the time) with values that probe bounds (capacity - 1, capacity,
- * capacity + 1, -1, ...).
+ * capacity + 1, -1, ...), and a fifth of them at one word of several
+ * entries (or of their fair data) at once.
  *
- * FUZZ_VERBOSE=1 prints where each record lands (section[element]+byte).
+ * FUZZ_VERBOSE=1 prints where each record lands (section[element]+byte),
+ * what wq_open returned and how many violations each check found.
+ *
+ * Reproducibility: the images are rebuilt by every process, and the
+ * library draws each region's hash seed at random, so where keys sit in
+ * the hash index differs between processes. An input whose effect
+ * depends on the index (its records hit index slots, or hashes) may need
+ * a few runs to reproduce, and the rounds' counts may differ by a few
+ * between runs; everything else about the images is the same each time.
  *
  * FUZZ_SKIP_OWN_SLOT=1 keeps late records away from the state and gen
  * words of the harness's own process slot. Corrupting those behind a live
@@ -1465,6 +1474,27 @@ static size_t gen_input(const struct image *im, uint8_t *buf, size_t cap)
     }
     unsigned nrec = 1 + below(below(4) == 0 ? 12 : 4);
     for (unsigned r = 0; r < nrec; r++) {
+        if (below(5) == 0) {
+            /* One word of several entries (or of their fair data) at
+               once: inconsistencies between entries, e.g. add orders
+               far apart, two entries naming one heap position. */
+            bool fx = im->fair && below(2);
+            size_t base = fx ? g->off_fx : g->off_entries;
+            size_t esz = fx ? sizeof(struct wq_fx) : g->entry_size;
+            size_t field = (size_t)below(fx ? (uint32_t)sizeof(struct wq_fx) :
+                                              (uint32_t)offsetof(struct wq_entry, key)) & ~(size_t)3;
+            bool late = below(5) == 0;
+            for (unsigned k = 2 + below(3); k > 0 && n + 7 <= cap; k--) {
+                size_t off = base + below(g->capacity) * esz + field;
+                uint32_t v = below(2) ? (uint32_t)rnd() : probe_value();
+                buf[n++] = (uint8_t)off;
+                buf[n++] = (uint8_t)(off >> 8);
+                buf[n++] = (uint8_t)((late ? 0x80 : 0) | 3);   /* write 4 bytes */
+                for (int b = 0; b < 4; b++)
+                    buf[n++] = (uint8_t)(v >> (8 * b));
+            }
+            continue;
+        }
         unsigned pick = below(total), s = 0;
         while (pick >= w[s]) {
             pick -= w[s];
