@@ -35,8 +35,11 @@ uint32_t wq__fair_tenant_len(const shmq *q, const struct wq_entry *e)
 {
     if (q->g.tenant_sep < 0)
         return 0;
-    const unsigned char *p = memchr(e->key, q->g.tenant_sep, e->keylen);
-    return p ? (uint32_t)(p - e->key) : e->keylen;   /* no separator: itself */
+    /* keylen is region data: a damaged one must not take the scan past
+       the entry's key bytes (repair frees such an entry later). */
+    uint32_t len = e->keylen <= q->max_key_len ? e->keylen : q->max_key_len;
+    const unsigned char *p = memchr(e->key, q->g.tenant_sep, len);
+    return p ? (uint32_t)(p - e->key) : len;   /* no separator: itself */
 }
 
 /* Counters in the tag table: a tenant's last tag within a priority, and a

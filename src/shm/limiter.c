@@ -36,15 +36,16 @@ static uint64_t exponential(const struct wq_geom *g, uint32_t failures)
     return d > g->rl_max_delay_ns ? g->rl_max_delay_ns : d;
 }
 
-/* golang.org/x/time/rate Reserve().Delay() for one token. */
-static uint64_t bucket(struct wq_hdr *h, uint64_t now)
+/* golang.org/x/time/rate Reserve().Delay() for one token. g is the
+   handle's validated geometry (rl_qps > 0 and finite), never the shared
+   header's copy; the token count is shared memory and may be damaged. */
+static uint64_t bucket(struct wq_hdr *h, const struct wq_geom *g, uint64_t now)
 {
-    const struct wq_geom *g = &h->g;
     uint64_t last = h->bucket_last_ns < now ? h->bucket_last_ns : now;
     uint64_t el = now - last;
     double tokens = h->bucket_tokens + (double)(el / 1000000000ull) * g->rl_qps +
                     (double)(el % 1000000000ull) * g->rl_qps / 1e9;
-    if (tokens > g->rl_burst)
+    if (!(tokens <= g->rl_burst))   /* also a NaN: the bucket restarts full */
         tokens = g->rl_burst;
     tokens -= 1;
     h->bucket_tokens = tokens;
@@ -74,7 +75,7 @@ uint64_t wq__limiter_when(shmq *q, struct wq_entry *e, uint64_t now)
         d = x > d ? x : d;
     }
     if (g->rl_limiters & WQ_RL_BUCKET) {
-        x = bucket(h, now);
+        x = bucket(h, g, now);
         d = x > d ? x : d;
     }
     return d;

@@ -286,7 +286,7 @@ unsigned wq__procs_reap(shmq *q)
     unsigned requeued = 0;
     for (uint32_t i = 0; i < q->max_procs; i++) {
         struct wq_proc *p = &q->procs[i];
-        if (i == q->slot || p->state != WQ_PROC_LIVE || wq__lease_alive(p))
+        if (i == q->slot || p->state == WQ_PROC_FREE || wq__lease_alive(p))
             continue;
         requeued += (unsigned)slot_free(q, i, true);
     }
