@@ -25,8 +25,10 @@ int wq__shm_stats(wq *pub, struct wq_stats *out)
     wq__promote(q, s.now_ns);
     s.queued = wq__queued(q) <= q->capacity ? wq__queued(q) : q->capacity;
     s.fair = q->fair;
-    s.processing = h->processing;
-    s.live = h->live;
+    /* Counters from shared memory are clamped like every index: a damaged
+       one shows as the bound until the next repair, never as garbage. */
+    s.processing = h->processing <= q->capacity ? h->processing : q->capacity;
+    s.live = h->live <= q->capacity ? h->live : q->capacity;
     s.waiting = h->heap_count;
     s.failing = h->failing;
     s.results = h->r_count;

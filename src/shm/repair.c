@@ -27,6 +27,9 @@
 
 #include "shm.h"
 
+/* How far behind the next add order a dirty key's order may be. */
+#define WQ_SEQ_WINDOW (1u << 30)
+
 struct ctx {
     shmq *q;
     bool apply, thorough;
@@ -203,6 +206,17 @@ static void check_entries(struct ctx *c)
                 if (c->apply)
                     e->hash = h;
             }
+        }
+        /* Add order is compared as a signed difference of seqs (heap.c),
+           a total order only while the seqs compared span less than 2^31:
+           a dirty key's seq outside the 2^30 below seq_next is damaged,
+           and its place is taken as of now. */
+        uint32_t age = q->hdr->seq_next - e->seq;
+        if (q->fair && (want & WQ_ST_DIRTY) && age > WQ_SEQ_WINDOW) {
+            violation(c, "entry %u: add order %u outside the window below %u", idx, e->seq,
+                      q->hdr->seq_next);
+            if (c->apply)
+                e->seq = q->hdr->seq_next++;
         }
     }
 }
