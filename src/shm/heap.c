@@ -138,17 +138,21 @@ INLINE int delete_k(shmq *q, int k, uint32_t n, uint32_t idx)
     int rc = position(q, k, n, idx, &pos);
     if (rc < 0)
         return rc;
-    uint32_t last = arr(q, k)[n - 1];
+    uint32_t *a = arr(q, k), last = a[n - 1];
     if (WQ_UNLIKELY(last >= q->capacity))
         return -EBADMSG;
     if (pos == n - 1)
         return 0;
-    /* The last member fills the hole and moves whichever way it must. */
-    if ((rc = sift_down(q, k, pos, last, n - 1)) < 0)
-        return rc;
-    if ((rc = position(q, k, n - 1, last, &pos)) < 0)
-        return rc;
-    return sift_up(q, k, pos, last);
+    /* The last member fills the hole and moves whichever way it must:
+       up if it comes before the hole's parent, else down. */
+    if (pos > 0) {
+        uint32_t parent = a[(pos - 1) / 2];
+        if (WQ_UNLIKELY(parent >= q->capacity))
+            return -EBADMSG;
+        if (before(q, k, last, parent))
+            return sift_up(q, k, pos, last);
+    }
+    return sift_down(q, k, pos, last, n - 1);
 }
 
 INLINE int raise_k(shmq *q, int k, uint32_t n, uint32_t idx)
@@ -207,17 +211,6 @@ int wq__heap_build(shmq *q, int k, uint32_t n)
     BY_KIND(k, build_k(q, kk, n));
 }
 
-/* The top member of heap k of n members: WQ_NIL when empty, WQ_CORRUPT
-   when n or the index found is out of range. */
-uint32_t wq__heap_top(const shmq *q, int k, uint32_t n)
-{
-    if (n == 0)
-        return WQ_NIL;
-    if (WQ_UNLIKELY(n > q->capacity))
-        return WQ_CORRUPT;
-    uint32_t idx = arr((shmq *)q, k)[0];
-    return WQ_LIKELY(idx < q->capacity) ? idx : WQ_CORRUPT;
-}
 
 /* Check only: heap k lists n entries once each (seen: a bitmap the
    caller clears), each at the position it records, in heap order;

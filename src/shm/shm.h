@@ -146,7 +146,18 @@ int wq__heap_insert(shmq *q, int kind, uint32_t n, uint32_t idx);
 int wq__heap_delete(shmq *q, int kind, uint32_t n, uint32_t idx);
 int wq__heap_raise(shmq *q, int kind, uint32_t n, uint32_t idx);
 int wq__heap_build(shmq *q, int kind, uint32_t n);
-uint32_t wq__heap_top(const shmq *q, int kind, uint32_t n);
+/* The top member of heap kind of n members: WQ_NIL when empty,
+   WQ_CORRUPT when n or the index found is out of range. */
+static inline uint32_t wq__heap_top(const shmq *q, int kind, uint32_t n)
+{
+    if (n == 0)
+        return WQ_NIL;
+    if (WQ_UNLIKELY(n > q->capacity))
+        return WQ_CORRUPT;
+    uint32_t idx = (kind == WQ_HEAP_DELAY ? q->heap
+                    : kind == WQ_HEAP_PRIO ? q->fheap_p : q->fheap_a)[0];
+    return WQ_LIKELY(idx < q->capacity) ? idx : WQ_CORRUPT;
+}
 void wq__heap_verify(shmq *q, int kind, uint32_t n, uint64_t *seen,
                      bool (*member)(const shmq *q, uint32_t idx),
                      void (*bad)(void *c, const char *what), void *c);
