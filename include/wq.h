@@ -442,7 +442,9 @@ WQ_API int wq_add_rate_limited(wq *q, const void *key, size_t len);
 /*
  * wq_forget - reset the key's failure count (client-go's Forget: call it
  * when the key reconciled successfully). Does not remove the key from the
- * queue. Returns 0 (also for an unknown key), -EINVAL, -EMSGSIZE.
+ * queue, and keeps its result (wq_finish then wq_forget, client-go's
+ * idiom, keeps the outcome). Returns 0 (also for an unknown key),
+ * -EINVAL, -EMSGSIZE.
  *
  * Where failure counts live: in the key's slot. A key whose count is not
  * zero keeps its slot after wq_done (stats: `failing`) until wq_forget.
@@ -456,6 +458,17 @@ WQ_API int wq_forget(wq *q, const void *key, size_t len);
 
 /* wq_num_requeues - the key's failure count (>= 0), -EINVAL, -EMSGSIZE. */
 WQ_API int wq_num_requeues(wq *q, const void *key, size_t len);
+
+/*
+ * wq_remove - take a key out of the queue for good, with its failure
+ * count and result: a key queued, waiting for a delay, or idle (kept for
+ * a count or a result). An operator's way to get rid of a poison key.
+ * With a store its record is removed too (as for wq_done). Returns 0;
+ * -EBUSY while the key is processing (nothing changes: let its holder
+ * finish, or kill it); -ENOENT when the queue does not hold the key;
+ * -EINVAL, -EMSGSIZE. A queued key leaves the FIFO in O(queued keys).
+ */
+WQ_API int wq_remove(wq *q, const void *key, size_t len);
 
 /* ------------------------------------------------------------------ */
 /* Priorities and fairness (controller-runtime's priority queue, and   */
@@ -535,7 +548,7 @@ struct wq_result {
  *
  * Where results live: in a table of `result_capacity` slots in the region
  * (wq_options; 0 -> capacity). A result is kept while its key is idle,
- * until wq_forget, until result_capacity newer results push it out (least
+ * until wq_remove, until result_capacity newer results push it out (least
  * recently updated first), or until its key's slot is needed for a new
  * live key (as failure counts, see wq_forget). Re-adding the key makes it
  * PENDING, then RUNNING; the next wq_finish replaces the result.
@@ -796,7 +809,9 @@ struct wq_stats {
     uint64_t region_bytes;  /* size of the shared-memory object */
     uint64_t repairs_total; /* times the region was repaired after a dead lock holder */
     uint64_t shutting_down; /* 1 once shut down */
-    uint64_t failing;       /* idle keys kept for a failure count or a result */
+    uint64_t failing;       /* idle keys kept because their failure count
+                               is not zero (keys kept only for a result are
+                               idle_results) */
     uint64_t results;       /* results kept (wq_finish) */
     uint64_t result_capacity;
     uint64_t durability;    /* WQ_DURABLE_*, when store_unsynced is meaningful */
@@ -806,7 +821,10 @@ struct wq_stats {
     uint64_t next_ready_ns; /* CLOCK_MONOTONIC time the first waiting key is
                                ready; 0 when none waits */
     uint64_t now_ns;        /* CLOCK_MONOTONIC time of this snapshot */
-    uint64_t reserved[16];  /* zeroed by the library: room to grow */
+    uint64_t idle_results;  /* idle keys kept only for their result */
+    uint64_t restored;      /* keys restored from the store when the region
+                               was built (0 without a restore) */
+    uint64_t reserved[14];  /* zeroed by the library: room to grow */
 };
 
 /*
@@ -839,6 +857,10 @@ struct wq_key_info {
     enum wq_state result;   /* as wq_result reports it */
     int result_code;
     const char *result_message; /* valid only during the callback; "" if none */
+    uint64_t started_ns;    /* processing: CLOCK_MONOTONIC of its wq_get
+                               (0 with WQ_NO_METRICS) */
+    bool holder_alive;      /* processing: its holder lives (a dead holder's
+                               key is requeued within a second) */
     /* The library allocates this struct and may append fields in later
        versions: read it through the pointer, never allocate one. */
 };

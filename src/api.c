@@ -258,6 +258,14 @@ int wq_forget(wq *q, const void *key, size_t len)
     return rc < 0 ? rc : q->eng->forget(q, key, len);
 }
 
+int wq_remove(wq *q, const void *key, size_t len)
+{
+    if (!q)
+        return -EINVAL;
+    int rc = key_ok(q, key, len);
+    return rc < 0 ? rc : q->eng->remove(q, key, len);
+}
+
 int wq_num_requeues(wq *q, const void *key, size_t len)
 {
     if (!q)

@@ -55,6 +55,7 @@ struct wq_engine {
     int (*drain)(wq *q, uint64_t deadline);
     bool (*shutting_down)(wq *q);
     int (*forget)(wq *q, const void *key, size_t len);
+    int (*remove)(wq *q, const void *key, size_t len);
     int (*num_requeues)(wq *q, const void *key, size_t len);
     int (*result)(wq *q, const void *key, size_t len, struct wq_result *out);
     int (*stats)(wq *q, struct wq_stats *out);

@@ -206,9 +206,8 @@ static void m_forget(struct model *m, const char *k)
     struct mkey *e = m_find(m, k);
     if (!e)
         return;
-    e->failures = 0;
-    e->has_result = 0;
-    if (!e->dirty && !e->processing && !e->waiting)
+    e->failures = 0;   /* the result stays (wq.h, wq_forget) */
+    if (!e->dirty && !e->processing && !e->waiting && !e->has_result)
         m_del(m, e);
 }
 
@@ -488,18 +487,22 @@ static void trial(struct shared *sh, const char *point, unsigned nth, int how)
     if (after.processes != 2)
         fail_msg("%s: %llu processes attached, expected 2 (victim reclaimed)", ctx,
                  (unsigned long long)after.processes);
-    int idle = 0, waiting = 0;
+    int idle = 0, waiting = 0, failing = 0;
     for (int i = 0; i < m.nkeys; i++) {
         struct mkey *e = &m.keys[i];
-        idle += !e->dirty && !e->processing && !e->waiting;
+        bool is_idle = !e->dirty && !e->processing && !e->waiting;
+        idle += is_idle;
+        failing += is_idle && e->failures > 0;   /* idle with a failure count */
         waiting += e->waiting;
     }
     if (after.live != (uint64_t)(m.nkeys - idle) || after.queued != (uint64_t)m.nfifo ||
-        after.failing != (uint64_t)idle || after.waiting != (uint64_t)waiting)
-        fail_msg("%s: live %llu queued %llu waiting %llu failing %llu, model %d %d %d %d",
-                 ctx, (unsigned long long)after.live, (unsigned long long)after.queued,
-                 (unsigned long long)after.waiting, (unsigned long long)after.failing,
-                 m.nkeys - idle, m.nfifo, waiting, idle);
+        after.failing != (uint64_t)failing || after.idle_results != (uint64_t)(idle - failing) ||
+        after.waiting != (uint64_t)waiting)
+        fail_msg("%s: live %llu queued %llu waiting %llu failing %llu idle_results %llu, "
+                 "model %d %d %d %d %d", ctx, (unsigned long long)after.live,
+                 (unsigned long long)after.queued, (unsigned long long)after.waiting,
+                 (unsigned long long)after.failing, (unsigned long long)after.idle_results,
+                 m.nkeys - idle, m.nfifo, waiting, failing, idle - failing);
 
     /* The queue keeps working: drain it and check again. */
     char buf[KEYLEN];

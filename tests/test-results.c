@@ -360,7 +360,11 @@ static void visible_across_processes(void **state)
     wq_close(q);
 }
 
-static void forget_drops_result(void **state)
+/* wq_forget resets the failure count and keeps the result (a reconciler
+   that records its outcome and then forgets, client-go's idiom, keeps
+   it); wq_remove drops both. Idle keys kept only for a result are not
+   "failing": stats count them apart. */
+static void forget_keeps_result(void **state)
 {
     (void)state;
     wq *q = results_q("forget", 16, 0);
@@ -370,29 +374,32 @@ static void forget_drops_result(void **state)
     run_once(q, "s", 0, "fine");
     assert_int_equal(wq_stats(q, &st), 0);
     assert_int_equal(st.results, 2);
-    assert_int_equal(st.failing, 2);   /* idle, kept for their results */
-    assert_int_equal(st.live, 0);      /* queued+processing+waiting */
+    assert_int_equal(st.failing, 0);        /* no failure count */
+    assert_int_equal(st.idle_results, 2);   /* idle, kept for their results */
+    assert_int_equal(st.live, 0);           /* queued+processing+waiting */
 
     assert_int_equal(wq_forget(q, KS("f")), 0);
-    assert_none(q, "f");
+    assert_result(q, "f", WQ_STATE_FAILED, 5, "five");   /* kept */
     assert_int_equal(wq_stats(q, &st), 0);
-    assert_int_equal(st.results, 1);
-    assert_int_equal(st.failing, 1);
-    assert_int_equal(st.live, 0);
+    assert_int_equal(st.results, 2);
+    assert_int_equal(st.idle_results, 2);
     t_check_clean(q, NULL);
 
-    assert_int_equal(wq_forget(q, KS("s")), 0);
-    assert_none(q, "s");
+    assert_int_equal(wq_remove(q, KS("f")), 0);   /* the way to drop it */
+    assert_none(q, "f");
+    assert_int_equal(wq_remove(q, KS("f")), -ENOENT);
     assert_int_equal(wq_stats(q, &st), 0);
-    assert_int_equal(st.results, 0);
-    assert_int_equal(st.failing, 0);
+    assert_int_equal(st.results, 1);
+    assert_int_equal(st.idle_results, 1);
     assert_int_equal(st.live, 0);
     /* Forgetting again, or an unknown key: fine. */
     assert_int_equal(wq_forget(q, KS("s")), 0);
     assert_int_equal(wq_forget(q, KS("nobody")), 0);
+    assert_result(q, "s", WQ_STATE_SUCCEEDED, 0, "fine");
     t_check_clean(q, NULL);
 
-    /* A key with a result and a failure count: forget drops both. */
+    /* A key with a result and a failure count: forget drops the count
+       only; the key counts as failing until then. */
     assert_int_equal(wq_add(q, KS("rl")), 0);
     T_EXPECT_GET(q, "rl");
     assert_int_equal(wq_add_rate_limited(q, KS("rl")), 0);
@@ -404,8 +411,9 @@ static void forget_drops_result(void **state)
     /* Still waiting (wq_forget does not remove it from the queue). */
     struct wq_result r = t_result(q, "rl");
     assert_int_equal(r.state, WQ_STATE_PENDING);
+    assert_int_equal(r.code, 1);
     assert_int_equal(wq_stats(q, &st), 0);
-    assert_int_equal(st.results, 0);
+    assert_int_equal(st.results, 2);
     assert_int_equal(st.live, 1);
     t_check_clean(q, NULL);
     wq_close(q);
@@ -432,7 +440,8 @@ static void eviction_least_recently_updated(void **state)
     assert_result(q, "d", WQ_STATE_FAILED, 4, "d1");
     assert_int_equal(wq_stats(q, &st), 0);
     assert_int_equal(st.results, 3);
-    assert_int_equal(st.failing, 3);
+    assert_int_equal(st.failing, 0);
+    assert_int_equal(st.idle_results, 3);
     t_check_clean(q, NULL);
 
     /* Re-finishing b moves it to the back: order c, d, b. Reading a
@@ -457,7 +466,8 @@ static void eviction_least_recently_updated(void **state)
     assert_result(q, "f", WQ_STATE_FAILED, 6, "f1");
     assert_int_equal(wq_stats(q, &st), 0);
     assert_int_equal(st.results, 3);
-    assert_int_equal(st.failing, 3);
+    assert_int_equal(st.failing, 0);
+    assert_int_equal(st.idle_results, 3);
     assert_int_equal(st.live, 0);
     t_check_clean(q, NULL);
     wq_close(q);
@@ -535,8 +545,12 @@ static void dump_shows_results(void **state)
     assert_int_equal(s.k.result, WQ_STATE_SUCCEEDED);
     assert_string_equal(s.k.message, "recovered");
 
-    /* Forgotten: gone from the dump. */
+    /* Forgotten: still there (a forget keeps the result); removed: gone
+       from the dump. */
     assert_int_equal(wq_forget(q, KS("ok")), 0);
+    s = dump_key(q, "ok");
+    assert_int_equal(s.found, 1);
+    assert_int_equal(wq_remove(q, KS("ok")), 0);
     s = dump_key(q, "ok");
     assert_int_equal(s.found, 0);
     assert_int_equal(s.n, 2);
@@ -559,7 +573,8 @@ static void full_table_gives_up_idle_results(void **state)
     assert_int_equal(wq_stats(q, &st), 0);
     assert_int_equal(st.result_capacity, 4);
     assert_int_equal(st.results, 4);
-    assert_int_equal(st.failing, 4);
+    assert_int_equal(st.failing, 0);
+    assert_int_equal(st.idle_results, 4);
     assert_int_equal(st.live, 0);
     t_check_clean(q, NULL);
 
@@ -578,6 +593,7 @@ static void full_table_gives_up_idle_results(void **state)
     assert_int_equal(st.queued, 4);
     assert_int_equal(st.results, 0);
     assert_int_equal(st.failing, 0);
+    assert_int_equal(st.idle_results, 0);
     for (int i = 0; i < 4; i++)
         assert_none(q, old[i]);
     /* Re-adding a queued key still coalesces when full. */
@@ -606,7 +622,7 @@ int main(void)
         T_TEST(finish_not_processing),
         T_TEST(readd_keeps_previous_until_next_finish),
         T_TEST(visible_across_processes),
-        T_TEST(forget_drops_result),
+        T_TEST(forget_keeps_result),
         T_TEST(eviction_least_recently_updated),
         T_TEST(dump_shows_results),
         T_TEST(full_table_gives_up_idle_results),

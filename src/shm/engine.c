@@ -24,6 +24,7 @@ static const struct wq_engine shm_engine = {
     .drain = wq__shm_drain,
     .shutting_down = wq__shm_shutting_down,
     .forget = wq__shm_forget,
+    .remove = wq__shm_remove,
     .num_requeues = wq__shm_num_requeues,
     .result = wq__shm_result,
     .stats = wq__shm_stats,

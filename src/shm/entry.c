@@ -22,7 +22,7 @@
  * its caller opened (mutate.h): the store mark (before the commit it
  * describes, so a change the store has not seen is always listed), the
  * fair-mode tag, the one state store that commits, then what follows the
- * state: index, ring or heap, counters (live, processing, failing,
+ * state: index, ring or heap, counters (live, processing, retained, failing,
  * zombies, held, the metrics sum, adds_total through the pending record).
  * Errors: a transition fails (-EBADMSG, busy stays set) only before its
  * commit, and then nothing of it happened. After its commit it always
@@ -93,6 +93,23 @@ static inline bool sync_adds(const shmq *q)
     return q->g.has_store && q->g.durability != WQ_DURABLE_NONE && !q->restoring;
 }
 
+/* An entry becomes RETAINED (idle, kept for a failure count or a result),
+   or stops being one: the counters follow (wq_stats' failing counts only
+   the ones with a failure count). */
+static void retain(shmq *q, const struct wq_entry *e)
+{
+    q->hdr->retained++;
+    if (e->failures)
+        q->hdr->failing++;
+}
+
+static void unretain(shmq *q, const struct wq_entry *e)
+{
+    q->hdr->retained--;
+    if (e->failures)
+        q->hdr->failing--;
+}
+
 static void held_dec(shmq *q, const struct wq_entry *e)
 {
     if (e->owner < q->max_procs) {
@@ -121,7 +138,7 @@ static void free_push(shmq *q, uint32_t idx)
 static uint32_t evict_retained(shmq *q)
 {
     struct wq_hdr *h = q->hdr;
-    if (h->failing == 0)
+    if (h->retained == 0)
         return WQ_NIL;
     uint32_t i = h->evict_hand < q->capacity ? h->evict_hand : 0;
     for (uint32_t n = 0; n < q->capacity; n++, i = i + 1 == q->capacity ? 0 : i + 1) {
@@ -141,10 +158,10 @@ static uint32_t evict_retained(shmq *q)
         if (wq__table_remove(q, i, e->hash) < 0)
             return WQ_CORRUPT;
         WQ_STEP("evict.index");
-        h->failing--;
+        unretain(q, e);
         return i;
     }
-    return WQ_CORRUPT;   /* failing > 0 but none found */
+    return WQ_CORRUPT;   /* retained > 0 but none found */
 }
 
 static uint32_t alloc(shmq *q)
@@ -165,7 +182,7 @@ static uint32_t alloc(shmq *q)
 uint32_t wq__entry_free_count(const shmq *q)
 {
     const struct wq_hdr *h = q->hdr;
-    uint64_t used = (uint64_t)h->live + h->zombies + (q->g.has_store ? h->failing : 0);
+    uint64_t used = (uint64_t)h->live + h->zombies + (q->g.has_store ? h->retained : 0);
     return used >= q->capacity ? 0 : q->capacity - (uint32_t)used;
 }
 
@@ -178,7 +195,7 @@ uint32_t wq__entry_free_count(const shmq *q)
 int wq__entry_evict_room(shmq *q, uint32_t want)
 {
     WQ_ASSERT_MUTATING(q);
-    while (wq__entry_free_count(q) + q->hdr->zombies < want && q->hdr->failing > 0) {
+    while (wq__entry_free_count(q) + q->hdr->zombies < want && q->hdr->retained > 0) {
         uint32_t r = evict_retained(q);
         if (r == WQ_CORRUPT)
             return -EBADMSG;
@@ -274,7 +291,7 @@ int wq__entry_restore_idle(shmq *q, uint32_t idx)
     e->state = WQ_ST_RETAINED;
     int rc = wq__table_insert(q, idx, e->hash);
     if (rc == 0)
-        q->hdr->failing++;
+        retain(q, e);
     return rc;
 }
 
@@ -321,7 +338,7 @@ int wq__entry_mark_dirty(shmq *q, uint32_t idx, uint64_t now, bool *queued)
         set_state(e, WQ_ST_STORING);   /* commit */
         WQ_STEP("add.mark");
         if (st == WQ_ST_RETAINED)
-            h->failing--;
+            unretain(q, e);
         else
             h->zombies--;
         h->live++;
@@ -334,7 +351,7 @@ int wq__entry_mark_dirty(shmq *q, uint32_t idx, uint64_t now, bool *queued)
         broken(q, enqueue(q, idx));
         WQ_STEP("mark.ring");
         if (st == WQ_ST_RETAINED)
-            h->failing--;
+            unretain(q, e);
         else if (st == 0)
             h->zombies--;
         if (st == WQ_ST_RETAINED || st == 0)
@@ -384,7 +401,7 @@ int wq__entry_delay(shmq *q, uint32_t idx, uint64_t ready)
         set_state(e, sync_adds(q) ? WQ_ST_STORING : WQ_ST_WAITING);   /* commit */
         WQ_STEP("wait.state");
         if (st == WQ_ST_RETAINED)
-            h->failing--;
+            unretain(q, e);
         else
             h->zombies--;
         h->live++;
@@ -466,7 +483,7 @@ int wq__entry_done(shmq *q, uint32_t idx, uint64_t now, const struct wq_outcome 
         wq__store_mark(q, idx);
         set_state(e, WQ_ST_RETAINED);   /* commit: idle, keeps its count or result */
         WQ_STEP("done.state");
-        h->failing++;
+        retain(q, e);
         h->live--;
     } else {
         wq__entry_release(q, idx, true);   /* commits; never fails after */
@@ -573,7 +590,7 @@ int wq__entry_drop_wait(shmq *q, uint32_t idx)
     } else if (e->failures > 0 || wq__has_result(q, e)) {
         set_state(e, WQ_ST_RETAINED);   /* commit: idle, keeps count/result */
         WQ_STEP("drop.state");
-        h->failing++;
+        retain(q, e);
         h->live--;
     } else {
         WQ_STEP("drop.heap");
@@ -597,7 +614,7 @@ int wq__entry_release(shmq *q, uint32_t idx, bool stored)
     uint16_t st = wq__st(e);
     wq__result_drop(q, idx);
     if (st == WQ_ST_RETAINED)
-        h->failing--;
+        unretain(q, e);
     else if (st != 0)
         h->live--;
     if (q->g.has_store && stored) {
@@ -622,21 +639,66 @@ int wq__entry_release(shmq *q, uint32_t idx, bool stored)
     return 0;
 }
 
-/* Lock and busy held: client-go's Forget: the failure count goes, and an
-   idle entry kept for nothing more leaves the queue. */
+/* Lock and busy held: client-go's Forget: the failure count goes; the
+   result stays (a reconciler that records its outcome and then forgets,
+   client-go's idiom, keeps it). An idle entry kept for nothing more
+   leaves the queue. */
 int wq__entry_forget(shmq *q, uint32_t idx)
 {
     WQ_ASSERT_MUTATING(q);
     struct wq_entry *e = wq__entry(q, idx);
     uint16_t st = wq__st(e);
-    if (st != 0)
-        wq__store_mark(q, idx);   /* a retained one ends as a zombie */
-    e->failures = 0;   /* commit: an idle entry with nothing left is free */
-    WQ_STEP("forget.reset");
-    wq__result_drop(q, idx);
+    if (e->failures == 0 || st == 0)
+        return 0;   /* nothing to forget (a zombie's count is gone already) */
+    wq__store_mark(q, idx);
     if (st == WQ_ST_RETAINED)
+        q->hdr->failing--;
+    e->failures = 0;   /* commit */
+    WQ_STEP("forget.reset");
+    if (st == WQ_ST_RETAINED && !wq__has_result(q, e))
         return wq__entry_release(q, idx, true);
     return 0;
+}
+
+/*
+ * Lock and busy held: wq_remove. A key queued, waiting, not stored yet,
+ * or idle leaves the queue with its failure count and result; -EBUSY
+ * while it is processing, -ENOENT for a zombie (already gone). A queued
+ * key leaves the FIFO (O(queued): an operator's call, not a hot path) or
+ * fair mode's heaps before the commit, so a holder killed in between
+ * leaves a queued entry that is simply missing from its container, which
+ * repair puts back.
+ */
+int wq__entry_remove(shmq *q, uint32_t idx)
+{
+    WQ_ASSERT_MUTATING(q);
+    struct wq_entry *e = wq__entry(q, idx);
+    uint16_t st = wq__st(e);
+    int rc = 0;
+    if (st & WQ_ST_PROCESSING)
+        return -EBUSY;
+    if (st == 0)
+        return -ENOENT;
+    if (st & WQ_ST_WAITING)
+        rc = delay_remove(q, idx);
+    else if (st & WQ_ST_QUEUED)
+        rc = q->fair ? wq__fair_remove(q, idx) : wq__ring_remove(q, idx);
+    if (rc < 0)
+        return rc;
+    WQ_STEP("remove.container");
+    return wq__entry_release(q, idx, true);
+}
+
+/* Lock and busy held: client-go's When() for idx, with the counters of an
+   idle entry whose failure count starts now. */
+uint64_t wq__entry_when(shmq *q, uint32_t idx, uint64_t now)
+{
+    struct wq_entry *e = wq__entry(q, idx);
+    bool counted = wq__st(e) == WQ_ST_RETAINED && e->failures > 0;
+    uint64_t d = wq__limiter_when(q, e, now);
+    if (wq__st(e) == WQ_ST_RETAINED && !counted && e->failures > 0)
+        q->hdr->failing++;
+    return d;
 }
 
 /* ------------------------------------------------------------------ */

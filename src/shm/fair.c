@@ -120,6 +120,20 @@ int wq__fair_pop(shmq *q, uint32_t idx)
     return 0;
 }
 
+/* Lock and busy held: a queued entry leaves both heaps (wq_remove). */
+int wq__fair_remove(shmq *q, uint32_t idx)
+{
+    struct wq_hdr *h = q->hdr;
+    uint32_t n = h->fq_count;
+    int rc = wq__heap_delete(q, WQ_HEAP_PRIO, n, idx);
+    if (rc == 0)
+        rc = wq__heap_delete(q, WQ_HEAP_AGE, n, idx);
+    if (rc < 0)
+        return rc;
+    wq_store_relaxed(&h->fq_count, n - 1);
+    return 0;
+}
+
 /* Lock and busy held: merge a priority into the entry (fresh: set it). */
 int wq__fair_prio(shmq *q, uint32_t idx, int prio, bool fresh)
 {

@@ -31,6 +31,8 @@ int wq__shm_stats(wq *pub, struct wq_stats *out)
     s.live = h->live <= q->capacity ? h->live : q->capacity;
     s.waiting = h->heap_count;
     s.failing = h->failing;
+    s.idle_results = h->retained >= h->failing ? h->retained - h->failing : 0;
+    s.restored = h->restored;
     s.results = h->r_count;
     s.has_store = q->g.has_store;
     s.durability = q->g.durability;
@@ -38,8 +40,8 @@ int wq__shm_stats(wq *pub, struct wq_stats *out)
     s.result_capacity = q->result_capacity;
     s.next_ready_ns = wq__next_ready(q);
     s.capacity = q->capacity;
-    for (uint32_t i = 0; i < q->max_procs; i++)
-        s.processes += q->procs[i].state == WQ_PROC_LIVE;
+    for (uint32_t i = 0; i < q->max_procs; i++)   /* live handles only */
+        s.processes += q->procs[i].state == WQ_PROC_LIVE && wq__lease_alive(&q->procs[i]);
     s.adds_total = h->adds_total;
     s.coalesced_total = h->coalesced_total;
     s.retries_total = h->retries_total;
@@ -54,7 +56,7 @@ int wq__shm_stats(wq *pub, struct wq_stats *out)
     return 0;
 }
 
-static void fill(const shmq *q, const struct wq_entry *e, struct wq_key_info *ki,
+static void fill(shmq *q, const struct wq_entry *e, struct wq_key_info *ki,
                  struct wq_result *res)
 {
     ki->key = e->key;
@@ -87,8 +89,17 @@ static void fill(const shmq *q, const struct wq_entry *e, struct wq_key_info *ki
     ki->result_code = res->code;
     ki->result_message = res->message;
     ki->owner_pid = 0;
-    if ((e->state & WQ_ST_PROCESSING) && e->owner < q->max_procs)
-        ki->owner_pid = q->procs[e->owner].pid;
+    ki->started_ns = 0;
+    ki->holder_alive = false;
+    if ((e->state & WQ_ST_PROCESSING) && e->owner < q->max_procs) {
+        struct wq_proc *p = &q->procs[e->owner];
+        bool same = p->state == WQ_PROC_LIVE && wq__gen16(p->gen) == e->owner_gen;
+        ki->owner_pid = p->pid;
+        ki->started_ns = e->t_start;
+        /* The holder lives if its slot is still its own and its lease is
+           held: a dead holder is never shown as a live one. */
+        ki->holder_alive = same && wq__lease_alive(p);
+    }
     ki->position = UINT64_MAX;
 }
 

@@ -162,7 +162,9 @@ struct wq_hdr {
     uint32_t idle_seq;                    /* futex; as wake_seq, for drainers */
     uint32_t zombies;                     /* lock; entries whose store record is
                                              still to be removed (SDIRTY alone) */
-    uint32_t pad3;
+    uint32_t failing;                     /* lock; RETAINED entries with a
+                                             failure count (the rest of
+                                             `retained` keep only a result) */
     uint64_t last_reap_ns;                /* lock; CLOCK_MONOTONIC */
     /* Counters: lock; read under the lock by wq_stats and wq_metrics. */
     uint64_t adds_total;
@@ -176,7 +178,7 @@ struct wq_hdr {
        entry's link is its heap position. */
     uint32_t heap_count;
     uint32_t seq_next;                    /* lock; next entry->seq */
-    uint32_t failing;                     /* lock; RETAINED entries */
+    uint32_t retained;                    /* lock; RETAINED entries */
     uint32_t evict_hand;                  /* lock; clock hand for eviction */
     /* Token bucket (limiter.c): lock. */
     double bucket_tokens;
@@ -219,7 +221,9 @@ struct wq_hdr {
                                              structure inconsistent; the next
                                              locker repairs (like busy) */
     uint32_t pad5;
-    uint64_t reserved[7];                 /* room for later counters */
+    uint64_t restored;                    /* written once, before publication:
+                                             keys restored from the store */
+    uint64_t reserved[6];                 /* room for later counters */
     /* Store flushers (store.c): one at a time, from reading the store
        queue's front to popping it; robust, holds no state of its own. */
     pthread_mutex_t flush_lock;

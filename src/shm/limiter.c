@@ -1,6 +1,7 @@
 /*
  * limiter.c - client-go's rate limiters, shared by all processes:
- * wq_add_rate_limited's delay, wq_forget, wq_num_requeues.
+ * wq_add_rate_limited's delay, wq_forget, wq_num_requeues, and wq_remove
+ * (which drops a key with its failure count).
  *
  * Parameters are resolved at creation (options.c) and stored in the
  * immutable header (checksummed), so every process computes the same
@@ -96,6 +97,29 @@ int wq__shm_forget(wq *pub, const void *key, size_t len)
     wq__unlock(q);
     if (rc >= 0)
         wq__store_after(q);   /* a removal that fails now is retried later */
+    return rc;
+}
+
+int wq__shm_remove(wq *pub, const void *key, size_t len)
+{
+    shmq *q = wq__shm(pub);
+    uint32_t idx;
+    int rc = wq__lock_lookup(q, key, len, &idx);
+    if (rc < 0)
+        return rc;
+    if (idx == WQ_NIL) {
+        rc = -ENOENT;
+    } else {
+        wq__mut_begin(q);
+        WQ_STEP("remove.busy");
+        rc = wq__entry_remove(q, idx);
+        /* -EBUSY and -ENOENT change nothing: only a corrupt structure
+           leaves the mutation for repair. */
+        wq__mut_end(q, rc == -EBUSY || rc == -ENOENT ? 0 : rc);
+    }
+    wq__unlock(q);
+    if (rc >= 0)
+        wq__store_after(q);   /* the record's removal, now (or later) */
     return rc;
 }
 

@@ -107,6 +107,31 @@ int wq__lock(shmq *q)
     return 0;
 }
 
+/*
+ * The lock if it is free now (the idle reaper's): 0 with the lock held,
+ * repaired like wq__lock does, but this handle's registration is not
+ * touched (the caller may be the lease thread that registration stops);
+ * -EBUSY when someone holds it; other errors as wq__lock.
+ */
+int wq__lock_try(shmq *q)
+{
+    int rc = pthread_mutex_trylock(&q->hdr->lock);
+    if (rc == EBUSY)
+        return -EBUSY;
+    if (WQ_UNLIKELY(rc != 0 && rc != EOWNERDEAD))
+        return rc == ENOTRECOVERABLE ? -ENOTRECOVERABLE : -rc;
+    HOLDER_SET(q);
+    if (WQ_UNLIKELY(rc == EOWNERDEAD))
+        rc = recover(q);
+    else if (WQ_UNLIKELY(q->hdr->busy || q->hdr->corrupt))
+        rc = wq__repair(q, true, q->hdr->corrupt != 0, NULL, NULL);
+    if (WQ_UNLIKELY(rc < 0)) {
+        release(q);
+        return rc;
+    }
+    return 0;
+}
+
 void wq__unlock(shmq *q)
 {
     int get = q->wake_get;

@@ -31,6 +31,7 @@
  */
 #include <signal.h>
 #include <stdlib.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "shm.h"
@@ -40,11 +41,40 @@ enum { LEASE_STARTING, LEASE_HELD, LEASE_STOP };
 struct wq_lease {
     pthread_t thr;
     pthread_mutex_t mu;
-    pthread_cond_t cv;
+    pthread_cond_t cv;          /* CLOCK_MONOTONIC */
     pthread_mutex_t *target;
     int state;
     int err;
+    shmq *q;                    /* set once registered: the idle reaper's */
 };
+
+/* How often a lease thread looks for dead holders on a queue nobody
+   waits on, and how old the last reap must be for it to bother. */
+#define IDLE_TICK_NS (250ull * 1000 * 1000)
+#define IDLE_REAP_NS (500ull * 1000 * 1000)
+
+/*
+ * The idle reaper. Dead holders are found by whoever takes the lock, but
+ * a queue that nobody gets from (the workers are dead, the producers
+ * only add) would keep a dead holder's key forever. So each lease thread
+ * looks now and then: if keys are processing and nobody reaped for
+ * IDLE_REAP_NS, it takes the region lock, without waiting for it (its own
+ * handle may hold it while stopping this very thread), and reaps. A dead
+ * holder's key is back within about a second of its death.
+ */
+static void idle_reap(shmq *q)
+{
+    struct wq_hdr *h = q->hdr;
+    if (wq_load_relaxed(&h->processing) == 0 ||
+        wq__now_mono() - wq_load_relaxed(&h->last_reap_ns) < IDLE_REAP_NS)
+        return;
+    if (wq__lock_try(q) < 0)
+        return;   /* busy: its holder reaps, or we look again soon */
+    unsigned n = wq__procs_reap(q);
+    wq__unlock(q);
+    if (n > 0 && q->g.has_store)
+        wq__store_after(q);   /* the crash requeues' failure counts */
+}
 
 static void *lease_main(void *arg)
 {
@@ -60,8 +90,22 @@ static void *lease_main(void *arg)
     l->err = -rc;
     l->state = LEASE_HELD;
     pthread_cond_broadcast(&l->cv);
-    while (l->state != LEASE_STOP)
-        pthread_cond_wait(&l->cv, &l->mu);
+    while (l->state != LEASE_STOP) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        ts.tv_nsec += (long)IDLE_TICK_NS;
+        if (ts.tv_nsec >= 1000000000) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000;
+        }
+        if (pthread_cond_timedwait(&l->cv, &l->mu, &ts) == ETIMEDOUT && l->q &&
+            l->state != LEASE_STOP && rc == 0) {
+            shmq *q = l->q;
+            pthread_mutex_unlock(&l->mu);
+            idle_reap(q);
+            pthread_mutex_lock(&l->mu);
+        }
+    }
     pthread_mutex_unlock(&l->mu);
     if (rc == 0)
         pthread_mutex_unlock(l->target);
@@ -86,8 +130,12 @@ static int lease_start(pthread_mutex_t *target, struct wq_lease **out)
     struct wq_lease *l = calloc(1, sizeof *l);
     if (!l)
         return -ENOMEM;
+    pthread_condattr_t ca;
     pthread_mutex_init(&l->mu, NULL);
-    pthread_cond_init(&l->cv, NULL);
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&l->cv, &ca);
+    pthread_condattr_destroy(&ca);
     l->target = target;
     l->state = LEASE_STARTING;
 
@@ -97,7 +145,7 @@ static int lease_start(pthread_mutex_t *target, struct wq_lease **out)
     pthread_sigmask(SIG_SETMASK, &all, &old);
     pthread_attr_t attr;
     pthread_attr_init(&attr);
-    pthread_attr_setstacksize(&attr, 64 * 1024);
+    pthread_attr_setstacksize(&attr, 256 * 1024);   /* room for a repair */
     int rc = pthread_create(&l->thr, &attr, lease_main, l);
     pthread_attr_destroy(&attr);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
@@ -202,6 +250,9 @@ int wq__procs_register(shmq *q)
     q->gen = p->gen;
     q->lease = l;
     q->forkgen = fg;
+    pthread_mutex_lock(&l->mu);
+    l->q = q;   /* from now on its thread also reaps an idle queue */
+    pthread_mutex_unlock(&l->mu);
     return 0;
 }
 

@@ -85,7 +85,7 @@ static int add_locked(shmq *q, const struct wq_add_req *r, uint32_t hash, uint64
                 wq__store_mark(q, idx);   /* its failure count is about to change */
             /* client-go's When(): the count rises even when merged; with
                an explicit delay too, the smaller one wins. */
-            uint64_t d = wq__limiter_when(q, e, now);
+            uint64_t d = wq__entry_when(q, idx, now);
             delay = delay && delay < d ? delay : d;
         }
         h->retries_total++;

@@ -343,6 +343,8 @@ int wq__region_create(const char *path, const struct wq_options *opts)
         map_view(&view, base, g.total_size, &((struct wq_hdr *)base)->g);
         view.restoring = true;
         rc = img.has_meta ? wq__store_restore(&view, &img) : 0;
+        if (rc > 0)
+            view.hdr->restored = (uint64_t)rc;
         if (rc >= 0)   /* the meta current, a version 1 store rewritten */
             rc = wq__store_init_meta(&view.g, &img);
     }

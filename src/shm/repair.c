@@ -392,7 +392,8 @@ static void finish(struct ctx *c, uint32_t queued)
 {
     shmq *q = c->q;
     struct wq_hdr *h = q->hdr;
-    uint32_t live = 0, processing = 0, failing = 0, waiting = 0, sdirty = 0, zombies = 0;
+    uint32_t live = 0, processing = 0, retained = 0, failing = 0, waiting = 0, sdirty = 0;
+    uint32_t zombies = 0;
     uint32_t free_first = WQ_NIL, free_last = WQ_NIL;
     uint64_t sum_start = 0;
     if (c->apply) {
@@ -428,7 +429,8 @@ static void finish(struct ctx *c, uint32_t queued)
             continue;
         }
         if (st == WQ_ST_RETAINED) {
-            failing++;
+            retained++;
+            failing += e->failures > 0;
             continue;
         }
         live++;
@@ -469,12 +471,14 @@ static void finish(struct ctx *c, uint32_t queued)
             n++;
             i = wq__entry(q, i)->link;
         }
-        if (n != q->capacity - live - failing - zombies)
+        if (n != q->capacity - live - retained - zombies)
             violation(c, "free list: %u entries, expected %u", n,
-                      q->capacity - live - failing - zombies);
+                      q->capacity - live - retained - zombies);
         if (h->heap_count != waiting)
             violation(c, "heap: %u members, %u entries waiting", h->heap_count, waiting);
     }
+    if (h->retained != retained)
+        violation(c, "counter retained %u, expected %u", h->retained, retained);
     if (h->failing != failing)
         violation(c, "counter failing %u, expected %u", h->failing, failing);
     if (q->g.has_store && h->zombies != zombies)
@@ -503,6 +507,7 @@ static void finish(struct ctx *c, uint32_t queued)
         h->live = live;
         h->processing = processing;
         h->waiters = waiters;
+        h->retained = retained;
         h->failing = failing;
         h->zombies = zombies;
         h->sum_start = sum_start;

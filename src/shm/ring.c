@@ -56,3 +56,30 @@ void wq__ring_pop(shmq *q)
     head = head + 1 == q->capacity ? 0 : head + 1;
     wq_store_relaxed(&q->hdr->ring_pos, pos_make(head, count - 1));
 }
+
+/*
+ * Take idx out of the FIFO wherever it is, keeping the others' order:
+ * the members behind it move up one place (O(count): wq_remove, an
+ * operator's call). -EBADMSG when idx is not a member.
+ */
+int wq__ring_remove(shmq *q, uint32_t idx)
+{
+    WQ_ASSERT_MUTATING(q);
+    uint64_t pos = wq_load_relaxed(&q->hdr->ring_pos);
+    uint32_t head = (uint32_t)pos, count = (uint32_t)(pos >> 32), cap = q->capacity;
+    if (WQ_UNLIKELY(head >= cap || count > cap))
+        return -EBADMSG;
+    uint32_t k = 0, at = head;
+    for (; k < count && q->ring[at] != idx; k++)
+        at = at + 1 == cap ? 0 : at + 1;
+    if (k == count)
+        return -EBADMSG;
+    for (k++; k < count; k++) {
+        uint32_t next = at + 1 == cap ? 0 : at + 1;
+        q->ring[at] = q->ring[next];
+        WQ_STEP("ring.remove.shift");
+        at = next;
+    }
+    wq_store_relaxed(&q->hdr->ring_pos, pos_make(head, count - 1));
+    return 0;
+}

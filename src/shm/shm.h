@@ -94,6 +94,7 @@ static inline shmq *wq__shm(wq *q)
 
 /* lock.c */
 int wq__lock(shmq *q);
+int wq__lock_try(shmq *q);
 void wq__unlock(shmq *q);
 int wq__mutex_init(pthread_mutex_t *m);
 #ifdef WQ_DEBUG
@@ -133,6 +134,7 @@ static inline uint32_t wq__home(const shmq *q, uint32_t hash)
 
 /* ring.c: the FIFO */
 int wq__ring_push(shmq *q, uint32_t idx);
+int wq__ring_remove(shmq *q, uint32_t idx);
 uint32_t wq__ring_front(shmq *q);
 void wq__ring_pop(shmq *q);
 static inline uint32_t wq__ring_count(const shmq *q)
@@ -192,6 +194,8 @@ int wq__entry_requeue(shmq *q, uint32_t idx, bool crash, uint64_t now, bool *que
 int wq__entry_drop_wait(shmq *q, uint32_t idx);
 int wq__entry_release(shmq *q, uint32_t idx, bool stored);
 int wq__entry_forget(shmq *q, uint32_t idx);
+int wq__entry_remove(shmq *q, uint32_t idx);
+uint64_t wq__entry_when(shmq *q, uint32_t idx, uint64_t now);
 int wq__entry_stored(shmq *q, uint32_t idx, uint64_t now, bool *queued);
 void wq__entry_unstore(shmq *q, uint32_t idx);
 int wq__entry_evict_room(shmq *q, uint32_t want);
@@ -238,6 +242,7 @@ uint32_t wq__fair_tenant_len(const shmq *q, const struct wq_entry *e);
 int wq__fair_push(shmq *q, uint32_t idx);
 uint32_t wq__fair_front(shmq *q);
 int wq__fair_pop(shmq *q, uint32_t idx);
+int wq__fair_remove(shmq *q, uint32_t idx);
 int wq__fair_prio(shmq *q, uint32_t idx, int prio, bool fresh);
 int wq__fair_rebuild(shmq *q);
 void wq__fair_verify(shmq *q, void (*violation)(void *c, const char *what), void *c);
@@ -265,6 +270,7 @@ int wq__shm_resume(wq *q);
 int wq__shm_drain(wq *q, uint64_t deadline);
 bool wq__shm_shutting_down(wq *q);
 int wq__shm_forget(wq *q, const void *key, size_t len);
+int wq__shm_remove(wq *q, const void *key, size_t len);
 int wq__shm_num_requeues(wq *q, const void *key, size_t len);
 int wq__shm_result(wq *q, const void *key, size_t len, struct wq_result *out);
 int wq__shm_stats(wq *q, struct wq_stats *out);
