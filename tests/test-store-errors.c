@@ -413,6 +413,151 @@ static void test_salvage(void **state)
     assert_int_equal(wq_store_salvage(NULL, NULL, NULL, NULL), -EINVAL);
 }
 
+static unsigned mode_of(const char *dir, const char *file)
+{
+    char p[400];
+    struct stat sb;
+    snprintf(p, sizeof p, "%s%s%s", dir, file ? "/" : "", file ? file : "");
+    if (stat(p, &sb) != 0)
+        fail_msg("stat(%s): %s", p, strerror(errno));
+    return sb.st_mode & 07777;
+}
+
+/* A child as nobody: open the queue, add a key (and with key2, both
+   keys with wq_add_many); the add's return code. */
+static int nobody_adds2(const char *name, const char *key, const char *key2)
+{
+    int *rc = t_shared_alloc(sizeof *rc);
+    *rc = 1;
+    pid_t c = t_fork(20);
+    if (c == 0) {
+        wq *q;
+        if (t_drop_to(T_NOBODY) != 0)
+            _exit(90);
+        int r = wq_open(name, NULL, &q);
+        if (r == 0 && key2) {
+            struct iovec v[2] = { { (void *)key, strlen(key) }, { (void *)key2, strlen(key2) } };
+            r = wq_add_many(q, v, 2);
+            wq_close(q);
+        } else if (r == 0) {
+            r = wq_add(q, key, strlen(key));
+            wq_close(q);
+        }
+        *rc = r;
+        _exit(0);
+    }
+    assert_int_equal(t_wait(c, 15000), 0);
+    int r = *rc;
+    t_shared_free(rc, sizeof *rc);
+    return r;
+}
+
+static int nobody_adds(const char *name, const char *key)
+{
+    return nobody_adds2(name, key, NULL);
+}
+
+/* A store follows `mode` exactly (the umask not applied; the search bit
+   wherever reading is granted), so every uid the mode lets use the queue
+   can use its store: another uid's add is stored and comes back. (0666
+   used to make the directory drwxr--r--: another uid's add failed.) */
+static void test_shared_store_mode(void **state)
+{
+    (void)state;
+    if (geteuid() != 0) {
+        printf("  not root: the shared store test needs setuid(%d)\n", T_NOBODY);
+        skip();
+    }
+    mode_t old = umask(022);
+    char dir[400];
+    const char *parent = t_mkstore();
+    assert_int_equal(chmod(parent, 0711), 0);   /* nobody may pass through */
+    snprintf(dir, sizeof dir, "%s/shared", parent);
+    const char *name = t_qname("shared");
+    struct wq_options o = { .store_path = dir, .mode = 0666, .flags = WQ_CREATE | WQ_EXCL };
+    wq *q = t_track(T_OPEN(name, &o));
+    assert_int_equal(mode_of(dir, NULL), 0777);
+    assert_int_equal(mode_of(dir, "data.mdb"), 0666);
+    assert_int_equal(mode_of(dir, "lock.mdb"), 0666);
+    assert_int_equal(mode_of(dir, "libwq-store"), 0666);
+    assert_int_equal(nobody_adds(name, "from-nobody"), 0);
+    assert_int_equal(t_key_state(q, "from-nobody"), WQ_KEY_QUEUED | WQ_KEY_DIRTY);
+    t_close(q);
+    assert_int_equal(wq_unlink(name), 0);
+    o.flags = WQ_CREATE | WQ_EXCL | WQ_RESTORE;
+    q = t_track(T_OPEN(name, &o));
+    assert_int_equal(t_key_state(q, "from-nobody"), WQ_KEY_QUEUED | WQ_KEY_DIRTY);
+    t_close(q);
+    assert_int_equal(wq_unlink(name), 0);
+
+    /* 0640: group may read, so may search; others nothing. */
+    snprintf(dir, sizeof dir, "%s/group", t_mkstore());
+    o.store_path = dir;
+    o.mode = 0640;
+    o.flags = WQ_CREATE | WQ_EXCL;
+    q = t_track(T_OPEN(t_qname("group"), &o));
+    assert_int_equal(mode_of(dir, NULL), 0750);
+    assert_int_equal(mode_of(dir, "data.mdb"), 0640);
+    t_close(q);
+    umask(old);
+}
+
+/* A store that refuses a write: the add that needed it fails, and its key
+   is not queued, now or later: no flush by another process completes it. */
+static void test_refused_write_not_queued(void **state)
+{
+    (void)state;
+    if (geteuid() != 0) {
+        printf("  not root: the refused-write test needs setuid(%d)\n", T_NOBODY);
+        skip();
+    }
+    char dir[400], p[500];
+    const char *parent = t_mkstore();
+    assert_int_equal(chmod(parent, 0711), 0);
+    snprintf(dir, sizeof dir, "%s/ro", parent);
+    const char *name = t_qname("refused");
+    struct wq_options o = { .store_path = dir, .mode = 0666, .flags = WQ_CREATE | WQ_EXCL };
+    wq *q = t_track(T_OPEN(name, &o));
+    assert_int_equal(wq_add(q, KS("before")), 0);
+    /* The store becomes read-only for everybody but root. */
+    snprintf(p, sizeof p, "%s/data.mdb", dir);
+    assert_int_equal(chmod(p, 0644), 0);
+    snprintf(p, sizeof p, "%s/lock.mdb", dir);
+    assert_int_equal(chmod(p, 0644), 0);
+    int rc = nobody_adds(name, "refused");
+    if (rc != -EACCES && rc != -EROFS && rc != -EIO)
+        fail_msg("nobody's add to a store it cannot write: %d (%s)", rc, wq_strerror(rc));
+    assert_int_equal(t_key_state(q, "refused"), 0);
+    rc = nobody_adds2(name, "refused-m1", "refused-m2");   /* a batch, the same */
+    if (rc != -EACCES && rc != -EROFS && rc != -EIO)
+        fail_msg("nobody's wq_add_many to a store it cannot write: %d (%s)", rc,
+                 wq_strerror(rc));
+    assert_int_equal(t_key_state(q, "refused-m1"), 0);
+    assert_int_equal(t_key_state(q, "refused-m2"), 0);
+    /* Root writes to the store meanwhile: the refused key stays out. */
+    assert_int_equal(wq_add(q, KS("after")), 0);
+    assert_true(wq_snapshot(q) >= 0);
+    assert_int_equal(t_key_state(q, "refused"), 0);
+    assert_int_equal(t_key_state(q, "refused-m1"), 0);
+    assert_int_equal(t_key_state(q, "refused-m2"), 0);
+    T_EXPECT_GET(q, "before");
+    T_EXPECT_GET(q, "after");
+    T_EXPECT_GET_RC(q, -EAGAIN);
+    assert_int_equal(wq_done(q, KS("before")), 0);
+    assert_int_equal(wq_done(q, KS("after")), 0);
+    t_check_clean(q, "after a refused write");
+    t_close(q);
+    /* ... and it is not in the store either. */
+    assert_int_equal(wq_unlink(name), 0);
+    o.flags = WQ_CREATE | WQ_EXCL | WQ_RESTORE;
+    q = t_track(T_OPEN(name, &o));
+    assert_int_equal(t_key_state(q, "refused"), 0);
+    assert_int_equal(t_key_state(q, "refused-m1"), 0);
+    assert_int_equal(t_key_state(q, "refused-m2"), 0);
+    assert_int_equal(wq_len(q), 2);
+    t_close(q);
+}
+
 static void test_store_path_is_file(void **state)
 {
     (void)state;
@@ -676,6 +821,8 @@ int main(void)
         T_STORE_TEST(test_salvage),
         T_STORE_TEST(test_store_path_is_file),
         T_STORE_TEST(test_readonly_store),
+        T_STORE_TEST(test_shared_store_mode),
+        T_STORE_TEST(test_refused_write_not_queued),
         T_STORE_TEST(test_options),
         T_NO_LEFTOVERS,
     };

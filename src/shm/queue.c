@@ -160,8 +160,10 @@ static int add_call(shmq *q, const struct wq_add_req *r)
         if (room < 0)
             return room;
     }
+    /* A coalesced add made nothing new: nothing of ours to undo, and the
+       key's own adder makes it durable. */
     struct iovec key = { (void *)r->key, r->len };
-    return wq__store_finish_add(q, &key, 1, rc);
+    return wq__store_finish_add(q, &key, rc == 0 ? 1 : 0, rc);
 }
 
 int wq__shm_add(wq *pub, const struct wq_add_req *r)
@@ -236,11 +238,16 @@ int wq__shm_add_many(wq *pub, const struct iovec *keys, size_t n)
 {
     shmq *q = wq__shm(pub);
     uint32_t stack_h[64], *hashes = stack_h;
+    struct iovec stack_m[64], *mine = stack_m;   /* the keys this batch added */
+    size_t nmine = 0;
     int rc;
     if (n == 0)
         return 0;
-    if (n > 64 && !(hashes = malloc(n * sizeof *hashes)))
-        return -ENOMEM;
+    if (n > 64 && (!(hashes = malloc(n * sizeof *hashes)) ||
+                   !(mine = malloc(n * sizeof *mine)))) {
+        rc = -ENOMEM;
+        goto out;
+    }
     for (size_t i = 0; i < n; i++)
         hashes[i] = wq__hash(q->seed, keys[i].iov_base, keys[i].iov_len);
     uint64_t now = wq__metrics_now(q);
@@ -251,12 +258,15 @@ int wq__shm_add_many(wq *pub, const struct iovec *keys, size_t n)
             rc = -ESHUTDOWN;
         } else if ((rc = batch_room(q, keys, hashes, n)) == 0) {
             int coalesced = 0, queued_n = 0;
+            nmine = 0;
             for (size_t i = 0; i < n && rc >= 0; i++) {
                 struct wq_add_req r = { .key = keys[i].iov_base, .len = keys[i].iov_len };
                 bool queued = false;
                 rc = wq__region_broken(q) ? -EBADMSG : add_locked(q, &r, hashes[i], now, &queued);
                 coalesced += rc > 0;
                 queued_n += queued;
+                if (rc == 0)
+                    mine[nmine++] = keys[i];
             }
             if (rc >= 0)
                 rc = coalesced;
@@ -271,10 +281,12 @@ int wq__shm_add_many(wq *pub, const struct iovec *keys, size_t n)
             goto out;
         }
     }
-    rc = wq__store_finish_add(q, keys, n, rc);
+    rc = wq__store_finish_add(q, mine, nmine, rc);
 out:
     if (hashes != stack_h)
         free(hashes);
+    if (mine != stack_m)
+        free(mine);
     return rc;
 }
 

@@ -124,6 +124,7 @@ struct wq_item {
 };
 
 int wq__lmdb_err(int rc);
+int wq__store_mkdir(const char *path, mode_t mode);
 int wq__lmdb_env(const char *path, mode_t mode, bool create, struct wq_env **out);
 int wq__lmdb_txn(struct wq_env *e, unsigned flags, MDB_txn **txn);
 int wq__lmdb_grow(struct wq_env *e);

@@ -73,6 +73,21 @@ static int check_size(MDB_env *env, const char *path)
     return 0;
 }
 
+/*
+ * The store directory for a queue created with `mode`: exactly the mode's
+ * read and write bits, with the search bit wherever reading is granted
+ * (0666 -> 0777, 0640 -> 0750, 0600 -> 0700), the umask not applied, so
+ * the uids the mode lets use the queue can use its store. A directory
+ * that exists already is left as its owner made it.
+ */
+int wq__store_mkdir(const char *path, mode_t mode)
+{
+    mode_t m = (mode & 0666) | ((mode & 0444) >> 2) | 0700;
+    if (mkdir(path, m) < 0)
+        return errno == EEXIST ? 0 : -errno;
+    return chmod(path, m) < 0 ? -errno : 0;
+}
+
 /* Open (or find) this process's environment for path. create: make the
    directory and the meta database if missing. */
 int wq__lmdb_env(const char *path, mode_t mode, bool create, struct wq_env **out)
@@ -97,10 +112,8 @@ int wq__lmdb_env(const char *path, mode_t mode, bool create, struct wq_env **out
     e->mapsize = INITIAL_MAP;
     if (e->mapsize > max_map())
         e->mapsize = max_map();
-    if (create && mkdir(path, (mode & 0777) | 0700) < 0 && errno != EEXIST) {
-        rc = -errno;
+    if (create && (rc = wq__store_mkdir(path, mode)) < 0)
         goto fail;
-    }
     if ((rc = wq__lmdb_err(mdb_env_create(&e->env))) < 0)
         goto fail;
     mdb_env_set_maxdbs(e->env, 4);
@@ -121,9 +134,9 @@ int wq__lmdb_env(const char *path, mode_t mode, bool create, struct wq_env **out
     if (create) {   /* the umask must not decide the files' mode */
         char f[1100];
         snprintf(f, sizeof f, "%s/data.mdb", path);
-        chmod(f, mode & 0777);
+        chmod(f, mode & 0666);
         snprintf(f, sizeof f, "%s/lock.mdb", path);
-        chmod(f, mode & 0777);
+        chmod(f, mode & 0666);
     }
     MDB_envinfo info;
     if (mdb_env_info(e->env, &info) == 0 && info.me_mapsize > e->mapsize)

@@ -148,15 +148,16 @@ static int verify(const char *dir, struct wq_store_img *img)
 int wq__store_prepare(const struct wq_options *o, struct wq_options *eff, char *abs,
                       size_t abslen, struct wq_store_img *img)
 {
+    int rc;
     mode_t mode = o->mode ? o->mode : 0600;
     bool restore = o->flags & WQ_RESTORE;
     if (eff != o)
         *eff = *o;
     if (strlen(o->store_path) >= abslen - 1)
         return -ENAMETOOLONG;
-    if (!restore && mkdir(o->store_path, (mode & 0777) | 0700) < 0 && errno != EEXIST)
-        return store_err(-errno, o->store_path, "cannot make the directory: %s",
-                         strerror(errno));
+    if (!restore && (rc = wq__store_mkdir(o->store_path, mode)) < 0)
+        return store_err(rc, o->store_path, "cannot make the directory: %s",
+                         strerror(-rc));
     if (!realpath(o->store_path, abs))
         return restore && errno == ENOENT ? -ENODATA : -errno;
     struct stat sb;
@@ -178,7 +179,7 @@ int wq__store_prepare(const struct wq_options *o, struct wq_options *eff, char *
     }
     /* A store nothing has vouched for yet: read it without trusting it. */
     char why[256];
-    int rc = wq__store_read(abs, img, why, sizeof why);
+    rc = wq__store_read(abs, img, why, sizeof why);
     if (rc < 0)
         return store_err(rc, abs, "%s", why);
     if ((rc = verify(abs, img)) < 0)

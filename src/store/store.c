@@ -313,22 +313,30 @@ int wq__store_make_room(shmq *q, int tries)
     return tries >= 2 ? -ENOSPC : 0;
 }
 
-/* Undo the adds of keys the store could not take: those still STORING
-   (never visible) become zombies; keys stored before are left as they
-   are. */
-static void rollback(shmq *q, const struct iovec *keys, size_t n)
+/*
+ * Undo the adds of keys the store could not take: those still STORING
+ * (never visible) become zombies, so no later flush, by any process, can
+ * make them visible. Keys that are no longer STORING were stored, by
+ * another process's flush (a group commit that took our marks along):
+ * their adds succeeded. Returns how many adds were undone.
+ */
+static size_t rollback(shmq *q, const struct iovec *keys, size_t n)
 {
+    size_t undone = 0;
     if (wq__lock(q) < 0)
-        return;
+        return n;   /* cannot tell: report the failure */
     wq__mut_begin(q);
     for (size_t i = 0; i < n; i++) {
         uint32_t hash = wq__hash(q->seed, keys[i].iov_base, keys[i].iov_len);
         uint32_t idx = wq__table_lookup(q, keys[i].iov_base, keys[i].iov_len, hash);
-        if (idx < q->capacity && wq__st(wq__entry(q, idx)) == WQ_ST_STORING)
+        if (idx < q->capacity && wq__st(wq__entry(q, idx)) == WQ_ST_STORING) {
             wq__entry_unstore(q, idx);
+            undone++;
+        }
     }
     wq__mut_end(q, 0);
     wq__unlock(q);
+    return undone;
 }
 
 int wq__store_finish_add(shmq *q, const struct iovec *keys, size_t n, int rc)
@@ -336,11 +344,9 @@ int wq__store_finish_add(shmq *q, const struct iovec *keys, size_t n, int rc)
     if (rc < 0 || !q->g.has_store)
         return rc;
     int st = wq__store_after(q);
-    if (st < 0) {
-        rollback(q, keys, n);   /* not stored: not added */
-        return st;
-    }
-    return rc;
+    if (st < 0 && n > 0 && rollback(q, keys, n) > 0)
+        return st;   /* not stored: not added, now or later */
+    return rc;       /* stored, by us or by a flush of another process */
 }
 
 int wq__shm_snapshot(wq *pub)
