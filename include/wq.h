@@ -177,6 +177,13 @@ typedef void (*wq_report_fn)(const char *what, void *arg);
 #define WQ_DURABLE_FSYNC   2 /* ... and on disk */
 #define WQ_DURABLE_NONE    3 /* periodic snapshots */
 
+/* Nanoseconds from other units, as the int64_t timeouts take them (and
+   the uint64_t delays): WQ_SEC(5), not 5 * 1000000000, which overflows
+   an int. */
+#define WQ_USEC(n) ((int64_t)(n) * 1000)        /* microseconds */
+#define WQ_MSEC(n) ((int64_t)(n) * 1000000)     /* milliseconds */
+#define WQ_SEC(n)  ((int64_t)(n) * 1000000000)  /* seconds */
+
 /* Limits. */
 #define WQ_MAX_NAME_LEN    200        /* bytes of a queue name */
 #define WQ_MAX_KEY_LEN     4096       /* the largest max_key_len */
@@ -774,9 +781,13 @@ struct wq_metrics {
     uint64_t retries_total;         /* client-go retries_total */
     uint64_t coalesced_total;       /* libwq: adds merged into a dirty key */
     uint64_t crash_requeues_total;  /* libwq: keys requeued after a crash */
-    uint64_t waiting;               /* libwq: keys waiting for a delay */
+    uint64_t waiting;               /* libwq: keys waiting for a delay (the
+                                       delayed keys gauge) */
     uint64_t processing;            /* libwq: keys being processed */
-    uint64_t reserved[16];          /* zeroed by the library: room to grow */
+    struct wq_histogram rate_limit_delay; /* libwq: every delay the rate
+                                       limiter chose (wq_add_rate_limited,
+                                       crash requeues), seconds */
+    uint64_t reserved[3];           /* zeroed by the library: room to grow */
 };
 
 /*

@@ -113,6 +113,31 @@ fail:
 void wq__shm_close(wq *pub)
 {
     shmq *q = wq__shm(pub);
-    wq__procs_unregister(q);
+    bool last = wq__procs_unregister(q);
+    /* The last process to close cleanly writes what the store lacks
+       (WQ_DURABLE_NONE's changes since the last snapshot, removals a
+       failed write left listed): nothing acknowledged is lost to a clean
+       exit. Unregistered, the flush must not register again. */
+    if (last && q->g.has_store && wq_load_relaxed(&q->hdr->sq_count) > 0) {
+        q->closing = true;
+        wq__store_flush(q, true);
+    }
     free_handle(q);
+}
+
+/* wq_unlink: a queue with a store gets what it lacks written first, so
+   the store holds every key a restore should bring back. */
+int wq__shm_unlink(const char *name)
+{
+    char path[WQ_MAX_NAME_LEN + 32];
+    int rc = wq__region_path(path, sizeof path, name);
+    if (rc < 0)
+        return rc;
+    wq *q;
+    if (wq__shm_open(name, NULL, &q) == 0) {
+        if (wq__shm(q)->g.has_store)
+            wq__store_flush(wq__shm(q), true);
+        wq__shm_close(q);
+    }
+    return unlink(path) < 0 ? -errno : 0;
 }

@@ -73,7 +73,7 @@ static int delay_push(shmq *q, uint32_t idx)
     if (rc < 0)
         return rc;
     WQ_STEP("heap.push");
-    q->hdr->heap_count = n + 1;
+    wq_store_relaxed(&q->hdr->heap_count, n + 1);
     return 0;
 }
 
@@ -83,7 +83,7 @@ static int delay_remove(shmq *q, uint32_t idx)
     int rc = wq__heap_delete(q, WQ_HEAP_DELAY, n, idx);
     if (rc < 0)
         return rc;
-    q->hdr->heap_count = n - 1;
+    wq_store_relaxed(&q->hdr->heap_count, n - 1);
     WQ_STEP("heap.remove");
     return 0;
 }

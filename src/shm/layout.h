@@ -175,7 +175,8 @@ struct wq_hdr {
 
     /* Delays (delay.c): lock. heap[0..heap_count) are the WAITING
        entries, a binary min-heap on (entry->t_b, entry->seq); each such
-       entry's link is its heap position. */
+       entry's link is its heap position. heap_count is also read without
+       the lock by wq_len (relaxed: "anything waiting?"). */
     uint32_t heap_count;
     uint32_t seq_next;                    /* lock; next entry->seq */
     uint32_t retained;                    /* lock; RETAINED entries */
@@ -191,7 +192,7 @@ struct wq_hdr {
         uint64_t bucket[11];              /* non-cumulative; [10] is +Inf */
         uint64_t count;
         uint64_t sum_ns;
-    } qdur, wdur;
+    } qdur, wdur, rldelay;                /* rldelay: the rate limiter's delays */
     /* Results (results.c): lock. Used slots form a list in update order
        (least recently updated at the head, evicted first); free slots a
        list through next. */

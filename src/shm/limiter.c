@@ -79,6 +79,8 @@ uint64_t wq__limiter_when(shmq *q, struct wq_entry *e, uint64_t now)
         x = bucket(h, g, now);
         d = x > d ? x : d;
     }
+    if (q->metrics)
+        wq__observe(&h->rldelay, d);   /* the delay histogram (wq_metrics) */
     return d;
 }
 

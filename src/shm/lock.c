@@ -94,7 +94,8 @@ int wq__lock(shmq *q)
     }
     /* Re-register after a fork, or if our slot is no longer ours (it can
        only be taken from a live handle by repairing a corrupt table). */
-    if (WQ_UNLIKELY(q->forkgen != wq_load_relaxed(&wq__fork_gen) ||
+    if (!q->closing &&
+        WQ_UNLIKELY(q->forkgen != wq_load_relaxed(&wq__fork_gen) ||
                     q->slot >= q->max_procs ||
                     q->procs[q->slot].state != WQ_PROC_LIVE ||
                     q->procs[q->slot].gen != q->gen)) {

@@ -52,6 +52,7 @@ int wq__shm_metrics(wq *pub, struct wq_metrics *out)
     m.adds_total = h->adds_total;
     read_hist(&h->qdur, &m.queue_duration);
     read_hist(&h->wdur, &m.work_duration);
+    read_hist(&h->rldelay, &m.rate_limit_delay);
     m.retries_total = h->retries_total;
     m.coalesced_total = h->coalesced_total;
     m.crash_requeues_total = h->crash_requeues_total;

@@ -302,18 +302,20 @@ static int slot_free(shmq *q, uint32_t i, bool crash)
     return n;
 }
 
-/* wq_close: give back our keys (not a crash), then our slot. */
-void wq__procs_unregister(shmq *q)
+/* wq_close: give back our keys (not a crash), then our slot. Returns
+   true when no other live handle is attached: the caller was the last. */
+bool wq__procs_unregister(shmq *q)
 {
     if (q->forkgen != wq_load_relaxed(&wq__fork_gen)) {
         /* A forked child that never used the handle: the slot and the
            lease thread are the parent's; only the memory copy is ours. */
         free(q->lease);
         q->lease = NULL;
-        return;
+        return false;
     }
     if (q->slot == WQ_NIL || !q->lease)
-        return;
+        return false;
+    bool last = false;
     int rc = wq__lock(q);
     if (rc == 0) {
         struct wq_proc *p = &q->procs[q->slot];
@@ -325,9 +327,13 @@ void wq__procs_unregister(shmq *q)
     if (rc == 0) {
         WQ_STEP("procs.unregister.lease");
         slot_free(q, q->slot, false);
+        last = true;
+        for (uint32_t i = 0; i < q->max_procs && last; i++)
+            last = q->procs[i].state != WQ_PROC_LIVE || !wq__lease_alive(&q->procs[i]);
         wq__unlock(q);
     }
     q->slot = WQ_NIL;
+    return last;
 }
 
 /* Lock held. Reclaim the slots of dead processes and requeue their keys.

@@ -429,9 +429,19 @@ int wq__shm_done_get(wq *pub, const void *key, size_t len, void *buf, uint64_t d
     return rc;
 }
 
+/* Queued keys. Lock-free unless a key waits: then the ready ones are
+   moved to the queue first, so a key whose delay is over counts (client-
+   go's delaying queue tests poll Len that way). */
 int wq__shm_len(wq *pub)
 {
     shmq *q = wq__shm(pub);
+    if (wq_load_relaxed(&q->hdr->heap_count) > 0 && !wq_load_relaxed(&q->hdr->shutdown)) {
+        uint64_t now = wq__now_mono();
+        if (wq__lock(q) == 0) {
+            wq__promote(q, now);
+            wq__unlock(q);
+        }
+    }
     uint32_t n = wq__queued(q);
     return n <= q->capacity ? (int)n : -EBADMSG;
 }

@@ -401,13 +401,6 @@ int wq__region_path(char *buf, size_t cap, const char *name)
     return (n < 0 || (size_t)n >= cap) ? -EINVAL : 0;
 }
 
-int wq__shm_unlink(const char *name)
-{
-    char path[WQ_MAX_NAME_LEN + 32];
-    wq__region_path(path, sizeof path, name);
-    return unlink(path) < 0 ? -errno : 0;
-}
-
 int wq__shm_list(int (*fn)(const char *name, void *arg), void *arg)
 {
     DIR *d = opendir(SHM_DIR);

@@ -397,7 +397,7 @@ static void finish(struct ctx *c, uint32_t queued)
     uint32_t free_first = WQ_NIL, free_last = WQ_NIL;
     uint64_t sum_start = 0;
     if (c->apply) {
-        h->heap_count = 0;
+        wq_store_relaxed(&h->heap_count, 0);
         h->sq_head = 0;
         h->sq_count = 0;
         h->sq_epoch++;   /* a flusher mid-write must not settle by position */
@@ -442,7 +442,10 @@ static void finish(struct ctx *c, uint32_t queued)
         if (st & WQ_ST_WAITING) {
             waiting++;
             if (c->apply)
-                q->heap[h->heap_count++] = idx;
+            {
+                q->heap[h->heap_count] = idx;
+                wq_store_relaxed(&h->heap_count, h->heap_count + 1);
+            }
             else if (!bit_get(c->in_ring, idx))
                 violation(c, "entry %u: waiting but not in the heap", idx);
         }

@@ -73,6 +73,8 @@ typedef struct wq_shm {
     uint32_t gen;                  /* its generation */
     unsigned forkgen;              /* wq__fork_gen when registered */
     struct wq_lease *lease;        /* lease thread, NULL in a forked child */
+    bool closing;                  /* wq_close's last flush: unregistered,
+                                      and wq__lock must not register again */
 
     /* Wakes owed once the lock is released (wait.c): region lock. Any
        thread of this process holding the region lock owns them. */
@@ -249,7 +251,7 @@ void wq__fair_verify(shmq *q, void (*violation)(void *c, const char *what), void
 
 /* procs.c */
 int wq__procs_register(shmq *q);
-void wq__procs_unregister(shmq *q);
+bool wq__procs_unregister(shmq *q);
 unsigned wq__procs_reap(shmq *q);
 void wq__procs_maybe_reap(shmq *q);
 int wq__procs_release_pid(shmq *q, pid_t pid);
