@@ -1141,6 +1141,231 @@ static void waits_only_for_own_workers(void **state)
     t_shared_free(X, sizeof *X);
 }
 
+/* ------------------------------------------------------------------ */
+/* 7. Restarts, batches, giving up, timeouts, hooks                    */
+/* ------------------------------------------------------------------ */
+
+#define R_KEYS 40
+
+/* The witness of the restart test: per key, the sequence number of its
+   last add (announced before wq_add) and the highest one a reconcile saw
+   start (read when it starts); a global counter orders them. */
+struct restarts {
+    atomic_ullong seq;
+    atomic_ullong last_add[R_KEYS], seen[R_KEYS];
+    atomic_int stop_producer, bad;
+    struct sup_report rep;
+};
+
+static int fn_restart(wq *q, const void *key, size_t len, struct wq_reconcile *out, void *arg)
+{
+    (void)q;
+    (void)out;
+    (void)len;
+    struct restarts *R = arg;
+    int i = atoi((const char *)key + 1);
+    if (i < 0 || i >= R_KEYS) {
+        atomic_fetch_add(&R->bad, 1);
+        return 0;
+    }
+    unsigned long long now = atomic_fetch_add(&R->seq, 1);
+    unsigned long long prev = atomic_load(&R->seen[i]);
+    while (prev < now && !atomic_compare_exchange_weak(&R->seen[i], &prev, now))
+        ;
+    sleep_ns(2 * MS);
+    return 0;
+}
+
+/* A pool restarted three times (SIGTERM, as systemctl restart sends)
+   while a producer keeps adding: the queue is never shut down, nothing is
+   lost, and every key is processed after its last add. */
+static void restarts_lose_nothing(void **state)
+{
+    (void)state;
+    const char *name;
+    wq *q = t_create("restarts", T_OPTS(.capacity = 128, .max_key_len = 16), &name);
+    struct restarts *R = t_shared_alloc(sizeof *R);
+    atomic_store(&R->seq, 1);
+    pid_t prod = t_fork(60);
+    if (prod == 0) {
+        wq *pq;
+        if (wq_open(name, NULL, &pq) < 0)
+            _exit(1);
+        unsigned x = 1;
+        while (!atomic_load(&R->stop_producer)) {
+            x = x * 1103515245u + 12345u;
+            int i = (int)((x >> 16) % R_KEYS);
+            char k[8];
+            int n = snprintf(k, sizeof k, "r%d", i);
+            atomic_store(&R->last_add[i], atomic_fetch_add(&R->seq, 1));
+            if (wq_add(pq, k, (size_t)n) < 0)
+                _exit(2);
+            usleep(500);
+        }
+        wq_close(pq);
+        _exit(0);
+    }
+    for (int round = 0; round < 4; round++) {
+        memset(&R->rep, 0, sizeof R->rep);
+        pid_t sup = start_supervisor(name, 2, fn_restart, R, &R->rep, 30, NULL, NULL);
+        t_sleep_ms(150);
+        if (round < 3) {   /* a restart: SIGTERM, the next one starts */
+            assert_int_equal(kill(sup, SIGTERM), 0);
+            assert_int_equal(t_wait(sup, 10000), 0);
+            assert_int_equal(atomic_load(&R->rep.rc), 0);
+            assert_false(wq_shutting_down(q));
+            continue;
+        }
+        /* The last one: the producer stops, the pool finishes the rest. */
+        atomic_store(&R->stop_producer, 1);
+        assert_int_equal(t_wait(prod, 10000), 0);
+        struct wq_stats st;
+        for (int i = 0; i < 2000; i++) {
+            st = t_stats(q);
+            if (st.queued == 0 && st.processing == 0)
+                break;
+            t_sleep_ms(5);
+        }
+        assert_int_equal(st.queued, 0);
+        assert_int_equal(st.processing, 0);
+        stop_supervisor(q, sup, &R->rep);
+    }
+    assert_int_equal(atomic_load(&R->bad), 0);
+    for (int i = 0; i < R_KEYS; i++) {
+        unsigned long long a = atomic_load(&R->last_add[i]), s = atomic_load(&R->seen[i]);
+        if (a && s < a)
+            fail_msg("key r%d: last added at %llu, last processing started at %llu", i, a, s);
+    }
+    struct wq_stats st = t_stats(q);
+    assert_int_equal(st.crash_requeues_total, 0);
+    t_check_clean(q, "after three restarts");
+    wq_close(q);
+    t_shared_free(R, sizeof *R);
+}
+
+struct opts_run {
+    atomic_int calls[8];
+    atomic_int forks;               /* after_fork calls */
+    atomic_int names_ok;
+    struct sup_report rep;
+    struct wq_pool_options po;
+    int rc;
+    atomic_int returned;
+};
+
+static int fn_opts(wq *q, const void *key, size_t len, struct wq_reconcile *out, void *arg)
+{
+    (void)q;
+    (void)len;
+    struct opts_run *O = arg;
+    const char *k = key;
+    int i = k[1] - '0';
+    if (i >= 0 && i < 8)
+        atomic_fetch_add(&O->calls[i], 1);
+    if (k[0] == 'f') {   /* always fails */
+        snprintf(out->message, sizeof out->message, "attempt %d", atomic_load(&O->calls[i]));
+        return -EIO;
+    }
+    if (k[0] == 's')     /* overruns any timeout */
+        sleep_ns(5 * SEC);
+    return 0;
+}
+
+static void after_fork_hook(wq *q, unsigned worker, void *arg)
+{
+    (void)q;
+    struct opts_run *O = arg;
+    atomic_fetch_add(&O->forks, 1);
+    char comm[32] = "";
+    prctl(PR_GET_NAME, comm);
+    char want[32];
+    snprintf(want, sizeof want, "batch-w%u", worker);
+    if (strcmp(comm, want) == 0)
+        atomic_fetch_add(&O->names_ok, 1);
+}
+
+/* Run wq_run_workers_opts in a child; its return code and options back. */
+static pid_t start_opts(const char *name, unsigned workers, struct opts_run *O)
+{
+    pid_t pid = t_fork(60);
+    if (pid != 0)
+        return pid;
+    wq *sq;
+    if (wq_open(name, NULL, &sq) != 0)
+        _exit(2);
+    O->rc = wq_run_workers_opts(sq, workers, fn_opts, O, &O->po);
+    atomic_store(&O->returned, 1);
+    wq_close(sq);
+    _exit(0);
+}
+
+/* A batch job: until_empty returns once nothing is queued, processing or
+   waiting; a key that keeps failing is given up after max_attempts with
+   its FAILED result kept; every worker ran after_fork with its number
+   and is named for ps. */
+static void batch_until_empty_gives_up(void **state)
+{
+    (void)state;
+    const char *name;
+    wq *q = t_create("batch", T_OPTS(.capacity = 32, .max_key_len = 16,
+                                     .rl_base_delay_ns = 1 * MS), &name);
+    struct opts_run *O = t_shared_alloc(sizeof *O);
+    O->po.until_empty = true;
+    O->po.max_attempts = 3;
+    O->po.after_fork = after_fork_hook;
+    O->po.name = "batch";
+    assert_int_equal(wq_add(q, KS("o1")), 0);
+    assert_int_equal(wq_add(q, KS("o2")), 0);
+    assert_int_equal(wq_add(q, KS("f3")), 0);
+    pid_t sup = start_opts(name, 2, O);
+    assert_int_equal(t_wait(sup, 20000), 0);
+    assert_int_equal(atomic_load(&O->returned), 1);
+    assert_int_equal(O->rc, 0);
+    assert_int_equal(atomic_load(&O->calls[1]), 1);
+    assert_int_equal(atomic_load(&O->calls[2]), 1);
+    assert_int_equal(atomic_load(&O->calls[3]), 3);   /* given up after 3 */
+    assert_int_equal(atomic_load(&O->forks), 2);
+    assert_int_equal(atomic_load(&O->names_ok), 2);
+    struct wq_result r = t_result(q, "f3");
+    assert_int_equal(r.state, WQ_STATE_FAILED);
+    assert_int_equal(r.code, -EIO);
+    assert_string_equal(r.message, "attempt 3");
+    assert_int_equal(wq_num_requeues(q, KS("f3")), 0);   /* forgotten */
+    struct wq_stats st = t_stats(q);
+    assert_int_equal(st.queued + st.processing + st.waiting, 0);
+    assert_int_equal(st.shutting_down, 0);   /* a batch ends; the queue does not */
+    t_check_clean(q, "batch");
+    wq_close(q);
+    t_shared_free(O, sizeof *O);
+}
+
+/* A reconcile that overruns timeout_ns: its worker is killed, the
+   attempt counts as failed (the key comes back as a crash, its failure
+   count raised) and the pool counts the timeout. */
+static void reconcile_timeout(void **state)
+{
+    (void)state;
+    const char *name;
+    wq *q = t_create("timeout", T_OPTS(.capacity = 32, .max_key_len = 16,
+                                       .rl_base_delay_ns = 1 * SEC), &name);
+    struct opts_run *O = t_shared_alloc(sizeof *O);
+    O->po.timeout_ns = (int64_t)(200 * MS);
+    O->po.max_attempts = 1;
+    assert_int_equal(wq_add(q, KS("s1")), 0);
+    pid_t sup = start_opts(name, 1, O);
+    assert_true(WAIT_UNTIL(t_stats(q).crash_requeues_total == 1, 5000));
+    assert_int_equal(wq_num_requeues(q, KS("s1")), 1);   /* counted as a failure */
+    assert_int_equal(t_key_state(q, "s1"), WQ_KEY_WAITING);   /* through the limiter */
+    assert_int_equal(kill(sup, SIGTERM), 0);
+    assert_int_equal(t_wait(sup, 10000), 0);
+    assert_int_equal(O->rc, 0);
+    assert_int_equal(O->po.timeouts, 1);
+    assert_true(O->po.stopped_by_signal);
+    t_check_clean(q, "timeout");
+    wq_close(q);
+    t_shared_free(O, sizeof *O);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1154,6 +1379,9 @@ int main(void)
         T_TEST(sigterm_stops_pool),
         T_TEST(second_sigterm_kills),
         T_TEST(waits_only_for_own_workers),
+        T_TEST(restarts_lose_nothing),
+        T_TEST(batch_until_empty_gives_up),
+        T_TEST(reconcile_timeout),
         T_NO_LEFTOVERS,
     };
     return T_RUN_GROUP("pool", tests);
