@@ -26,14 +26,16 @@
  *     int rc = wq_open("orders", &o, &q);          // create or attach
  *     if (rc < 0) die(wq_strerror(rc));
  *     wq_add(q, "ns/a", 4);                        // producers, any process
- *     char key[256];                               // >= max_key_len
+ *     size_t cap = (size_t)wq_max_key_len(q);      // this queue's key size
+ *     char *key = malloc(cap);                     // (or WQ_MAX_KEY_LEN bytes)
  *     for (;;) {                                   // workers, any process
- *         int n = wq_get(q, key, sizeof key, -1);  // blocks
+ *         int n = wq_get(q, key, cap, -1);         // blocks
  *         if (n == -ESHUTDOWN) break;
  *         if (n < 0) die(wq_strerror(n));
  *         reconcile(key, n);
  *         wq_done(q, key, n);
  *     }
+ *     free(key);
  *     wq_close(q);
  *
  * CONVENTIONS
@@ -56,7 +58,9 @@
  *                 usable directory.
  *   -ENOENT       wq_open: no such queue and WQ_CREATE not given;
  *                 wq_done: the key is not processing.
- *   -EEXIST       wq_open with WQ_CREATE|WQ_EXCL: the queue exists.
+ *   -EEXIST       wq_open with WQ_CREATE|WQ_EXCL: the queue exists; or
+ *                 wq_open with options that differ from the existing
+ *                 queue's (wq_last_error says which one).
  *   -EACCES       the shm object exists but its permissions refuse us.
  *   -EPROTO       the shm object is not a libwq region of this layout
  *                 version: foreign, truncated, or failing validation.
@@ -90,8 +94,8 @@
  *   -EMFILE, -ENFILE from the system (shm_open, LMDB) are passed through.
  *
  *   Every call that takes the region lock (all calls on a handle except
- *   wq_close, wq_name, wq_max_key_len, wq_len and wq_shutting_down) may
- *   also return: -ENOTRECOVERABLE; -EBADMSG; and, when it is the first
+ *   wq_close, wq_name, wq_max_key_len and wq_shutting_down; wq_len only
+ *   while delayed keys wait) may also return: -ENOTRECOVERABLE; -EBADMSG; and, when it is the first
  *   call in a child after fork() (which registers the child as a new
  *   process), -EUSERS or -ENOMEM.
 
@@ -127,6 +131,50 @@
  *   child is never taken for its parent, and keys the parent holds stay
  *   the parent's. A child that exits without wq_close() is a dead process
  *   like any other: keys it held are requeued.
+ *
+ * DIFFERENCES FROM CLIENT-GO
+ *   libwq keeps client-go's workqueue semantics except where they would
+ *   let one key be in two places at once or need unbounded memory. Every
+ *   deliberate difference, with its reason:
+ *   - wq_done of a key that is not processing returns -ENOENT and changes
+ *     nothing. client-go's Done of such a key, when the key is dirty,
+ *     pushes a second copy into the queue, and the key is then handed out
+ *     twice. One slot per key is what makes the crash guarantees
+ *     checkable, so libwq never holds a key twice.
+ *   - A direct add (wq_add) of a key waiting for a delay queues it at once
+ *     and drops the delay. client-go queues it and keeps the waiting
+ *     entry, which adds the key again when its time comes, so a key added
+ *     once directly and once delayed can be reconciled twice.
+ *   - A delayed add of a key already dirty (queued, or re-added while
+ *     processing) is merged into the pending add (return value 1), as in
+ *     controller-runtime's priority queue; client-go keeps a second
+ *     "reminder" add that fires later. Two delayed adds of a waiting key
+ *     keep the earlier ready time (as client-go).
+ *   - Capacity and key length are bounded (wq_options.capacity,
+ *     max_key_len): the queue is a fixed shared-memory region. A full queue
+ *     refuses the add (-ENOSPC, nothing changed) instead of growing; a
+ *     longer key is -EMSGSIZE. Keys are byte strings, not Go values.
+ *   - Failure counts (wq_add_rate_limited, wq_forget) live in the key's
+ *     slot: when the queue is full, the count of an idle key is dropped to
+ *     make room for a new key (see wq_forget). client-go's map grows.
+ *   - Shutdown belongs to the queue, not to one process: the flag lives in
+ *     the region, every attached process sees it, and it lasts until
+ *     wq_resume (client-go has no resume: its queue object dies with the
+ *     process). Stopping one consumer is stopping its pool, not a
+ *     shutdown. With a store, waiting keys survive a shutdown (client-go
+ *     drops them; so does libwq without a store).
+ *   - wq_get and wq_shutdown_drain take a timeout; wq_shutdown_drain also
+ *     ends with -ECANCELED when wq_shutdown or wq_resume is called, and
+ *     requeues keys of dead workers so that it cannot hang on them.
+ *   - A key whose holder died is queued again through the rate limiter
+ *     (its failure count rises). client-go has no crashes to survive: its
+ *     workers are goroutines of the one process.
+ *   - Metrics are counters in the region shared by every process, read
+ *     with wq_metrics (no MetricsProvider); the delayed-keys gauge and the
+ *     rate-limiter delay histogram are libwq additions.
+ *   client-go's queue tests are ported to C in tests/test-queue.c (same
+ *   orders, same counts), and client-go's queue_test.go runs unchanged
+ *   against libwq through a Go adapter (tests/client-go).
  */
 #ifndef WQ_H
 #define WQ_H
@@ -193,9 +241,16 @@ typedef void (*wq_report_fn)(const char *what, void *arg);
 /*
  * Creation options. Zero-initialise, then set what you need: every zero
  * field means "the default" (given next to each field, and written once
- * in the library's options.c). Options only matter when the queue is
- * created; attaching to an existing queue reads its settings from the
- * region. NULL options means "attach only".
+ * in the library's options.c). The options build a new queue; an open
+ * of a queue that exists (WQ_CREATE without WQ_EXCL, or attach only)
+ * reads its settings from the region, and every field given (not zero)
+ * must be what the queue has: another capacity, max_key_len, store_path
+ * (or a store_path for a queue without a store), durability, mode, fair
+ * mode or limiter setting fails with -EEXIST, changes nothing (no store
+ * directory is created) and wq_last_error says which option differs, e.g.
+ * "queue 'orders' exists with capacity 16, not 32". So a producer that
+ * starts before the process creating the queue with a store can never
+ * run without persistence unawares. NULL options means "attach only".
  *
  * wq_open refuses with -EINVAL:
  *   flags     unknown bits; WQ_EXCL or WQ_RESTORE without WQ_CREATE;
@@ -279,8 +334,12 @@ struct wq_options {
  * with WQ_EXCL).
  *
  * Returns 0 and stores the handle in *out, or
- *   -ENOENT  absent and not creating;  -EEXIST  present with WQ_EXCL;
- *   -EINVAL  bad name or options;      -EBADMSG/-EIO a damaged or foreign store;
+ *   -ENOENT  absent and not creating;
+ *   -EEXIST  present with WQ_EXCL, or present with other options (see
+ *            struct wq_options; wq_last_error names the option);
+ *   -EINVAL  bad name or options;
+ *   -EUCLEAN a damaged or foreign store (wq_last_error says what);
+ *   -ENODATA WQ_RESTORE and the store_path holds no store;  -EIO;
  *   -EPROTO  not a libwq region of a compatible version, or it fails
  *            validation (magic, version, geometry, checksum, size);
  *   -EACCES  permissions;  -EUSERS process table full;  -ENOMEM ...
@@ -347,8 +406,14 @@ WQ_API int wq_get(wq *q, void *buf, size_t cap, int64_t timeout_ns);
  */
 WQ_API int wq_done(wq *q, const void *key, size_t len);
 
-/* wq_len - number of queued keys (not counting processing or waiting);
-   -EBADMSG if the region's count is out of range (corrupt). */
+/*
+ * wq_len - number of queued keys, not counting processing keys or keys
+ * whose delay is not over. A delayed key whose time has come counts (it
+ * is moved to the queue first, so polling wq_len sees it, as client-go's
+ * Len does). Lock free unless delayed keys wait. Returns the count,
+ * -EBADMSG if the region's count is out of range (corrupt), or a lock
+ * error (see ERRORS).
+ */
 WQ_API int wq_len(wq *q);
 
 /*
@@ -419,9 +484,12 @@ WQ_API int wq_add_many(wq *q, const struct iovec *keys, size_t n);
  * time, CLOCK_MONOTONIC, ties in order of their add). There is no daemon:
  * whoever holds the lock moves ready keys to the queue (every wq_get does,
  * before popping), and a blocked wq_get sleeps until the earliest ready
- * time. A waiting key counts as live (it uses a slot) but not in wq_len.
+ * time. A waiting key counts as live (it uses a slot) and in wq_len once
+ * its time has come.
  *
- * Shutdown drops waiting keys, as client-go does (its waiting loop stops).
+ * Shutdown drops waiting keys, as client-go does (its waiting loop
+ * stops), except with a store: there they stay and fire after wq_resume
+ * (see wq_shutdown).
  */
 
 /*
@@ -810,7 +878,9 @@ struct wq_stats {
     uint64_t waiting;       /* keys added with a delay, not yet ready */
     uint64_t live;          /* keys using a slot: queued+processing+waiting */
     uint64_t capacity;      /* max live keys */
-    uint64_t processes;     /* handles attached (process table slots in use) */
+    uint64_t processes;     /* handles attached whose process lives (a dead
+                               one's slot is not counted, even before it
+                               is reaped) */
     uint64_t adds_total;    /* adds that were not coalesced */
     uint64_t coalesced_total; /* adds merged into an already dirty key */
     uint64_t retries_total; /* delayed / rate limited adds (client-go) */
@@ -819,7 +889,7 @@ struct wq_stats {
     uint64_t max_procs;
     uint64_t region_bytes;  /* size of the shared-memory object */
     uint64_t repairs_total; /* times the region was repaired after a dead lock holder */
-    uint64_t shutting_down; /* 1 once shut down */
+    uint64_t shutting_down; /* 1 from a shutdown until wq_resume */
     uint64_t failing;       /* idle keys kept because their failure count
                                is not zero (keys kept only for a result are
                                idle_results) */

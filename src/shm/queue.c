@@ -437,10 +437,11 @@ int wq__shm_len(wq *pub)
     shmq *q = wq__shm(pub);
     if (wq_load_relaxed(&q->hdr->heap_count) > 0 && !wq_load_relaxed(&q->hdr->shutdown)) {
         uint64_t now = wq__now_mono();
-        if (wq__lock(q) == 0) {
-            wq__promote(q, now);
-            wq__unlock(q);
-        }
+        int rc = wq__lock(q);
+        if (rc < 0)
+            return rc;
+        wq__promote(q, now);
+        wq__unlock(q);
     }
     uint32_t n = wq__queued(q);
     return n <= q->capacity ? (int)n : -EBADMSG;
