@@ -3,9 +3,12 @@
 # Usage: sh tools/deps.sh [ci]   ("ci" adds clang, valgrind, and groff-base
 # so that make check also lints the man pages; without groff that part of
 # tests/check-docs.sh is skipped)
+# hiredis builds the Redis engine; redis-server and redis-tools (redis-cli)
+# are the servers and the cluster the tests start themselves.
 # Only missing packages are installed; nothing happens when all are there.
 set -e
-pkgs="gcc make autoconf automake libtool pkg-config liblmdb-dev libcmocka-dev"
+pkgs="gcc make autoconf automake libtool pkg-config liblmdb-dev libcmocka-dev
+      libhiredis-dev redis-server redis-tools"
 [ "${1:-}" = ci ] && pkgs="$pkgs clang valgrind groff-base"
 missing=""
 for p in $pkgs; do
