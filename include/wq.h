@@ -776,7 +776,7 @@ WQ_API int wq_run_workers_opts(wq *q, unsigned workers, wq_reconcile_fn fn, void
  * Keys come back in the order they were first added.
  *
  * Errors: a store that is not a libwq store, or whose files are damaged,
- * gives -EBADMSG (foreign or corrupt data) or -EIO; a store that cannot be
+ * gives -EUCLEAN (see "Damage" below) or -EIO; a store that cannot be
  * written (read-only, disk full) gives -EIO or -ENOSPC from the call that
  * needed it, which then changes nothing. The LMDB map grows as needed.
  */
