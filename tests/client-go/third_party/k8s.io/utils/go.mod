@@ -1,0 +1,3 @@
+module k8s.io/utils
+
+go 1.18
