@@ -5,10 +5,11 @@
 # tests/check-docs.sh is skipped)
 # hiredis builds the Redis engine; redis-server and redis-tools (redis-cli)
 # are the servers and the cluster the tests start themselves.
+# golang-go runs client-go's queue_test.go against libwq (tests/client-go).
 # Only missing packages are installed; nothing happens when all are there.
 set -e
 pkgs="gcc make autoconf automake libtool pkg-config liblmdb-dev libcmocka-dev
-      libhiredis-dev redis-server redis-tools"
+      libhiredis-dev redis-server redis-tools golang-go"
 [ "${1:-}" = ci ] && pkgs="$pkgs clang valgrind groff-base"
 missing=""
 for p in $pkgs; do
