@@ -311,7 +311,10 @@ struct wq_options {
        -1 turns tenant round-robin off. */
     uint32_t fair_share;
     int tenant_sep;
-    uint64_t reserved[8];   /* must be zero (see "Growth" above) */
+    /* redis:// queues only (see "Redis"): how long a key stays held by a
+       handle that stopped renewing its lease; 0 -> 10 s; 100 ms .. 1 h. */
+    uint64_t lease_ns;
+    uint64_t reserved[7];   /* must be zero (see "Growth" above) */
 };
 
 /* wq_options.rl_limiters */
@@ -966,6 +969,16 @@ WQ_API int wq_dump(wq *q, wq_dump_fn fn, void *arg);
  * negative errno if /dev/shm cannot be read.
  */
 WQ_API int wq_list(int (*fn)(const char *name, void *arg), void *arg);
+
+/*
+ * wq_list_at - wq_list for a place: NULL is this machine's shared memory
+ * (wq_list); "redis://[[user]:password@]host[:port]" is every queue on
+ * that Redis server, or on every master of its cluster, each given to fn
+ * as a full name "redis://host:port/NAME" (without the password) that
+ * wq_open accepts. Returns 0, fn's non-zero value, -EINVAL, -ENOTSUP
+ * (built without hiredis), or the connection's error (wq_last_error).
+ */
+WQ_API int wq_list_at(const char *where, int (*fn)(const char *name, void *arg), void *arg);
 
 /* wq_check flags */
 #define WQ_CHECK_REPAIR (1u << 0) /* also repair what was found */

@@ -50,9 +50,27 @@ static int keys_ok(const wq *q, const struct iovec *keys, size_t n)
 /* Life cycle                                                          */
 /* ------------------------------------------------------------------ */
 
+static bool redis_name(const char *name)
+{
+    return name && strncmp(name, WQ_REDIS_SCHEME, sizeof WQ_REDIS_SCHEME - 1) == 0;
+}
+
+#ifndef WQ_HAVE_REDIS
+static int no_redis(const char *name)
+{
+    wq__errf("'%s': this libwq was built without the Redis engine (hiredis)", name);
+    return -ENOTSUP;
+}
+#define wq__redis_open(name, o, out) no_redis(name)
+#define wq__redis_unlink(name) no_redis(name)
+#define wq__redis_list(where, fn, arg) no_redis(where)
+#endif
+
 int wq_open(const char *name, const struct wq_options *opts, wq **out)
 {
     wq__err_clear();
+    if (out && redis_name(name))
+        return wq__redis_open(name, opts, out);   /* checks its own options */
     if (!out || !wq__name_ok(name))
         return -EINVAL;
     if (opts) {
@@ -71,6 +89,9 @@ void wq_close(wq *q)
 
 int wq_unlink(const char *name)
 {
+    wq__err_clear();
+    if (redis_name(name))
+        return wq__redis_unlink(name);
     if (!wq__name_ok(name))
         return -EINVAL;
     return wq__shm_unlink(name);
@@ -81,6 +102,19 @@ int wq_list(int (*fn)(const char *name, void *arg), void *arg)
     if (!fn)
         return -EINVAL;
     return wq__shm_list(fn, arg);
+}
+
+int wq_list_at(const char *where, int (*fn)(const char *name, void *arg), void *arg)
+{
+    wq__err_clear();
+    if (!fn)
+        return -EINVAL;
+    if (!where)
+        return wq__shm_list(fn, arg);
+    if (redis_name(where))
+        return wq__redis_list(where, fn, arg);
+    wq__errf("'%s': not a place queues live (NULL, or redis://host[:port])", where);
+    return -EINVAL;
 }
 
 const char *wq_name(wq *q)

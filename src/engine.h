@@ -7,8 +7,8 @@
  * struct wq, so api.c can read what it needs without knowing the engine.
  *
  * Engines: the shared-memory engine (shm/engine.c), selected for every
- * plain queue name. A second engine implements the same table; what an
- * engine cannot do it answers with -ENOTSUP.
+ * plain queue name, and the Redis engine (redis/engine.c) for names that
+ * start with redis://. What an engine cannot do it answers with -ENOTSUP.
  */
 #ifndef WQ_ENGINE_H
 #define WQ_ENGINE_H
@@ -71,12 +71,19 @@ struct wq {
     const struct wq_engine *eng;
     uint32_t max_key_len;
     bool fair;
-    char name[WQ_MAX_NAME_LEN + 1];
+    char name[640];   /* a queue name, or a redis:// URL without its password */
 };
 
 /* The shared-memory engine (shm/engine.c). Names are plain queue names. */
 int wq__shm_open(const char *name, const struct wq_options *o, wq **out);
 int wq__shm_unlink(const char *name);
 int wq__shm_list(int (*fn)(const char *name, void *arg), void *arg);
+
+/* The Redis engine (redis/engine.c), built with hiredis (WQ_HAVE_REDIS).
+   Names are redis:// URLs. */
+#define WQ_REDIS_SCHEME "redis://"
+int wq__redis_open(const char *name, const struct wq_options *o, wq **out);
+int wq__redis_unlink(const char *name);
+int wq__redis_list(const char *where, int (*fn)(const char *name, void *arg), void *arg);
 
 #endif

@@ -54,6 +54,11 @@ int wq__options_check(const struct wq_options *o)
     for (size_t i = 0; i < sizeof o->reserved / sizeof o->reserved[0]; i++)
         if (o->reserved[i])
             return -EINVAL;
+    if (o->lease_ns) {   /* the Redis engine checks its own before this */
+        wq__errf("lease_ns is for redis:// queues (a shared-memory queue knows "
+                 "when a holder dies)");
+        return -EINVAL;
+    }
     if (o->mode & ~(mode_t)0777)
         return -EINVAL;
     if (o->capacity > WQ_MAX_CAPACITY || o->max_key_len > WQ_MAX_KEY_LEN ||
