@@ -81,6 +81,13 @@ static void die(const char *fmt, ...)
     exit(2);
 }
 
+/* dir/file into out, or die: a cut path would damage the wrong file. */
+static void join(char *out, size_t n, const char *dir, const char *file)
+{
+    if ((size_t)snprintf(out, n, "%s/%s", dir, file) >= n)
+        die("path too long: %s/%s", dir, file);
+}
+
 /* ------------------------------------------------------------------ */
 /* The expected key set                                                */
 /* ------------------------------------------------------------------ */
@@ -145,7 +152,7 @@ static void build_master(void)
 {
     char name[64];
     snprintf(name, sizeof name, "t-fuzzstore-%d", (int)getpid());
-    snprintf(master, sizeof master, "%s/master", top);
+    join(master, sizeof master, top, "master");
     struct wq_options o = { .capacity = nkeys + 64, .max_key_len = KEYLEN,
                             .store_path = master, .flags = WQ_CREATE | WQ_EXCL,
                             .rl_base_delay_ns = 3600ull * 1000000000,
@@ -245,8 +252,8 @@ static void copy_store(const char *dir)
         die("mkdir %s: %s", dir, strerror(errno));
     static const char *const files[] = { "data.mdb", "libwq-store" };
     for (size_t i = 0; i < 2; i++) {
-        snprintf(a, sizeof a, "%s/%s", master, files[i]);
-        snprintf(b, sizeof b, "%s/%s", dir, files[i]);
+        join(a, sizeof a, master, files[i]);
+        join(b, sizeof b, dir, files[i]);
         copy_file(a, b);
     }
 }
@@ -346,7 +353,7 @@ static const char *lmdb_edit(const char *dir)
 static const char *damage(const char *dir)
 {
     char data[400];
-    snprintf(data, sizeof data, "%s/data.mdb", dir);
+    join(data, sizeof data, dir, "data.mdb");
     long size = file_size(data);
     static char what[128];
     switch (rnd() % 9) {
@@ -415,7 +422,7 @@ static int round_(unsigned r, const char *dir, bool undamaged)
 {
     char lock[400];
     copy_store(dir);
-    snprintf(lock, sizeof lock, "%s/lock.mdb", dir);
+    join(lock, sizeof lock, dir, "lock.mdb");
     unlink(lock);
     const char *what = undamaged ? "none" : damage(dir);
     char name[64];
