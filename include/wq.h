@@ -73,7 +73,18 @@
  *                 store: LMDB reported corruption, a record or the store's
  *                 settings fail validation. Nothing was built from it.
  *   -ENODATA      wq_open with WQ_RESTORE: the store_path holds no store.
- *   -EIO          the store could not be read or written.
+ *   -EIO          the store could not be read or written; a Redis server
+ *                 answered a command with an error (wq_last_error quotes it).
+ *   Redis queues only (see "Redis"):
+ *   -ESTALE       wq_done / wq_finish of a key whose lease this handle lost:
+ *                 it was requeued and may be another holder's. Nothing
+ *                 changed.
+ *   -EIDRM        the queue was removed (wq_unlink) under the handle.
+ *   -ECONNREFUSED, -ECONNRESET, -EHOSTUNREACH, -ETIMEDOUT  the server is
+ *                 unreachable, the connection dropped, or a command took
+ *                 more than 10 s; wq_last_error names the server.
+ *   -ENOTSUP      a redis:// name in a libwq built without hiredis;
+ *                 WQ_DURABLE_FSYNC on a server that does not fsync.
  *   -ENOTRECOVERABLE the region lock was left unrecoverable; the region
  *                 must be removed (wq_unlink) and recreated.
  *   -ENOSPC       the queue holds `capacity` live keys (nothing was added);
@@ -824,6 +835,86 @@ WQ_API int wq_store_salvage(const char *store_path, const struct wq_options *opt
  * -ENOSPC; -ENOENT when the queue has no store.
  */
 WQ_API int wq_snapshot(wq *q);
+
+/* ------------------------------------------------------------------ */
+/* Redis (redis:// queues: one queue for many machines)                */
+/* ------------------------------------------------------------------ */
+
+/*
+ * A queue name "redis://[[user]:password@]host[:port]/NAME" (port 6379 by
+ * default; user and password may be percent-encoded; an IPv6 host in
+ * brackets) opens NAME on that Redis server (or Valkey): the same program
+ * then runs with workers on many machines. Every other name is shared
+ * memory. wq_unlink and wq_list_at take such names too.
+ *
+ * Same meaning: every call of this header, with the semantics above
+ * (coalescing, one holder per key, re-adds to the back at wq_done,
+ * delays with the earliest time winning, the rate limiters with their
+ * defaults shared by all clients, failure counts, results, fair mode,
+ * shutdown, drain, resume, metrics). Each call is one atomic script on
+ * the server (wq_add_many: one script for the whole batch, all or none);
+ * times are the server's clock, so every client agrees on delays.
+ *
+ * What changes, and why:
+ *   - Holding a key is a lease. There is no lock a dead process leaves
+ *     behind, and a distributed queue cannot tell a dead worker from a
+ *     stalled one, so each handle renews a lease of lease_ns (wq_options;
+ *     default 10 s) from a thread, and every hand-out carries a new epoch.
+ *     A handle that stops renewing (dead, stopped, partitioned) loses its
+ *     keys when its lease runs out; a handle whose connection the server
+ *     has closed (a SIGKILL closes it at once) loses them within about a
+ *     second, found by the other handles (CLIENT LIST, on the queue's
+ *     server). Lost keys are requeued through the rate limiter and counted
+ *     in crash_requeues_total, exactly as a crash in shared memory. Its
+ *     later wq_done / wq_finish for such a key fail with -ESTALE and change
+ *     nothing (fencing). The guarantee becomes: a key is never handed to
+ *     two holders of unexpired leases. A worker whose reconcile may take
+ *     longer than the lease while its process is stopped (not merely
+ *     busy: a busy process renews) must expect -ESTALE.
+ *   - wq_done from a handle that did not get the key (another process, as
+ *     shared memory allows) carries no epoch and is accepted.
+ *   - Connections: each call uses one of the handle's connections (made
+ *     lazily; a blocked wq_get holds its own). A call whose connection
+ *     dropped is sent once more on a new one; the server keeps the last
+ *     reply of every connection, so the resent call is answered, never run
+ *     twice. While the server is unreachable, calls fail at once with the
+ *     connection's error (wq_last_error names the server) and work again
+ *     when it is back. Nothing the server acknowledged is lost by the
+ *     client. AUTH uses the name's user and password.
+ *   - Durability is the server's: WQ_DURABLE_PROCESS (default) means the
+ *     primary acknowledged it (in memory; what survives a server restart
+ *     is what its own persistence, RDB or AOF, kept); WQ_DURABLE_FSYNC
+ *     needs a server with appendonly yes and appendfsync always (checked
+ *     at wq_open with CONFIG GET where allowed; -ENOTSUP otherwise), so an
+ *     acknowledged add survives a server crash; WQ_DURABLE_NONE asks
+ *     nothing. Replication is asynchronous (Redis 7.0 has no WAITAOF): a
+ *     failover can lose the writes of its last moments; wq_snapshot waits
+ *     (up to 5 s) until every connected replica has everything the primary
+ *     had acknowledged when it was called, and returns how many replicas
+ *     did (0 without replicas; -ETIMEDOUT if some did not).
+ *   - Shutdown keeps waiting keys (they fire after wq_resume), as with a
+ *     store: the queue outlives every process.
+ *   - Options with no meaning here are refused with -EINVAL, never
+ *     ignored: store_path, mode (access is the server's ACL), max_procs,
+ *     snapshot_interval_ms. lease_ns is for Redis queues only.
+ *   - wq_stats: processes counts holders with unexpired leases; region_bytes,
+ *     repairs_total, max_procs, has_store, store_unsynced and restored are
+ *     0. wq_dump reads the queue in pages of 500 keys (not one snapshot:
+ *     a key that moves during the walk may be missed or seen twice);
+ *     owner_pid is the holder's pid on its own machine. wq_check verifies
+ *     the server-side structures against the key records, and with
+ *     WQ_CHECK_REPAIR rebuilds them from the records. wq_release_pid gives
+ *     back the keys of holders on this machine with that pid.
+ *   - wq_name is the name without its password.
+ *   - Redis Cluster: all keys of a queue share the hash tag {NAME}, so a
+ *     queue lives in one slot (many queues spread over the cluster). MOVED
+ *     and ASK are followed; during a failover or a slot migration a call
+ *     retries for up to 5 s, asking the other nodes it knows, before it
+ *     fails.
+ *   - After fork, a child's first call registers it as a new holder with
+ *     its own connections and lease; keys the parent holds stay the
+ *     parent's.
+ */
 
 /* ------------------------------------------------------------------ */
 /* Metrics (client-go's workqueue metrics, shared by all processes)    */

@@ -384,7 +384,8 @@ const char *wq_strerror(int err)
     case ENOENT: return "no such queue, or key not processing";
     case EEXIST: return "queue already exists";
     case EACCES: return "permission denied";
-    case EPROTO: return "not a libwq region of a compatible version";
+    case EPROTO: return "not a libwq region (or Redis queue) of a compatible version, "
+                        "or a reply that makes no sense";
     case EBADMSG: return "corrupt region (wqctl check --repair rebuilds it)";
     case EUCLEAN: return "damaged or foreign store";
     case ENOTRECOVERABLE: return "region lock is unrecoverable; remove and recreate the queue";
@@ -394,10 +395,15 @@ const char *wq_strerror(int err)
     case EAGAIN: return "nothing queued";
     case ETIMEDOUT: return "timed out";
     case ESHUTDOWN: return "queue is shutting down";
-    case ECANCELED: return "drain cancelled by shutdown";
+    case ECANCELED: return "drain cancelled by shutdown or resume";
+    case ESTALE: return "the key's lease was lost: another holder may have it (Redis)";
+    case EIDRM: return "the queue was removed (Redis)";
+    case ECONNREFUSED: return "the Redis server refused the connection";
+    case ECONNRESET: return "the connection to the Redis server was lost";
+    case EHOSTUNREACH: return "the Redis server cannot be reached";
     case EUSERS: return "process table full (max_procs handles), or the store's reader table";
     case ENOMEM: return "out of memory (or out of threads)";
-    case EIO: return "the store could not be read or written";
+    case EIO: return "the store could not be read or written, or the Redis server refused";
     default: return strerror(err);
     }
 }

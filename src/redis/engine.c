@@ -1437,7 +1437,7 @@ static int rq_check(wq *pub, unsigned flags, wq_report_fn report, void *arg)
     return n > INT32_MAX ? INT32_MAX : (int)n;
 }
 
-/* wq_snapshot: what the primary acknowledged, acknowledged by its
+/* wq_snapshot: what the primary acknowledged so far, acknowledged by its
    replicas too (WAIT for every connected replica, 5 s at most). */
 static int rq_snapshot(wq *pub)
 {
@@ -1456,6 +1456,15 @@ static int rq_snapshot(wq *pub)
         if (p)
             replicas = strtol(p + 17, NULL, 10);
         freeReplyObject(r);
+    }
+    if (rc == 0 && replicas > 0) {
+        /* WAIT covers this connection's writes, and the replication stream
+           is ordered: one write here covers everything acknowledged before. */
+        char key[WQ_MAX_NAME_LEN + 16];
+        snprintf(key, sizeof key, "%s:m", q->prefix);
+        const char *h[] = { "HINCRBY", key, "snapshots", "1" };
+        if ((rc = wq__rq_cmd(q, c, 4, h, NULL, &r)) == 0)
+            freeReplyObject(r);
     }
     if (rc == 0 && replicas > 0) {
         char n[24];
