@@ -439,13 +439,11 @@ static void *lease_main(void *arg)
             wq__rq_int(&r, 2, &proc);
             wq__rq_reply_free(&r);
         }
-        if (lost) {
-            /* Our keys were requeued: their epochs are void; a done for
-               them is answered -ESTALE by the server anyway. */
-            pthread_mutex_lock(&q->mu);
-            held_clear(q);
-            pthread_mutex_unlock(&q->mu);
-        }
+        /* A lost lease (lost != 0): our keys were requeued. Their epochs
+           stay in the held map: the done that carries one is what the
+           server fences (-ESTALE); a done without one would be taken for
+           another process's and accepted. */
+        (void)lost;
         if (proc > 0)
             check_connections(q);
         pthread_mutex_lock(&q->mu);
@@ -675,6 +673,12 @@ int wq__redis_open(const char *name, const struct wq_options *o, wq **out)
         }
         freeReplyObject(r);
     }
+    /* Before anything is created: a queue asked to be FSYNC on a server
+       that does not fsync must not come into being. */
+    if (want.durability == WQ_DURABLE_FSYNC && o->durability && (rc = check_fsync(q)) < 0) {
+        rq_free(q);
+        return rc;
+    }
     unsigned char packed[CFG_LEN];
     cfg_pack(&want, lease_ms, packed);
     const char *args[] = { (o->flags & WQ_CREATE) ? "1" : "0", (o->flags & WQ_EXCL) ? "1" : "0",
@@ -716,8 +720,8 @@ int wq__redis_open(const char *name, const struct wq_options *o, wq **out)
             rc = -EEXIST;
         }
     }
-    if (rc == 0 && q->conf.durability == WQ_DURABLE_FSYNC)
-        rc = check_fsync(q);
+    if (rc == 0 && !created && !o->durability && q->conf.durability == WQ_DURABLE_FSYNC)
+        rc = check_fsync(q);   /* attaching: the queue's own level */
     q->durability = q->conf.durability;
     if (rc == 0)
         rc = lease_start(q);
