@@ -1113,7 +1113,9 @@ WQ_API const char *wq_strerror(int err);
 
 /*
  * wq_last_error - what went wrong, in more words than an errno: after
- * wq_open, wq_snapshot or wq_store_salvage returned a negative errno,
+ * wq_open, wq_unlink, wq_list_at, wq_snapshot or wq_store_salvage
+ * returned a negative errno, and after any call on a redis:// queue that
+ * failed (naming the server and what it said),
  * a one-line description naming the object and the cause when the
  * library knows one (e.g. "store /var/lib/q: 3 damaged records (record
  * 17: record checksum mismatch)"), else "". Per thread; valid until the

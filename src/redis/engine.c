@@ -233,6 +233,7 @@ static int child(rq *q);
 /* Every call starts here: a forked child becomes its own holder first. */
 static int enter(rq *q)
 {
+    wq__err_clear();   /* wq_last_error speaks of this call only */
     if (WQ_UNLIKELY(q->fork_gen != wq_load_relaxed(&wq__fork_gen)))
         return child(q);
     return 0;

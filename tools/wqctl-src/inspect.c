@@ -438,11 +438,14 @@ int cmd_ls(const struct args *a)
     struct ls_row *rows;
     int rc;
 
-    rc = wq_list(collect_name, &names);
+    const char *where = a->npos > 0 ? a->pos[0] : NULL;
+    rc = wq_list_at(where, collect_name, &names);
     if (rc < 0) {
         strv_free(&names);
-        fprintf(stderr, "wqctl: cannot list queues: %s\n", wq_strerror(rc));
-        return EXIT_FAIL;
+        fprintf(stderr, "wqctl: cannot list queues%s%s: %s%s%s\n", where ? " on " : "",
+                where ? where : "", wq_strerror(rc), wq_last_error()[0] ? ": " : "",
+                wq_last_error());
+        return rc == -EINVAL ? EXIT_USAGE : EXIT_FAIL;
     }
     if (names.n > 0)
         qsort(names.v, names.n, sizeof *names.v, cmp_str);

@@ -334,3 +334,18 @@ int cmd_shutdown(const struct args *a)
         return queue_error(name, drain ? "drain" : "shutdown", rc);
     return EXIT_OK;
 }
+
+int cmd_resume(const struct args *a)
+{
+    const char *name = a->pos[0];
+    wq *q;
+    int rc;
+
+    if ((rc = open_queue(name, &q)) != EXIT_OK)
+        return rc;
+    rc = wq_resume(q);
+    wq_close(q);
+    if (rc < 0)
+        return queue_error(name, "resume", rc);
+    return EXIT_OK;
+}

@@ -103,7 +103,12 @@ int queue_error(const char *name, const char *what, int err)
     queue_msg(name);
     if (what)
         fprintf(stderr, "%s: ", what);
-    fprintf(stderr, "%s\n", wq_strerror(err));
+    /* wq_last_error: the object and the cause, when libwq knows more. */
+    const char *more = wq_last_error();
+    if (more[0])
+        fprintf(stderr, "%s (%s)\n", wq_strerror(err), more);
+    else
+        fprintf(stderr, "%s\n", wq_strerror(err));
     return EXIT_FAIL;
 }
 

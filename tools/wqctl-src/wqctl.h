@@ -167,6 +167,7 @@ int cmd_get(const struct args *a);
 int cmd_forget(const struct args *a);
 int cmd_requeues(const struct args *a);
 int cmd_shutdown(const struct args *a);
+int cmd_resume(const struct args *a);
 
 /* work.c */
 int cmd_work(const struct args *a);
