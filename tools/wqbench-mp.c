@@ -95,23 +95,39 @@ static double drain_rep(wq *q, const char *name, int consumers, uint64_t n)
     return (double)n * 1e9 / (double)(end - t0);
 }
 
+void wqb_drain_variant(const struct wqb_cfg *c, const char *variant, int consumers,
+                       uint64_t n)
+{
+    wq *q;
+    char name[WQB_NAME_LEN];
+    struct wqb_result r;
+    struct wq_options o = { .capacity = (uint32_t)n };
+    if (!wqb_want(c, variant))
+        return;
+    if (consumers < 1 || consumers > DRAIN_MAX_C)
+        wqb_die("drain: %d consumers (1 .. %d)", consumers, DRAIN_MAX_C);
+    int rc = wqb_open_new("drain", &o, &q, name);
+    if (rc < 0 && wqb_prefixed()) {
+        wqb_skip_open(c, "drain", variant, rc);
+        return;
+    }
+    if (rc < 0)
+        wqb_die("wq_open %s (capacity %u): %s", name, o.capacity, wq_strerror(rc));
+    wqb_result_init(&r, "drain", variant, "keys/s");
+    for (int rep = 0; rep < wqb_reps(c); rep++)
+        wqb_result_add(&r, drain_rep(q, name, consumers, n));
+    wqb_result_extra(&r, "n", (double)n, WQB_X_INT);
+    wqb_emit(c, &r);
+    wqb_queue_destroy(q, name);
+}
+
 void wqb_run_drain(const struct wqb_cfg *c)
 {
     uint64_t n = wqb_size(c, 200000, 1000000);
     for (int consumers = 1; consumers <= DRAIN_MAX_C; consumers *= 2) {
-        wq *q;
-        char name[64], variant[16];
-        struct wqb_result r;
+        char variant[16];
         snprintf(variant, sizeof variant, "C=%d", consumers);
-        if (!wqb_want(c, variant))
-            continue;
-        wqb_queue_create("drain", (uint32_t)n, &q, name);
-        wqb_result_init(&r, "drain", variant, "keys/s");
-        for (int rep = 0; rep < wqb_reps(c); rep++)
-            wqb_result_add(&r, drain_rep(q, name, consumers, n));
-        wqb_result_extra(&r, "n", (double)n, WQB_X_INT);
-        wqb_emit(c, &r);
-        wqb_queue_destroy(q, name);
+        wqb_drain_variant(c, variant, consumers, n);
     }
 }
 
@@ -121,13 +137,6 @@ void wqb_run_drain(const struct wqb_cfg *c)
 
 #define HOT_KEYS 1000
 #define MPMC_MAX 2
-
-struct mpmc_params {
-    const char *variant;
-    int producers, consumers;
-    uint64_t adds;
-    uint64_t pace_ns;   /* 0: flat out */
-};
 
 struct mpmc_shared {
     struct wqb_gate gate;
@@ -144,7 +153,7 @@ struct mpmc_rep {
     double adds_per_s, p50, p99, processed, coalesced;
 };
 
-static size_t mpmc_size(const struct mpmc_params *p)
+static size_t mpmc_size(const struct wqb_mpmc *p)
 {
     return sizeof(struct mpmc_shared) + MPMC_MAX * p->adds * sizeof(uint32_t);
 }
@@ -164,7 +173,7 @@ static void atomic_max(_Atomic uint64_t *a, uint64_t v)
         ;
 }
 
-static void mpmc_producer(const char *name, const struct mpmc_params *p,
+static void mpmc_producer(const char *name, const struct wqb_mpmc *p,
                           struct mpmc_shared *sh, int id)
 {
     wq *q = wqb_attach(name);
@@ -194,7 +203,7 @@ static void mpmc_producer(const char *name, const struct mpmc_params *p,
     _exit(0);
 }
 
-static void mpmc_consumer(const char *name, const struct mpmc_params *p,
+static void mpmc_consumer(const char *name, const struct wqb_mpmc *p,
                           struct mpmc_shared *sh, int id)
 {
     wq *q = wqb_attach(name);
@@ -227,7 +236,7 @@ static int cmp_u32(const void *a, const void *b)
 }
 
 /* Percentiles over all consumers' samples (sorted in place). */
-static void mpmc_latency(const struct mpmc_params *p, struct mpmc_shared *sh,
+static void mpmc_latency(const struct wqb_mpmc *p, struct mpmc_shared *sh,
                          struct mpmc_rep *out)
 {
     uint64_t n = 0;
@@ -241,16 +250,20 @@ static void mpmc_latency(const struct mpmc_params *p, struct mpmc_shared *sh,
     out->p99 = n ? sh->samples[n * 99 / 100] : 0;
 }
 
-static void mpmc_rep(const struct mpmc_params *p, struct mpmc_rep *out)
+/* One repetition; wq_open's error if the queue could not be made. */
+static int mpmc_rep(const struct wqb_mpmc *p, struct mpmc_rep *out)
 {
     wq *q;
-    char name[64];
+    char name[WQB_NAME_LEN];
     pid_t pid[2 * MPMC_MAX];
     int np = 0;
+    struct wq_options o = { .capacity = 1024 };
+    int rc = wqb_open_new("mpmc", &o, &q, name);
+    if (rc < 0)
+        return rc;
     size_t size = mpmc_size(p);
     struct mpmc_shared *sh = wqb_shared_alloc(size);
     sh->producers_left = (uint32_t)p->producers;
-    wqb_queue_create("mpmc", 1024, &q, name);
     for (int i = 0; i < p->consumers; i++)
         if ((pid[np++] = wqb_fork()) == 0)
             mpmc_consumer(name, p, sh, i);
@@ -270,19 +283,29 @@ static void mpmc_rep(const struct mpmc_params *p, struct mpmc_rep *out)
     mpmc_latency(p, sh, out);
     wqb_shared_free(sh, size);
     wqb_queue_destroy(q, name);
+    return 0;
 }
 
-static void mpmc_variant(const struct wqb_cfg *c, const struct mpmc_params *p)
+void wqb_mpmc_variant(const struct wqb_cfg *c, const struct wqb_mpmc *p)
 {
     struct wqb_result r;
     double p50[WQB_MAX_REPS], p99[WQB_MAX_REPS], proc[WQB_MAX_REPS], coal[WQB_MAX_REPS];
     int reps = wqb_reps(c) < 3 ? wqb_reps(c) : 3;   /* costly: 3 are enough */
     if (!wqb_want(c, p->variant))
         return;
+    if (p->producers < 1 || p->producers > MPMC_MAX || p->consumers < 1 ||
+        p->consumers > MPMC_MAX)
+        wqb_die("mpmc: 1 .. %d producers and consumers", MPMC_MAX);
     wqb_result_init(&r, "mpmc", p->variant, "adds/s");
     for (int i = 0; i < reps; i++) {
         struct mpmc_rep one;
-        mpmc_rep(p, &one);
+        int rc = mpmc_rep(p, &one);
+        if (rc < 0 && i == 0 && wqb_prefixed()) {
+            wqb_skip_open(c, "mpmc", p->variant, rc);
+            return;
+        }
+        if (rc < 0)
+            wqb_die("mpmc: wq_open: %s", wq_strerror(rc));
         wqb_result_add(&r, one.adds_per_s);
         p50[i] = one.p50;
         p99[i] = one.p99;
@@ -301,7 +324,7 @@ void wqb_run_mpmc(const struct wqb_cfg *c)
 {
     uint64_t adds = wqb_size(c, 200000, 1000000);
     uint64_t paced = c->mode == WQB_QUICK ? 12500 : 50000;   /* 0.25 s or 1 s */
-    const struct mpmc_params v[] = {
+    const struct wqb_mpmc v[] = {
         { "p1c1", 1, 1, adds, 0 },
         { "p1c2", 1, 2, adds, 0 },
         { "p2c1", 2, 1, adds, 0 },
@@ -309,7 +332,7 @@ void wqb_run_mpmc(const struct wqb_cfg *c)
         { "paced50k-p1c1", 1, 1, paced, 20000 },
     };
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
-        mpmc_variant(c, &v[i]);
+        wqb_mpmc_variant(c, &v[i]);
 }
 
 /* ------------------------------------------------------------------ */
@@ -408,7 +431,7 @@ static void starve_variant(const struct wqb_cfg *c, const char *variant, unsigne
     wqb_result_init(&r, "starve", variant, "ns");
     for (int i = 0; i < reps; i++) {
         wq *q;
-        char name[64], why[128];
+        char name[WQB_NAME_LEN], why[128];
         struct wq_options o = { .capacity = 2 * STARVE_OTHERS, .flags = flags };
         int rc = wqb_open_new("starve", &o, &q, name);
         if (rc < 0 && i == 0 && flags) {
@@ -475,7 +498,7 @@ static void tenants_variant(const struct wqb_cfg *c, const char *variant, unsign
     wqb_result_init(&r, "tenants", variant, "ns");
     for (int i = 0; i < reps; i++) {
         wq *q;
-        char name[64];
+        char name[WQB_NAME_LEN];
         struct wq_options o = { .capacity = TENANT_FLOOD + 16, .max_key_len = 16,
                                 .flags = flags };
         wqb_check(wqb_open_new("tenants", &o, &q, name), "tenants: wq_open");

@@ -96,20 +96,25 @@ static NOINLINE void loop_add_many(wq *q, uint64_t first, uint64_t n)
 
 typedef void (*loop_fn)(wq *q, uint64_t first, uint64_t n);
 
-static void cycle_variant(const struct wqb_cfg *c, const char *variant, loop_fn fn,
-                          unsigned flags, uint64_t n)
+/* One variant; its median, or NaN if it was not run. */
+static double cycle_variant(const struct wqb_cfg *c, const char *variant, loop_fn fn,
+                            unsigned flags, uint64_t n, const char *ref_name, double ref)
 {
     wq *q;
-    char name[64], why[128];
+    char name[WQB_NAME_LEN], why[128];
     struct wqb_result r;
     struct wq_options o = { .capacity = 1024, .flags = flags };
     if (!wqb_want(c, variant))
-        return;
+        return NAN;
     int rc = wqb_open_new("cycle", &o, &q, name);
+    if (rc < 0 && wqb_prefixed()) {   /* another engine, or none yet */
+        wqb_skip_open(c, "cycle", variant, rc);
+        return NAN;
+    }
     if (rc < 0 && flags) {   /* a mode this build does not have */
         snprintf(why, sizeof why, "wq_open with flags 0x%x says %s", flags, wq_strerror(rc));
         wqb_skip(c, "cycle", variant, why);
-        return;
+        return NAN;
     }
     wqb_check(rc, "cycle: wq_open");
     wqb_result_init(&r, "cycle", variant, "cycles/s");
@@ -121,13 +126,32 @@ static void cycle_variant(const struct wqb_cfg *c, const char *variant, loop_fn 
         wqb_result_add(&r, (double)n * 1e9 / (double)(t1 - t0));
     }
     struct wq_stats st;
-    wqb_check(wq_stats(q, &st), "wq_stats");
-    if (st.live != 0)
-        wqb_die("cycle: %llu keys left live", (unsigned long long)st.live);
+    rc = wq_stats(q, &st);
+    if (rc != -ENOTSUP) {   /* an engine may not count */
+        wqb_check(rc, "wq_stats");
+        if (st.live != 0)
+            wqb_die("cycle: %llu keys left live", (unsigned long long)st.live);
+    }
+    double median = wqb_median(r.v, r.reps);
     wqb_result_extra(&r, "n", (double)n, WQB_X_INT);
-    wqb_result_extra(&r, "ns_per_cycle", 1e9 / wqb_median(r.v, r.reps), WQB_X_NUM);
+    wqb_result_extra(&r, "ns_per_cycle", 1e9 / median,
+                     wqb_prefixed() ? WQB_X_NS : WQB_X_NUM);   /* us on a server */
+    if (ref_name && ref > 0)
+        wqb_result_extra(&r, ref_name, median / ref, WQB_X_NUM);
     wqb_emit(c, &r);
     wqb_queue_destroy(q, name);
+    return median;
+}
+
+double wqb_cycle_variant(const struct wqb_cfg *c, const char *variant, enum wqb_loop loop,
+                         unsigned flags, uint64_t n, const char *ref_name, double ref)
+{
+    static const loop_fn fns[] = {
+        [WQB_LOOP_MEMORY] = loop_memory,
+        [WQB_LOOP_DONE_GET] = loop_done_get,
+        [WQB_LOOP_ADD_MANY] = loop_add_many,
+    };
+    return cycle_variant(c, variant, fns[loop], flags, n, ref_name, ref);
 }
 
 #ifndef WQ_NO_METRICS
@@ -137,11 +161,11 @@ static void cycle_variant(const struct wqb_cfg *c, const char *variant, loop_fn 
 void wqb_run_cycle(const struct wqb_cfg *c)
 {
     uint64_t n = wqb_size(c, 200000, 1000000);
-    cycle_variant(c, "memory", loop_memory, 0, n);
-    cycle_variant(c, "done_get", loop_done_get, 0, n);
-    cycle_variant(c, "add_many", loop_add_many, 0, n);
-    cycle_variant(c, "no_metrics", loop_memory, WQ_NO_METRICS, n);
-    cycle_variant(c, "fair", loop_memory, WQ_FAIR, n);
+    cycle_variant(c, "memory", loop_memory, 0, n, NULL, 0);
+    cycle_variant(c, "done_get", loop_done_get, 0, n, NULL, 0);
+    cycle_variant(c, "add_many", loop_add_many, 0, n, NULL, 0);
+    cycle_variant(c, "no_metrics", loop_memory, WQ_NO_METRICS, n, NULL, 0);
+    cycle_variant(c, "fair", loop_memory, WQ_FAIR, n, NULL, 0);
 }
 
 /* ------------------------------------------------------------------ */
@@ -166,7 +190,7 @@ static NOINLINE void loop_rotate(wq *q, uint64_t n)
 static double region_bytes_r1(uint64_t live)
 {
     wq *q;
-    char name[64];
+    char name[WQB_NAME_LEN];
     struct wq_stats st;
     struct wq_options o = { .capacity = (uint32_t)live, .result_capacity = 1 };
     wqb_check(wqb_open_new("scale-r1", &o, &q, name), "wq_open (result_capacity 1)");
@@ -178,7 +202,7 @@ static double region_bytes_r1(uint64_t live)
 static void scale_one(const struct wqb_cfg *c, uint64_t live, uint64_t rotations)
 {
     wq *q;
-    char name[64], variant[32];
+    char name[WQB_NAME_LEN], variant[32];
     struct wqb_result r;
     struct wq_stats st;
     snprintf(variant, sizeof variant, "L=1e%d", (int)(0.5 + log10((double)live)));
@@ -231,7 +255,7 @@ static const struct {
 };
 
 /* Open a store-backed queue in a fresh directory; rc < 0 means skip. */
-static int durable_open(int durability, char dir[64], char name[64], wq **q)
+static int durable_open(int durability, char dir[64], char name[WQB_NAME_LEN], wq **q)
 {
     snprintf(dir, 64, "/tmp/wqbench-store.%d.XXXXXX", (int)getpid());
     if (!mkdtemp(dir))
@@ -247,7 +271,7 @@ static int durable_open(int durability, char dir[64], char name[64], wq **q)
 
 static void durable_variant(const struct wqb_cfg *c, int i)
 {
-    char dir[64], name[64], why[160];
+    char dir[64], name[WQB_NAME_LEN], why[160];
     wq *q;
     if (!wqb_want(c, durable_variants[i].variant))
         return;
@@ -283,7 +307,7 @@ void wqb_run_durable(const struct wqb_cfg *c)
 /* ------------------------------------------------------------------ */
 
 /* A store holding keys 0..n-1 and no region; the time of the snapshot. */
-static double restore_prepare(const char *dir, uint64_t n, char name[64])
+static double restore_prepare(const char *dir, uint64_t n, char name[WQB_NAME_LEN])
 {
     wq *q;
     struct wq_options o = { .capacity = (uint32_t)n, .store_path = dir,
@@ -322,7 +346,7 @@ static double restore_once(const char *dir, const char *name, uint64_t n)
 
 void wqb_run_restore(const struct wqb_cfg *c)
 {
-    char dir[64], name[64], why[160];
+    char dir[64], name[WQB_NAME_LEN], why[160];
     wq *probe;
     if (!wqb_want(c, "restore"))
         return;

@@ -75,7 +75,7 @@ static void run_repair(const struct wqb_cfg *c, const char *variant, uint32_t re
     uint64_t n = wqb_size(c, 1000000, 1000000);
     int reps = wqb_reps(c);
     wq *q;
-    char name[64];
+    char name[WQB_NAME_LEN];
     struct wqb_result r;
     struct wq_stats st;
     struct wq_options o = { .capacity = (uint32_t)(n + (uint64_t)reps + 16),

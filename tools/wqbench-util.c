@@ -14,7 +14,11 @@
  * (SIGTERM, so that the recover helper removes its own queue) and remove
  * what is registered, so nothing is left in /dev/shm or /tmp. The handler
  * sticks to plain system calls (kill, waitpid, unlink, getdents64;
- * wq_unlink only formats a path and unlinks it).
+ * wq_unlink only formats a path and unlinks it). A redis-server that
+ * wqbench started is stopped after the queues are removed and before its
+ * directory is; a handler leaves redis:// queues alone (removing one
+ * talks to the server), the server and its memory go with them. The
+ * watchdog (SIGALRM) cleans up the same way when a variant takes too long.
  *
  * Children. wqb_fork() children get the default signal dispositions, get
  * SIGTERM when their parent dies (PR_SET_PDEATHSIG) and end with _exit(),
@@ -50,11 +54,16 @@
 
 static pid_t main_pid;
 static unsigned name_seq;
-static char qnames[MAX_QUEUES][64];
+static char qnames[MAX_QUEUES][WQB_NAME_LEN];
 static volatile sig_atomic_t qused[MAX_QUEUES];
 static pid_t pids[MAX_PIDS];
 static char paths[MAX_PATHS][128];      /* "mq:/name" or a store directory */
 static volatile sig_atomic_t pused[MAX_PATHS];
+static volatile pid_t server_pid;       /* a redis-server we started */
+static volatile sig_atomic_t in_signal; /* cleanup from a handler */
+static char qprefix[160];               /* --prefix / the engine's address */
+static bool any_failed;
+static char watch_what[64];
 
 /* ------------------------------------------------------------------ */
 /* Configuration                                                       */
@@ -89,15 +98,25 @@ void wqb_usage(FILE *f)
     fprintf(f,
         "usage: wqbench [--quick | --full] [--workload NAME[,NAME...]]... [--json | --table]\n"
         "               [--variant NAME[,NAME...]] [--n N] [--reps R]\n"
+        "               [--engine shm | --engine redis [--pin split|same|none]\n"
+        "                | --prefix redis://[[USER]:PASS@]HOST[:PORT]/]\n"
         "  workloads: floor-mutex cycle floor-mq drain mpmc scale starve recover durable\n"
         "             (default: all, in that order)\n"
+        "             with --engine redis: cycle add_many drain mpmc\n"
         "  --quick    small sizes, whole run under 30 s (CI)\n"
         "  --full     also scale L = 1e7\n"
         "  --json     one JSON line per variant (default)\n"
         "  --table    a human-readable table\n"
         "  --variant  only these variants (e.g. memory, C=2, L=1e6, paced50k-p1c1)\n"
         "  --n N      override the main size of each selected workload\n"
-        "  --reps R   repetitions per variant (default 5, --quick 3)\n");
+        "  --reps R   repetitions per variant (default 5, --quick 3)\n"
+        "  --engine redis  the redis:// engine against a redis-server that wqbench\n"
+        "             starts (loopback, free port) and stops; with a three-script Lua\n"
+        "             queue as baseline\n"
+        "  --pin split  the server on one CPU, wqbench and its workers on the others\n"
+        "             (default); same: all on one CPU; none: no pinning\n"
+        "  --prefix redis://HOST:PORT/  the same against a server of yours (not\n"
+        "             pinned; keys named wqbench.<pid>.* and lua3:{...}, removed)\n");
 }
 
 /* Split a comma list into names[] (max entries); -1 if too many. */
@@ -134,8 +153,12 @@ int wqb_parse_args(int argc, char **argv, struct wqb_cfg *c, const char **names,
         { "n", required_argument, NULL, 'n' },   { "reps", required_argument, NULL, 'r' },
         { "no-header", no_argument, NULL, 'H' }, { "help", no_argument, NULL, 'h' },
         { "variant", required_argument, NULL, 'v' },
+        { "engine", required_argument, NULL, 'e' },
+        { "prefix", required_argument, NULL, 'p' },
+        { "pin", required_argument, NULL, 'P' },
         { NULL, 0, NULL, 0 },
     };
+    const char *engine = NULL;
     uint64_t v;
     int o;
     *c = (struct wqb_cfg){ .mode = WQB_DEFAULT };
@@ -147,6 +170,29 @@ int wqb_parse_args(int argc, char **argv, struct wqb_cfg *c, const char **names,
         case 'j': c->table = false; break;
         case 't': c->table = true; break;
         case 'H': c->no_header = true; break;
+        case 'e':
+            if (strcmp(optarg, "redis") != 0 && strcmp(optarg, "shm") != 0) {
+                fprintf(stderr, "wqbench: --engine: shm or redis, not '%s'\n", optarg);
+                return -1;
+            }
+            engine = optarg;
+            break;
+        case 'p':
+            if (strncmp(optarg, "redis://", 8) != 0 || !strchr(optarg + 8, '/')) {
+                fprintf(stderr, "wqbench: --prefix: redis://[[USER]:PASS@]HOST[:PORT]/, "
+                                "not '%s'\n", optarg);
+                return -1;
+            }
+            c->prefix = optarg;
+            break;
+        case 'P':
+            if (strcmp(optarg, "split") != 0 && strcmp(optarg, "same") != 0 &&
+                strcmp(optarg, "none") != 0) {
+                fprintf(stderr, "wqbench: --pin: split, same or none, not '%s'\n", optarg);
+                return -1;
+            }
+            c->pin = optarg;
+            break;
         case 'w':
             if (add_names(optarg, names, nnames, WQB_MAX_NAMES) < 0)
                 return -1;
@@ -170,6 +216,15 @@ int wqb_parse_args(int argc, char **argv, struct wqb_cfg *c, const char **names,
         default:
             return -1;
         }
+    }
+    if (engine && strcmp(engine, "shm") == 0 && c->prefix) {
+        fprintf(stderr, "wqbench: --prefix names a redis server: not with --engine shm\n");
+        return -1;
+    }
+    c->redis = c->prefix || (engine && strcmp(engine, "redis") == 0);
+    if (c->pin && (!c->redis || c->prefix)) {
+        fprintf(stderr, "wqbench: --pin: only with --engine redis (a server wqbench starts)\n");
+        return -1;
     }
     return optind == argc ? 0 : -1;
 }
@@ -445,6 +500,52 @@ void wqb_check(int rc, const char *what)
         wqb_die("%s: %s", what, wq_strerror(rc));
 }
 
+/* Whether a variant failed while the run went on (wqb_skip_open): exit
+   status 1 at the end. */
+bool wqb_failed(void)
+{
+    return any_failed;
+}
+
+static void say(const char *s)   /* async-signal-safe */
+{
+    ssize_t r = write(2, s, strlen(s));
+    (void)r;
+}
+
+static void on_alarm(int sig)
+{
+    (void)sig;
+    in_signal = 1;
+    say("wqbench: watchdog: ");
+    say(watch_what);
+    say(" took longer than allowed; stopping\n");
+    cleanup();
+    _exit(1);
+}
+
+/*
+ * Arm (seconds > 0) or disarm the watchdog: if the run is still in `what`
+ * after `seconds`, the parent stops its children and any server it
+ * started, removes what it registered and exits 1, so that a wedged
+ * server or engine cannot hang the benchmark. Children are not covered
+ * (alarms do not cross fork) and need not be: they die with the parent.
+ */
+void wqb_watchdog(unsigned seconds, const char *what)
+{
+    static bool installed;
+    if (!installed) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = on_alarm;
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGALRM, &sa, NULL);
+        installed = true;
+    }
+    snprintf(watch_what, sizeof watch_what, "%s", what ? what : "");
+    alarm(seconds);
+}
+
 /* ------------------------------------------------------------------ */
 /* Cleanup registry (async-signal-safe removal)                        */
 /* ------------------------------------------------------------------ */
@@ -477,6 +578,13 @@ static void remove_path(const char *p)
         remove_dir(p);
 }
 
+/* A queue on a server (a redis:// name): removing it talks to the server,
+   which a signal handler must not do; the server we started goes anyway. */
+static bool remote(const char *name)
+{
+    return strstr(name, "://") != NULL;
+}
+
 static void cleanup(void)
 {
     for (int i = 0; i < MAX_PIDS; i++)
@@ -487,9 +595,11 @@ static void cleanup(void)
         }
     for (int i = 0; i < MAX_QUEUES; i++)
         if (qused[i]) {
-            wq_unlink(qnames[i]);
+            if (!in_signal || !remote(qnames[i]))
+                wq_unlink(qnames[i]);
             qused[i] = 0;
         }
+    wqb_stop_server();
     for (int i = 0; i < MAX_PATHS; i++)
         if (pused[i]) {
             remove_path(paths[i]);
@@ -499,6 +609,7 @@ static void cleanup(void)
 
 static void on_signal(int sig)
 {
+    in_signal = 1;
     if (getpid() == main_pid)
         cleanup();
     signal(sig, SIG_DFL);
@@ -563,9 +674,81 @@ void wqb_unregister_path(const char *path)
         }
 }
 
+/* The redis-server wqbench started: stopped after the queues are removed
+   and before the paths (its directory) are. One at a time. */
+void wqb_register_server(pid_t pid)
+{
+    server_pid = pid;
+}
+
+/*
+ * Stop the registered server: SIGTERM, 5 s for it to go (it saves
+ * nothing: --save ''), then SIGKILL. Async-signal-safe (kill, waitpid,
+ * nanosleep). Returns its wait status, or -1 if there was none.
+ */
+int wqb_stop_server(void)
+{
+    pid_t pid = server_pid;
+    int st = -1;
+    if (pid <= 0)
+        return -1;
+    kill(pid, SIGTERM);
+    kill(pid, SIGCONT);   /* a stopped server handles it now */
+    for (int i = 0; i < 500; i++) {
+        pid_t r = waitpid(pid, &st, WNOHANG);
+        if (r == pid || (r < 0 && errno != EINTR)) {
+            server_pid = 0;
+            return st;
+        }
+        struct timespec ts = { 0, 10 * 1000 * 1000 };
+        nanosleep(&ts, NULL);
+    }
+    kill(pid, SIGKILL);
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+        ;
+    server_pid = 0;
+    return st;
+}
+
 /* ------------------------------------------------------------------ */
 /* Queues                                                              */
 /* ------------------------------------------------------------------ */
+
+/* Every queue name starts with prefix from now on ("" for none): a
+   redis:// address selects the Redis engine. */
+void wqb_set_prefix(const char *prefix)
+{
+    if (strlen(prefix) >= sizeof qprefix)
+        wqb_die("queue name prefix too long: %s", prefix);
+    snprintf(qprefix, sizeof qprefix, "%s", prefix);
+}
+
+bool wqb_prefixed(void)
+{
+    return qprefix[0] != 0;
+}
+
+/*
+ * The row of a variant whose queue could not be opened on a prefixed
+ * (redis://) engine: "libwq redis: wq_open: why". A library without the
+ * engine (-ENOTSUP, or -EINVAL: the name is not accepted) is a skip; any
+ * other error also fails the run.
+ */
+void wqb_skip_open(const struct wqb_cfg *c, const char *workload, const char *variant,
+                   int rc)
+{
+    char why[512];
+    const char *more = wq_last_error();
+    size_t scheme = strcspn(qprefix, ":");
+    snprintf(why, sizeof why, "libwq %.*s: wq_open: %s%s%s%s", (int)scheme, qprefix,
+             wq_strerror(rc), more && *more ? " (" : "", more && *more ? more : "",
+             more && *more ? ")" : "");
+    if (rc == -EINVAL && strlen(why) + 64 < sizeof why)   /* the name, most likely */
+        strcat(why, " (a libwq without this engine rejects the name)");
+    wqb_skip(c, workload, variant, why);
+    if (rc != -ENOTSUP && rc != -EINVAL)
+        any_failed = true;
+}
 
 /*
  * A fresh queue named wqbench.<pid>.<seq>.<tag>, created with o (WQ_CREATE
@@ -573,9 +756,10 @@ void wqb_unregister_path(const char *path)
  * wq_open's result; the name is registered for cleanup before the object
  * can exist.
  */
-int wqb_open_new(const char *tag, struct wq_options *o, wq **out, char name[64])
+int wqb_open_new(const char *tag, struct wq_options *o, wq **out, char name[WQB_NAME_LEN])
 {
-    snprintf(name, 64, "wqbench.%d.%u.%s", (int)main_pid, name_seq++, tag);
+    snprintf(name, WQB_NAME_LEN, "%swqbench.%d.%u.%s", qprefix, (int)main_pid, name_seq++,
+             tag);
     if (o->max_key_len == 0)
         o->max_key_len = WQB_KEY_LEN;
     o->flags |= WQ_CREATE | WQ_EXCL;
@@ -586,7 +770,7 @@ int wqb_open_new(const char *tag, struct wq_options *o, wq **out, char name[64])
     return rc;
 }
 
-void wqb_queue_create(const char *tag, uint32_t capacity, wq **out, char name[64])
+void wqb_queue_create(const char *tag, uint32_t capacity, wq **out, char name[WQB_NAME_LEN])
 {
     struct wq_options o = { .capacity = capacity };
     int rc = wqb_open_new(tag, &o, out, name);

@@ -3,6 +3,8 @@
  *
  *     wqbench [--quick | --full] [--workload NAME[,NAME]]... [--json | --table]
  *             [--variant NAME[,NAME]] [--n N] [--reps R]
+ *             [--engine redis [--pin split|same|none]
+ *              | --prefix redis://[[USER]:PASS@]HOST[:PORT]/]
  *
  * METHODOLOGY
  *   Every workload runs on its own fresh queue, named
@@ -44,6 +46,18 @@
  *   tree, or at $WQBENCH_RECOVER; without it, the repair variants print a
  *   skip line. Restore from the store needs no crash points and runs here.
  *
+ * REDIS
+ *   --engine redis runs cycle, add_many, drain and mpmc on redis://
+ *   queues instead (and nothing else), against a redis-server wqbench
+ *   starts and stops, with a hand-written three-script Lua queue as the
+ *   baseline; --prefix redis://HOST:PORT/ uses a server of the caller's.
+ *   --pin says where the server and the clients run (split: one CPU for
+ *   the server, the others for wqbench and its workers). Every workload
+ *   has a watchdog (300 s, --full 1800 s, $WQBENCH_WATCHDOG seconds).
+ *   wqbench-redis.c says how; it is built only with hiredis, and without
+ *   it --engine redis says so and exits 2. The default run never starts a
+ *   server.
+ *
  * Output: one JSON line per variant (default), or a table with --table.
  * A skipped variant prints {"workload":...,"variant":...,"skipped":"why"}.
  * Exit status 0, or 1 if a workload failed, 2 on bad usage.
@@ -80,6 +94,19 @@ static const struct {
     { "durable", wqb_run_durable },
 };
 #define NWORKLOADS (sizeof workloads / sizeof workloads[0])
+
+#ifdef WQ_HAVE_REDIS
+static const struct {
+    const char *name;
+    workload_fn fn;
+} redis_workloads[] = {
+    { "cycle", wqb_redis_cycle },
+    { "add_many", wqb_redis_add_many },
+    { "drain", wqb_redis_drain },
+    { "mpmc", wqb_redis_mpmc },
+};
+#define NREDIS (sizeof redis_workloads / sizeof redis_workloads[0])
+#endif
 
 static bool failed;
 
@@ -227,10 +254,15 @@ static void table_preamble(const struct wqb_cfg *c)
     cpu_model(cpu, sizeof cpu);
     strftime(date, sizeof date, "%Y-%m-%d %H:%M:%S UTC", gmtime(&now));
     uname(&u);
-    printf("# wqbench (libwq %s), %s, %s %s, nproc %ld, %s, load %.2f, mode %s\n",
+    printf("# wqbench (libwq %s), %s, %s %s, nproc %ld, %s, load %.2f, mode %s%s\n",
            PACKAGE_VERSION, date, u.sysname, u.release, sysconf(_SC_NPROCESSORS_ONLN), cpu,
            load_average(),
-           c->mode == WQB_QUICK ? "quick" : c->mode == WQB_FULL ? "full" : "default");
+           c->mode == WQB_QUICK ? "quick" : c->mode == WQB_FULL ? "full" : "default",
+           c->redis ? ", engine redis" : "");
+#ifdef WQ_HAVE_REDIS
+    if (c->redis)
+        wqb_redis_describe(c);
+#endif
     wqb_table_header();
 }
 
@@ -253,6 +285,46 @@ static int select_workloads(const char **names, int n, bool *on)
     return 0;
 }
 
+#ifdef WQ_HAVE_REDIS
+/* --engine redis: the redis workloads only, "all" for all of them. */
+static int run_redis(const struct wqb_cfg *c, const char **names, int n)
+{
+    bool on[NREDIS];
+    for (size_t w = 0; w < NREDIS; w++)
+        on[w] = n == 0;
+    for (int i = 0; i < n; i++) {
+        bool found = false;
+        for (size_t w = 0; w < NREDIS; w++)
+            if (strcmp(names[i], redis_workloads[w].name) == 0 || strcmp(names[i], "all") == 0)
+                on[w] = found = true;
+        if (!found) {
+            fprintf(stderr, "wqbench: workload '%s' does not run with --engine redis "
+                            "(cycle add_many drain mpmc)\n", names[i]);
+            return 2;
+        }
+    }
+    /* a workload's reps take seconds: minutes mean a wedge */
+    const char *env = getenv("WQBENCH_WATCHDOG");
+    unsigned limit = c->mode == WQB_FULL ? 1800 : 300;
+    if (env && atoi(env) > 0)
+        limit = (unsigned)atoi(env);
+    if (wqb_redis_start(c) < 0)
+        return 1;
+    if (c->table && !c->no_header)
+        table_preamble(c);
+    else if (!c->table)
+        wqb_redis_describe(c);
+    for (size_t w = 0; w < NREDIS; w++)
+        if (on[w]) {
+            wqb_watchdog(limit, redis_workloads[w].name);
+            redis_workloads[w].fn(c);
+            wqb_watchdog(0, NULL);
+        }
+    wqb_redis_stop();
+    return wqb_failed() ? 1 : 0;
+}
+#endif
+
 int main(int argc, char **argv)
 {
     struct wqb_cfg c;
@@ -260,9 +332,21 @@ int main(int argc, char **argv)
     bool on[NWORKLOADS];
     int nnames;
     if (wqb_parse_args(argc, argv, &c, names, &nnames) < 0 ||
-        select_workloads(names, nnames, on) < 0) {
+        (!c.redis && select_workloads(names, nnames, on) < 0)) {
         wqb_usage(stderr);
         return 2;
+    }
+    if (c.redis) {
+#ifdef WQ_HAVE_REDIS
+        wqb_init();
+        warn_if_busy();
+        return run_redis(&c, names, nnames);
+#else
+        fprintf(stderr, "wqbench: --engine redis: this wqbench was built without hiredis "
+                        "(configure found no hiredis >= 0.14, or --without-redis); "
+                        "install libhiredis-dev and re-run configure\n");
+        return 2;
+#endif
     }
     wqb_init();
     warn_if_busy();
@@ -271,5 +355,5 @@ int main(int argc, char **argv)
     for (size_t w = 0; w < NWORKLOADS; w++)
         if (on[w])
             workloads[w].fn(&c);
-    return failed ? 1 : 0;
+    return failed || wqb_failed() ? 1 : 0;
 }

@@ -6,7 +6,9 @@
  * sizes, the result record and its JSON / table output, timing, key
  * formatting, the registry of queue names and child pids that the signal
  * handler cleans up, the start barrier in a shared mapping, and forking.
- * The workload files only measure and fill in results.
+ * The workload files only measure and fill in results. wqbench-redis.c
+ * (built with hiredis only) runs some of them on redis:// queues against
+ * a server it starts, beside a hand-written Lua baseline.
  */
 #ifndef WQBENCH_H
 #define WQBENCH_H
@@ -23,6 +25,7 @@
 #define WQB_BUF_LEN   64   /* wq_get buffers (>= max_key_len) */
 #define WQB_MAX_REPS  32
 #define WQB_MAX_EXTRA 10
+#define WQB_NAME_LEN  256  /* queue names: [prefix]wqbench.<pid>.<seq>.<tag> */
 
 enum wqb_mode { WQB_QUICK, WQB_DEFAULT, WQB_FULL };
 
@@ -34,6 +37,9 @@ struct wqb_cfg {
     bool no_header;    /* table mode: the caller printed the header */
     const char *variants[8];   /* --variant filter; none: all */
     int nvariants;
+    bool redis;        /* --engine redis or --prefix redis://... */
+    const char *prefix;   /* --prefix: a redis:// server of the caller's */
+    const char *pin;      /* --pin split (default), same or none */
 };
 
 #define WQB_MAX_NAMES 32
@@ -87,16 +93,24 @@ void wqb_key_next(char k[WQB_KEY_LEN]);
 uint64_t wqb_key_index(const char *key);
 void wqb_die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 void wqb_check(int rc, const char *what);
+bool wqb_failed(void);
+void wqb_watchdog(unsigned seconds, const char *what);
 
 /* wqbench-util.c: queues and cleanup */
 void wqb_init(void);
-int wqb_open_new(const char *tag, struct wq_options *o, wq **out, char name[64]);
-void wqb_queue_create(const char *tag, uint32_t capacity, wq **out, char name[64]);
+void wqb_set_prefix(const char *prefix);
+bool wqb_prefixed(void);
+int wqb_open_new(const char *tag, struct wq_options *o, wq **out, char name[WQB_NAME_LEN]);
+void wqb_skip_open(const struct wqb_cfg *c, const char *workload, const char *variant,
+                   int rc);
+void wqb_queue_create(const char *tag, uint32_t capacity, wq **out, char name[WQB_NAME_LEN]);
 void wqb_queue_destroy(wq *q, const char *name);
 wq *wqb_attach(const char *name);
 void wqb_fill(wq *q, uint64_t first, uint64_t n);
 void wqb_register_path(const char *path);
 void wqb_unregister_path(const char *path);
+void wqb_register_server(pid_t pid);
+int wqb_stop_server(void);
 
 /* wqbench-util.c: processes and the start barrier */
 void *wqb_shared_alloc(size_t size);
@@ -124,5 +138,30 @@ void wqb_run_starve(const struct wqb_cfg *c);
 void wqb_run_tenants(const struct wqb_cfg *c);
 void wqb_run_floor_mutex(const struct wqb_cfg *c);
 void wqb_run_floor_mq(const struct wqb_cfg *c);
+
+/* Single variants, for the engines that run them with their own sizes
+   (wqbench-redis.c). ref_name / ref: a figure to compare the median with
+   (extra field ref_name = median / ref), or NULL. */
+enum wqb_loop { WQB_LOOP_MEMORY, WQB_LOOP_DONE_GET, WQB_LOOP_ADD_MANY };
+double wqb_cycle_variant(const struct wqb_cfg *c, const char *variant, enum wqb_loop loop,
+                         unsigned flags, uint64_t n, const char *ref_name, double ref);
+void wqb_drain_variant(const struct wqb_cfg *c, const char *variant, int consumers,
+                       uint64_t n);
+struct wqb_mpmc {
+    const char *variant;
+    int producers, consumers;
+    uint64_t adds;
+    uint64_t pace_ns;   /* 0: flat out */
+};
+void wqb_mpmc_variant(const struct wqb_cfg *c, const struct wqb_mpmc *p);
+
+/* wqbench-redis.c (built with hiredis only): --engine redis. */
+int wqb_redis_start(const struct wqb_cfg *c);
+void wqb_redis_describe(const struct wqb_cfg *c);
+void wqb_redis_stop(void);
+void wqb_redis_cycle(const struct wqb_cfg *c);
+void wqb_redis_add_many(const struct wqb_cfg *c);
+void wqb_redis_drain(const struct wqb_cfg *c);
+void wqb_redis_mpmc(const struct wqb_cfg *c);
 
 #endif
