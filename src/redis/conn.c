@@ -12,6 +12,10 @@
  * at once with the system's error (-ECONNREFUSED, ...) and wq_last_error
  * naming the server.
  *
+ * The server side is a function library (wq.lua): loaded with FUNCTION LOAD
+ * the first time a node answers that it does not have it, called with
+ * FCALL.
+ *
  * Redis Cluster: a queue lives in one slot (its hash tag). MOVED points
  * the handle at the slot's new owner for every later call; ASK sends one
  * command to the importing node after ASKING; TRYAGAIN, CLUSTERDOWN,
@@ -32,15 +36,38 @@
 #include "redis.h"
 #include "redis/lua.h"   /* wq__lua: wq.lua as a C string (generated) */
 
+/* The function library: wq.lua with @NAME@ replaced by a name that
+   carries a hash of the text, so two libwq versions on one server never
+   run each other's code. Built once per process. */
+static pthread_once_t lib_once = PTHREAD_ONCE_INIT;
+static char lib_name[24];
+static char *lib_text;
+static size_t lib_len;
+
+static void lib_build(void)
+{
+    snprintf(lib_name, sizeof lib_name, "wq_%016llx",
+             (unsigned long long)wq__fnv1a(wq__lua, sizeof wq__lua - 1));
+    size_t n = sizeof wq__lua - 1, nl = strlen(lib_name);
+    lib_text = malloc(n + 16 * nl + 1);
+    if (!lib_text)
+        return;
+    const char *p = wq__lua;
+    char *o = lib_text;
+    for (const char *m; (m = strstr(p, "@NAME@")); p = m + 6) {
+        memcpy(o, p, (size_t)(m - p));
+        o += m - p;
+        memcpy(o, lib_name, nl);
+        o += nl;
+    }
+    strcpy(o, p);
+    lib_len = strlen(lib_text);
+}
+
 #define RETRY_MS 5000          /* cluster transitions: how long a call retries */
 #define CONNECT_MS 2000
 #define COMMAND_MS 10000       /* a command (not a BLPOP) that takes longer fails */
 #define MAX_REDIRECTS 16
-
-/* The script's SHA1, learnt from the first SCRIPT LOAD (the same on every
-   server: it is the script's hash). */
-static pthread_mutex_t sha_mu = PTHREAD_MUTEX_INITIALIZER;
-static char sha[41];
 
 /* wq.lua speaks Linux errno numbers. */
 _Static_assert(ENOENT == 2 && EAGAIN == 11 && EBUSY == 16 && EEXIST == 17 && EINVAL == 22 &&
@@ -225,8 +252,10 @@ static int ask(rq *q, const struct rq_addr *a, int argc, const char *const *argv
     return rc;
 }
 
-int wq__rq_cmd(rq *q, struct rq_conn *c, int argc, const char *const *argv,
-               const size_t *lens, redisReply **out)
+/* mark: a request number argument whose first byte becomes 'r' when the
+   command is sent again (wq.lua then answers from its receipt). */
+static int cmd(rq *q, struct rq_conn *c, int argc, const char *const *argv, const size_t *lens,
+               redisReply **out, char *mark)
 {
     uint64_t give_up = 0;
     int redirects = 0, resends = 0;
@@ -253,8 +282,11 @@ int wq__rq_cmd(rq *q, struct rq_conn *c, int argc, const char *const *argv,
                mutating call safe to resend), unless it timed out: then
                the server is alive and slow, and waiting again would only
                double the wait. */
-            if (rc != -ETIMEDOUT && resends++ < 1)
+            if (rc != -ETIMEDOUT && resends++ < 1) {
+                if (mark && mark[0])
+                    mark[0] = 'r';
                 continue;
+            }
             return rc;
         }
         if (r->type == REDIS_REPLY_ERROR && r->str) {
@@ -289,6 +321,12 @@ int wq__rq_cmd(rq *q, struct rq_conn *c, int argc, const char *const *argv,
     }
 }
 
+int wq__rq_cmd(rq *q, struct rq_conn *c, int argc, const char *const *argv,
+               const size_t *lens, redisReply **out)
+{
+    return cmd(q, c, argc, argv, lens, out, NULL);
+}
+
 void wq__rq_timeout(struct rq_conn *c, uint64_t ms)
 {
     if (c->c)
@@ -310,23 +348,20 @@ static int server_err(const struct rq_conn *c, const char *op, const char *msg)
     return -EIO;
 }
 
-static int load_script(rq *q, struct rq_conn *c)
+/* FUNCTION LOAD of the library on c's node. */
+static int load_library(rq *q, struct rq_conn *c)
 {
-    const char *argv[] = { "SCRIPT", "LOAD", wq__lua };
-    size_t lens[] = { 6, 4, sizeof wq__lua - 1 };
+    if (!lib_text)
+        return -ENOMEM;
+    const char *argv[] = { "FUNCTION", "LOAD", lib_text };
+    size_t lens[] = { 8, 4, lib_len };
     redisReply *r;
     int rc = wq__rq_cmd(q, c, 3, argv, lens, &r);
     if (rc < 0)
         return rc;
-    if (r->type == REDIS_REPLY_ERROR)
-        rc = server_err(c, "SCRIPT LOAD", r->str);
-    else if (r->type != REDIS_REPLY_STRING || r->len != 40)
-        rc = -EPROTO;
-    else {
-        pthread_mutex_lock(&sha_mu);
-        memcpy(sha, r->str, 40);
-        pthread_mutex_unlock(&sha_mu);
-    }
+    /* Another client may have loaded it first: the same text, fine. */
+    if (r->type == REDIS_REPLY_ERROR && !strstr(r->str, "already exists"))
+        rc = server_err(c, "FUNCTION LOAD", r->str);
     freeReplyObject(r);
     return rc;
 }
@@ -341,29 +376,25 @@ void wq__rq_reply_free(struct rq_reply *r)
 int wq__rq_eval(rq *q, struct rq_conn *c, const char *op, bool receipt, int nargs,
                 const char *const *args, const size_t *lens, struct rq_reply *out)
 {
-    char shabuf[41], slot[16], req[24];
-    pthread_mutex_lock(&sha_mu);
-    memcpy(shabuf, sha, sizeof shabuf);
-    pthread_mutex_unlock(&sha_mu);
-    int rc;
-    if (!shabuf[0]) {
-        if ((rc = load_script(q, c)) < 0)
-            return rc;
-        pthread_mutex_lock(&sha_mu);
-        memcpy(shabuf, sha, sizeof shabuf);
-        pthread_mutex_unlock(&sha_mu);
-    }
+    char slot[16], req[24];
+    pthread_once(&lib_once, lib_build);
+    if (!lib_text)
+        return -ENOMEM;
     snprintf(slot, sizeof slot, "%u", c->slot);
     req[0] = 0;
     if (receipt)
-        snprintf(req, sizeof req, "%llu", (unsigned long long)++c->reqid);
+        snprintf(req, sizeof req, "n%llu", (unsigned long long)++c->reqid);
     int argc = 8 + nargs;
-    const char *fixed[8] = { "EVALSHA", shabuf, "1", q->prefix, op, q->holder, slot, req };
-    const char **argv = malloc((size_t)argc * sizeof *argv);
-    size_t *alen = malloc((size_t)argc * sizeof *alen);
+    const char *fixed[8] = { "FCALL", lib_name, "1", q->prefix, op, q->holder, slot, req };
+    const char *small[32];
+    size_t smalllen[32];
+    const char **argv = argc <= 32 ? small : malloc((size_t)argc * sizeof *argv);
+    size_t *alen = argc <= 32 ? smalllen : malloc((size_t)argc * sizeof *alen);
     if (!argv || !alen) {
-        free(argv);
-        free(alen);
+        if (argv != small)
+            free(argv);
+        if (alen != smalllen)
+            free(alen);
         return -ENOMEM;
     }
     for (int i = 0; i < 8; i++) {
@@ -375,19 +406,21 @@ int wq__rq_eval(rq *q, struct rq_conn *c, const char *op, bool receipt, int narg
         alen[8 + i] = lens ? lens[i] : strlen(args[i]);
     }
     redisReply *r = NULL;
-    rc = wq__rq_cmd(q, c, argc, argv, alen, &r);
-    if (rc == 0 && r->type == REDIS_REPLY_ERROR && r->str && starts(r->str, "NOSCRIPT")) {
-        /* A node that has not seen the script (restarted, failed over,
-           another cluster node): send it whole; it stays cached there. */
+    int rc = cmd(q, c, argc, argv, alen, &r, req);
+    if (rc == 0 && r->type == REDIS_REPLY_ERROR && r->str &&
+        strstr(r->str, "Function not found")) {
+        /* A node without the library (new, restarted without it, a
+           replica that took over before it had it): load, call again. */
         freeReplyObject(r);
-        argv[0] = "EVAL";
-        alen[0] = 4;
-        argv[1] = wq__lua;
-        alen[1] = sizeof wq__lua - 1;
-        rc = wq__rq_cmd(q, c, argc, argv, alen, &r);
+        r = NULL;
+        rc = load_library(q, c);
+        if (rc == 0)
+            rc = cmd(q, c, argc, argv, alen, &r, req);
     }
-    free(argv);
-    free(alen);
+    if (argv != small)
+        free(argv);
+    if (alen != smalllen)
+        free(alen);
     if (rc < 0)
         return rc;
     out->r = r;

@@ -32,8 +32,8 @@
 #define MAX_WAIT_MS 1000u      /* a blocked wq_get looks again at least this often */
 #define DUMP_PAGE 500
 
-/* wq.lua's entry record: '<BIddddi' */
-#define REC_LEN 41
+/* wq.lua's entry record: '<BBIddddi' */
+#define REC_LEN 42
 #define ST_DIRTY 1
 #define ST_QUEUED 2
 #define ST_PROC 4
@@ -229,6 +229,16 @@ static int cfg_unpack(const unsigned char *s, size_t n, struct wq_conf *c, uint3
 /* ------------------------------------------------------------------ */
 
 static int child(rq *q);
+
+/* The lease thread sleeps on CLOCK_MONOTONIC deadlines. */
+static void cv_init(pthread_cond_t *cv)
+{
+    pthread_condattr_t a;
+    pthread_condattr_init(&a);
+    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+    pthread_cond_init(cv, &a);
+    pthread_condattr_destroy(&a);
+}
 
 /* Every call starts here: a forked child becomes its own holder first. */
 static int enter(rq *q)
@@ -515,7 +525,7 @@ static void drop_conns(rq *q)
 static int child(rq *q)
 {
     pthread_mutex_init(&q->mu, NULL);
-    pthread_cond_init(&q->lt_cv, NULL);
+    cv_init(&q->lt_cv);
     q->lt_on = false;
     drop_conns(q);
     held_clear(q);
@@ -638,7 +648,7 @@ int wq__redis_open(const char *name, const struct wq_options *o, wq **out)
     if (!q)
         return -ENOMEM;
     pthread_mutex_init(&q->mu, NULL);
-    pthread_cond_init(&q->lt_cv, NULL);
+    cv_init(&q->lt_cv);
     int rc = wq__redis_url(name, false, &q->url);
     if (rc == 0)
         rc = options_for_redis(q->url.queue, o);
@@ -1237,12 +1247,10 @@ static int hist(const struct rq_reply *r, size_t *i, struct wq_histogram *h)
         h->bucket[b] = acc;
     }
     h->count = acc;
-    redisReply *s = a->element[(*i)++];
-    if (s->type != REDIS_REPLY_STRING)
+    redisReply *s = a->element[(*i)++];   /* the sum, in microseconds */
+    if (s->type != REDIS_REPLY_INTEGER || s->integer < 0)
         return -EPROTO;
-    h->sum_seconds = strtod(s->str, NULL);
-    if (!(h->sum_seconds >= 0))
-        h->sum_seconds = 0;
+    h->sum_seconds = (double)s->integer / 1e6;
     return 0;
 }
 
@@ -1293,7 +1301,7 @@ static int rq_metrics(wq *pub, struct wq_metrics *out)
 /* ------------------------------------------------------------------ */
 
 struct rec {
-    uint8_t st;
+    uint8_t st, res;
     uint32_t fail;
     double tb, ts, seq, tag;
     int32_t prio;
@@ -1305,7 +1313,8 @@ static int rec_decode(const char *s, size_t n, struct rec *e)
         return -EPROTO;
     const unsigned char *p = (const unsigned char *)s;
     e->st = p[0];
-    p = get32(p + 1, &e->fail);
+    e->res = p[1];
+    p = get32(p + 2, &e->fail);
     p = getd(p, &e->tb);
     p = getd(p, &e->ts);
     p = getd(p, &e->seq);
@@ -1511,7 +1520,7 @@ static int bare(const char *name, bool queue_optional, rq **out)
     if (!q)
         return -ENOMEM;
     pthread_mutex_init(&q->mu, NULL);
-    pthread_cond_init(&q->lt_cv, NULL);
+    cv_init(&q->lt_cv);
     int rc = wq__redis_url(name, queue_optional, &q->url);
     if (rc < 0) {
         rq_free(q);

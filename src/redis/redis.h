@@ -3,8 +3,9 @@
  *
  * A queue named redis://[[user]:password@]host[:port]/NAME lives on a
  * Redis server (or a Redis Cluster) as the keys "wq:{NAME}:*" (wq.lua
- * lists them). Every operation is one run of wq.lua (conn.c: EVALSHA,
- * EVAL after NOSCRIPT), so the state machine lives on the server, in one
+ * lists them). Every operation is one call of wq.lua's function (conn.c:
+ * FCALL; FUNCTION LOAD where missing), so the state machine lives on the
+ * server, in one
  * file, and is atomic there; this side checks every reply before it
  * trusts it, keeps the epochs of the keys its process holds (the fencing
  * token that wq_done sends back), and renews the handle's lease from a
@@ -106,7 +107,7 @@ struct rq_reply {
 int wq__rq_conn_get(rq *q, struct rq_conn **out);
 void wq__rq_conn_put(rq *q, struct rq_conn *c);
 void wq__rq_conn_close(struct rq_conn *c);
-/* Run wq.lua's op on c. receipt: a mutating op whose reply, if lost to a
+/* Call wq.lua's op on c. receipt: a mutating op whose reply, if lost to a
    dropped connection, is asked for again under the same request number.
    args may hold binary strings (lens). 0 with *out filled, or a negative
    errno (wq_last_error says what happened). */

@@ -1,32 +1,48 @@
--- wq.lua - the server side of libwq's Redis engine: every operation of a
--- queue is one run of this script (EVALSHA, so it is atomic and the state
--- machine lives in one place, like src/shm/entry.c for shared memory).
+#!lua name=@NAME@
+-- wq.lua - the server side of libwq's Redis engine: a Redis function
+-- library. Every operation on a queue is one call of the function @NAME@,
+-- so it is atomic, and the state machine lives in this one file (as
+-- src/shm/entry.c is the shared-memory one).
 --
--- Call: EVALSHA sha 1 <prefix> op holder slot reqid args...
+-- Why a function library rather than EVALSHA: an EVAL script rebuilds its
+-- closures and tables on every call (20 us for this file, more than the
+-- operation); a library is loaded once per server (FUNCTION LOAD; Redis
+-- keeps it in RDB and AOF and sends it to replicas), its helpers live
+-- across calls, and a call costs what it does. The name carries a hash of
+-- this text (conn.c), so clients of different libwq versions never run
+-- each other's code, and a server without it (restarted without
+-- persistence, an old replica) gets it again on "Function not found".
+--
+-- Call: FCALL @NAME@ 1 <prefix> op holder slot reqid args...
 --   prefix  "wq:{NAME}": every key of the queue is prefix..":x" and shares
 --           the hash tag {NAME}, so a Redis Cluster keeps a queue in one
---           slot. Only the prefix is declared: the keys derived from it hash
---           to the same slot, which is what a cluster checks.
+--           slot. Only the prefix is declared: the keys derived from it
+--           hash to the same slot, which is what a cluster checks.
 --   holder  the calling handle's lease id ("" for calls that hold nothing)
---   slot    the handle's connection number; reqid the request number on
---           it: a mutating call whose reply was lost (dropped connection)
---           is sent again with the same reqid and gets the first reply
---           back from the receipt, instead of running twice.
--- Replies: an array whose first element is 0 or a positive count on
--- success, or a negative errno (Linux numbering, checked by redis.c).
+--   slot    the handle's connection number; reqid its request number. A
+--           mutating call leaves a receipt (its reply) per holder:slot; a
+--           call sent again after a dropped connection carries "r"..reqid
+--           and gets the first reply back instead of running twice.
+-- Replies: an array whose first element is 0 or a count on success, or a
+-- negative errno (Linux numbering, checked by conn.c).
 --
 -- Keys of one queue (prefix P):
---   P:m   hash    settings ("cfg", packed, immutable) and counters
---   P:k   hash    key -> entry record (state bits, failures, times, fair tags)
+--   P:m   hash    "cfg": settings (packed, immutable); "ctr": counters and
+--                 "hq", "hw", "hr": histograms (packed, rewritten by the
+--                 call that changes them, in one HSET with its receipt
+--                 "z:holder:slot"); "bt", "bl": the token bucket; "sd":
+--                 the shutdown flag
+--   P:k   hash    key -> entry record (state, result flag, failures,
+--                 times, fair tags)
 --   P:q   list    queued keys in client-go order (default mode)
 --   P:fp  zset    fair mode: queued keys by (priority, start tag, seq), all
 --                 scores 0, members ordered by an encoded prefix + key
 --   P:fa  zset    fair mode: queued keys by seq (the oldest-key share)
 --   P:ft  hash    fair mode: hashed tenant|priority -> last start tag
 --   P:fv  hash    fair mode: priority -> virtual time
---   P:d   zset    waiting keys by ready time (µs, server clock)
---   P:p   hash    processing key -> "holder epoch"
---   P:l   zset    holder -> lease deadline (µs)
+--   P:d   zset    waiting keys by ready time (us, server clock)
+--   P:p   hash    processing key -> "holder epoch slot reqid"
+--   P:l   zset    holder -> lease deadline (us)
 --   P:h   hash    holder -> "host pid name client-id@run-id"
 --   P:i   zset    idle keys (kept for a failure count or a result) by the
 --                 time they became idle: the eviction order
@@ -34,76 +50,143 @@
 --   P:ra  zset    key -> result update time: the eviction order of results
 --   P:b   list    doorbell: a blocked wq_get waits on it with BLPOP
 --   P:db  list    drain bell: wq_shutdown_drain waits on it
---   P:x   hash    histogram buckets
---   P:z   hash    receipts: holder:slot -> reqid and the last reply
 --
 -- An entry's state bits: DIRTY (added, not yet handed out), QUEUED (in
 -- P:q or the fair zsets), PROC (handed out), WAIT (in P:d), IDLE (kept
 -- only for a failure count or a result). Legal combinations: DIRTY|QUEUED,
 -- PROC, PROC|DIRTY, PROC|WAIT, WAIT, IDLE. A key with none is deleted.
+-- The record is the truth; wq_check repairs the containers from it.
 
-local P = KEYS[1]
-local M, K, Q, FP, FA, FT, FV = P..':m', P..':k', P..':q', P..':fp', P..':fa', P..':ft', P..':fv'
-local D, PR, L, H, I = P..':d', P..':p', P..':l', P..':h', P..':i'
-local R, RA, B, DB, X, Z = P..':r', P..':ra', P..':b', P..':db', P..':x', P..':z'
-local op, holder, slot, reqid = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-
--- Linux errno values (redis.c asserts they match <errno.h>).
+-- Linux errno values (conn.c asserts they match <errno.h>).
 local ENOENT, EAGAIN, EBUSY, EEXIST, EINVAL = 2, 11, 16, 17, 22
 local ENOSPC, EIDRM, EBADMSG, ESHUTDOWN, ESTALE = 28, 43, 74, 108, 116
 
 local DIRTY, QUEUED, PROC, WAIT, IDLE = 1, 2, 4, 8, 16
 local HIST = 10                 -- finite buckets: 1e-8 s .. 10 s
-local REC = '<BIddddi'          -- state fail tb ts seq tag prio
-
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])   -- µs
-
-local function band(a, b) return bit.band(a, b) ~= 0 end
-
-------------------------------------------------------------------------
--- Settings: packed once at creation, read by every call.
-------------------------------------------------------------------------
+local REC = '<BBIddddi'         -- state res fail tb ts seq tag prio
 local CFG = '<IIIiIIIdIddIIIdd'
-local C
-local function cfg()
-  local s = redis.call('HGET', M, 'cfg')
-  if not s then return nil end
+-- counters: live proc dirty sumstart adds coal retr crash failing epoch
+-- seq entries queued waiting fairticks shutgen
+local CTR = '<dddddddddddddddd'
+local CTR_N = 16
+
+-- Bound at the first call: while a library loads, only
+-- redis.register_function is there to see.
+local band, call
+
+-- Per-call state (a library's locals outlive calls; these are reset by
+-- every call before use).
+local P, M, K, Q, FP, FA, FT, FV, D, PR, L, H, I, R, RA, B, DB
+local holder, slot, reqid, resend, now, C, S, S_dirty, SD, ARGV
+-- The histograms (queue, work, rate-limit delay): HG.q etc., each
+-- { bucket counts 0..HIST, sum in us }, packed in P:m as "hq", "hw",
+-- "hr" and cached like the counters; HG_dirty names the ones changed.
+local HG, HG_dirty
+local HIST_FMT = '<dddddddddddd'   -- HIST + 2 doubles
+
+-- Per prefix, kept across calls: the key names, and the settings and
+-- counters as last read or written with their packed strings. A call
+-- whose packed strings are the same (Lua interns strings: one compare)
+-- uses the tables as they are instead of decoding; a call takes its
+-- entry out while it runs, so one that fails midway leaves none behind.
+local cache, ncache = {}, 0
+local function keys_for(prefix)
+  local n = cache[prefix]
+  if not n then
+    if ncache >= 1024 then cache, ncache = {}, 0 end
+    n = { keys = {} }
+    for _, s in ipairs({ 'm', 'k', 'q', 'fp', 'fa', 'ft', 'fv', 'd', 'p', 'l', 'h', 'i', 'r',
+                         'ra', 'b', 'db' }) do
+      n.keys[#n.keys + 1] = prefix..':'..s
+    end
+    cache[prefix] = n
+    ncache = ncache + 1
+  end
+  P = prefix
+  M, K, Q, FP, FA, FT, FV, D, PR, L, H, I, R, RA, B, DB = unpack(n.keys)
+  return n
+end
+
+------------------------------------------------------------------------
+-- Settings and counters
+------------------------------------------------------------------------
+local function cfg_of(s)
   local c = {}
   c.cap, c.klen, c.flags, c.tsep, c.fshare, c.rcap, c.rlim, c.rlq, c.rlburst,
     c.rlb, c.rlm, c.rlmf, c.dur, c.lease, c.rlf, c.rls = struct.unpack(CFG, s)
-  c.fair = bit.band(c.flags, 4) ~= 0
-  c.metrics = bit.band(c.flags, 8) == 0
-  C = c
+  c.fair = band(c.flags, 4) ~= 0
+  c.metrics = band(c.flags, 8) == 0
   return c
 end
+
+local CTR_NAMES = { 'live', 'proc', 'dp', 'ss', 'adds', 'coal', 'retr', 'cr', 'fl', 'ep',
+                    'sq', 'ne', 'nq', 'nw', 'ft', 'sg' }
+
+local function ctr_of(s)
+  local v = { struct.unpack(CTR, s) }
+  local t = {}
+  for i = 1, CTR_N do t[CTR_NAMES[i]] = v[i] end
+  return t
+end
+
+local function ctr_pack(t)
+  local v = {}
+  for i = 1, CTR_N do v[i] = t[CTR_NAMES[i]] end
+  return struct.pack(CTR, unpack(v))
+end
+
+local function incr(f, n) S[f] = S[f] + n; S_dirty = true end
 
 ------------------------------------------------------------------------
 -- Entries
 ------------------------------------------------------------------------
 local function eget(key)
-  local r = redis.call('HGET', K, key)
+  local r = call('HGET', K, key)
   if not r then return nil end
   local e = {}
-  e.st, e.fail, e.tb, e.ts, e.seq, e.tag, e.prio = struct.unpack(REC, r)
+  e.st, e.res, e.fail, e.tb, e.ts, e.seq, e.tag, e.prio = struct.unpack(REC, r)
   return e
 end
 
 local function eput(key, e)
-  redis.call('HSET', K, key, struct.pack(REC, e.st, e.fail, e.tb, e.ts, e.seq, e.tag, e.prio))
+  call('HSET', K, key, struct.pack(REC, e.st, e.res, e.fail, e.tb, e.ts, e.seq, e.tag, e.prio))
 end
 
-local function incr(f, n) return redis.call('HINCRBY', M, f, n) end
-local function mget(f) return tonumber(redis.call('HGET', M, f) or '0') end
-local function nextseq() return incr('sq', 1) end
+local function edel(key)
+  call('HDEL', K, key)
+  incr('ne', -1)
+end
 
--- client-go's histogram buckets, non-cumulative here (read cumulates).
+local function nextseq() incr('sq', 1); return S.sq end
+
+local function hist_of(raw)
+  if not raw then
+    local t = {}
+    for i = 1, HIST + 2 do t[i] = 0 end
+    return t
+  end
+  return { struct.unpack(HIST_FMT, raw) }
+end
+
+-- client-go's histogram buckets, non-cumulative here (a read cumulates).
 local function observe(h, us)
   if not C.metrics then return end
-  local bound, b = 0.01, 0        -- µs: 1e-8 s
+  local bound, b = 0.01, 0        -- us: 1e-8 s
   while b < HIST and us > bound do bound = bound * 10; b = b + 1 end
-  redis.call('HINCRBY', X, h..b, 1)
-  redis.call('HINCRBYFLOAT', X, h..'s', us / 1e6)
+  local t = HG[h]
+  t[b + 1] = t[b + 1] + 1
+  t[HIST + 2] = t[HIST + 2] + math.floor(us)
+  HG_dirty[h] = true
+end
+
+------------------------------------------------------------------------
+-- The doorbells
+------------------------------------------------------------------------
+-- One token wakes one blocked getter; a getter that takes a key while
+-- more are queued rings again (the wake passes on), so a bell never
+-- needs more than one token.
+local function ring(bell)
+  if call('LLEN', bell) == 0 then call('RPUSH', bell, '1') end
 end
 
 ------------------------------------------------------------------------
@@ -119,91 +202,103 @@ local function fmember(key, e)
   return string.format('%08x%014x%014x', 2147483647 - e.prio, e.tag, e.seq)..key
 end
 
--- The key just became dirty: its add order and start tag.
-local function fair_dirty(key, e)
+-- The key just became dirty: its add order and (fair mode) start tag.
+local function dirtied(key, e)
   e.seq = nextseq()
   if not C.fair then return end
   local slots = C.cap * 4
   if slots > 65536 then slots = 65536 end
   local hx = tonumber(string.sub(redis.sha1hex(tenant(key)), 1, 8), 16) % slots
   local f = e.prio..'|'..hx
-  local last = tonumber(redis.call('HGET', FT, f) or '0')
-  local v = tonumber(redis.call('HGET', FV, e.prio) or '0')
+  local last = tonumber(call('HGET', FT, f) or '0')
+  local v = tonumber(call('HGET', FV, e.prio) or '0')
   e.tag = (last > v and last or v) + 1
-  redis.call('HSET', FT, f, e.tag)
+  call('HSET', FT, f, e.tag)
 end
 
 local function enqueue(key, e)
   if C.fair then
-    redis.call('ZADD', FP, 0, fmember(key, e))
-    redis.call('ZADD', FA, e.seq, key)
+    call('ZADD', FP, 0, fmember(key, e))
+    call('ZADD', FA, e.seq, key)
   else
-    redis.call('RPUSH', Q, key)
+    call('RPUSH', Q, key)
   end
+  incr('nq', 1)
+  if S.nq == 1 then ring(B) end   -- empty before: a getter may sleep
 end
 
 local function dequeue(key, e)   -- a queued key leaves (wq_remove)
   if C.fair then
-    redis.call('ZREM', FP, fmember(key, e))
-    redis.call('ZREM', FA, key)
+    call('ZREM', FP, fmember(key, e))
+    call('ZREM', FA, key)
   else
-    redis.call('LREM', Q, 1, key)
+    call('LREM', Q, 1, key)
   end
+  incr('nq', -1)
 end
 
-local function queued_count()
-  if C.fair then return redis.call('ZCARD', FA) end
-  return redis.call('LLEN', Q)
+-- Raise a queued or dirty key's priority (fair mode merges keep the higher).
+local function raise(key, e, prio)
+  if not C.fair or prio <= e.prio then return false end
+  if band(e.st, QUEUED) ~= 0 then call('ZREM', FP, fmember(key, e)) end
+  e.prio = prio
+  if band(e.st, QUEUED) ~= 0 then call('ZADD', FP, 0, fmember(key, e)) end
+  return true
 end
 
--- The key the next hand-out takes, or nil.
-local function front()
+-- Take the key the next hand-out gets, or nil.
+local function take()
+  if S.nq <= 0 then return nil end
   if C.fair then
-    local ticks = mget('ft')
-    if (ticks + 1) % C.fshare == 0 then
-      local r = redis.call('ZRANGE', FA, 0, 0)
-      if r[1] then return r[1], false end
+    local top = call('ZRANGE', FP, 0, 0)[1]
+    if not top then return nil end
+    local r = string.sub(top, 37)
+    if (S.ft + 1) % C.fshare == 0 then   -- the oldest key's share
+      r = call('ZRANGE', FA, 0, 0)[1] or r
     end
-    local r = redis.call('ZRANGE', FP, 0, 0)
-    if not r[1] then return nil end
-    return string.sub(r[1], 37), true
+    local by_priority = r == string.sub(top, 37)
+    local e = eget(r)
+    if not e then return r, nil end
+    incr('ft', 1)
+    if by_priority then
+      local v = tonumber(call('HGET', FV, e.prio) or '0')
+      if e.tag > v then call('HSET', FV, e.prio, e.tag) end
+    end
+    call('ZREM', FP, fmember(r, e))
+    call('ZREM', FA, r)
+    incr('nq', -1)
+    return r, e
   end
-  return redis.call('LPOP', Q), true
-end
-
-local function fair_pop(key, e, by_priority)
-  incr('ft', 1)
-  if by_priority then
-    local v = tonumber(redis.call('HGET', FV, e.prio) or '0')
-    if e.tag > v then redis.call('HSET', FV, e.prio, e.tag) end
-  end
-  redis.call('ZREM', FP, fmember(key, e))
-  redis.call('ZREM', FA, key)
+  local key = call('LPOP', Q)
+  if not key then return nil end
+  incr('nq', -1)
+  return key, eget(key)
 end
 
 ------------------------------------------------------------------------
--- Rate limiter (client-go's, as src/shm/limiter.c); delays in µs.
+-- Rate limiter (client-go's, as src/shm/limiter.c); delays in us.
 ------------------------------------------------------------------------
 local function when(e)
   local f, d = e.fail, 0
   -- Only the per-key limiters (exponential 1, fast-slow 4) count
   -- failures: client-go's bucket has no per-key state.
-  if band(C.rlim, 5) then e.fail = f + 1 end
-  if band(C.rlim, 1) then
+  if band(C.rlim, 5) ~= 0 then e.fail = f + 1 end
+  if band(C.rlim, 1) ~= 0 then
     d = C.rlb * 2 ^ f
     if d > C.rlm or d ~= d then d = C.rlm end
   end
-  if band(C.rlim, 4) then
+  if band(C.rlim, 4) ~= 0 then
     local x = (f + 1 <= C.rlmf) and C.rlf or C.rls
     if x > d then d = x end
   end
-  if band(C.rlim, 2) then
-    local tokens, last = tonumber(redis.call('HGET', M, 'bt') or C.rlburst), mget('bl')
+  if band(C.rlim, 2) ~= 0 then
+    local b = call('HMGET', M, 'bt', 'bl')
+    local tokens, last = tonumber(b[1] or C.rlburst), tonumber(b[2] or now)
     if last > now then last = now end
     tokens = tokens + (now - last) / 1e6 * C.rlq
     if not (tokens <= C.rlburst) then tokens = C.rlburst end
     tokens = tokens - 1
-    redis.call('HSET', M, 'bt', string.format('%.17g', tokens), 'bl', now)
+    call('HSET', M, 'bt', string.format('%.17g', tokens), 'bl', now)
     if tokens < 0 then
       local x = -tokens / C.rlq * 1e6
       if x > d then d = x end
@@ -217,78 +312,107 @@ end
 ------------------------------------------------------------------------
 -- Live keys, idle keys, results
 ------------------------------------------------------------------------
-local function result_drop(key)
-  if redis.call('HDEL', R, key) == 1 then redis.call('ZREM', RA, key) end
+local function result_drop(key, e)
+  if e.res == 1 then
+    call('HDEL', R, key)
+    call('ZREM', RA, key)
+    e.res = 0
+  end
 end
-
-local function has_result(key) return redis.call('HEXISTS', R, key) == 1 end
 
 -- The key leaves the queue for good, with its result.
-local function release(key)
-  result_drop(key)
-  redis.call('HDEL', K, key)
-  redis.call('ZREM', I, key)
+local function release(key, e)
+  result_drop(key, e)
+  if e.st == IDLE then
+    call('ZREM', I, key)
+    if e.fail > 0 then incr('fl', -1) end
+  end
+  edel(key)
 end
 
--- Not processing, not dirty, not waiting any more: idle or gone.
+-- Processing ended and the key is neither dirty nor waiting: idle (kept
+-- for its failure count or result) or gone.
 local function settle(key, e)
-  if e.fail > 0 or has_result(key) then
+  incr('live', -1)
+  if e.fail > 0 or e.res == 1 then
     e.st = IDLE
     eput(key, e)
-    redis.call('ZADD', I, now, key)
+    call('ZADD', I, now, key)
     if e.fail > 0 then incr('fl', 1) end
-    incr('live', -1)
   else
-    release(key)
-    incr('live', -1)
+    e.st = 0
+    edel(key)
   end
 end
 
 -- An idle entry becomes live again.
 local function unidle(key, e)
-  redis.call('ZREM', I, key)
+  call('ZREM', I, key)
   if e.fail > 0 then incr('fl', -1) end
   incr('live', 1)
 end
 
 -- Room for `want` new entries: capacity bounds entries, and idle ones
--- (kept for a count or a result) give way, oldest first, as in shared
--- memory. false when the live keys alone fill the queue.
-local function make_room(want)
-  local live = mget('live')
-  if live + want > C.cap then return false end
-  local over = redis.call('HLEN', K) + want - C.cap
+-- give way, oldest first, as in shared memory (but never one of `keep`,
+-- the keys being added). false when the live keys alone fill the queue.
+local function make_room(want, keep)
+  if S.live + want > C.cap then return false end
+  local over, at = S.ne + want - C.cap, 0
   while over > 0 do
-    local old = redis.call('ZRANGE', I, 0, 0)
-    if not old[1] then return false end
-    local e = eget(old[1])
-    if e and e.fail > 0 then incr('fl', -1) end
-    release(old[1])
-    over = over - 1
+    local old = call('ZRANGE', I, at, at)[1]
+    if not old then return false end
+    if keep[old] ~= nil then
+      at = at + 1
+    else
+      local e = eget(old)
+      if e then release(old, e) else call('ZREM', I, old) end
+      over = over - 1
+    end
   end
   return true
+end
+
+local function record_result(key, e, code, msg)
+  call('HSET', R, key, struct.pack('<id', code, now)..msg)
+  call('ZADD', RA, now, key)
+  e.res = 1
+  if call('ZCARD', RA) > C.rcap then
+    local old = call('ZRANGE', RA, 0, 0)[1]
+    local oe = eget(old)
+    if oe then
+      result_drop(old, oe)
+      if oe.st == IDLE and oe.fail == 0 then release(old, oe) else eput(old, oe) end
+    else
+      call('HDEL', R, old)
+      call('ZREM', RA, old)
+    end
+  end
 end
 
 ------------------------------------------------------------------------
 -- Moving keys: delays over, dead holders
 ------------------------------------------------------------------------
-local function ring(bell, n)
-  local have = redis.call('LLEN', bell)
-  if have < n then
-    for _ = have + 1, n do redis.call('RPUSH', bell, '1') end
-  end
+local function wait_add(key, ready)
+  local f = call('ZRANGE', D, 0, 0, 'WITHSCORES')
+  if not f[2] or ready < tonumber(f[2]) then ring(B) end   -- sleepers recompute
+  incr('nw', call('ZADD', D, ready, key))
 end
 
--- A key (not dirty) becomes dirty now: queued, or marked while processing.
+local function wait_remove(key)
+  incr('nw', -call('ZREM', D, key))
+end
+
+-- A key that is not dirty becomes dirty: queued, or marked while it is
+-- processing (queued at its done). at: when it counts as added.
 local function mark_dirty(key, e, at)
-  if band(e.st, WAIT) then redis.call('ZREM', D, key) end
-  if band(e.st, PROC) then
+  if band(e.st, WAIT) ~= 0 then wait_remove(key) end
+  if band(e.st, PROC) ~= 0 then
     e.st = PROC + DIRTY
-    if C.fair then fair_dirty(key, e) end
+    if C.fair then dirtied(key, e) end
   else
     if e.st == IDLE then unidle(key, e) end
     e.st = DIRTY + QUEUED
-    fair_dirty(key, e)
+    dirtied(key, e)
     enqueue(key, e)
   end
   e.tb = at
@@ -298,31 +422,24 @@ local function mark_dirty(key, e, at)
 end
 
 -- Waiting keys whose time has come go to the queue (client-go's waiting
--- loop). Returns how many were queued.
+-- loop), at most 1000 a call.
 local function promote()
-  if mget('sd') == 1 then return 0 end
-  local ready = redis.call('ZRANGEBYSCORE', D, '-inf', now, 'WITHSCORES', 'LIMIT', 0, 1000)
-  local n = 0
+  if S.nw <= 0 or SD then return end
+  local ready = call('ZRANGEBYSCORE', D, '-inf', now, 'WITHSCORES', 'LIMIT', 0, 1000)
   for i = 1, #ready, 2 do
     local key, at = ready[i], tonumber(ready[i + 1])
     local e = eget(key)
-    if e then
-      mark_dirty(key, e, at)
-      if not band(e.st, PROC) then n = n + 1 end
-    else
-      redis.call('ZREM', D, key)
-    end
+    if e then mark_dirty(key, e, at) else wait_remove(key) end
   end
-  return n
 end
 
 -- A processing key whose holder is gone goes back: through the rate
--- limiter after a crash (a lease that expired), at once after a close or
--- when it was re-added meanwhile or the queue is shutting down.
+-- limiter after a crash (its lease ran out), at once after a close, or
+-- when it was re-added meanwhile, or the queue is shutting down.
 local function requeue(key, crash)
-  local e = eget(key)
-  redis.call('HDEL', PR, key)
+  call('HDEL', PR, key)
   incr('proc', -1)
+  local e = eget(key)
   if not e then return end
   incr('ss', -e.ts)
   local delay = 0
@@ -331,11 +448,11 @@ local function requeue(key, crash)
     incr('cr', 1)
     incr('retr', 1)
   end
-  if band(e.st, DIRTY) or mget('sd') == 1 then delay = 0 end
+  if band(e.st, DIRTY) ~= 0 or SD then delay = 0 end
   if delay > 0 then
     local ready = now + delay
-    if band(e.st, WAIT) then
-      local old = tonumber(redis.call('ZSCORE', D, key))
+    if band(e.st, WAIT) ~= 0 then
+      local old = tonumber(call('ZSCORE', D, key))
       if old and old < ready then ready = old end
     else
       e.seq = nextseq()
@@ -343,29 +460,28 @@ local function requeue(key, crash)
     e.st = WAIT
     e.tb = ready
     eput(key, e)
-    redis.call('ZADD', D, ready, key)
+    wait_add(key, ready)
   else
-    local was_dirty = band(e.st, DIRTY)
-    if band(e.st, WAIT) then redis.call('ZREM', D, key) end
+    local was_dirty = band(e.st, DIRTY) ~= 0
+    if band(e.st, WAIT) ~= 0 then wait_remove(key) end
     e.st = DIRTY + QUEUED
     e.tb = now
     if was_dirty then
       if not C.fair then e.seq = nextseq() end
     else
-      fair_dirty(key, e)
+      dirtied(key, e)
       incr('dp', 1)
     end
     eput(key, e)
     enqueue(key, e)
-    ring(B, 1)
   end
 end
 
 local function keys_of(h)
-  local out, all = {}, redis.call('HGETALL', PR)
+  local out, all = {}, call('HGETALL', PR)
   for i = 1, #all, 2 do
     local sp = string.find(all[i + 1], ' ', 1, true)
-    if string.sub(all[i + 1], 1, sp - 1) == h then out[#out + 1] = all[i] end
+    if sp and string.sub(all[i + 1], 1, sp - 1) == h then out[#out + 1] = all[i] end
   end
   return out
 end
@@ -373,92 +489,73 @@ end
 local function drop_holder(h, crash)
   local n = 0
   for _, key in ipairs(keys_of(h)) do requeue(key, crash); n = n + 1 end
-  redis.call('ZREM', L, h)
-  redis.call('HDEL', H, h)
-  local z = redis.call('HKEYS', Z)
-  for _, f in ipairs(z) do
-    if string.sub(f, 1, #h + 1) == h..':' then redis.call('HDEL', Z, f) end
+  call('ZREM', L, h)
+  call('HDEL', H, h)
+  local rp = 'z:'..h..':'   -- its receipts
+  for _, f in ipairs(call('HKEYS', M)) do
+    if string.sub(f, 1, #rp) == rp then call('HDEL', M, f) end
   end
-  if n > 0 and mget('proc') == 0 then ring(DB, 1) end
+  if n > 0 and S.proc == 0 then ring(DB) end
   return n
 end
 
 -- Holders whose lease ran out lose their keys (crash requeues).
 local function reap()
-  local dead = redis.call('ZRANGEBYSCORE', L, '-inf', '('..now, 'LIMIT', 0, 100)
   local n = 0
-  for _, h in ipairs(dead) do n = n + drop_holder(h, true) end
+  for _, h in ipairs(call('ZRANGEBYSCORE', L, '-inf', '('..now, 'LIMIT', 0, 100)) do
+    n = n + drop_holder(h, true)
+  end
   return n
 end
 
-local function lease_renew()
-  if holder ~= '' then redis.call('ZADD', L, now + C.lease * 1000, holder) end
-end
-
 ------------------------------------------------------------------------
--- Receipts: a retried call gets the reply of the first run.
+-- Operations. Each returns its reply; `mut` ops leave a receipt.
 ------------------------------------------------------------------------
-local RF = holder..':'..slot
-local function receipt()
-  if reqid == '' then return nil end
-  local r = redis.call('HGET', Z, RF)
-  if not r then return nil end
-  local sp = string.find(r, ' ', 1, true)
-  if sp and string.sub(r, 1, sp - 1) == reqid then
-    return cmsgpack.unpack(string.sub(r, sp + 1))
-  end
-  return nil
-end
-
-local function reply(r)
-  if reqid ~= '' then redis.call('HSET', Z, RF, reqid..' '..cmsgpack.pack(r)) end
-  return r
-end
-
-------------------------------------------------------------------------
--- Operations
-------------------------------------------------------------------------
-local ops = {}
+local ops, mut = {}, {}
 
 -- open create excl cfg: create the queue with the packed settings, or
 -- return the existing ones (the client compares them).
 function ops.open()
-  local create, excl, packed = ARGV[5], ARGV[6], ARGV[7]
-  local s = redis.call('HGET', M, 'cfg')
+  local s = call('HGET', M, 'cfg')
   if s then
-    if excl == '1' then return { -EEXIST } end
+    if ARGV[6] == '1' then return { -EEXIST } end
     return { 0, s, 0 }
   end
-  if create ~= '1' then return { -ENOENT } end
-  redis.call('HSET', M, 'cfg', packed, 'ver', 1, 'created', now, 'live', 0, 'proc', 0)
-  return { 0, packed, 1 }
+  if ARGV[5] ~= '1' then return { -ENOENT } end
+  local z = {}
+  for i = 1, CTR_N do z[i] = 0 end
+  call('HSET', M, 'cfg', ARGV[7], 'ctr', struct.pack(CTR, unpack(z)), 'ver', 1, 'created', now)
+  return { 0, ARGV[7], 1 }
 end
 
 -- reg info: register (or renew) this holder.
 function ops.reg()
   reap()
-  redis.call('ZADD', L, now + C.lease * 1000, holder)
-  redis.call('HSET', H, holder, ARGV[5])
+  call('ZADD', L, now + C.lease * 1000, holder)
+  call('HSET', H, holder, ARGV[5])
   return { 0, now }
 end
 
--- renew: the lease thread. Reaps first, so a lease that ran out is lost
--- for good even if its holder comes back before anyone else looked.
--- Reply: 0, and 1 when this holder had lost its lease.
+-- renew info: the lease thread, every lease/4 (at most a second). Reaps
+-- first, so a lease that ran out is lost for good even if its holder
+-- comes back before anyone else looked. Reply: 0, 1 when this holder had
+-- lost its lease, the number of keys processing.
 function ops.renew()
-  local lost = redis.call('ZSCORE', L, holder) == false
+  local lost = call('ZSCORE', L, holder) == false
   reap()
-  if redis.call('ZSCORE', L, holder) == false then lost = true end
-  if lost and ARGV[5] then redis.call('HSET', H, holder, ARGV[5]) end
-  redis.call('ZADD', L, now + C.lease * 1000, holder)
-  return { 0, lost and 1 or 0, mget('proc') }
+  if call('ZSCORE', L, holder) == false then
+    lost = true
+    call('HSET', H, holder, ARGV[5])
+  end
+  call('ZADD', L, now + C.lease * 1000, holder)
+  return { 0, lost and 1 or 0, S.proc }
 end
 
--- expire h...: holders whose connection is gone (found by the client).
+-- expire h...: holders whose connection is gone (found by a client).
 function ops.expire()
   local n = 0
   for i = 5, #ARGV do
-    if redis.call('ZSCORE', L, ARGV[i]) then n = n + drop_holder(ARGV[i], true) end
+    if call('ZSCORE', L, ARGV[i]) then n = n + drop_holder(ARGV[i], true) end
   end
   return { n }
 end
@@ -472,261 +569,231 @@ end
 -- pid (a supervisor's own killed worker: it waited for it).
 function ops.release()
   local want = ARGV[5]..' '..ARGV[6]..' '
-  local all, n = redis.call('HGETALL', H), 0
+  local all, n = call('HGETALL', H), 0
   for i = 1, #all, 2 do
     if string.sub(all[i + 1], 1, #want) == want then n = n + drop_holder(all[i], false) end
   end
   return { n }
 end
 
--- add flags n (key prio after_us rl delayed)*n. All or none: the keys
--- that need a new entry must all fit. Reply: rc, then one result per key
--- (0 new or marked, 1 coalesced).
-function ops.add()
-  local r = receipt()
-  if r then return r end
-  if mget('sd') == 1 then return reply({ -ESHUTDOWN }) end
+-- One add. Returns 0 (new or marked) or 1 (coalesced).
+local function add1(key, e, prio, after, rl, delayed)
+  if e and not delayed and band(e.st, DIRTY) ~= 0 then
+    incr('coal', 1)
+    if raise(key, e, prio) then eput(key, e) end
+    return 1
+  end
+  local fresh = e == nil
+  if fresh then
+    e = { st = 0, res = 0, fail = 0, tb = 0, ts = 0, seq = 0, tag = 0, prio = prio }
+    incr('ne', 1)
+  end
+  local delay = after
+  if delayed then
+    if rl then
+      local was = e.fail
+      local d = when(e)
+      if delay == 0 or d < delay then delay = d end
+      if e.st == IDLE and was == 0 and e.fail > 0 then incr('fl', 1) end
+    end
+    incr('retr', 1)
+  end
+  -- Priorities, as controller-runtime: a key idle or processing (handed
+  -- out) takes the new add's; a queued or waiting one keeps the higher.
+  if C.fair then
+    if fresh or e.st == IDLE or e.st == PROC then e.prio = prio else raise(key, e, prio) end
+  end
+  if band(e.st, DIRTY) ~= 0 then
+    incr('coal', 1)
+    eput(key, e)
+    return 1
+  end
+  if delay == 0 then
+    if fresh then incr('live', 1) end
+    mark_dirty(key, e, now)
+    return 0
+  end
+  local ready = now + delay
+  if band(e.st, WAIT) ~= 0 then
+    local old = tonumber(call('ZSCORE', D, key))
+    if old and ready < old then
+      wait_add(key, ready)
+      e.tb = ready
+    end
+    eput(key, e)
+    incr('coal', 1)
+    return 1
+  end
+  if fresh then incr('live', 1) end
+  if e.st == IDLE then unidle(key, e) end
+  e.st = e.st == PROC and PROC + WAIT or WAIT
+  e.tb = ready
+  e.seq = nextseq()
+  eput(key, e)
+  wait_add(key, ready)
+  return 0
+end
+
+-- add n (key prio after_us rl delayed)*n. All or none: the keys that need
+-- a new entry must all fit. Reply: 0, then one result per key.
+function mut.add()
+  if SD then return { -ESHUTDOWN } end
   local n = tonumber(ARGV[5])
-  local fresh, seen = 0, {}
+  local rec, fresh = {}, 0   -- key -> its record, or false when new
   for i = 0, n - 1 do
     local key = ARGV[6 + i * 5]
-    if not seen[key] and redis.call('HEXISTS', K, key) == 0 then fresh = fresh + 1 end
-    seen[key] = true
+    if rec[key] == nil then
+      rec[key] = eget(key) or false
+      if not rec[key] then fresh = fresh + 1 end
+    end
   end
-  if fresh > 0 and not make_room(fresh) then return reply({ -ENOSPC }) end
-  local out, queued = { 0 }, 0
+  if fresh > 0 and not make_room(fresh, rec) then return { -ENOSPC } end
+  local out, seen = { 0 }, {}
   for i = 0, n - 1 do
     local b = 6 + i * 5
-    local key, prio, after, rl, delayed = ARGV[b], tonumber(ARGV[b + 1]),
-      tonumber(ARGV[b + 2]), ARGV[b + 3] == '1', ARGV[b + 4] == '1'
-    local e = eget(key)
-    local fresh1 = e == nil
-    if fresh1 then
-      e = { st = 0, fail = 0, tb = 0, ts = 0, seq = 0, tag = 0, prio = prio }
-    end
-    local res
-    if not fresh1 and not delayed and band(e.st, DIRTY) then
-      incr('coal', 1)
-      if C.fair and prio > e.prio then
-        if band(e.st, QUEUED) then
-          redis.call('ZREM', FP, fmember(key, e))
-          e.prio = prio
-          redis.call('ZADD', FP, 0, fmember(key, e))
-        else
-          e.prio = prio
-        end
-        eput(key, e)
-      end
-      res = 1
-    else
-      local delay = after
-      if delayed then
-        if rl then
-          local d = when(e)
-          if delay == 0 or d < delay then delay = d end
-          if e.fail > 0 and e.st == IDLE and e.fail == 1 then incr('fl', 1) end
-        end
-        incr('retr', 1)
-      end
-      if C.fair then
-        if fresh1 or e.st == IDLE or e.st == PROC then
-          e.prio = prio
-        elseif prio > e.prio then
-          if band(e.st, QUEUED) then redis.call('ZREM', FP, fmember(key, e)) end
-          e.prio = prio
-          if band(e.st, QUEUED) then redis.call('ZADD', FP, 0, fmember(key, e)) end
-        end
-      end
-      if band(e.st, DIRTY) then
-        incr('coal', 1)
-        eput(key, e)
-        res = 1
-      elseif delay == 0 then
-        if fresh1 then incr('live', 1) end
-        mark_dirty(key, e, now)
-        if not band(e.st, PROC) then queued = queued + 1 end
-        res = 0
-      else
-        local ready = now + delay
-        local f = redis.call('ZRANGE', D, 0, 0, 'WITHSCORES')
-        if not f[2] or ready < tonumber(f[2]) then ring(B, 1) end   -- sleepers recompute
-        if band(e.st, WAIT) then
-          local old = tonumber(redis.call('ZSCORE', D, key))
-          if old and ready < old then
-            redis.call('ZADD', D, ready, key)
-            e.tb = ready
-          end
-          eput(key, e)
-          incr('coal', 1)
-          res = 1
-        else
-          if fresh1 then incr('live', 1) end
-          if e.st == IDLE then unidle(key, e) end
-          e.st = (e.st == PROC) and (PROC + WAIT) or WAIT
-          e.tb = ready
-          e.seq = nextseq()
-          eput(key, e)
-          redis.call('ZADD', D, ready, key)
-          res = 0
-        end
-      end
-    end
-    out[#out + 1] = res
+    local key = ARGV[b]
+    -- a key met again in the batch: its record as the first add left it
+    local e
+    if seen[key] then e = eget(key) else e = rec[key] or nil end
+    seen[key] = true
+    out[i + 2] = add1(key, e, tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]),
+                      ARGV[b + 3] == '1', ARGV[b + 4] == '1')
   end
-  if queued > 0 then ring(B, queued < 8 and queued or 8) end
-  return reply(out)
+  return out
 end
 
 -- The hand-out: the front key becomes this holder's, with a new epoch.
 -- Reply: 0 key epoch | -EAGAIN next_ready_us now | -ESHUTDOWN.
 local function get1()
   promote()
-  local key, by_priority = front()
+  local key, e = take()
   if not key then
-    if mget('sd') == 1 then ring(B, 1); return { -ESHUTDOWN } end
-    local f = redis.call('ZRANGE', D, 0, 0, 'WITHSCORES')
+    if SD then ring(B); return { -ESHUTDOWN } end
+    local f = S.nw > 0 and call('ZRANGE', D, 0, 0, 'WITHSCORES') or {}
     return { -EAGAIN, f[2] and tonumber(f[2]) or 0, now }
   end
-  local e = eget(key)
   if not e then return { -EBADMSG, key } end
-  if C.fair then fair_pop(key, e, by_priority) end
-  local ep = incr('ep', 1)
+  incr('ep', 1)
   e.st = PROC
   observe('q', now > e.tb and now - e.tb or 0)
   e.ts = now
   eput(key, e)
-  redis.call('HSET', PR, key, holder..' '..ep)
+  call('HSET', PR, key, holder..' '..S.ep..' '..slot..' '..reqid)
   incr('proc', 1)
   incr('dp', -1)
   incr('ss', now)
-  if queued_count() > 0 then ring(B, 1) end
-  return { 0, key, ep }
+  if S.nq > 0 then ring(B) end   -- pass the wake on
+  return { 0, key, S.ep }
 end
 
-function ops.get()
-  local r = receipt()
-  if r then return r end
-  reap()
+local function lease_renew()
+  if holder ~= '' then call('ZADD', L, now + C.lease * 1000, holder) end
+end
+
+function mut.get()
   lease_renew()
-  return reply(get1())
+  return get1()
 end
 
--- The holder is done: epoch "" when this handle does not know it (a done
--- for a key another process got, as shared memory allows).
+-- Done: epoch "" when this handle does not know it (a done for a key
+-- another process got, as shared memory allows).
 local function done1(key, epoch, record, code, msg)
-  local p = redis.call('HGET', PR, key)
+  local p = call('HGET', PR, key)
   if not p then return epoch == '' and -ENOENT or -ESTALE end
-  local sp = string.find(p, ' ', 1, true)
-  if epoch ~= '' and (string.sub(p, 1, sp - 1) ~= holder or string.sub(p, sp + 1) ~= epoch) then
-    return -ESTALE
+  if epoch ~= '' then
+    local h, ep = string.match(p, '^(%S+) (%S+)')
+    if h ~= holder or ep ~= epoch then return -ESTALE end
   end
   local e = eget(key)
   if not e then return -EBADMSG end
-  if record then
-    redis.call('HSET', R, key, struct.pack('<id', code, now) .. msg)
-    redis.call('ZADD', RA, now, key)
-    if redis.call('ZCARD', RA) > C.rcap then
-      local old = redis.call('ZRANGE', RA, 0, 0)[1]
-      result_drop(old)
-      local oe = eget(old)
-      if oe and oe.st == IDLE and oe.fail == 0 then release(old) end
-    end
-  end
-  redis.call('HDEL', PR, key)
+  if record then record_result(key, e, code, msg) end
+  call('HDEL', PR, key)
   observe('w', now - e.ts)
   incr('ss', -e.ts)
   incr('proc', -1)
-  if band(e.st, DIRTY) then
+  if band(e.st, DIRTY) ~= 0 then
     e.st = DIRTY + QUEUED
     if not C.fair then e.seq = nextseq() end
     eput(key, e)
     enqueue(key, e)
-    ring(B, 1)
-  elseif band(e.st, WAIT) then
+  elseif band(e.st, WAIT) ~= 0 then
     e.st = WAIT
     eput(key, e)
   else
     settle(key, e)
   end
-  if mget('proc') == 0 then ring(DB, 1) end
+  if S.proc == 0 and SD then ring(DB) end
   return 0
 end
 
--- done key epoch record code msg get: wq_done, wq_finish, and
--- with get = 1 wq_done_get (the get's reply follows a successful done).
-function ops.done()
-  local r = receipt()
-  if r then return r end
+-- done key epoch record code msg get: wq_done, wq_finish, and with get =
+-- 1 wq_done_get (a done that worked answers with the get's reply).
+function mut.done()
   local rc = done1(ARGV[5], ARGV[6], ARGV[7] == '1', tonumber(ARGV[8]), ARGV[9])
-  if rc < 0 or ARGV[10] ~= '1' then return reply({ rc }) end
-  reap()
+  if rc < 0 or ARGV[10] ~= '1' then return { rc } end
   lease_renew()
-  return reply(get1())
+  return get1()
 end
 
 function ops.len()
   promote()
-  return { queued_count() }
+  return { S.nq }
 end
 
 -- shutdown: reply 0 and the shutdown generation a drain starts from
 -- (every shutdown and resume raises it: a drain that sees it move was
 -- cancelled).
-function ops.shutdown()
-  redis.call('HSET', M, 'sd', 1)
-  local g = incr('sg', 1)
-  ring(B, 1)
-  ring(DB, 1)
-  return { 0, g }
+function mut.shutdown()
+  call('HSET', M, 'sd', '1')
+  SD = true
+  incr('sg', 1)
+  ring(B)
+  ring(DB)
+  return { 0, S.sg }
 end
 
-function ops.resume()
-  redis.call('HSET', M, 'sd', 0)
+function mut.resume()
+  call('HSET', M, 'sd', '0')
+  SD = false
   incr('sg', 1)
-  redis.call('DEL', B)
-  ring(DB, 1)
-  if queued_count() > 0 or redis.call('ZCARD', D) > 0 then ring(B, 1) end
+  call('DEL', B)
+  ring(DB)
+  if S.nq > 0 or S.nw > 0 then ring(B) end
   return { 0 }
 end
 
 -- drain: reply processing count, shutdown generation, shutdown flag.
 function ops.drain()
   reap()
-  local n = mget('proc')
-  if n == 0 then ring(DB, 1) end
-  return { n, mget('sg'), mget('sd') }
+  if S.proc == 0 then ring(DB) end
+  return { S.proc, S.sg, SD and 1 or 0 }
 end
 
-function ops.forget()
+function mut.forget()
   local key = ARGV[5]
   local e = eget(key)
   if not e or e.fail == 0 then return { 0 } end
   if e.st == IDLE then incr('fl', -1) end
   e.fail = 0
-  if e.st == IDLE and not has_result(key) then
-    release(key)
+  if e.st == IDLE and e.res == 0 then
+    call('ZREM', I, key)
+    edel(key)
   else
     eput(key, e)
   end
   return { 0 }
 end
 
-function ops.remove()
-  local r = receipt()
-  if r then return r end
+function mut.remove()
   local key = ARGV[5]
   local e = eget(key)
-  if not e then return reply({ -ENOENT }) end
-  if band(e.st, PROC) then return reply({ -EBUSY }) end
-  if band(e.st, WAIT) then redis.call('ZREM', D, key) end
-  if band(e.st, QUEUED) then dequeue(key, e); incr('dp', -1) end
-  if e.st == IDLE then
-    if e.fail > 0 then incr('fl', -1) end
-  else
-    incr('live', -1)
-  end
-  release(key)
-  return reply({ 0 })
+  if not e then return { -ENOENT } end
+  if band(e.st, PROC) ~= 0 then return { -EBUSY } end
+  if band(e.st, WAIT) ~= 0 then wait_remove(key) end
+  if band(e.st, QUEUED) ~= 0 then dequeue(key, e); incr('dp', -1) end
+  if e.st ~= IDLE then incr('live', -1) end
+  release(key, e)
+  return { 0 }
 end
 
 function ops.nreq()
@@ -738,55 +805,52 @@ end
 function ops.result()
   local key = ARGV[5]
   local e = eget(key)
-  local r = redis.call('HGET', R, key)
+  local r = call('HGET', R, key)
   local code, wall, msg = 0, 0, ''
   if r then
     code, wall = struct.unpack('<id', r)
     msg = string.sub(r, 13)
   end
   local state = 0
-  if e and band(e.st, PROC) then state = 2
+  if e and band(e.st, PROC) ~= 0 then state = 2
   elseif e and e.st ~= IDLE then state = 1
   elseif r then state = code == 0 and 3 or 4 end
   return { 0, state, code, wall, msg }
 end
 
 local function counts()
-  local live_holders = redis.call('ZCOUNT', L, now, '+inf')
   return {
-    queued_count(), mget('proc'), redis.call('ZCARD', D), mget('live'),
-    live_holders, mget('adds'), mget('coal'), mget('retr'), mget('cr'),
-    mget('sd'), mget('fl'), redis.call('HLEN', R), redis.call('ZCARD', I),
-    mget('dp'), mget('ss'), now,
+    S.nq, S.proc, S.nw, S.live, call('ZCOUNT', L, now, '+inf'), S.adds, S.coal, S.retr,
+    S.cr, SD and 1 or 0, S.fl, call('HLEN', R),
+    call('ZCARD', I), S.dp, S.ss, now,
   }
 end
 
--- stats: the counters (after promoting ready keys), next ready time.
+-- stats: the counters (after reaping and promoting), next ready time.
 function ops.stats()
   reap()
   promote()
   local c = counts()
-  local f = redis.call('ZRANGE', D, 0, 0, 'WITHSCORES')
+  local f = S.nw > 0 and call('ZRANGE', D, 0, 0, 'WITHSCORES') or {}
   c[#c + 1] = f[2] and tonumber(f[2]) or 0
   table.insert(c, 1, 0)
   return c
 end
 
--- metrics: the counters, the histograms, the oldest processing start.
+-- metrics: the counters, the oldest processing start, the histograms.
 function ops.metrics()
   reap()
   promote()
   local c = counts()
   local oldest = now
-  for _, key in ipairs(redis.call('HKEYS', PR)) do
+  for _, key in ipairs(call('HKEYS', PR)) do
     local e = eget(key)
     if e and e.ts < oldest then oldest = e.ts end
   end
   c[#c + 1] = oldest
   local hist = {}
   for _, h in ipairs({ 'q', 'w', 'r' }) do
-    for b = 0, HIST do hist[#hist + 1] = tonumber(redis.call('HGET', X, h..b) or '0') end
-    hist[#hist + 1] = redis.call('HGET', X, h..'s') or '0'
+    for i = 1, HIST + 2 do hist[#hist + 1] = HG[h][i] end
   end
   table.insert(c, 1, 0)
   c[#c + 1] = hist
@@ -799,80 +863,88 @@ end
 -- result ready_time.
 function ops.dump()
   if ARGV[5] == '0' and ARGV[6] == '0' then promote() end
-  local phase, cur, cnt = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+  local phase, cur, cnt = tonumber(ARGV[5]), ARGV[6], tonumber(ARGV[7])
   local out, keys = { 0, 0, '0', now }, {}
   if phase == 0 then
+    local c = tonumber(cur)
     if C.fair then
-      for _, m in ipairs(redis.call('ZRANGE', FP, cur, cur + cnt - 1)) do
+      for _, m in ipairs(call('ZRANGE', FP, c, c + cnt - 1)) do
         keys[#keys + 1] = string.sub(m, 37)
       end
     else
-      keys = redis.call('LRANGE', Q, cur, cur + cnt - 1)
+      keys = call('LRANGE', Q, c, c + cnt - 1)
     end
-    if #keys < cnt then out[2], out[3] = 1, '0' else out[2], out[3] = 0, tostring(cur + #keys) end
+    if #keys < cnt then out[2], out[3] = 1, '0' else out[2], out[3] = 0, tostring(c + #keys) end
   else
-    local r = redis.call('HSCAN', K, ARGV[6], 'COUNT', cnt)
+    local r = call('HSCAN', K, cur, 'COUNT', cnt)
     out[2] = r[1] == '0' and 2 or 1
     out[3] = r[1]
     for i = 1, #r[2], 2 do
-      local e = eget(r[2][i])
-      if e and not band(e.st, QUEUED) then keys[#keys + 1] = r[2][i] end
+      local st = string.byte(r[2][i + 1], 1) or 0
+      if band(st, QUEUED) == 0 then keys[#keys + 1] = r[2][i] end
     end
   end
   for _, key in ipairs(keys) do
     out[#out + 1] = key
-    out[#out + 1] = redis.call('HGET', K, key) or ''
-    local p = redis.call('HGET', PR, key)
+    out[#out + 1] = call('HGET', K, key) or ''
+    local p = call('HGET', PR, key)
     local info = ''
     if p then
-      local h = string.sub(p, 1, string.find(p, ' ', 1, true) - 1)
-      local alive = redis.call('ZSCORE', L, h)
-      info = (redis.call('HGET', H, h) or '')..'\n'..((alive and tonumber(alive) >= now) and '1' or '0')
+      local h = string.match(p, '^(%S+)')
+      local alive = call('ZSCORE', L, h)
+      info = (call('HGET', H, h) or '')..'\n'..((alive and tonumber(alive) >= now) and '1' or '0')
     end
     out[#out + 1] = info
-    out[#out + 1] = redis.call('HGET', R, key) or ''
-    out[#out + 1] = tonumber(redis.call('ZSCORE', D, key) or '0')
+    out[#out + 1] = call('HGET', R, key) or ''
+    out[#out + 1] = tonumber(call('ZSCORE', D, key) or '0')
   end
   return out
 end
 
--- check repair: every invariant between the entries and the structures.
+-- check repair: every invariant between the records and the structures.
 -- Reply: number of violations, then their descriptions.
 function ops.check()
   local repair = ARGV[5] == '1'
   local v = { 0 }
   local function bad(what) v[#v + 1] = what end
-  local all = redis.call('HGETALL', K)
-  local live, dirty, idle_fail, procn = 0, 0, 0, 0
+  local all = call('HGETALL', K)
+  local n = { live = 0, dp = 0, fl = 0, proc = 0, ne = 0, ss = 0 }
   local inq = {}
+  local qn = 0
   if not C.fair then
-    for i, key in ipairs(redis.call('LRANGE', Q, 0, -1)) do
+    for i, key in ipairs(call('LRANGE', Q, 0, -1)) do
       if inq[key] then bad('key "'..key..'" is in the FIFO twice') end
       inq[key] = i
+      qn = qn + 1
     end
   else
-    for _, key in ipairs(redis.call('ZRANGE', FA, 0, -1)) do inq[key] = 1 end
+    for i, key in ipairs(call('ZRANGE', FA, 0, -1)) do inq[key] = i; qn = qn + 1 end
   end
   local states = {}
   for i = 1, #all, 2 do
     local key = all[i]
-    local ok, st, fail = pcall(struct.unpack, REC, all[i + 1])
-    if not ok then
+    local ok, st, res, fail, tb, ts = pcall(struct.unpack, REC, all[i + 1])
+    n.ne = n.ne + 1
+    if not ok or #all[i + 1] ~= 42 then
       bad('key "'..key..'": record unreadable')
     else
       states[key] = st
       local legal = st == DIRTY + QUEUED or st == PROC or st == PROC + DIRTY or
         st == PROC + WAIT or st == WAIT or st == IDLE
       if not legal then bad('key "'..key..'": illegal state '..st) end
-      if st ~= IDLE then live = live + 1 elseif fail > 0 then idle_fail = idle_fail + 1 end
-      if band(st, DIRTY) then dirty = dirty + 1 end
-      if band(st, PROC) then
-        procn = procn + 1
-        if not redis.call('HGET', PR, key) then bad('key "'..key..'" is processing without a holder') end
+      if st ~= IDLE then n.live = n.live + 1 elseif fail > 0 then n.fl = n.fl + 1 end
+      if band(st, DIRTY) ~= 0 then n.dp = n.dp + 1 end
+      if (res == 1) ~= (call('HEXISTS', R, key) == 1) then
+        bad('key "'..key..'": result flag and result table disagree')
       end
-      if band(st, QUEUED) and not inq[key] then bad('key "'..key..'" is queued but not in the FIFO') end
-      if not band(st, QUEUED) and inq[key] then bad('key "'..key..'" is in the FIFO but not queued') end
-      if band(st, WAIT) ~= (redis.call('ZSCORE', D, key) ~= false) then
+      if band(st, PROC) ~= 0 then
+        n.proc = n.proc + 1
+        n.ss = n.ss + ts
+        if not call('HGET', PR, key) then bad('key "'..key..'" is processing without a holder') end
+      end
+      if band(st, QUEUED) ~= 0 and not inq[key] then bad('key "'..key..'" is queued but not in the FIFO') end
+      if band(st, QUEUED) == 0 and inq[key] then bad('key "'..key..'" is in the FIFO but not queued') end
+      if (band(st, WAIT) ~= 0) ~= (call('ZSCORE', D, key) ~= false) then
         bad('key "'..key..'": waiting state and delay set disagree')
       end
     end
@@ -880,61 +952,145 @@ function ops.check()
   for key in pairs(inq) do
     if not states[key] then bad('key "'..key..'" is in the FIFO without an entry') end
   end
-  for _, key in ipairs(redis.call('HKEYS', PR)) do
-    if not states[key] or not band(states[key], PROC) then
+  for _, key in ipairs(call('HKEYS', PR)) do
+    if not states[key] or band(states[key], PROC) == 0 then
       bad('key "'..key..'" has a holder but is not processing')
     end
   end
   local function counter(name, field, want)
-    if mget(field) ~= want then
-      bad(name..' counter is '..mget(field)..', not '..want)
-      if repair then redis.call('HSET', M, field, want) end
+    if S[field] ~= want then
+      bad(name..' counter is '..S[field]..', not '..want)
+      if repair then S[field] = want; S_dirty = true end
     end
   end
-  counter('live', 'live', live)
-  counter('processing', 'proc', procn)
-  counter('dirty', 'dp', dirty)
-  counter('failing', 'fl', idle_fail)
+  counter('live', 'live', n.live)
+  counter('processing', 'proc', n.proc)
+  counter('dirty', 'dp', n.dp)
+  counter('failing', 'fl', n.fl)
+  counter('entries', 'ne', n.ne)
+  counter('queued', 'nq', qn)
+  counter('waiting', 'nw', call('ZCARD', D))
+  counter('start-time sum', 'ss', n.ss)
   if repair and #v > 1 then
-    -- Rebuild the containers from the entries, which are the truth.
+    -- Rebuild the containers from the records, which are the truth.
     if not C.fair then
       local order = {}
-      for key in pairs(states) do
-        if band(states[key], QUEUED) then
-          order[#order + 1] = { key, inq[key] or math.huge }
-        end
+      for key, st in pairs(states) do
+        if band(st, QUEUED) ~= 0 then order[#order + 1] = { key, inq[key] or math.huge } end
       end
       table.sort(order, function(a, b) return a[2] < b[2] end)
-      redis.call('DEL', Q)
-      for _, o in ipairs(order) do redis.call('RPUSH', Q, o[1]) end
+      call('DEL', Q)
+      for _, o in ipairs(order) do call('RPUSH', Q, o[1]) end
+      S.nq = #order
     end
-    for _, key in ipairs(redis.call('HKEYS', PR)) do
-      if not states[key] or not band(states[key], PROC) then redis.call('HDEL', PR, key) end
+    for _, key in ipairs(call('HKEYS', PR)) do
+      if not states[key] or band(states[key], PROC) == 0 then call('HDEL', PR, key) end
     end
     for key, st in pairs(states) do
-      if band(st, PROC) and not redis.call('HGET', PR, key) then
-        redis.call('HSET', PR, key, 'repaired 0')
-        redis.call('ZADD', L, 0, 'repaired')
+      if band(st, PROC) ~= 0 and not call('HGET', PR, key) then
+        call('HSET', PR, key, 'repaired 0 0 0')   -- a holder that never renews:
+        call('ZADD', L, 0, 'repaired')           -- requeued by the reap below
       end
     end
-    reap()
+    S_dirty = true
   end
+  if repair or ARGV[6] == '1' then reap() end
   v[1] = #v - 1
   return v
 end
 
--- unlink: every key of the queue goes.
+-- unlink: every key of the queue goes; sleepers wake and find it gone.
 function ops.unlink()
-  local n = redis.call('DEL', M, K, Q, FP, FA, FT, FV, D, PR, L, H, I, R, RA, X, Z)
-  ring(B, 1)
-  redis.call('EXPIRE', B, 5)
-  ring(DB, 1)
-  redis.call('EXPIRE', DB, 5)
+  local n = call('DEL', M, K, Q, FP, FA, FT, FV, D, PR, L, H, I, R, RA)
+  call('RPUSH', B, '1')
+  call('PEXPIRE', B, 5000)
+  call('RPUSH', DB, '1')
+  call('PEXPIRE', DB, 5000)
   return { n > 0 and 0 or -ENOENT }
 end
 
--- Every operation but open and unlink needs the queue.
-local fn = ops[op]
-if not fn then return { -EINVAL } end
-if op ~= 'open' and op ~= 'unlink' and not cfg() then return { -EIDRM } end
-return fn()
+------------------------------------------------------------------------
+-- The entry point
+------------------------------------------------------------------------
+-- A call sent again after its connection dropped (reqid "r..."): the
+-- reply of its first run, or nil when it did not run (run it now). A get
+-- is found by the hand-out it made (P:p records holder, slot, reqid); any
+-- other call by its receipt.
+local function replay(op, with_get)
+  local r = call('HGET', M, 'z:'..holder..':'..slot)
+  local sp = r and string.find(r, ' ', 1, true)
+  local ran = r ~= false and r ~= nil and (sp and string.sub(r, 1, sp - 1) or r) == reqid
+  if with_get then
+    if op == 'done' and not ran then return nil end
+    local all = call('HGETALL', PR)
+    for i = 1, #all, 2 do
+      local h, ep, sl, rq = string.match(all[i + 1], '^(%S+) (%S+) (%S+) (%S+)$')
+      if h == holder and sl == slot and rq == reqid then return { 0, all[i], tonumber(ep) } end
+    end
+    if op == 'get' then return nil end
+    return get1()   -- the done ran and its get found nothing: look again
+  end
+  if not ran then return nil end
+  local out = {}
+  for x in string.gmatch(string.sub(r, sp + 1), '[^,]+') do out[#out + 1] = tonumber(x) end
+  return out
+end
+
+local function main(keys, args)
+  if not call then call, band = redis.call, bit.band end
+  local n = keys_for(keys[1])
+  ARGV = args
+  local op = args[1]
+  holder, slot, reqid = args[2], args[3], args[4]
+  -- reqid: "" (no receipt), "n<id>" (first send) or "r<id>" (sent again)
+  resend = string.sub(reqid, 1, 1) == 'r'
+  reqid = string.sub(reqid, 2)
+  local t = call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local fn, is_mut = ops[op], false
+  if not fn then fn, is_mut = mut[op], true end
+  if not fn then return { -EINVAL } end
+  if op == 'open' or op == 'unlink' then
+    n.raw = nil
+    return fn()
+  end
+  local m = call('HMGET', M, 'cfg', 'ctr', 'sd', 'hq', 'hw', 'hr')
+  if not m[1] or not m[2] then return { -EIDRM } end
+  local c = n.raw   -- the cache, valid where the packed strings are the same
+  n.raw = nil       -- until this call has finished
+  C = c and c[1] == m[1] and n.C or cfg_of(m[1])
+  S = c and c[2] == m[2] and n.S or ctr_of(m[2])
+  HG = {
+    q = c and c[4] == m[4] and n.HG.q or hist_of(m[4]),
+    w = c and c[5] == m[5] and n.HG.w or hist_of(m[5]),
+    r = c and c[6] == m[6] and n.HG.r or hist_of(m[6]),
+  }
+  SD = m[3] == '1'
+  S_dirty, HG_dirty = false, {}
+  local with_get = op == 'get' or (op == 'done' and args[10] == '1')
+  local reply = is_mut and resend and replay(op, with_get) or fn()
+  -- Everything this call changed in P:m, in one write: the counters, the
+  -- histograms observed, the receipt.
+  local w = {}
+  if S_dirty then
+    m[2] = ctr_pack(S)
+    w[#w + 1] = 'ctr'
+    w[#w + 1] = m[2]
+    if is_mut and reqid ~= '' and op ~= 'get' then
+      w[#w + 1] = 'z:'..holder..':'..slot
+      w[#w + 1] = with_get and reqid or reqid..' '..table.concat(reply, ',')
+    end
+  end
+  for i, h in ipairs({ 'q', 'w', 'r' }) do
+    if HG_dirty[h] then
+      m[3 + i] = struct.pack(HIST_FMT, unpack(HG[h]))
+      w[#w + 1] = 'h'..h
+      w[#w + 1] = m[3 + i]
+    end
+  end
+  if #w > 0 then call('HSET', M, unpack(w)) end
+  n.raw, n.C, n.S, n.HG = m, C, S, HG
+  return reply
+end
+
+redis.register_function('@NAME@', main)
