@@ -851,9 +851,11 @@ WQ_API int wq_snapshot(wq *q);
  * (coalescing, one holder per key, re-adds to the back at wq_done,
  * delays with the earliest time winning, the rate limiters with their
  * defaults shared by all clients, failure counts, results, fair mode,
- * shutdown, drain, resume, metrics). Each call is one atomic script on
- * the server (wq_add_many: one script for the whole batch, all or none);
- * times are the server's clock, so every client agrees on delays.
+ * shutdown, drain, resume, metrics). Each call is one atomic call of a
+ * function on the server (a Redis function library that libwq loads once
+ * per server with FUNCTION LOAD; wq_add_many: one call for the whole
+ * batch, all or none); times are the server's clock, so every client
+ * agrees on delays. The server needs Redis 7.0 or later (or Valkey).
  *
  * What changes, and why:
  *   - Holding a key is a lease. There is no lock a dead process leaves
