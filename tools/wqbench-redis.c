@@ -54,9 +54,9 @@
  *   Sizes are a few hundredths of the shared-memory ones: a round trip
  *   costs tens of microseconds, not tens of nanoseconds.
  *
- * Until the engine exists, wq_open on a redis:// name fails: every libwq
- * row then says "libwq redis: wq_open: ..." (wqb_skip_open) and the
- * baseline rows still run.
+ * When wq_open of a redis:// queue fails (a libwq without the engine, say
+ * an older libwq.so), each libwq row says "libwq redis: wq_open: ..."
+ * (wqb_skip_open) and the baseline rows still run.
  */
 #include <arpa/inet.h>
 #include <errno.h>
