@@ -27,11 +27,11 @@
 -- negative errno (Linux numbering, checked by conn.c).
 --
 -- Keys of one queue (prefix P):
---   P:m   hash    "cfg": settings (packed, immutable); "ctr": counters and
---                 "hq", "hw", "hr": histograms (packed, rewritten by the
---                 call that changes them, in one HSET with its receipt
---                 "z:holder:slot"); "bt", "bl": the token bucket; "sd":
---                 the shutdown flag
+--   P:m   hash    "cfg": settings (packed, immutable); "st": counters
+--                 (packed, rewritten by the call that changes them, in one
+--                 HSET with its receipt "z:holder:slot"); "hq0".."hr10",
+--                 "hqs", "hws", "hrs": histograms; "bt", "bl": the token
+--                 bucket; "sd": the shutdown flag for readers
 --   P:k   hash    key -> entry record (state, result flag, failures,
 --                 times, fair tags)
 --   P:q   list    queued keys in client-go order (default mode)
@@ -65,10 +65,13 @@ local DIRTY, QUEUED, PROC, WAIT, IDLE = 1, 2, 4, 8, 16
 local HIST = 10                 -- finite buckets: 1e-8 s .. 10 s
 local REC = '<BBIddddi'         -- state res fail tb ts seq tag prio
 local CFG = '<IIIiIIIdIddIIIdd'
--- counters: live proc dirty sumstart adds coal retr crash failing epoch
--- seq entries queued waiting fairticks shutgen
-local CTR = '<dddddddddddddddd'
-local CTR_N = 16
+-- "st" in P:m: the queue's counters in one packed string, read with one
+-- HGET and written with one HSET by every call that changes them (and
+-- cached across calls, see keys_for). One string rather than fields
+-- because a field costs a server call to read or write. The histograms
+-- are fields of P:m ("hq0".."hq10", "hqs", ...) raised with HINCRBY:
+-- packing them too would cost more (struct.pack of 54 doubles: 6 us).
+local ST_FMT = '<dddddddddddddddddd'   -- 18 doubles: CTR_NAMES
 
 -- Bound at the first call: while a library loads, only
 -- redis.register_function is there to see.
@@ -78,17 +81,14 @@ local band, call
 -- every call before use).
 local P, M, K, Q, FP, FA, FT, FV, D, PR, L, H, I, R, RA, B, DB
 local holder, slot, reqid, resend, now, C, S, S_dirty, SD, ARGV
--- The histograms (queue, work, rate-limit delay): HG.q etc., each
--- { bucket counts 0..HIST, sum in us }, packed in P:m as "hq", "hw",
--- "hr" and cached like the counters; HG_dirty names the ones changed.
-local HG, HG_dirty
-local HIST_FMT = '<dddddddddddd'   -- HIST + 2 doubles
 
 -- Per prefix, kept across calls: the key names, and the settings and
--- counters as last read or written with their packed strings. A call
--- whose packed strings are the same (Lua interns strings: one compare)
--- uses the tables as they are instead of decoding; a call takes its
--- entry out while it runs, so one that fails midway leaves none behind.
+-- state as last read or written with the packed "st" string. A call that
+-- reads the same string (Lua interns strings: one compare) uses the
+-- tables as they are instead of decoding; "st" holds the queue's
+-- creation time, so a queue removed and made again never matches. A
+-- call takes the cache out while it runs, so one that fails midway
+-- leaves none behind.
 local cache, ncache = {}, 0
 local function keys_for(prefix)
   local n = cache[prefix]
@@ -119,20 +119,23 @@ local function cfg_of(s)
   return c
 end
 
+-- live keys, processing, dirty, sum of processing start times, adds,
+-- coalesced, retries, crash requeues, failing (idle with a count), epoch,
+-- seq, entries, queued, waiting, fair ticks, shutdown generation,
+-- shutdown flag, creation time
 local CTR_NAMES = { 'live', 'proc', 'dp', 'ss', 'adds', 'coal', 'retr', 'cr', 'fl', 'ep',
-                    'sq', 'ne', 'nq', 'nw', 'ft', 'sg' }
+                    'sq', 'ne', 'nq', 'nw', 'ft', 'sg', 'sd', 'created' }
 
-local function ctr_of(s)
-  local v = { struct.unpack(CTR, s) }
+local function st_of(s)
+  local v = { struct.unpack(ST_FMT, s) }
   local t = {}
-  for i = 1, CTR_N do t[CTR_NAMES[i]] = v[i] end
+  for i = 1, 18 do t[CTR_NAMES[i]] = v[i] end
   return t
 end
 
-local function ctr_pack(t)
-  local v = {}
-  for i = 1, CTR_N do v[i] = t[CTR_NAMES[i]] end
-  return struct.pack(CTR, unpack(v))
+local function st_pack(t)
+  return struct.pack(ST_FMT, t.live, t.proc, t.dp, t.ss, t.adds, t.coal, t.retr, t.cr, t.fl,
+                     t.ep, t.sq, t.ne, t.nq, t.nw, t.ft, t.sg, t.sd, t.created)
 end
 
 local function incr(f, n) S[f] = S[f] + n; S_dirty = true end
@@ -159,24 +162,13 @@ end
 
 local function nextseq() incr('sq', 1); return S.sq end
 
-local function hist_of(raw)
-  if not raw then
-    local t = {}
-    for i = 1, HIST + 2 do t[i] = 0 end
-    return t
-  end
-  return { struct.unpack(HIST_FMT, raw) }
-end
-
 -- client-go's histogram buckets, non-cumulative here (a read cumulates).
 local function observe(h, us)
   if not C.metrics then return end
   local bound, b = 0.01, 0        -- us: 1e-8 s
   while b < HIST and us > bound do bound = bound * 10; b = b + 1 end
-  local t = HG[h]
-  t[b + 1] = t[b + 1] + 1
-  t[HIST + 2] = t[HIST + 2] + math.floor(us)
-  HG_dirty[h] = true
+  call('HINCRBY', M, 'h'..h..b, 1)
+  call('HINCRBY', M, 'h'..h..'s', math.floor(us))
 end
 
 ------------------------------------------------------------------------
@@ -523,8 +515,9 @@ function ops.open()
   end
   if ARGV[5] ~= '1' then return { -ENOENT } end
   local z = {}
-  for i = 1, CTR_N do z[i] = 0 end
-  call('HSET', M, 'cfg', ARGV[7], 'ctr', struct.pack(CTR, unpack(z)), 'ver', 1, 'created', now)
+  for i = 1, 17 do z[i] = 0 end
+  z[18] = now   -- created
+  call('HSET', M, 'cfg', ARGV[7], 'st', struct.pack(ST_FMT, unpack(z)), 'ver', 1)
   return { 0, ARGV[7], 1 }
 end
 
@@ -543,10 +536,8 @@ end
 function ops.renew()
   local lost = call('ZSCORE', L, holder) == false
   reap()
-  if call('ZSCORE', L, holder) == false then
-    lost = true
-    call('HSET', H, holder, ARGV[5])
-  end
+  if call('ZSCORE', L, holder) == false then lost = true end
+  call('HSET', H, holder, ARGV[5])
   call('ZADD', L, now + C.lease * 1000, holder)
   return { 0, lost and 1 or 0, S.proc }
 end
@@ -686,8 +677,15 @@ local function get1()
   return { 0, key, S.ep }
 end
 
+-- A holder takes keys only under a lease, or a key it took could
+-- outlive it unseen by reap. Its lease thread keeps it; this puts back
+-- one that was reaped (its lease ran out) before the thread noticed.
+-- P:h and P:l always change together, and HEXISTS is the cheaper look.
 local function lease_renew()
-  if holder ~= '' then call('ZADD', L, now + C.lease * 1000, holder) end
+  if holder ~= '' and call('HEXISTS', H, holder) == 0 then
+    call('ZADD', L, now + C.lease * 1000, holder)
+    call('HSET', H, holder, '- 0 - 0@-')   -- its lease thread says who
+  end
 end
 
 function mut.get()
@@ -744,8 +742,9 @@ end
 -- (every shutdown and resume raises it: a drain that sees it move was
 -- cancelled).
 function mut.shutdown()
-  call('HSET', M, 'sd', '1')
+  call('HSET', M, 'sd', '1')   -- for readers without the script
   SD = true
+  incr('sd', 1 - S.sd)
   incr('sg', 1)
   ring(B)
   ring(DB)
@@ -755,6 +754,7 @@ end
 function mut.resume()
   call('HSET', M, 'sd', '0')
   SD = false
+  incr('sd', -S.sd)
   incr('sg', 1)
   call('DEL', B)
   ring(DB)
@@ -850,7 +850,10 @@ function ops.metrics()
   c[#c + 1] = oldest
   local hist = {}
   for _, h in ipairs({ 'q', 'w', 'r' }) do
-    for i = 1, HIST + 2 do hist[#hist + 1] = HG[h][i] end
+    local f = {}
+    for b = 0, HIST do f[#f + 1] = 'h'..h..b end
+    f[#f + 1] = 'h'..h..'s'
+    for _, v in ipairs(call('HMGET', M, unpack(f))) do hist[#hist + 1] = tonumber(v or '0') end
   end
   table.insert(c, 1, 0)
   c[#c + 1] = hist
@@ -1054,42 +1057,33 @@ local function main(keys, args)
     n.raw = nil
     return fn()
   end
-  local m = call('HMGET', M, 'cfg', 'ctr', 'sd', 'hq', 'hw', 'hr')
-  if not m[1] or not m[2] then return { -EIDRM } end
-  local c = n.raw   -- the cache, valid where the packed strings are the same
-  n.raw = nil       -- until this call has finished
-  C = c and c[1] == m[1] and n.C or cfg_of(m[1])
-  S = c and c[2] == m[2] and n.S or ctr_of(m[2])
-  HG = {
-    q = c and c[4] == m[4] and n.HG.q or hist_of(m[4]),
-    w = c and c[5] == m[5] and n.HG.w or hist_of(m[5]),
-    r = c and c[6] == m[6] and n.HG.r or hist_of(m[6]),
-  }
-  SD = m[3] == '1'
-  S_dirty, HG_dirty = false, {}
+  local st = call('HGET', M, 'st')
+  if not st then return { -EIDRM } end
+  if n.raw == st then   -- the cache is this state
+    C, S = n.C, n.S
+  else
+    local cfg = call('HGET', M, 'cfg')
+    if not cfg then return { -EIDRM } end
+    C = cfg_of(cfg)
+    S = st_of(st)
+  end
+  n.raw = nil   -- until this call has finished
+  SD = S.sd == 1
+  S_dirty = false
   local with_get = op == 'get' or (op == 'done' and args[10] == '1')
   local reply = is_mut and resend and replay(op, with_get) or fn()
-  -- Everything this call changed in P:m, in one write: the counters, the
-  -- histograms observed, the receipt.
-  local w = {}
+  -- Everything this call changed in P:m, in one write: the state and the
+  -- receipt.
   if S_dirty then
-    m[2] = ctr_pack(S)
-    w[#w + 1] = 'ctr'
-    w[#w + 1] = m[2]
+    st = st_pack(S)
     if is_mut and reqid ~= '' and op ~= 'get' then
-      w[#w + 1] = 'z:'..holder..':'..slot
-      w[#w + 1] = with_get and reqid or reqid..' '..table.concat(reply, ',')
+      call('HSET', M, 'st', st, 'z:'..holder..':'..slot,
+           with_get and reqid or reqid..' '..table.concat(reply, ','))
+    else
+      call('HSET', M, 'st', st)
     end
   end
-  for i, h in ipairs({ 'q', 'w', 'r' }) do
-    if HG_dirty[h] then
-      m[3 + i] = struct.pack(HIST_FMT, unpack(HG[h]))
-      w[#w + 1] = 'h'..h
-      w[#w + 1] = m[3 + i]
-    end
-  end
-  if #w > 0 then call('HSET', M, unpack(w)) end
-  n.raw, n.C, n.S, n.HG = m, C, S, HG
+  n.raw, n.C, n.S = st, C, S
   return reply
 end
 
