@@ -982,7 +982,7 @@ struct wq_stats {
     uint64_t retries_total; /* delayed / rate limited adds (client-go) */
     uint64_t crash_requeues_total; /* keys requeued because their holder died */
     uint64_t max_key_len;
-    uint64_t max_procs;
+    uint64_t max_procs;     /* 0: no process table (Redis) */
     uint64_t region_bytes;  /* size of the shared-memory object */
     uint64_t repairs_total; /* times the region was repaired after a dead lock holder */
     uint64_t shutting_down; /* 1 from a shutdown until wq_resume */

@@ -677,9 +677,11 @@ int cmd_work(const struct args *a)
         return rc;
     if ((rc = queue_stats(q, name, &st)) != EXIT_OK)
         return rc;
-    /* Each worker, and the monitor, takes a process-table slot. */
+    /* Each worker, and the monitor, takes a process-table slot (a queue
+       without a table, max_procs 0 as on Redis, has no such limit). */
     need = jobs + c.progress;
-    if (st.processes > st.max_procs || st.max_procs - st.processes < need) {
+    if (st.max_procs > 0 &&
+        (st.processes > st.max_procs || st.max_procs - st.processes < need)) {
         queue_msg(name);
         fprintf(stderr, "-j %" PRIu32 " needs %" PRIu32 " free process "
                 "slots, %" PRIu64 " of %" PRIu64 " are free (see create "
