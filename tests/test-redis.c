@@ -71,13 +71,24 @@ struct srv {
 #define MAX_SRV 8
 static struct srv *started[MAX_SRV];
 
+/* Every server this program started, stopped, and its directory gone:
+   also when a failed assertion skipped a test's own cleanup. */
 static void kill_all(void)
 {
     for (int i = 0; i < MAX_SRV; i++)
-        if (started[i] && started[i]->pid > 0) {
-            kill(started[i]->pid, SIGKILL);
-            waitpid(started[i]->pid, NULL, 0);
-            started[i]->pid = 0;
+        if (started[i]) {
+            if (started[i]->pid > 0) {
+                kill(started[i]->pid, SIGKILL);
+                waitpid(started[i]->pid, NULL, 0);
+                started[i]->pid = 0;
+            }
+            if (started[i]->dir[0]) {
+                char cmd[256];
+                snprintf(cmd, sizeof cmd, "rm -rf '%s'", started[i]->dir);
+                if (system(cmd) != 0) {
+                }
+            }
+            started[i] = NULL;
         }
 }
 
