@@ -6,7 +6,9 @@
  *   - unique queue names ("t<pid>-<tag>-<n>") that are remembered and
  *     removed by the per-test teardown, by an atexit handler and by the
  *     SIGALRM watchdog, so a failing or hanging test leaves nothing in
- *     /dev/shm;
+ *     /dev/shm; under tests/with-redis.sh they are redis:// names (the
+ *     prefix WQ_TEST_PREFIX), and a Redis server the test can talk to,
+ *     stop and restart (see "Redis" below);
  *   - the cmocka fixtures (T_TEST, T_CLOCK_TEST, T_STORE_TEST,
  *     T_NO_LEFTOVERS) and the end of main() (T_RUN_GROUP, t_guard_main);
  *   - fork helpers: children get SIG_DFL for every signal cmocka traps and
@@ -52,6 +54,7 @@
 
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <setjmp.h>
 #include <stdint.h>
@@ -90,19 +93,29 @@
 
 #define T_MAX_NAMES 1024
 
-/* A fresh unique queue name for `tag` (only [A-Za-z0-9._-] of it are kept).
-   The name is registered for removal; the pointer stays valid for the life
-   of the process. */
+/* A fresh unique queue name for `tag` (only [A-Za-z0-9._-] of it are kept):
+   t_prefix() then "t<pid>-<tag>-<n>". The name is registered for removal;
+   the pointer stays valid for the life of the process. */
 const char *t_qname(const char *tag);
 
-/* Remove every registered queue (wq_unlink, then a plain unlink of
-   /dev/shm/wq.<name> if the library refuses). Only in the process that
-   registered them; a forked child never removes anything. */
+/* Remove every registered queue (wq_unlink, then, for a shared-memory
+   name, a plain unlink of /dev/shm/wq.<name> if the library refuses).
+   Only in the process that registered them; a forked child never removes
+   anything. */
 void t_unlink_all(void);
 
 /* Number of /dev/shm entries whose name contains this process's prefix
    ("t<pid>-"); their names go to buf (comma separated) when buf != NULL. */
 int t_shm_leftovers(char *buf, size_t cap);
+/* Under Redis: number of keys whose name contains "t<pid>-" (this
+   process's names) and that have no expiry (a key with a TTL goes by
+   itself: the doorbells wq_unlink rings), on the server or on every
+   master of the cluster; their names go to buf (comma separated) when buf
+   != NULL, and with `remove` every such key is deleted, with a TTL or
+   not. 0 when not under Redis, -1 when the server could not be asked (a
+   warning is printed). The group teardown, T_NO_LEFTOVERS and the final
+   check count these as leftovers, as they count /dev/shm objects. */
+int t_redis_leftovers(char *buf, size_t cap, bool remove);
 
 /* Path of the shm object of queue `name` in buf. */
 void t_shm_path(const char *name, char *buf, size_t cap);
@@ -112,6 +125,90 @@ int t_shm_exists(const char *name);
    whose name mentions it (after a wq_open that failed). */
 #define T_EXPECT_NO_SHM(name, ctx) t_expect_no_shm_((name), (ctx), __LINE__)
 void t_expect_no_shm_(const char *name, const char *ctx, int line);
+
+/* ------------------------------------------------------------------ */
+/* Redis                                                               */
+/* ------------------------------------------------------------------ */
+
+/*
+ * tests/with-redis.sh runs a program against its own redis-server (and
+ * tests/with-redis-cluster.sh against its own three-master Redis
+ * Cluster); both export WQ_TEST_PREFIX ("redis://127.0.0.1:PORT/"), which
+ * t_qname puts before every name, so the same program makes Redis queues
+ * (Makefile.am: REDIS_TESTS). A name made by hand gets the prefix only
+ * if the program adds t_prefix() itself. Without the wrappers all of this
+ * is off: t_redis() is false, t_prefix() "", the server helpers fail.
+ */
+
+/* WQ_TEST_PREFIX, or "" (at most T_MAX_PREFIX - 1 bytes: a longer one
+   ends the program with status 99). */
+#define T_MAX_PREFIX 256
+const char *t_prefix(void);
+/* Whether the queues are Redis queues (WQ_TEST_PREFIX is set). */
+bool t_redis(void);
+
+/* At the top of a test whose meaning is specific to shared memory (the
+   region's layout, /dev/shm, the process table, the fake clock of the
+   fault build, LMDB stores, wq_check repairing a damaged region ...):
+   under Redis the test is skipped (cmocka's skip()), saying why. Only
+   in the test's main thread. T_REDIS_ONLY: the converse. */
+#define T_SHM_ONLY(why)                                                      \
+    do {                                                                     \
+        if (t_redis()) {                                                     \
+            print_message("skipped under Redis: %s\n", (why));               \
+            skip();                                                          \
+        }                                                                    \
+    } while (0)
+#define T_REDIS_ONLY(why)                                                    \
+    do {                                                                     \
+        if (!t_redis()) {                                                    \
+            print_message("skipped without Redis: %s\n", (why));             \
+            skip();                                                          \
+        }                                                                    \
+    } while (0)
+
+/* The server's port (WQ_TEST_REDIS_PORT: the first master under the
+   cluster wrapper), 0 when there is none. */
+int t_redis_port(void);
+/* The cluster's nodes (WQ_TEST_CLUSTER_PORTS, masters first) into ports;
+   returns how many there are (0: not a cluster). */
+int t_redis_cluster_ports(int *ports, int max);
+
+/* Run redis-cli against the server (t_redis_cli_at: against 127.0.0.1:
+   port; both with -c under the cluster wrapper) with the commands
+   printf(fmt, ...), one per line, quoted as redis-cli quotes ("a b" is
+   one argument): t_redis_cli("CONFIG SET appendfsync always"),
+   t_redis_cli("DEBUG SLEEP 0.5"), t_redis_cli("EXISTS \"%s\"", key).
+   Returns what redis-cli printed (raw: a value per line; an error reply
+   as its text, "ERR ..."), trailing newlines removed, in a buffer that
+   the next call overwrites (64 KiB, longer output is cut); NULL (the
+   reason on stderr) when redis-cli could not run, wrote to stderr (could
+   not connect, ...), or took more than 10 s (times t_scale()): it is
+   killed then. Not thread safe: the main thread, or a forked child.
+   A server with a password: set REDISCLI_AUTH. */
+const char *t_redis_cli(const char *fmt, ...)
+    __attribute__((format(printf, 1, 2)));
+const char *t_redis_cli_at(int port, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* The server under tests/with-redis.sh (not under the cluster wrapper),
+   from WQ_TEST_REDIS_DIR and WQ_TEST_REDIS_PORT. Each returns 0, or -1
+   with the reason on stderr; each waits at most 10 s (times t_scale()).
+   t_redis_stop(sig): signal the server (found by its working directory,
+   whoever started it) and wait until it is gone and its port closed:
+   SIGTERM is a clean shutdown (the AOF is written out), SIGKILL a crash
+   (only what appendfsync put on disk survives); 0 when none was running.
+   t_redis_start(): start it again as the wrapper did (the same command
+   line: port, directory, --appendonly ...) and wait until it answers
+   PING, its data loaded. It runs as a child of this process, and the
+   wrapper stops it at the end whatever happens to the program.
+   t_redis_restart(): t_redis_stop(SIGTERM), then t_redis_start().
+   For persistence, run the program with WQ_TEST_REDIS_ARGS="--appendonly
+   yes --appendfsync always" in the environment of the wrapper. Only in
+   the process that runs the tests (not in a forked child). */
+int t_redis_stop(int sig);
+int t_redis_start(void);
+int t_redis_restart(void);
 
 /* ------------------------------------------------------------------ */
 /* cmocka fixtures and main()                                          */
