@@ -453,6 +453,7 @@ static int cli_run(int port, const char *input)
     return 0;
 }
 
+__attribute__((format(printf, 2, 0)))
 static const char *cli_v(int port, const char *fmt, va_list ap)
 {
     char input[CLI_IN_MAX];

@@ -139,10 +139,21 @@ static void child_walk(const char *dir, int fd, const unsigned char *from)
     MDB_cursor *c;
     MDB_val k, v;
     int rc;
+    /* The map is as long as the file: a damaged meta page must not choose
+       it. LMDB still grows it to what the meta's last page needs, and a
+       map it cannot make (ENOMEM) then means that page number is garbage. */
+    char file[4200];
+    struct stat sb;
+    snprintf(file, sizeof file, "%s/data.mdb", dir);
+    size_t map = stat(file, &sb) == 0 && sb.st_size > 0 ? (size_t)sb.st_size : 0;
     if ((rc = mdb_env_create(&env)) || (rc = mdb_env_set_maxdbs(env, 4)) ||
-        (rc = mdb_env_set_maxreaders(env, 1024)) ||
+        (rc = mdb_env_set_maxreaders(env, 1024)) || (map && (rc = mdb_env_set_mapsize(env, map))) ||
         (rc = mdb_env_open(env, dir, MDB_RDONLY | MDB_NOTLS | MDB_NORDAHEAD, 0600))) {
-        fail(o, "opening the environment", rc);
+        if (rc == ENOMEM || rc == EINVAL)
+            fail(o, "opening the environment: its meta page asks for a map larger than "
+                    "data.mdb (a damaged last-page number)", MDB_CORRUPTED);
+        else
+            fail(o, "opening the environment", rc);
         _exit(2);
     }
     if (!size_ok(env, dir)) {
