@@ -6,10 +6,14 @@
 # hiredis builds the Redis engine; redis-server and redis-tools (redis-cli)
 # are the servers and the cluster the tests start themselves.
 # golang-go runs client-go's queue_test.go against libwq (tests/client-go).
+# libncurses-dev: wqctl top (tmux drives it in the tests);
+# libmicrohttpd-dev: wqctl metrics --listen (curl scrapes it in the tests,
+# prometheus brings promtool, which checks what is scraped).
 # Only missing packages are installed; nothing happens when all are there.
 set -e
 pkgs="gcc make autoconf automake libtool pkg-config liblmdb-dev libcmocka-dev
-      libhiredis-dev redis-server redis-tools golang-go"
+      libhiredis-dev redis-server redis-tools golang-go
+      libncurses-dev tmux libmicrohttpd-dev curl prometheus"
 [ "${1:-}" = ci ] && pkgs="$pkgs clang valgrind groff-base"
 missing=""
 for p in $pkgs; do
