@@ -629,7 +629,9 @@ void t_basic_run(enum t_mode mode, int drain, wq *q, const char *name,
 void t_basic_check_stats(wq *q, struct t_basic *b, const char *prefix,
                          struct wq_stats *st)
 {
-    assert_int_equal(wq_stats(q, st), 0);
+    int rc = wq_stats(q, st);
+    if (rc != 0)
+        fail_msg("wq_stats = %d (%s): %s", rc, wq_strerror(rc), wq_last_error());
     uint64_t total = 0;
     for (int k = 0; k < T_BASIC_PRODUCERS; k++) {
         int p = atomic_load(&b->processed[k]);

@@ -156,6 +156,7 @@ void wq__rq_conn_close(struct rq_conn *c)
     if (c->c)
         redisFree(c->c);
     c->c = NULL;
+    c->cid = 0;
 }
 
 /* Connect c to the queue's node, else to any node known. */

@@ -19,6 +19,8 @@
  * doorbell list, for no longer than its deadline, the next ready time of a
  * delayed key, or a second; whoever queues a key rings the bell (wq.lua).
  */
+#include <errno.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -339,8 +341,9 @@ static int lease_call(rq *q, const char *op, struct rq_reply *out)
     return wq__rq_eval(q, &q->lc, op, false, 1, a, NULL, out);
 }
 
-/* Holders on our server whose connection is gone lose their keys now. */
-static void check_connections(rq *q)
+/* Holders on our server whose connection is gone lose their keys now
+   (c: the lease thread's connection, or a pooled one for wq_check). */
+static void check_connections(rq *q, struct rq_conn *c)
 {
     const char *my_run = strchr(q->info, '@');
     if (!my_run || strcmp(my_run, "@-") == 0)
@@ -349,7 +352,7 @@ static void check_connections(rq *q)
     snprintf(key, sizeof key, "%s:h", q->prefix);
     const char *a[] = { "HGETALL", key };
     redisReply *r;
-    if (wq__rq_cmd(q, &q->lc, 2, a, NULL, &r) < 0)
+    if (wq__rq_cmd(q, c, 2, a, NULL, &r) < 0)
         return;
     if (r->type != REDIS_REPLY_ARRAY || r->elements % 2 || r->elements > 2 * 4096) {
         freeReplyObject(r);
@@ -387,7 +390,7 @@ static void check_connections(rq *q)
             argv[2] = "ID";
             memcpy(argv + 3, ids, k * sizeof *argv);
         }
-        if (argv && wq__rq_cmd(q, &q->lc, (int)k + 3, argv, NULL, &l) == 0 &&
+        if (argv && wq__rq_cmd(q, c, (int)k + 3, argv, NULL, &l) == 0 &&
             l->type == REDIS_REPLY_STRING) {
             const char *gone[64];
             int ng = 0;
@@ -402,7 +405,7 @@ static void check_connections(rq *q)
             }
             if (ng > 0) {
                 struct rq_reply x;
-                if (wq__rq_eval(q, &q->lc, "expire", false, ng, gone, NULL, &x) == 0)
+                if (wq__rq_eval(q, c, "expire", false, ng, gone, NULL, &x) == 0)
                     wq__rq_reply_free(&x);
             }
         }
@@ -414,6 +417,20 @@ static void check_connections(rq *q)
     free(who);
     free(idbuf);
     freeReplyObject(r);
+}
+
+/* What the lease threads would find within a second, now: holders whose
+   connection the server has closed lose their keys (wq_check REAP,
+   wq_dump). */
+static int reap_now(rq *q)
+{
+    struct rq_conn *c;
+    int rc = wq__rq_conn_get(q, &c);
+    if (rc < 0)
+        return rc;
+    check_connections(q, c);
+    wq__rq_conn_put(q, c);
+    return 0;
 }
 
 static void *lease_main(void *arg)
@@ -456,7 +473,7 @@ static void *lease_main(void *arg)
            another process's and accepted. */
         (void)lost;
         if (proc > 0)
-            check_connections(q);
+            check_connections(q, &q->lc);
         pthread_mutex_lock(&q->mu);
     }
     pthread_mutex_unlock(&q->mu);
@@ -883,6 +900,82 @@ static int got(rq *q, struct rq_reply *r, void *buf, uint64_t *wait_us)
     return (int)len;
 }
 
+/*
+ * A BLPOP that ends on time. The server checks blocked clients' timeouts
+ * between event-loop turns, which are 1000/hz ms apart (100 ms by
+ * default) when nothing happens: a delayed key would fire up to 100 ms
+ * late. So the client keeps the time: it sends BLPOP with a longer
+ * timeout, polls the socket until its own deadline, and then ends the
+ * wait with CLIENT UNBLOCK ... TIMEOUT from another connection (the
+ * reply is then the timeout's nil). Returns 0 (woken or timed out),
+ * 1 when c is not connected (the caller's plain BLPOP reconnects), or an
+ * error from c (which is then closed).
+ */
+static int timed_wait(rq *q, struct rq_conn *c, const char *key, uint64_t ms)
+{
+    if (!c->c)
+        return 1;
+    redisReply *r;
+    int rc;
+    if (!c->cid) {
+        const char *id[] = { "CLIENT", "ID" };
+        if ((rc = wq__rq_cmd(q, c, 2, id, NULL, &r)) < 0)
+            return rc;
+        c->cid = r->type == REDIS_REPLY_INTEGER ? r->integer : -1;
+        freeReplyObject(r);
+        if (!c->c)
+            return 1;
+    }
+    if (c->cid <= 0)
+        return 1;   /* no CLIENT ID (a proxy?): the server's timeout */
+    char t[32];
+    snprintf(t, sizeof t, "%.3f", (double)(ms + 1000) / 1000);
+    const char *a[] = { "BLPOP", key, t };
+    int done = 0;
+    if (redisAppendCommandArgv(c->c, 3, a, NULL) != REDIS_OK)
+        goto io;
+    while (!done)
+        if (redisBufferWrite(c->c, &done) != REDIS_OK)
+            goto io;
+    struct pollfd pfd = { .fd = c->c->fd, .events = POLLIN };
+    int n;
+    do
+        n = poll(&pfd, 1, (int)ms);
+    while (n < 0 && errno == EINTR);
+    if (n == 0) {
+        struct rq_conn *o;
+        if (wq__rq_conn_get(q, &o) == 0) {
+            char id[24];
+            snprintf(id, sizeof id, "%lld", c->cid);
+            const char *u[] = { "CLIENT", "UNBLOCK", id, "TIMEOUT" };
+            if (wq__rq_cmd(q, o, 4, u, NULL, &r) == 0)
+                freeReplyObject(r);
+            wq__rq_conn_put(q, o);
+        }
+    }
+    wq__rq_timeout(c, ms + 11000);   /* the server's own timeout, at worst */
+    void *rep = NULL;
+    rc = redisGetReply(c->c, &rep);
+    wq__rq_timeout(c, 10000);
+    if (rc != REDIS_OK || !rep)
+        goto io;
+    r = rep;
+    if (r->type == REDIS_REPLY_ERROR) {
+        /* MOVED and the like: the caller's next get call follows it. */
+        wq__errf("redis %s:%d: BLPOP: %s", c->at.host, c->at.port, r->str);
+        freeReplyObject(r);
+        wq__rq_conn_close(c);
+        return 0;
+    }
+    freeReplyObject(r);
+    return 0;
+io:
+    wq__errf("redis %s:%d: BLPOP: %s", c->at.host, c->at.port,
+             c->c->errstr[0] ? c->c->errstr : "connection lost");
+    wq__rq_conn_close(c);
+    return 0;   /* the next get call reconnects (or says why it cannot) */
+}
+
 /* Sleep on the doorbell until something may have changed. */
 static int ring_wait(rq *q, struct rq_conn *c, const char *bell, uint64_t deadline,
                      uint64_t wait_us)
@@ -897,6 +990,11 @@ static int ring_wait(rq *q, struct rq_conn *c, const char *bell, uint64_t deadli
         ms = (deadline - now) / 1000000 + 1;
     char key[WQ_MAX_NAME_LEN + 16], t[32];
     snprintf(key, sizeof key, "%s:%s", q->prefix, bell);
+    if (wait_us || deadline != UINT64_MAX) {
+        int prc = timed_wait(q, c, key, ms);
+        if (prc != 1)
+            return prc;
+    }
     snprintf(t, sizeof t, "%.3f", (double)ms / 1000);
     const char *a[] = { "BLPOP", key, t };
     wq__rq_timeout(c, ms + 10000);
@@ -1175,13 +1273,20 @@ static int rq_result(wq *pub, const void *key, size_t len, struct wq_result *out
 /* ------------------------------------------------------------------ */
 
 enum { C_QUEUED = 1, C_PROC, C_WAIT, C_LIVE, C_HOLDERS, C_ADDS, C_COAL, C_RETR, C_CRASH,
-       C_SD, C_FAIL, C_RESULTS, C_IDLE, C_DIRTY, C_SUMSTART, C_NOW, C_COUNTS_END };
+       C_SD, C_FAIL, C_RESULTS, C_IDLE, C_DIRTY, C_RUNNING, C_NOW, C_COUNTS_END };
 
 static int counts(const struct rq_reply *r, long long v[C_COUNTS_END])
 {
-    for (int i = 1; i < C_COUNTS_END; i++)
-        if (wq__rq_int(r, (size_t)i, &v[i]) < 0 || v[i] < 0)
+    for (int i = 1; i < C_COUNTS_END; i++) {
+        if (wq__rq_int(r, (size_t)i, &v[i]) < 0) {
+            wq__errf("the server's counters: field %d is not an integer", i);
             return -EPROTO;
+        }
+        if (v[i] < 0) {
+            wq__errf("the server's counters: field %d is %lld (below zero)", i, v[i]);
+            return -EPROTO;
+        }
+    }
     return 0;
 }
 
@@ -1206,6 +1311,9 @@ static int rq_stats(wq *pub, struct wq_stats *out)
     uint64_t mono = wq__now_mono();
     long long v[C_COUNTS_END], next;
     if (counts(&r, v) < 0 || wq__rq_int(&r, C_COUNTS_END, &next) < 0) {
+        if (!*wq_last_error())
+            wq__errf("the server's stats reply: no next ready time (%zu fields, last type %d)",
+                     r.r->elements, r.r->element[r.r->elements - 1]->type);
         wq__rq_reply_free(&r);
         return -EPROTO;
     }
@@ -1262,12 +1370,14 @@ static int rq_metrics(wq *pub, struct wq_metrics *out)
     if (rc < 0)
         return rc;
     long long v[C_COUNTS_END], oldest;
-    redisReply *last = r.r->element[r.r->elements - 1];
     struct wq_metrics m = { 0 };
     size_t i = 0;
     rc = counts(&r, v) < 0 || wq__rq_int(&r, C_COUNTS_END, &oldest) < 0 ||
-         r.r->elements != C_COUNTS_END + 2 || last->type != REDIS_REPLY_ARRAY ||
-         last->elements != 3 * (WQ_HIST_BUCKETS + 2) ? -EPROTO : 0;
+         r.r->elements != C_COUNTS_END + 2 ? -EPROTO : 0;
+    redisReply *last = rc == 0 ? r.r->element[r.r->elements - 1] : NULL;
+    if (rc == 0 && (!last || last->type != REDIS_REPLY_ARRAY ||
+                    last->elements != 3 * (WQ_HIST_BUCKETS + 2)))
+        rc = -EPROTO;
     if (rc == 0)
         rc = hist(&r, &i, &m.queue_duration);
     if (rc == 0)
@@ -1285,10 +1395,7 @@ static int rq_metrics(wq *pub, struct wq_metrics *out)
     m.waiting = (uint64_t)v[C_WAIT];
     m.processing = (uint64_t)v[C_PROC];
     if (!(q->conf.flags & WQ_NO_METRICS) && m.processing > 0) {
-        m.unfinished_work_seconds =
-            (double)(v[C_PROC] * v[C_NOW] - v[C_SUMSTART]) / 1e6;
-        if (m.unfinished_work_seconds < 0)
-            m.unfinished_work_seconds = 0;
+        m.unfinished_work_seconds = (double)v[C_RUNNING] / 1e6;
         m.longest_running_processor_seconds =
             oldest < v[C_NOW] ? (double)(v[C_NOW] - oldest) / 1e6 : 0;
     }
@@ -1399,6 +1506,12 @@ static int dump_page(rq *q, const struct rq_reply *r, uint64_t *pos, wq_dump_fn 
 static int rq_dump(wq *pub, wq_dump_fn fn, void *arg)
 {
     rq *q = self(pub);
+    /* holder_alive must not show a holder whose connection is gone. */
+    int rc0 = enter(q);
+    if (rc0 == 0)
+        rc0 = reap_now(q);
+    if (rc0 < 0)
+        return rc0;
     char phase[4] = "0", cur[32] = "0", cnt[16];
     snprintf(cnt, sizeof cnt, "%d", DUMP_PAGE);
     uint64_t pos = 0;
@@ -1433,7 +1546,12 @@ static int rq_check(wq *pub, unsigned flags, wq_report_fn report, void *arg)
     rq *q = self(pub);
     const char *a[] = { flags & WQ_CHECK_REPAIR ? "1" : "0" };
     struct rq_reply r;
-    int rc = call(q, "check", false, 1, a, NULL, &r);
+    int rc = enter(q);
+    if (rc < 0)
+        return rc;
+    if (flags & (WQ_CHECK_REAP | WQ_CHECK_REPAIR) && (rc = reap_now(q)) < 0)
+        return rc;
+    rc = call(q, "check", false, 1, a, NULL, &r);
     if (rc < 0)
         return rc;
     long long n = r.rc;

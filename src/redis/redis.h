@@ -53,6 +53,7 @@ struct rq_conn {
     struct rq_addr at;       /* the node it is connected to */
     unsigned slot;           /* receipts are per holder:slot */
     uint64_t reqid;          /* the last request number sent on it */
+    long long cid;           /* its CLIENT ID, 0 until asked (timed waits) */
 };
 
 /* The known nodes: the queue's slot owner first. */

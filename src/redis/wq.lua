@@ -119,7 +119,7 @@ local function cfg_of(s)
   return c
 end
 
--- live keys, processing, dirty, sum of processing start times, adds,
+-- live keys, processing, dirty, (unused: kept so the layout stays), adds,
 -- coalesced, retries, crash requeues, failing (idle with a count), epoch,
 -- seq, entries, queued, waiting, fair ticks, shutdown generation,
 -- shutdown flag, creation time
@@ -433,7 +433,6 @@ local function requeue(key, crash)
   incr('proc', -1)
   local e = eget(key)
   if not e then return end
-  incr('ss', -e.ts)
   local delay = 0
   if crash then
     delay = when(e)
@@ -672,7 +671,6 @@ local function get1()
   call('HSET', PR, key, holder..' '..S.ep..' '..slot..' '..reqid)
   incr('proc', 1)
   incr('dp', -1)
-  incr('ss', now)
   if S.nq > 0 then ring(B) end   -- pass the wake on
   return { 0, key, S.ep }
 end
@@ -707,7 +705,6 @@ local function done1(key, epoch, record, code, msg)
   if record then record_result(key, e, code, msg) end
   call('HDEL', PR, key)
   observe('w', now - e.ts)
-  incr('ss', -e.ts)
   incr('proc', -1)
   if band(e.st, DIRTY) ~= 0 then
     e.st = DIRTY + QUEUED
@@ -822,7 +819,7 @@ local function counts()
   return {
     S.nq, S.proc, S.nw, S.live, call('ZCOUNT', L, now, '+inf'), S.adds, S.coal, S.retr,
     S.cr, SD and 1 or 0, S.fl, call('HLEN', R),
-    call('ZCARD', I), S.dp, S.ss, now,
+    call('ZCARD', I), S.dp, 0, now,   -- 0: metrics puts the running time here
   }
 end
 
@@ -842,11 +839,18 @@ function ops.metrics()
   reap()
   promote()
   local c = counts()
-  local oldest = now
+  -- The time the processing keys have run so far, summed here rather
+  -- than kept as a running sum of start times: those are ~1.7e15 us, and
+  -- a sum of a few of them is past what a double holds exactly.
+  local oldest, running = now, 0
   for _, key in ipairs(call('HKEYS', PR)) do
     local e = eget(key)
-    if e and e.ts < oldest then oldest = e.ts end
+    if e then
+      if e.ts < oldest then oldest = e.ts end
+      if e.ts < now then running = running + (now - e.ts) end
+    end
   end
+  c[15] = running
   c[#c + 1] = oldest
   local hist = {}
   for _, h in ipairs({ 'q', 'w', 'r' }) do
@@ -911,7 +915,7 @@ function ops.check()
   local v = { 0 }
   local function bad(what) v[#v + 1] = what end
   local all = call('HGETALL', K)
-  local n = { live = 0, dp = 0, fl = 0, proc = 0, ne = 0, ss = 0 }
+  local n = { live = 0, dp = 0, fl = 0, proc = 0, ne = 0 }
   local inq = {}
   local qn = 0
   if not C.fair then
@@ -942,7 +946,6 @@ function ops.check()
       end
       if band(st, PROC) ~= 0 then
         n.proc = n.proc + 1
-        n.ss = n.ss + ts
         if not call('HGET', PR, key) then bad('key "'..key..'" is processing without a holder') end
       end
       if band(st, QUEUED) ~= 0 and not inq[key] then bad('key "'..key..'" is queued but not in the FIFO') end
@@ -973,7 +976,6 @@ function ops.check()
   counter('entries', 'ne', n.ne)
   counter('queued', 'nq', qn)
   counter('waiting', 'nw', call('ZCARD', D))
-  counter('start-time sum', 'ss', n.ss)
   if repair and #v > 1 then
     -- Rebuild the containers from the records, which are the truth.
     if not C.fair then
