@@ -40,11 +40,12 @@
  *     durable      the cycle with an LMDB store        wqbench-queue.c
  *
  *   recover needs crash points, which only the test-only fault-injection
- *   build of the library has. wqbench itself is installed and links the
- *   release library, so it runs recover by executing the noinst helper
- *   wqbench-recover (same output format) found next to it, in the build
- *   tree, or at $WQBENCH_RECOVER; without it, the repair variants print a
- *   skip line. Restore from the store needs no crash points and runs here.
+ *   build of the library has. wqbench itself links the release library
+ *   (both are developer tools, run from the build tree, never installed),
+ *   so it runs recover by executing the helper wqbench-recover (same
+ *   output format) found next to it, or at $WQBENCH_RECOVER; without it,
+ *   the repair variants print a skip line. Restore from the store needs
+ *   no crash points and runs here.
  *
  * REDIS
  *   --engine redis runs cycle, add_many, drain and mpmc on redis://
@@ -178,7 +179,7 @@ static void run_repair_helper(const struct wqb_cfg *c)
     if (find_helper(path, sizeof path) != 0) {
         wqb_skip(c, "recover", "repair",
                  "fault-injection build not available: wqbench-recover is built in "
-                 "the source tree only (or set WQBENCH_RECOVER)");
+                 "the build tree only (or set WQBENCH_RECOVER)");
         return;
     }
     pid_t pid = wqb_fork();
