@@ -560,6 +560,7 @@ static void prio_merge_negative(void **state)
 static void prio_default_mode(void **state)
 {
     (void)state;
+    T_SHM_ONLY("the fake clock");
     wq *q = fair_q("prio-default", 0, 0, 0, 64);
 
     assert_int_equal(t_add_prio(q, KS("a"), 3), -EINVAL);
@@ -616,6 +617,7 @@ static void prio_bad_args(void **state)
 static void prio_after(void **state)
 {
     (void)state;
+    T_SHM_ONLY("the fake clock");
     wq *q = fair_q("prio-after", 1, 1000, -1, 64);
 
     assert_int_equal(addx(q, "hi", 5, 10 * MS, false), 0);
@@ -646,6 +648,7 @@ static void prio_after(void **state)
 static void prio_after_merge(void **state)
 {
     (void)state;
+    T_SHM_ONLY("the fake clock");
     wq *q = fair_q("prio-after-merge", 1, 1000, -1, 64);
 
     assert_int_equal(addx(q, "w", 0, 100 * MS, false), 0);
@@ -704,6 +707,7 @@ static void prio_after_merge(void **state)
 static void prio_after_and_rl(void **state)
 {
     (void)state;
+    T_SHM_ONLY("the fake clock");
     for (int dir = 0; dir < 2; dir++) {
         struct wq_options o = { .capacity = 64, .flags = WQ_FAIR,
                                 .fair_share = 1000, .tenant_sep = -1,
@@ -1158,6 +1162,7 @@ static void tenant_flood_after_priority(void **state)
 static void stats_fair(void **state)
 {
     (void)state;
+    T_SHM_ONLY("the fake clock");
     wq *q = fair_q("stats-fair", 1, 1000, 0, 4096);
 
     struct wq_stats s = t_stats(q);
