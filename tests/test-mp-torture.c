@@ -283,7 +283,7 @@ static int rec_state(pid_t pid)
 /* Children                                                            */
 /* ------------------------------------------------------------------ */
 
-static char qname[96];
+static char qname[400];
 static unsigned child_alarm;
 
 static wq *child_open(const char *role)
@@ -759,15 +759,21 @@ static int run_round(int r, uint64_t round_seed)
     alarm((unsigned)(limit / 1000000000ull) + 15);
 
     memset(W, 0, sizeof *W);
-    snprintf(qname, sizeof qname, "torture-%d-%d", (int)getpid(), r);
-    snprintf(shm_path_buf, sizeof shm_path_buf, "/dev/shm/wq.%s", qname);
+    /* WQ_TEST_PREFIX (tests/with-redis.sh): the same torture on Redis. */
+    const char *prefix = getenv("WQ_TEST_PREFIX");
+    if (!prefix)
+        prefix = "";
+    snprintf(qname, sizeof qname, "%storture-%d-%d", prefix, (int)getpid(), r);
+    if (!*prefix)
+        snprintf(shm_path_buf, sizeof shm_path_buf, "/dev/shm/wq.%s", qname);
     seed_rng(round_seed);
 
     struct wq_options o = { 0 };
     o.capacity = (uint32_t)(O.keys * 2 < 64 ? 64 : O.keys * 2) + 1024;   /* + bursts */
     o.max_key_len = KEY_LEN;
     /* Few spare slots: registration must reap dead processes' slots. */
-    o.max_procs = (uint32_t)(O.producers + O.workers + 4);
+    if (!*prefix)   /* Redis has no process table */
+        o.max_procs = (uint32_t)(O.producers + O.workers + 4);
     o.flags = WQ_CREATE | WQ_EXCL;
     /* Crash requeues go through the rate limiter: keep its delays short
        (per key 200 us doubling to 20 ms, no shared token bucket) so the
