@@ -8,7 +8,12 @@
 #     public function (tools/mkman.sh --names);
 #  3. every command in wqctl's usage (wqctl help) has an entry in the
 #     COMMANDS section of wqctl.1, and every entry there is a command;
-#  4. when groff is installed, wq.3 and wqctl.1 format without warnings.
+#  4. when groff is installed, wq.3 and wqctl.1 format without warnings;
+#  5. in a build tree (a Makefile there), the man pages that make install
+#     really installs (into a temporary DESTDIR): every libwq page cited
+#     by wqctl.1 or wq.3, name(3) for wq* and name(1) for wq*, is one of
+#     them, every link page's .so names an installed page, and man(1), if
+#     present, finds wq_add_after(3) there.
 # Also printed, and failing unless WQ_DOCS_STRICT=0: public functions
 # with no comment and constants that no comment explains.
 # Environment: top_srcdir, top_builddir (default: from $0 and ".").
@@ -132,8 +137,53 @@ else
     echo "note: groff not installed, formatting warnings not checked"
 fi
 
+# 5. What make install installs. References of both pages, any section.
+ni=0
+if [ -f "$top_builddir/Makefile" ]; then
+    dest=$tmp/dest
+    # A make of its own: not the jobserver or variables of the make that
+    # runs this test.
+    if ! (unset MAKEFLAGS MFLAGS MAKELEVEL
+          ${MAKE:-make} -s -C "$top_builddir" install-man install-man3-links \
+              DESTDIR="$dest") > "$tmp/install" 2>&1; then
+        sed 's/^/  /' "$tmp/install"
+        fail "make install-man install-man3-links DESTDIR=... failed"
+    fi
+    m3=$(find "$dest" -type d -name man3 | head -n 1)
+    mandir=${m3%/man3}
+    if [ -z "$m3" ] || [ ! -d "$mandir/man1" ]; then
+        fail "make install-man installed no man3 and man1 directories under $dest"
+    else
+        plain "$man1" "$man3" | sed -e 's/"//g' |
+            awk '{ s = $0
+                   while (match(s, /wq[A-Za-z0-9_.-]*[ ]*\([0-9][a-z]*\)/)) {
+                       r = substr(s, RSTART, RLENGTH); gsub(/[ ()]/, " ", r)
+                       split(r, w, / +/); print w[1], substr(w[2], 1, 1)
+                       s = substr(s, RSTART + RLENGTH) } }' | sort -u > "$tmp/cited"
+        while read -r page sec; do
+            ni=$((ni + 1))
+            [ -f "$mandir/man$sec/$page.$sec" ] ||
+                fail "$page($sec) is cited but make install installs no man$sec/$page.$sec"
+        done < "$tmp/cited"
+        for f in "$mandir"/man3/*.3 "$mandir"/man1/*.1; do
+            so=$(sed -n 's/^\.so[ ]*//p' "$f" | head -n 1)
+            [ -z "$so" ] || [ -f "$mandir/$so" ] ||
+                fail "installed ${f#"$mandir"/} is '.so $so', which is not installed"
+        done
+        if command -v man >/dev/null 2>&1; then
+            MANPAGER=cat MANWIDTH=80 man -M "$mandir" 3 wq_add_after > "$tmp/man" 2>&1
+            grep -q 'wq_add_after' "$tmp/man" ||
+                { sed 's/^/  /' "$tmp/man" | head; fail "man -M $mandir 3 wq_add_after does not show wq(3)"; }
+        else
+            echo "note: man not installed, 'man 3 wq_add_after' not tried"
+        fi
+    fi
+else
+    echo "note: no Makefile in $top_builddir, installed pages not checked"
+fi
+
 if [ "$status" = 0 ]; then
     echo "PASS: $nf functions and $nc constants in wq.3, $nr libwq references in wqctl.1," \
-         "$(wc -l < "$tmp/commands") wqctl commands documented"
+         "$(wc -l < "$tmp/commands") wqctl commands documented, $ni cited pages installed"
 fi
 exit $status
