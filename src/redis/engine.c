@@ -21,6 +21,7 @@
  */
 #include <errno.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -508,7 +509,15 @@ static int lease_start(rq *q)
         return rc;
     wq__rq_reply_free(&r);
     q->lt_stop = false;
-    if (pthread_create(&q->lt, NULL, lease_main, q) != 0)
+    /* The thread takes no signals: a process that blocks SIGTERM in its
+       threads to wait for it (wq_run_workers, sigwait users) would
+       otherwise be killed by its default action on our thread. */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    rc = pthread_create(&q->lt, NULL, lease_main, q);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc != 0)
         return -ENOMEM;
     q->lt_on = true;
     return 0;
