@@ -71,13 +71,13 @@ int wq_open(const char *name, const struct wq_options *opts, wq **out)
     wq__err_clear();
     if (out && redis_name(name))
         return wq__redis_open(name, opts, out);   /* checks its own options */
-    if (!out || !wq__name_ok(name))
+    if (!out)
         return -EINVAL;
-    if (opts) {
-        int rc = wq__options_check(opts);
-        if (rc < 0)
-            return rc;
-    }
+    int rc = wq__name_check(name);
+    if (rc < 0)
+        return rc;
+    if (opts && (rc = wq__options_check(opts)) < 0)
+        return rc;
     return wq__shm_open(name, opts, out);
 }
 
@@ -92,8 +92,9 @@ int wq_unlink(const char *name)
     wq__err_clear();
     if (redis_name(name))
         return wq__redis_unlink(name);
-    if (!wq__name_ok(name))
-        return -EINVAL;
+    int rc = wq__name_check(name);
+    if (rc < 0)
+        return rc;
     return wq__shm_unlink(name);
 }
 

@@ -37,6 +37,7 @@ uint64_t wq__hash64(uint64_t seed, const void *key, size_t len);
 uint64_t wq__now_mono(void);
 uint64_t wq__now_real(void);
 int wq__name_ok(const char *name);
+int wq__name_check(const char *name);   /* 0, or -EINVAL and wq_last_error */
 int wq__deadline(int64_t timeout_ns, uint64_t *deadline);
 /* wq_last_error's text: set on an error path that knows more than the
    errno (naming the object and the cause); cleared by the calls wq.h

@@ -7,9 +7,11 @@
  * differs. That costs one relaxed load per operation instead of a
  * getpid() system call.
  */
+#include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 #include <time.h>
 
 #include "internal.h"
@@ -160,6 +162,34 @@ int wq__name_ok(const char *name)
             return 0;
     }
     return n > 0;
+}
+
+/* wq__name_ok, and when the name is refused, wq_last_error says which
+   rule it breaks (a queue name is also a file name in /dev/shm: hence
+   the rule, which callers cannot guess from a bare -EINVAL). */
+int wq__name_check(const char *name)
+{
+#define NAME_RULE "a name is 1 to 200 bytes of A-Z a-z 0-9 . _ -"
+    _Static_assert(WQ_MAX_NAME_LEN == 200, "NAME_RULE says 200");
+    if (wq__name_ok(name))
+        return 0;
+    if (!name) {
+        wq__errf("queue name is NULL (" NAME_RULE ")");
+        return -EINVAL;
+    }
+    size_t n = strspn(name, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-");
+    unsigned char c = (unsigned char)name[n];
+    if (n == 0 && c == 0)
+        wq__errf("queue '': invalid name: empty (" NAME_RULE ")");
+    else if (c == 0)
+        wq__errf("queue '%.40s...': invalid name: %zu bytes (" NAME_RULE ")", name, n);
+    else if (c > 0x20 && c < 0x7f)
+        wq__errf("queue '%s': invalid name: '%c' is not allowed (" NAME_RULE ")", name, c);
+    else
+        wq__errf("queue '%s': invalid name: byte 0x%02x is not allowed (" NAME_RULE ")", name,
+                 c);
+#undef NAME_RULE
+    return -EINVAL;
 }
 
 /* deadline: UINT64_MAX for "forever", 0 for "do not block". */

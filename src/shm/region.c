@@ -24,6 +24,7 @@
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "shm.h"
@@ -280,6 +281,13 @@ static void map_view(shmq *q, unsigned char *base, size_t size, const struct wq_
     q->pub.fair = q->fair;
 }
 
+/* The queue's name in its region's path, for wq_last_error. */
+static const char *qname(const char *path)
+{
+    size_t n = strlen(SHM_DIR "/" SHM_PREFIX);
+    return strncmp(path, SHM_DIR "/" SHM_PREFIX, n) == 0 ? path + n : path;
+}
+
 /* Build a new region from the options (and its store) and link it at
    path: -EEXIST if one appeared meanwhile. */
 int wq__region_create(const char *path, const struct wq_options *opts)
@@ -322,11 +330,22 @@ int wq__region_create(const char *path, const struct wq_options *opts)
     int fd = create_tmp((mode_t)c.mode, tmpname, sizeof tmpname);
     if (fd < 0) {
         rc = fd;
+        wq__errf("queue '%s': cannot make its region in " SHM_DIR ": %s", qname(path),
+                 rc == -ENOSPC ? "no room left (no free inode)" : strerror(-rc));
         goto out_img;
     }
     rc = posix_fallocate(fd, 0, (off_t)g.total_size);
     if (rc != 0) {
+        /* Not "queue is full": the queue does not exist yet. */
         rc = (rc == EFBIG || rc == ENOSPC) ? -ENOSPC : -rc;
+        struct statvfs vfs;
+        if (rc == -ENOSPC && fstatvfs(fd, &vfs) == 0)
+            wq__errf("queue '%s': no room in " SHM_DIR " for its region: it needs %llu "
+                     "bytes, %llu are free", qname(path), (unsigned long long)g.total_size,
+                     (unsigned long long)vfs.f_bavail * vfs.f_frsize);
+        else
+            wq__errf("queue '%s': cannot reserve its region in " SHM_DIR " (%llu bytes): %s",
+                     qname(path), (unsigned long long)g.total_size, strerror(-rc));
         goto out;
     }
     void *base = mmap(NULL, g.total_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -362,20 +381,46 @@ out_img:
     return rc;
 }
 
+/* wq_last_error for a region that fails validation: what is wrong with
+   it, as far as its header can be trusted to tell. */
+static void bad_region(const char *path, const struct wq_geom *g, uint64_t size)
+{
+    if (g->magic != WQ_MAGIC)
+        wq__errf("queue '%s': %s is not a libwq region (no libwq magic)", qname(path), path);
+    else if (g->version != WQ_LAYOUT_VER)
+        wq__errf("queue '%s': %s is a region of layout version %u; this libwq reads version %u",
+                 qname(path), path, (unsigned)g->version, (unsigned)WQ_LAYOUT_VER);
+    else if (g->hdr_size == sizeof(struct wq_hdr) &&
+             g->checksum == wq__fnv1a(g, offsetof(struct wq_geom, checksum)) &&
+             g->total_size != size)
+        wq__errf("queue '%s': %s is truncated or damaged: %llu bytes, its header says %llu",
+                 qname(path), path, (unsigned long long)size,
+                 (unsigned long long)g->total_size);
+    else
+        wq__errf("queue '%s': %s is damaged: its header fails validation", qname(path), path);
+}
+
 /* Map and validate the region at path into q. */
 int wq__region_attach(shmq *q, const char *path)
 {
     struct stat st;
     int fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
-    if (fd < 0)
-        return errno == ELOOP ? -EPROTO : -errno;
+    if (fd < 0) {
+        if (errno != ELOOP)
+            return -errno;
+        wq__errf("queue '%s': %s is a symbolic link, not a libwq region", qname(path), path);
+        return -EPROTO;
+    }
     int rc = -EPROTO;
     if (fstat(fd, &st) < 0) {
         rc = -errno;
         goto out;
     }
-    if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size < sizeof(struct wq_hdr))
+    if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size < sizeof(struct wq_hdr)) {
+        wq__errf("queue '%s': %s is not a libwq region (%s)", qname(path), path,
+                 S_ISREG(st.st_mode) ? "shorter than a region's header" : "not a file");
         goto out;
+    }
     void *base = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (base == MAP_FAILED) {
         rc = -errno;
@@ -386,6 +431,7 @@ int wq__region_attach(shmq *q, const char *path)
     rc = wq__region_validate(&g, (uint64_t)st.st_size);
     if (rc < 0) {
         munmap(base, (size_t)st.st_size);
+        bad_region(path, &g, (uint64_t)st.st_size);
         goto out;
     }
     map_view(q, base, (size_t)st.st_size, &g);

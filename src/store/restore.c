@@ -96,20 +96,31 @@ static int store_err(int rc, const char *dir, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(what, sizeof what, fmt, ap);
     va_end(ap);
-    wq__errf("store %s: %s", dir, what);
+    wq__errf("store '%s': %s", dir, what);
     return rc;
 }
 
-static bool exists(const char *dir, const char *file, off_t *size)
+/* dir/file: 0 when it is there (its size in *size), -ENOENT when it is
+   not, else why it cannot be looked at (-EACCES: a directory we may not
+   search). A dangling symbolic link is -ENOENT with its target in
+   link (else link is ""): LMDB would create that target, somewhere
+   nobody meant, so the callers refuse it by name. */
+static int look(const char *dir, const char *file, off_t *size, char *link, size_t linkcap)
 {
     char p[PATH_MAX + 32];
     struct stat sb;
     snprintf(p, sizeof p, "%s/%s", dir, file);
-    if (stat(p, &sb) < 0)
-        return false;
+    link[0] = 0;
+    if (stat(p, &sb) < 0) {
+        int err = errno;
+        ssize_t n;
+        if (err == ENOENT && (n = readlink(p, link, linkcap - 1)) >= 0)
+            link[n] = 0;
+        return -err;
+    }
     if (size)
         *size = sb.st_size;
-    return true;
+    return 0;
 }
 
 /*
@@ -145,6 +156,37 @@ static int verify(const char *dir, struct wq_store_img *img)
     return 0;
 }
 
+/* wq__store_mkdir failed: say why, and for a missing parent, which. */
+static int mkdir_err(int rc, const char *dir)
+{
+    char parent[PATH_MAX];
+    struct stat sb;
+    snprintf(parent, sizeof parent, "%s", dir);
+    size_t n = strlen(parent);
+    while (n > 1 && parent[n - 1] == '/')
+        parent[--n] = 0;
+    char *slash = strrchr(parent, '/');
+    if (!slash)
+        snprintf(parent, sizeof parent, ".");
+    else
+        slash[slash == parent] = 0;   /* "/x" -> "/" */
+    if (rc == -ENOENT && stat(parent, &sb) < 0 && errno == ENOENT)
+        return store_err(rc, dir, "cannot make the directory: its parent '%s' does not exist",
+                         parent);
+    return store_err(rc, dir, "cannot make the directory: %s", strerror(-rc));
+}
+
+/* The store's LMDB environment, made if need be: failures named. */
+static int env_open(const char *abs, mode_t mode)
+{
+    struct wq_env *e;
+    int rc = wq__lmdb_env(abs, mode, true, &e);
+    if (rc < 0)
+        store_err(rc, abs, "opening the environment: %s",
+                  rc == -EUCLEAN ? "not an LMDB environment" : strerror(-rc));
+    return rc;
+}
+
 int wq__store_prepare(const struct wq_options *o, struct wq_options *eff, char *abs,
                       size_t abslen, struct wq_store_img *img)
 {
@@ -154,28 +196,45 @@ int wq__store_prepare(const struct wq_options *o, struct wq_options *eff, char *
     if (eff != o)
         *eff = *o;
     if (strlen(o->store_path) >= abslen - 1)
-        return -ENAMETOOLONG;
+        return store_err(-ENAMETOOLONG, o->store_path, "path too long (at most %zu bytes)",
+                         abslen - 2);
     if (!restore && (rc = wq__store_mkdir(o->store_path, mode)) < 0)
-        return store_err(rc, o->store_path, "cannot make the directory: %s",
-                         strerror(-rc));
-    if (!realpath(o->store_path, abs))
-        return restore && errno == ENOENT ? -ENODATA : -errno;
+        return mkdir_err(rc, o->store_path);
+    if (!realpath(o->store_path, abs)) {
+        rc = -errno;
+        if (restore && rc == -ENOENT)   /* never make a store of a mistyped path */
+            return store_err(-ENODATA, o->store_path, "no such directory: nothing to restore");
+        return store_err(rc, o->store_path, "%s", strerror(-rc));
+    }
     struct stat sb;
     if (stat(abs, &sb) < 0)
-        return -errno;
+        return store_err(-errno, abs, "%s", strerror(errno));
     if (!S_ISDIR(sb.st_mode))
         return store_err(-ENOTDIR, abs, "not a directory");
     off_t size = 0;
-    bool marker = exists(abs, WQ_STORE_MARKER, NULL);
-    bool data = exists(abs, "data.mdb", &size);
+    char link[PATH_MAX];
+    int mrc = look(abs, WQ_STORE_MARKER, NULL, link, sizeof link);
+    int drc = look(abs, "data.mdb", &size, link, sizeof link);
+    if (mrc == -EACCES || drc == -EACCES)
+        return store_err(-EACCES, abs, "permission denied (the directory cannot be searched)");
+    if (mrc < 0 && mrc != -ENOENT)
+        return store_err(mrc, abs, "cannot look at %s: %s", WQ_STORE_MARKER, strerror(-mrc));
+    if (drc < 0 && drc != -ENOENT)
+        return store_err(drc, abs, "cannot look at data.mdb: %s", strerror(-drc));
+    bool marker = mrc == 0, data = drc == 0;
+    if (link[0] && marker)
+        return store_err(-EUCLEAN, abs, "it held a queue (%s is there) but data.mdb is a "
+                         "symbolic link to '%s', which does not exist", WQ_STORE_MARKER, link);
+    if (link[0])
+        return store_err(restore ? -ENODATA : -ENOENT, abs, "data.mdb is a symbolic link to "
+                         "'%s', which does not exist", link);
     if (marker && (!data || size == 0))
         return store_err(-EUCLEAN, abs, "it held a queue (%s is there) but data.mdb is %s",
                          WQ_STORE_MARKER, data ? "empty" : "missing");
     if (!data || size == 0) {
-        if (restore)
-            return -ENODATA;   /* never make a store out of a mistyped path */
-        struct wq_env *e;
-        return wq__lmdb_env(abs, mode, true, &e);   /* a new store */
+        if (restore)   /* never make a store out of a mistyped path */
+            return store_err(-ENODATA, abs, "holds no store (no data.mdb): nothing to restore");
+        return env_open(abs, mode);   /* a new store */
     }
     /* A store nothing has vouched for yet: read it without trusting it. */
     char why[256];
@@ -189,7 +248,8 @@ int wq__store_prepare(const struct wq_options *o, struct wq_options *eff, char *
             return store_err(-EUCLEAN, abs, "it held a queue (%s is there) but data.mdb "
                              "holds none", WQ_STORE_MARKER);
         if (restore)
-            return -ENODATA;
+            return store_err(-ENODATA, abs, "holds no store (data.mdb holds no queue): "
+                             "nothing to restore");
     } else {
         options_from_meta(eff, &img->meta);
         /* The stored settings obey the options' rules, or the store is
@@ -198,8 +258,7 @@ int wq__store_prepare(const struct wq_options *o, struct wq_options *eff, char *
             return store_err(-EUCLEAN, abs, "its meta record holds settings wq_open "
                              "would refuse");
     }
-    struct wq_env *e;   /* sound: now this process may open it */
-    return wq__lmdb_env(abs, mode, true, &e);
+    return env_open(abs, mode);   /* sound: now this process may open it */
 }
 /* A store written by version 1 (no checksums, no counts): rewrite every
    record as version 2, in its first-add order, in the caller's txn. */

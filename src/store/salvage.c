@@ -154,17 +154,31 @@ int wq__store_salvage(const char *path, const struct wq_options *opts, wq_report
 {
     char dir[PATH_MAX], aside[PATH_MAX + 64], why[256];
     struct stat sb, db;
-    if (!realpath(path, dir))
-        return errno == ENOENT ? -ENODATA : -errno;
-    if (stat(dir, &sb) < 0)
-        return -errno;
-    if (!S_ISDIR(sb.st_mode))
+    if (!realpath(path, dir)) {
+        int err = errno;
+        wq__errf("store '%s': %s", path, err == ENOENT ? "no such directory: nothing to salvage"
+                                                       : strerror(err));
+        return err == ENOENT ? -ENODATA : -err;
+    }
+    if (stat(dir, &sb) < 0) {
+        int err = errno;
+        wq__errf("store '%s': %s", dir, strerror(err));
+        return -err;
+    }
+    if (!S_ISDIR(sb.st_mode)) {
+        wq__errf("store '%s': not a directory", dir);
         return -ENOTDIR;
+    }
     char data[PATH_MAX + 16];
     snprintf(data, sizeof data, "%s/data.mdb", dir);
-    if (stat(data, &db) < 0 || db.st_size == 0) {
-        wq__errf("store %s: data.mdb is %s: nothing to salvage", dir,
-                 errno == ENOENT ? "missing" : "empty");
+    int err = stat(data, &db) < 0 ? errno : 0;
+    if (err && err != ENOENT) {
+        wq__errf("store '%s': cannot look at data.mdb: %s", dir, strerror(err));
+        return -err;
+    }
+    if (err == ENOENT || db.st_size == 0) {
+        wq__errf("store '%s': data.mdb is %s: nothing to salvage", dir,
+                 err == ENOENT ? "missing" : "empty");
         return -ENODATA;
     }
     struct wq_store_img img;
@@ -207,18 +221,18 @@ int wq__store_salvage(const char *path, const struct wq_options *opts, wq_report
         snprintf(aside, sizeof aside, "%s.damaged-%s-%d", dir, stamp, i);
     if (rename(dir, aside) < 0) {
         rc = -errno;
-        wq__errf("store %s: cannot move it aside to %s: %s", dir, aside, strerror(errno));
+        wq__errf("store '%s': cannot move it aside to %s: %s", dir, aside, strerror(errno));
         goto out;
     }
     if (mkdir(dir, sb.st_mode & 0777) < 0 || chmod(dir, sb.st_mode & 0777) < 0) {
         rc = -errno;
-        wq__errf("store %s: cannot make the new store (the damaged one is at %s): %s", dir,
+        wq__errf("store '%s': cannot make the new store (the damaged one is at %s): %s", dir,
                  aside, strerror(errno));
         goto out;
     }
     mode_t mode = db.st_mode & 0666;
     if ((rc = write_store(dir, mode, &img, &m)) < 0) {
-        wq__errf("store %s: writing the salvaged records failed: %s (the damaged store is "
+        wq__errf("store '%s': writing the salvaged records failed: %s (the damaged store is "
                  "at %s)", dir, wq_strerror(rc), aside);
         goto out;
     }
@@ -231,7 +245,7 @@ int wq__store_salvage(const char *path, const struct wq_options *opts, wq_report
         rc = img.n > INT32_MAX ? INT32_MAX : (int)img.n;
 out:
     if (rc < 0 && !wq_last_error()[0])
-        wq__errf("store %s: %s", dir, why[0] ? why : wq_strerror(rc));
+        wq__errf("store '%s': %s", dir, why[0] ? why : wq_strerror(rc));
     wq__store_img_free(&img);
     return rc;
 }
