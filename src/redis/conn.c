@@ -239,7 +239,11 @@ static int ask(rq *q, const struct rq_addr *a, int argc, const char *const *argv
     redisAppendCommand(c, "ASKING");
     redisAppendCommandArgv(c, argc, (const char **)argv, lens);
     redisReply *r1 = NULL, *r2 = NULL;
-    if (redisGetReply(c, (void **)&r1) != REDIS_OK || redisGetReply(c, (void **)&r2) != REDIS_OK) {
+    struct rq_nopipe np;
+    wq__rq_nopipe_begin(&np);
+    bool ok = redisGetReply(c, (void **)&r1) == REDIS_OK && redisGetReply(c, (void **)&r2) == REDIS_OK;
+    wq__rq_nopipe_end(&np, !ok);
+    if (!ok) {
         rc = conn_err(a, c, errno);
     } else {
         *out = r2;
@@ -275,7 +279,10 @@ static int cmd(rq *q, struct rq_conn *c, int argc, const char *const *argv, cons
             sleep_ms(100);
             continue;
         }
+        struct rq_nopipe np;
+        wq__rq_nopipe_begin(&np);
         redisReply *r = redisCommandArgv(c->c, argc, (const char **)argv, lens);
+        wq__rq_nopipe_end(&np, !r);
         if (!r) {
             rc = conn_err(&c->at, c->c, errno);
             wq__rq_conn_close(c);
@@ -326,6 +333,30 @@ int wq__rq_cmd(rq *q, struct rq_conn *c, int argc, const char *const *argv,
                const size_t *lens, redisReply **out)
 {
     return cmd(q, c, argc, argv, lens, out, NULL);
+}
+
+/* hiredis 0.14 writes with write(2): a server that closed the connection
+   raises SIGPIPE, whose default action would kill the program. */
+void wq__rq_nopipe_begin(struct rq_nopipe *s)
+{
+    sigset_t p, pend;
+    sigemptyset(&p);
+    sigaddset(&p, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &p, &s->old);
+    s->pending = sigpending(&pend) == 0 && sigismember(&pend, SIGPIPE);
+}
+
+void wq__rq_nopipe_end(struct rq_nopipe *s, bool failed)
+{
+    if (failed && !s->pending) {
+        sigset_t p;
+        struct timespec zero = { 0, 0 };
+        sigemptyset(&p);
+        sigaddset(&p, SIGPIPE);
+        while (sigtimedwait(&p, NULL, &zero) > 0)
+            ;
+    }
+    pthread_sigmask(SIG_SETMASK, &s->old, NULL);
 }
 
 void wq__rq_timeout(struct rq_conn *c, uint64_t ms)

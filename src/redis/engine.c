@@ -943,9 +943,13 @@ static int timed_wait(rq *q, struct rq_conn *c, const char *key, uint64_t ms)
     int done = 0;
     if (redisAppendCommandArgv(c->c, 3, a, NULL) != REDIS_OK)
         goto io;
-    while (!done)
-        if (redisBufferWrite(c->c, &done) != REDIS_OK)
-            goto io;
+    struct rq_nopipe np;
+    wq__rq_nopipe_begin(&np);
+    while (!done && redisBufferWrite(c->c, &done) == REDIS_OK)
+        ;
+    wq__rq_nopipe_end(&np, !done);
+    if (!done)
+        goto io;
     struct pollfd pfd = { .fd = c->c->fd, .events = POLLIN };
     int n;
     do
@@ -1686,7 +1690,10 @@ static int list_node(const struct rq_url *u, const struct rq_addr *a,
         return rc;
     char cursor[32] = "0";
     do {
+        struct rq_nopipe np;
+        wq__rq_nopipe_begin(&np);
         redisReply *r = redisCommand(c, "SCAN %s MATCH wq:{*}:m COUNT 1000", cursor);
+        wq__rq_nopipe_end(&np, !r);
         if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
             r->element[0]->type != REDIS_REPLY_STRING ||
             r->element[1]->type != REDIS_REPLY_ARRAY || r->element[0]->len >= sizeof cursor) {

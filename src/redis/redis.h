@@ -18,6 +18,7 @@
 #define WQ_REDIS_H
 
 #include <pthread.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <hiredis/hiredis.h>
@@ -123,6 +124,15 @@ int wq__rq_int(const struct rq_reply *r, size_t i, long long *v);
 int wq__rq_str(const struct rq_reply *r, size_t i, const char **s, size_t *len);
 /* A command timeout for the next command on c (BLPOP: its own wait). */
 void wq__rq_timeout(struct rq_conn *c, uint64_t ms);
+/* Around a hiredis call that writes: SIGPIPE blocked in this thread, and
+   the one a write to a closed connection raised (failed: the call
+   failed) consumed before the mask is restored. */
+struct rq_nopipe {
+    sigset_t old;
+    bool pending;   /* one was pending before: not ours to consume */
+};
+void wq__rq_nopipe_begin(struct rq_nopipe *s);
+void wq__rq_nopipe_end(struct rq_nopipe *s, bool failed);
 /* The first node that answers, for queue-less calls (wq_list_at). */
 int wq__rq_connect_addr(const struct rq_url *u, const struct rq_addr *a, redisContext **out);
 
