@@ -57,6 +57,8 @@ static const struct opt_def opt_defs[O_COUNT] = {
     [O_TENANT_SEP]  = { "tenant-sep", true, 0 },
     [O_PRIORITY]    = { "priority", true, 0 },
     [O_SALVAGE]     = { "salvage", false, 0 },
+    [O_ALL]         = { "all", false, 0 },
+    [O_LISTEN]      = { "listen", true, 0 },
     [O_HELP]        = { "help", false, 'h' },
 };
 

@@ -3,16 +3,18 @@
  *
  * Design note. main.c owns the command table, dispatch and the help
  * texts; the commands live in files by group (create.c, inspect.c,
- * metrics.c, keys.c, work.c), their shared pieces in args.c, out.c and
- * queue.c (wqctl.h says what crosses files). One small function per
- * command, dispatched from the `commands` table; a table-driven argument
- * parser (`parse_args`) checks options and positional counts before a
- * command runs, so every command body starts from validated input. The
+ * metrics.c with its HTTP server http.c, keys.c, work.c), their shared
+ * pieces in args.c, out.c and queue.c (wqctl.h says what crosses
+ * files). One small function per command, dispatched from the
+ * `commands` table; a table-driven argument parser (`parse_args`)
+ * checks options and positional counts before a command runs, so every
+ * command body starts from validated input. The
  * tool uses nothing but <wq.h> (and the C library: CLOCK_MONOTONIC, the
  * clock of wq_key_info.ready_ns, to show how soon a waiting key is
  * ready; stat(2), for `restore` to tell a missing store directory from
  * one that holds no store; and, for `work`, the POSIX and Linux process calls it needs to
- * run commands: see the note in work.c).
+ * run commands: see the note in work.c; libmicrohttpd and sockets for
+ * `metrics --listen`: see http.c).
  *
  * Two rules shape the code:
  *   - Callbacks that run under the region lock (wq_dump, wq_check_report)
@@ -110,9 +112,10 @@ static const struct command commands[] = {
     { "dump", cmd_dump, OPT(O_JSON), 1, 1, 0,
       "NAME [--json]",
       "list every key with its state" },
-    { "metrics", cmd_metrics, 0, 1, SIZE_MAX, 0,
-      "NAME...",
-      "print metrics in the Prometheus text format" },
+    { "metrics", cmd_metrics, OPT(O_ALL) | OPT(O_LISTEN), 0, SIZE_MAX, 0,
+      "{NAME... | --all}\n"
+      "       wqctl metrics --listen HOST:PORT [NAME... | --all]",
+      "print or serve (--listen) metrics for Prometheus" },
     { "check", cmd_check, OPT(O_REPAIR) | OPT(O_JSON), 1, 1, 0,
       "NAME [--repair] [--json]",
       "verify (and repair) a queue's invariants" },

@@ -59,6 +59,8 @@ enum opt_id {
     O_TENANT_SEP,
     O_PRIORITY,
     O_SALVAGE,
+    O_ALL,
+    O_LISTEN,
     O_HELP,
     O_COUNT
 };
@@ -158,8 +160,32 @@ int cmd_dump(const struct args *a);
 int cmd_result(const struct args *a);
 int cmd_check(const struct args *a);
 
-/* metrics.c */
+/* metrics.c: the exposition, for the text command and the HTTP server */
 int cmd_metrics(const struct args *a);
+
+/* How metrics_scrape tells of each queue: err 0 and msg "" once read;
+   else the negative errno and why, in words (the queue is left out).
+   Non-zero stops the scrape. */
+typedef int (*scrape_report_fn)(const char *name, int err, const char *msg,
+                                void *arg);
+
+/*
+ * One scrape of names[0..n), or, when names is NULL, of every queue on
+ * this machine (wq_list, at this call; sorted by name; a queue removed
+ * between the listing and its reading is left out without a report).
+ * Each queue is passed to report, when not NULL. Thread safe. Returns 0
+ * with the exposition in *text (*len bytes, malloc'd, not
+ * NUL-terminated; empty when no queue was read), or a negative errno:
+ * -ENOMEM, wq_list's error, or -ECANCELED (report said stop).
+ */
+int metrics_scrape(char **names, size_t n, scrape_report_fn report,
+                   void *arg, char **text, size_t *len);
+
+/* http.c: metrics --listen. names NULL: every queue, at each scrape.
+   Returns when SIGINT or SIGTERM comes (EXIT_OK), or the exit status of
+   a usage error or a failure to listen, already reported. */
+int metrics_listen(const char *listen, char **names, size_t n,
+                   const struct command *c);
 
 /* keys.c */
 int cmd_add(const struct args *a);
