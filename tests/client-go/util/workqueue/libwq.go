@@ -52,6 +52,7 @@ import (
 	"os"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -140,6 +141,11 @@ func NewTypedWithConfig[T any](config TypedQueueConfig[T]) *Typed[T] {
 	if prefix == "" {
 		prefix = "t-client-go"
 	}
+	// Under tests/with-redis.sh: the queues live on its private server.
+	redis := strings.HasPrefix(os.Getenv("WQ_TEST_PREFIX"), "redis://")
+	if redis {
+		prefix = os.Getenv("WQ_TEST_PREFIX") + prefix
+	}
 	name := fmt.Sprintf("%s-%d-%d", prefix, os.Getpid(), queueSeq.Add(1))
 	cname := C.CString(name)
 	defer C.free(unsafe.Pointer(cname))
@@ -149,9 +155,13 @@ func NewTypedWithConfig[T any](config TypedQueueConfig[T]) *Typed[T] {
 	if rc := C.wq_open(cname, &o, &h); rc < 0 {
 		fail("wq_open "+name, rc)
 	}
-	if rc := C.wq_unlink(cname); rc < 0 {
-		C.wq_close(h)
-		fail("wq_unlink "+name, rc)
+	// Unlinked at once: nothing is left behind whatever the test does. A
+	// Redis queue's unlink deletes it (the server goes away at the end).
+	if !redis {
+		if rc := C.wq_unlink(cname); rc < 0 {
+			C.wq_close(h)
+			fail("wq_unlink "+name, rc)
+		}
 	}
 	maxKey := int(C.wq_max_key_len(h))
 	if maxKey <= 0 {
