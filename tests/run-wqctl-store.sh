@@ -98,12 +98,12 @@ ok
 expect_rc 1 "$WQCTL" create "$P" --store "$DIR/p"     # exists
 # A store must be there: restore does not make an empty one.
 expect_rc 1 "$WQCTL" restore "$X" --store "$DIR/missing"
-has_re "wqctl: restore: store '.*/missing': No such file or directory"
+has_line "wqctl: store '$DIR/missing': no such directory: nothing to restore"
 [ ! -e "$DIR/missing" ] || fail "restore made a store"
 ok
 mkdir "$DIR/empty"
 expect_rc 1 "$WQCTL" restore "$X" --store "$DIR/empty"
-has_re ".*holds no store.*"
+has_re "wqctl: store '.*/empty': holds no store (no data.mdb): nothing to restore"
 expect_rc 1 "$WQCTL" stat "$X"
 # create over a store that holds keys restores them too, and says so.
 expect_rc 0 "$WQCTL" rm "$P"
@@ -166,7 +166,7 @@ ok
 # A queue without a store has nothing to snapshot.
 expect_rc 0 "$WQCTL" create "$D" --capacity 10
 expect_rc 1 "$WQCTL" snapshot "$D"
-has_line "wqctl: queue '$D': no store to write to (wqctl create --store DIR)"
+has_line "wqctl: queue '$D': snapshot: the queue has no store (it was created without --store)"
 run "$WQCTL" stat "$D"
 has_re 'store  *no'
 has_re 'durability  *-'
@@ -252,8 +252,8 @@ off=$(grep -obUa WQR2 "$DIR/s/data.mdb" | tail -1 | cut -d: -f1)
 printf '\001' | dd of="$DIR/s/data.mdb" bs=1 seek=$((off + 8)) conv=notrunc 2>/dev/null ||
     fail "cannot damage the store"
 expect_rc 1 "$WQCTL" restore "$S" --store "$DIR/s"
-has_re "wqctl: restore: store .*/s: 1 damaged record (the record of key 's[1-5]': record checksum mismatch)"
-has_line "wqctl: restore --salvage keeps what verifies and moves the damaged store aside"
+has_re "wqctl: store '.*/s': 1 damaged record (the record of key 's[1-5]': record checksum mismatch)"
+has_line "wqctl: 'wqctl restore $S --store $DIR/s --salvage' keeps what verifies and moves the damaged store aside"
 expect_rc 1 "$WQCTL" stat "$S"                          # nothing was built
 expect_rc 0 "$WQCTL" restore "$S" --store "$DIR/s" --salvage
 has_re "wqctl: salvage: dropped the record of key 's[1-5]': record checksum mismatch"
@@ -266,7 +266,7 @@ expect_rc 0 "$WQCTL" rm "$S"
 # A store whose data.mdb is gone is not an empty queue.
 rm "$DIR/s/data.mdb"
 expect_rc 1 "$WQCTL" restore "$S" --store "$DIR/s"
-has_re "wqctl: restore: store .*/s: it held a queue (libwq-store is there) but data.mdb is missing"
+has_re "wqctl: store '.*/s': it held a queue (libwq-store is there) but data.mdb is missing"
 
 # ---- usage errors --------------------------------------------------------
 expect_rc 2 "$WQCTL" create "$X" --store "$DIR/x" --durability bogus

@@ -14,7 +14,6 @@
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 /* ------------------------------------------------------------------ */
@@ -237,6 +236,8 @@ static int create_options(const struct args *a, struct wq_options *o)
     return EXIT_OK;
 }
 
+static int store_error(const char *name, const char *dir, int err);
+
 /* wq_list callback: is this the queue named arg? */
 static int match_name(const char *name, void *arg)
 {
@@ -274,7 +275,7 @@ int cmd_create(const struct args *a)
 
     rc = wq_open(name, &o, &q);
     if (rc < 0)
-        return queue_error(name, NULL, rc);
+        return store_error(name, o.store_path, rc);
     /* A new queue over a store that holds keys is built from them (the
        library restores whenever it creates a region): say so. With --exist-ok the
        queue may have been there already, and nothing was restored. */
@@ -307,31 +308,22 @@ static void salvage_line(const char *what, void *arg)
     fprintf(stderr, "wqctl: salvage: %s\n", what);
 }
 
-/* The store in DIR is damaged (or cannot be salvaged): the library says
-   what is wrong with it; point at the way out. */
-static int store_error(const char *cmd, const char *dir, int err)
+/* wq_open (or wq_store_salvage) with store DIR failed: fail() names the
+   store or the queue, whichever is at fault; a damaged store gets the
+   way out that keeps what still verifies. */
+static int store_error(const char *name, const char *dir, int err)
 {
-    const char *why = wq_last_error();
-    if (why[0])
-        fprintf(stderr, "wqctl: %s: %s\n", cmd, why);
-    else
-        fprintf(stderr, "wqctl: %s: store '%s': %s\n", cmd, dir, wq_strerror(err));
-    if (err == -EUCLEAN && strcmp(cmd, "restore") == 0)
-        fputs("wqctl: restore --salvage keeps what verifies and moves the damaged "
-              "store aside\n", stderr);
-    return EXIT_FAIL;
-}
+    struct ectx c = { .queue = name, .store = dir, .detail = true };
 
-/* The library found no store in DIR (WQ_RESTORE: -ENODATA): say whether
-   the directory itself is missing or merely holds no store. */
-static int no_store_error(const char *dir)
-{
-    struct stat sb;
-    int err = stat(dir, &sb) < 0 ? errno : !S_ISDIR(sb.st_mode) ? ENOTDIR : 0;
-    if (err)
-        fprintf(stderr, "wqctl: restore: store '%s': %s\n", dir, strerror(err));
-    else
-        fprintf(stderr, "wqctl: restore: '%s' holds no store (nothing to restore)\n", dir);
+    fail(&c, err);
+    if (err == -EUCLEAN && dir) {
+        fputs("wqctl: 'wqctl restore ", stderr);
+        put_text(stderr, name, strlen(name));
+        fputs(" --store ", stderr);
+        put_text(stderr, dir, strlen(dir));
+        fputs(" --salvage' keeps what verifies and moves the damaged store "
+              "aside\n", stderr);
+    }
     return EXIT_FAIL;
 }
 
@@ -361,20 +353,17 @@ int cmd_restore(const struct args *a)
 
     if (a->val[O_SALVAGE]) {
         int kept = wq_store_salvage(o.store_path, &o, salvage_line, NULL);
-        if (kept == -ENODATA)
-            return no_store_error(o.store_path);
-        if (kept < 0)
-            return store_error("restore --salvage", o.store_path, kept);
+        if (kept < 0) {
+            struct ectx c = { .queue = name, .store = o.store_path,
+                              .detail = true };
+            return fail(&c, kept);   /* no second salvage advice */
+        }
     }
     rc = wq_open(name, &o, &q);
     if (rc == -EEXIST)
         return queue_exists_error(name);
-    if (rc == -ENODATA)
-        return no_store_error(o.store_path);
-    if (rc == -EUCLEAN)
-        return store_error("restore", o.store_path, rc);
     if (rc < 0)
-        return queue_error(name, "restore", rc);
+        return store_error(name, o.store_path, rc);
     if ((rc = queue_stats(q, name, &st)) != EXIT_OK)
         return rc;
     wq_close(q);
@@ -394,11 +383,14 @@ int cmd_snapshot(const struct args *a)
     wq_close(q);
     if (n == -ENOENT) {
         queue_msg(name);
-        fputs("no store to write to (wqctl create --store DIR)\n", stderr);
+        fputs("snapshot: the queue has no store (it was created without "
+              "--store)\n", stderr);
         return EXIT_FAIL;
     }
-    if (n < 0)
-        return queue_error(name, "snapshot", n);
+    if (n < 0) {
+        struct ectx c = { .queue = name, .what = "snapshot", .detail = true };
+        return fail(&c, n);
+    }
     printf("wrote %d record%s\n", n, n == 1 ? "" : "s");
     return EXIT_OK;
 }

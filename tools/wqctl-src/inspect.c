@@ -253,10 +253,10 @@ static void print_stats_text(const char *name, const struct wq_stats *st,
     printf("queued_by_tenant\n");
     for (size_t i = 0; i < fv->ntenant && i < STAT_TOP_TENANTS; i++) {
         const struct fair_group *g = &fv->tenant[i];
-        size_t w = text_width(g->tenant, g->tenant_len);
+        size_t w = key_width(g->tenant, g->tenant_len);
 
         fputs("  ", stdout);
-        put_text(stdout, g->tenant, g->tenant_len);
+        put_key(stdout, g->tenant, g->tenant_len);
         printf("%*s %" PRIu64 "\n", w < 19 ? (int)(19 - w) : 0, "", g->n);
     }
     if (fv->ntenant > STAT_TOP_TENANTS)
@@ -330,6 +330,8 @@ int cmd_stat(const struct args *a)
     wq *q;
     int rc, err = 0;
 
+    if ((rc = set_key_output(a)) != EXIT_OK)
+        return rc;
     if ((rc = open_queue(name, &q)) != EXIT_OK)
         return rc;
     if ((rc = queue_stats(q, name, &st)) != EXIT_OK)
@@ -401,8 +403,10 @@ static void ls_print_text(const struct ls_row *rows, size_t n)
 
         put_text(stdout, r->name, strlen(r->name));
         printf("%*s", (int)(w - tw), "");
+        struct ectx c = { .queue = r->name };
+
         if (r->err < 0)
-            printf(" error: %s\n", wq_strerror(r->err));
+            printf(" error: %s\n", err_cause(&c, r->err));
         else
             printf(" %10" PRIu64 " %10" PRIu64 " %10" PRIu64 " %10" PRIu64
                    " %9" PRIu64 "\n", r->st.queued, r->st.processing,
@@ -419,8 +423,10 @@ static void ls_print_json(const struct ls_row *rows, size_t n)
         printf("%s{\"name\":", i ? "," : "");
         put_json_str(stdout, r->name);
         if (r->err < 0) {
+            struct ectx c = { .queue = r->name };
+
             printf(",\"error\":");
-            put_json_str(stdout, wq_strerror(r->err));
+            put_json_str(stdout, err_cause(&c, r->err));
         } else {
             printf(",\"queued\":%" PRIu64 ",\"processing\":%" PRIu64
                    ",\"live\":%" PRIu64 ",\"capacity\":%" PRIu64
@@ -576,7 +582,7 @@ static size_t tenant_width(const struct dump_list *l)
     size_t w = 6;
 
     for (size_t i = 0; i < l->n; i++) {
-        size_t tw = text_width(l->v[i].key, l->v[i].tenant_len);
+        size_t tw = key_width(l->v[i].key, l->v[i].tenant_len);
 
         if (tw > w)
             w = tw;
@@ -589,8 +595,8 @@ static void dump_fair_columns(const struct dump_rec *r, size_t tw)
 {
     printf("%-8d %-10" PRIu32 " ", r->priority, r->seq);
     if (r->tenant_len) {
-        put_text(stdout, r->key, r->tenant_len);
-        printf("%*s ", (int)(tw - text_width(r->key, r->tenant_len)), "");
+        put_key(stdout, r->key, r->tenant_len);
+        printf("%*s ", (int)(tw - key_width(r->key, r->tenant_len)), "");
     } else {
         printf("%-*s ", (int)tw, "-");
     }
@@ -604,7 +610,7 @@ static void dump_print_text(const struct dump_list *l, uint64_t now, bool fair)
            "OWNER", "READY", "FAILURES", "RESULT", "CODE");
     if (fair)
         printf("%-8s %-10s %-*s ", "PRIORITY", "SEQ", (int)tw, "TENANT");
-    printf("KEY\n");
+    printf("KEY%c", key_end());
     for (size_t i = 0; i < l->n; i++) {
         const struct dump_rec *r = &l->v[i];
         char state[64] = "", ready[32], code[16] = "-";
@@ -636,8 +642,8 @@ static void dump_print_text(const struct dump_list *l, uint64_t now, bool fair)
         printf("%-9s %-5s ", result_state_name(r->result), code);
         if (fair)
             dump_fair_columns(r, tw);
-        put_text(stdout, r->key, r->len);
-        putchar('\n');
+        put_key(stdout, r->key, r->len);
+        putchar(key_end());
     }
 }
 
@@ -701,6 +707,8 @@ int cmd_dump(const struct args *a)
     wq *q;
     int rc;
 
+    if ((rc = set_key_output(a)) != EXIT_OK)
+        return rc;
     if ((rc = open_queue_stats(name, &q, &st)) != EXIT_OK)
         return rc;
     rc = wq_dump(q, collect_key, &l);
@@ -752,6 +760,8 @@ int cmd_result(const struct args *a)
     wq *q;
     int rc, err;
 
+    if ((rc = set_key_output(a)) != EXIT_OK)
+        return rc;
     if ((rc = open_queue_keys(name, &q, &max_key_len)) != EXIT_OK)
         return rc;
     if ((rc = check_keys(max_key_len, a->pos + 1, 1)) != EXIT_OK) {
@@ -760,8 +770,11 @@ int cmd_result(const struct args *a)
     }
     err = wq_result(q, key, strlen(key), &r);
     wq_close(q);
-    if (err < 0)
-        return queue_error(name, "result", err);
+    if (err < 0) {
+        struct ectx c = { .queue = name, .what = "result", .key = key,
+                          .key_len = strlen(key) };
+        return fail(&c, err);
+    }
     r.message[sizeof r.message - 1] = '\0';
     if (r.updated_ns)
         format_utc(when, sizeof when, r.updated_ns);
@@ -782,7 +795,7 @@ int cmd_result(const struct args *a)
         printf("}\n");
     } else {
         printf("%-8s ", "key");
-        put_text(stdout, key, strlen(key));
+        put_key(stdout, key, strlen(key));
         printf("\n%-8s %s\n%-8s %d\n%-8s %s\n%-8s ", "state",
                result_state_name(r.state), "code", r.code, "updated", when,
                "message");

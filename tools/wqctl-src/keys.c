@@ -239,9 +239,11 @@ int cmd_forget(const struct args *a)
     rc = check_keys(max_key_len, a->pos + 1, a->npos - 1);
     for (size_t i = 1; rc == EXIT_OK && i < a->npos; i++) {
         int err = wq_forget(q, a->pos[i], strlen(a->pos[i]));
+        struct ectx c = { .queue = name, .what = "forget", .key = a->pos[i],
+                          .key_len = strlen(a->pos[i]) };
 
         if (err < 0)
-            rc = queue_error(name, "forget", err);
+            rc = fail(&c, err);
     }
     wq_close(q);
     return rc;
@@ -258,9 +260,12 @@ int cmd_requeues(const struct args *a)
     if ((rc = open_queue_keys(name, &q, &max_key_len)) != EXIT_OK)
         return rc;
     if ((rc = check_keys(max_key_len, a->pos + 1, 1)) == EXIT_OK) {
+        struct ectx c = { .queue = name, .what = "requeues", .key = key,
+                          .key_len = strlen(key) };
+
         n = wq_num_requeues(q, key, strlen(key));
         if (n < 0)
-            rc = queue_error(name, "requeues", n);
+            rc = fail(&c, n);
         else
             printf("%d\n", n);
     }
@@ -283,6 +288,8 @@ int cmd_get(const struct args *a)
 
     if (!opt_timeout(a, 0, &timeout))
         return EXIT_USAGE;
+    if ((rc = set_key_output(a)) != EXIT_OK)
+        return rc;
     if ((rc = open_queue_keys(name, &q, &max_key_len)) != EXIT_OK)
         return rc;
     buf = malloc(max_key_len ? max_key_len : 1);
@@ -293,10 +300,15 @@ int cmd_get(const struct args *a)
 
     n = wq_get(q, buf, max_key_len, timeout);
     if (n > 0) {
-        put_text(stdout, buf, (size_t)n);
-        putchar('\n');
+        struct ectx c = { .queue = name, .what = "done", .key = buf,
+                          .key_len = (size_t)n };
+
+        /* Done before the caller's work runs: at most once (the man
+           page says so; `work` is the at-least-once way). */
+        put_key(stdout, buf, (size_t)n);
+        putchar(key_end());
         rc = wq_done(q, buf, (size_t)n);
-        rc = rc < 0 ? queue_error(name, "done", rc) : EXIT_OK;
+        rc = rc < 0 ? fail(&c, rc) : EXIT_OK;
     } else if (n == -EAGAIN || n == -ETIMEDOUT) {
         rc = EXIT_FAIL; /* empty: print nothing */
     } else {

@@ -53,6 +53,9 @@
                      OPT(O_MODE) | OPT(O_NO_METRICS) |                       \
                      OPT(O_RESULT_CAPACITY) | RL_OPTS | STORE_OPTS | FAIR_OPTS)
 
+/* How the commands that print keys print them (out.c: set_key_output). */
+#define KEY_OPTS (OPT(O_RAW) | OPT(O_ESCAPED))
+
 /* The options of `create` and `restore` after NAME in their synopses. */
 #define CREATE_SYNOPSIS                                                     \
     "                    [--result-capacity N] [--mode OCTAL] [--no-metrics]\n" \
@@ -82,8 +85,8 @@ static const struct command commands[] = {
     { "ls", cmd_ls, OPT(O_JSON), 0, 1, 0,
       "[redis://HOST[:PORT]] [--json]",
       "list the queues on this machine, or on a Redis server" },
-    { "stat", cmd_stat, OPT(O_JSON), 1, 1, 0,
-      "NAME [--json]",
+    { "stat", cmd_stat, OPT(O_JSON) | KEY_OPTS, 1, 1, 0,
+      "NAME [--json | --raw | --escaped]",
       "show a queue's counters" },
     { "add", cmd_add, OPT(O_AFTER) | OPT(O_RATE_LIMITED) | OPT(O_PRIORITY),
       2, SIZE_MAX, 0,
@@ -96,21 +99,21 @@ static const struct command commands[] = {
     { "requeues", cmd_requeues, 0, 2, 2, 0,
       "NAME [--] KEY",
       "print a key's rate limiter failure count" },
-    { "result", cmd_result, OPT(O_JSON), 2, 2, 0,
-      "NAME [--json] [--] KEY",
+    { "result", cmd_result, OPT(O_JSON) | KEY_OPTS, 2, 2, 0,
+      "NAME [--json | --raw | --escaped] [--] KEY",
       "print how a key's last run ended (wq_result)" },
-    { "get", cmd_get, OPT(O_TIMEOUT), 1, 1, 0,
-      "NAME [--timeout DUR]",
-      "take one key, print it and mark it done" },
+    { "get", cmd_get, OPT(O_TIMEOUT) | KEY_OPTS | OPT(O_NUL), 1, 1, 0,
+      "NAME [--timeout DUR] [--raw | --escaped] [-0]",
+      "take one key, print it and mark it done (at most once)" },
     { "work", cmd_work,
       OPT(O_JOBS) | OPT(O_TIMEOUT) | OPT(O_REQUEUE_STATUS) |
       OPT(O_REQUEUE_AFTER) | OPT(O_EXIT_WHEN_EMPTY), 2, SIZE_MAX, 1,
       "NAME [-j N] [--timeout DUR] [--requeue-status S]\n"
       "                  [--requeue-after DUR] [--exit-when-empty]\n"
       "                  [--] CMD [ARG...]",
-      "run CMD once per key, N at a time ({} in ARG: the key)" },
-    { "dump", cmd_dump, OPT(O_JSON), 1, 1, 0,
-      "NAME [--json]",
+      "run CMD once per key, N at a time ({}: the key, {q}: quoted)" },
+    { "dump", cmd_dump, OPT(O_JSON) | KEY_OPTS | OPT(O_NUL), 1, 1, 0,
+      "NAME [--json | [--raw | --escaped] [-0]]",
       "list every key with its state" },
     { "metrics", cmd_metrics, OPT(O_ALL) | OPT(O_LISTEN), 0, SIZE_MAX, 0,
       "{NAME... | --all}\n"

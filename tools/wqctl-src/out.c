@@ -14,6 +14,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* ------------------------------------------------------------------ */
 /* Escaping                                                            */
@@ -67,6 +68,52 @@ void put_json_str(FILE *f, const char *s)
     put_json(f, s, strlen(s));
 }
 
+/*
+ * Keys on stdout. A script wants the key's bytes as they are (what
+ * `key=$(wqctl get q)` hands back to wqctl must be the key), a person at
+ * a terminal wants to see a tab or an escape sequence rather than have it
+ * act: so raw when stdout is not a terminal and escaped (put_text) on
+ * one, as redis-cli does; --raw and --escaped force either. -0 ends each
+ * record with a NUL instead of a newline, for keys that hold newlines
+ * (and implies --raw unless --escaped is given).
+ */
+static bool keys_raw;
+static int keys_end = '\n';
+
+int set_key_output(const struct args *a)
+{
+    if (a->val[O_RAW] && a->val[O_ESCAPED])
+        return usage_error(a->cmd, "--raw and --escaped exclude each other");
+    if (a->val[O_JSON] && (a->val[O_RAW] || a->val[O_ESCAPED] || a->val[O_NUL]))
+        return usage_error(a->cmd, "--%s is for text output, not --json",
+                           a->val[O_RAW] ? "raw" : a->val[O_ESCAPED] ?
+                           "escaped" : "null (-0)");
+    keys_end = a->val[O_NUL] ? '\0' : '\n';
+    if (a->val[O_RAW] || a->val[O_ESCAPED])
+        keys_raw = a->val[O_RAW] != NULL;
+    else
+        keys_raw = a->val[O_NUL] || !isatty(STDOUT_FILENO);
+    return EXIT_OK;
+}
+
+void put_key(FILE *f, const void *p, size_t len)
+{
+    if (keys_raw)
+        fwrite(p, 1, len, f);
+    else
+        put_text(f, p, len);
+}
+
+size_t key_width(const void *p, size_t len)
+{
+    return keys_raw ? len : text_width(p, len);
+}
+
+int key_end(void)
+{
+    return keys_end;
+}
+
 /* ------------------------------------------------------------------ */
 /* Errors                                                              */
 /* ------------------------------------------------------------------ */
@@ -97,19 +144,128 @@ void queue_msg(const char *name)
     fputs("': ", stderr);
 }
 
-/* "wqctl: queue 'NAME': [WHAT: ]<wq_strerror text>"; returns EXIT_FAIL. */
+static bool is_redis(const char *name)
+{
+    return name && strncmp(name, "redis://", 8) == 0;
+}
+
+/*
+ * What err means for the object the failed call was about, when the
+ * library said no more (wq_last_error ""). wq_strerror's wording covers
+ * every use of an errno ("no such queue, or key not processing"); here
+ * the context picks the one use that applies, and advice is given only
+ * where it applies (check --repair for a region that exists, not for one
+ * a create never built).
+ */
+const char *err_cause(const struct ectx *c, int err)
+{
+    bool shm = !is_redis(c->queue);
+
+    switch (err < 0 ? -err : err) {
+    case ENOENT:
+        return c->key ? "key is not processing" : "no such queue";
+    case EEXIST:
+        return "queue exists";
+    case EACCES:
+        return "permission denied";
+    case ENOTDIR:
+        return "not a directory";
+    case ENAMETOOLONG:
+        return "path too long";
+    case ENODATA:
+        return "holds no store (nothing to restore)";
+    case EUCLEAN:
+        return "damaged or foreign store";
+    case EPROTO:
+        return shm ? "not a libwq region of this version (foreign, truncated or "
+                     "damaged)" : wq_strerror(err);
+    case EBADMSG:
+        /* Only an existing queue can be repaired (and `check` is the
+           repair). */
+        if (!c->what || strcmp(c->what, "check") == 0)
+            return "corrupt region";
+        return "corrupt region (wqctl check --repair rebuilds it)";
+    case ENOSPC:
+        if (!c->what)
+            return shm ? "no room in /dev/shm for its region" : wq_strerror(err);
+        if (strcmp(c->what, "add") == 0)
+            return "queue is full (it holds capacity live keys)";
+        if (strcmp(c->what, "snapshot") == 0)
+            return "no room in the store (disk or LMDB map full)";
+        return wq_strerror(err);
+    case EUSERS:
+        return shm ? "process table full (max_procs handles attached)"
+                   : wq_strerror(err);
+    case EINVAL:
+        return "invalid argument";
+    default:
+        return wq_strerror(err);
+    }
+}
+
+/* The object an errno without a library description is about: the store
+   for the errors only a store gives, else the queue. */
+static bool about_store(const struct ectx *c, int err)
+{
+    return c->store && (err == -ENOTDIR || err == -ENAMETOOLONG ||
+                        err == -ENODATA || err == -EUCLEAN);
+}
+
+/*
+ * Report a failed call: "wqctl: OBJECT: CAUSE", where OBJECT is the
+ * thing at fault (queue 'NAME', store 'DIR', key 'KEY' of a queue) and
+ * CAUSE what is wrong with it. The library's description
+ * (wq_last_error), where the call sets one, names both itself and is
+ * printed as it is ("store '/x': not a directory"). Returns EXIT_FAIL.
+ */
+int fail(const struct ectx *c, int err)
+{
+    const char *more = c->detail || is_redis(c->queue) ? wq_last_error() : "";
+
+    fputs("wqctl: ", stderr);
+    if (more[0] && (strncmp(more, "queue '", 7) == 0 ||
+                    strncmp(more, "store '", 7) == 0)) {
+        put_text(stderr, more, strlen(more));
+    } else {
+        if (about_store(c, err)) {
+            fputs("store '", stderr);
+            put_text(stderr, c->store, strlen(c->store));
+            fputs("': ", stderr);
+        } else {
+            fputs("queue '", stderr);
+            put_text(stderr, c->queue, strlen(c->queue));
+            fputs("': ", stderr);
+            if (c->key) {
+                fputs("key '", stderr);
+                put_text(stderr, c->key, c->key_len);
+                fputs("': ", stderr);
+            }
+        }
+        if (c->what)
+            fprintf(stderr, "%s: ", c->what);
+        fputs(err_cause(c, err), stderr);
+        if (more[0]) {   /* a Redis server's words */
+            fputs(" (", stderr);
+            put_text(stderr, more, strlen(more));
+            fputc(')', stderr);
+        }
+    }
+    if (err == -EPROTO && !is_redis(c->queue) && c->queue) {
+        fputs(" (wqctl rm ", stderr);
+        put_text(stderr, c->queue, strlen(c->queue));
+        fputs(" removes it)", stderr);
+    }
+    fputc('\n', stderr);
+    return EXIT_FAIL;
+}
+
+/* fail() for queue NAME: WHAT is the operation after opening it, NULL
+   for wq_open itself (whose description wq_last_error holds). */
 int queue_error(const char *name, const char *what, int err)
 {
-    queue_msg(name);
-    if (what)
-        fprintf(stderr, "%s: ", what);
-    /* wq_last_error: the object and the cause, when libwq knows more. */
-    const char *more = wq_last_error();
-    if (more[0])
-        fprintf(stderr, "%s (%s)\n", wq_strerror(err), more);
-    else
-        fprintf(stderr, "%s\n", wq_strerror(err));
-    return EXIT_FAIL;
+    struct ectx c = { .queue = name, .what = what, .detail = what == NULL };
+
+    return fail(&c, err);
 }
 
 int out_of_memory(void)

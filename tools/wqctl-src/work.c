@@ -208,7 +208,55 @@ static void errcap_close(struct errcap *e)
 
 /* ---- running one task ---- */
 
-/* CMD's words with every "{}" replaced by the key; NULL-terminated. */
+/*
+ * One word of CMD with its placeholders filled in: "{}" by the key as it
+ * is, "{q}" by the key quoted for sh (in '...', each ' as '\''), so that
+ * `sh -c 'echo {q}'` sees one word whatever the key holds. (For shell
+ * code, "$WQ_KEY" needs no quoting at all.) With out NULL, only the
+ * length is computed.
+ */
+static size_t fill_word(const char *w, const char *key, size_t klen, char *out)
+{
+    size_t k = 0;
+
+    for (const char *p = w; *p;) {
+        if (p[0] == '{' && p[1] == '}') {
+            if (out)
+                memcpy(out + k, key, klen);
+            k += klen;
+            p += 2;
+        } else if (p[0] == '{' && p[1] == 'q' && p[2] == '}') {
+            if (out)
+                out[k] = '\'';
+            k++;
+            for (size_t i = 0; i < klen; i++) {
+                if (key[i] == '\'') {
+                    if (out)
+                        memcpy(out + k, "'\\''", 4);
+                    k += 4;
+                } else {
+                    if (out)
+                        out[k] = key[i];
+                    k++;
+                }
+            }
+            if (out)
+                out[k] = '\'';
+            k++;
+            p += 3;
+        } else {
+            if (out)
+                out[k] = *p;
+            k++;
+            p++;
+        }
+    }
+    if (out)
+        out[k] = '\0';
+    return k;
+}
+
+/* CMD's words with the placeholders filled in; NULL-terminated. */
 static char **work_argv(const struct work_conf *c, const char *key)
 {
     size_t klen = strlen(key);
@@ -217,29 +265,15 @@ static char **work_argv(const struct work_conf *c, const char *key)
     if (!argv)
         return NULL;
     for (size_t i = 0; i < c->ncmd; i++) {
-        const char *w = c->cmd[i], *p;
-        size_t len = strlen(w), hits = 0, k = 0;
-        char *s;
+        char *s = malloc(fill_word(c->cmd[i], key, klen, NULL) + 1);
 
-        for (p = strstr(w, "{}"); p; p = strstr(p + 2, "{}"))
-            hits++;
-        s = malloc(len + hits * klen + 1 - hits * 2);
         if (!s) {
             while (i > 0)
                 free(argv[--i]);
             free(argv);
             return NULL;
         }
-        for (p = w; *p;) {
-            if (p[0] == '{' && p[1] == '}') {
-                memcpy(s + k, key, klen);
-                k += klen;
-                p += 2;
-            } else {
-                s[k++] = *p++;
-            }
-        }
-        s[k] = '\0';
+        fill_word(c->cmd[i], key, klen, s);
         argv[i] = s;
     }
     return argv;

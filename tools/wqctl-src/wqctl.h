@@ -59,6 +59,9 @@ enum opt_id {
     O_TENANT_SEP,
     O_PRIORITY,
     O_SALVAGE,
+    O_RAW,
+    O_ESCAPED,
+    O_NUL,
     O_ALL,
     O_LISTEN,
     O_HELP,
@@ -116,9 +119,29 @@ size_t text_width(const void *p, size_t len);
 void put_json(FILE *f, const void *p, size_t len);
 void put_json_str(FILE *f, const char *s);
 
+/* Keys on stdout: raw bytes or escaped as put_text (set_key_output). */
+int set_key_output(const struct args *a);
+void put_key(FILE *f, const void *p, size_t len);
+size_t key_width(const void *p, size_t len);
+int key_end(void);   /* what ends a record that holds a key: '\n' or NUL */
+
 int usage_error(const struct command *c, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 void queue_msg(const char *name);
+
+/* What a failed libwq call was about, for fail()'s message. */
+struct ectx {
+    const char *queue;   /* the queue's name */
+    const char *store;   /* the --store DIR the call used, or NULL */
+    const char *what;    /* the operation on an open queue ("add"), or
+                            NULL for opening (or creating) it */
+    const void *key;     /* the key the call was about, or NULL */
+    size_t key_len;
+    bool detail;         /* the call sets wq_last_error (wq_open,
+                            wq_unlink, wq_snapshot, wq_store_salvage) */
+};
+const char *err_cause(const struct ectx *c, int err);
+int fail(const struct ectx *c, int err);
 int queue_error(const char *name, const char *what, int err);
 int out_of_memory(void);
 int finish_stdout(int rc);
