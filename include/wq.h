@@ -773,7 +773,9 @@ WQ_API int wq_run_workers_opts(wq *q, unsigned workers, wq_reconcile_fn fn, void
  *                       removing the region loses nothing.
  *   WQ_DURABLE_FSYNC    ... and fsync'ed: survives power loss too.
  *                       Concurrent adders, in any process, share fsyncs
- *                       (group commit through LMDB's writer lock).
+ *                       (group commit through LMDB's writer lock). Only
+ *                       commits that carry new keys are synced: a cycle
+ *                       costs one fsync, at its add.
  *   WQ_DURABLE_NONE     memory speed; the region is written to the store
  *                       every snapshot_interval_ms (by whichever process
  *                       holds the lock when it is due) and by wq_snapshot.
@@ -830,7 +832,8 @@ WQ_API int wq_store_salvage(const char *store_path, const struct wq_options *opt
                             wq_report_fn report, void *arg);
 
 /*
- * wq_snapshot - write every change the store does not have yet, now.
+ * wq_snapshot - write every change the store does not have yet, now
+ * (with WQ_DURABLE_FSYNC, and fsync it: removals included).
  * Returns the number of records written or removed (>= 0), or -EIO,
  * -ENOSPC; -ENOENT when the queue has no store.
  */

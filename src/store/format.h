@@ -111,7 +111,6 @@ struct wq_env {
     MDB_env *env;
     MDB_dbi recs, meta;
     size_t mapsize;
-    bool synced;            /* MDB_NOSYNC cleared (an FSYNC queue) */
     struct wq_env *next;
 };
 

@@ -176,12 +176,14 @@ static int flush_round(shmq *q, struct wq_env *e, int *written)
         goto abort;
     }
     uint64_t mono = wq__now_mono(), real = wq__now_real();
+    bool adds = false;   /* a new key waits for this commit to be visible */
     for (uint32_t i = 0, p = h->sq_head; i < count; i++, p = p + 1 == q->capacity ? 0 : p + 1) {
         uint32_t idx = q->sq[p];
         if (idx >= q->capacity) {
             h->corrupt = 1;   /* the next locker rebuilds the store queue */
             break;
         }
+        adds |= (wq__entry(q, idx)->state & WQ_ST_STORING) != 0;
         snapshot_entry(q, idx, &items[n], buf + (size_t)n * per,
                        (char *)buf + (size_t)n * per + q->max_key_len, mono, real);
         n++;
@@ -197,6 +199,15 @@ static int flush_round(shmq *q, struct wq_env *e, int *written)
     }
     if (rc == 0)
         rc = wq__lmdb_meta_put(txn, e, &m);
+    /* FSYNC syncs the commits that carry new keys (wq.h: removals and
+       other changes are not fsync'ed), inside the commit, while LMDB still
+       holds its writer lock: adders blocked on that lock then find their
+       records committed AND on disk, so one fsync serves the whole group
+       (a sync after the commit would let the next writer commit meanwhile
+       and need its own). The flag is the environment's, and only the
+       holder of the writer lock (us) commits, so setting it here is safe. */
+    if (rc == 0 && q->g.durability == WQ_DURABLE_FSYNC)
+        mdb_env_set_flags(e->env, MDB_NOSYNC, adds ? 0 : 1);
     if (rc < 0)
         goto abort;
     /* The commit releases LMDB's writer lock; the next flusher must still
@@ -250,15 +261,6 @@ int wq__store_flush(shmq *q, bool all)
     int rc = wq__lmdb_env(q->g.store_path, (mode_t)q->g.mode, false, &e);
     if (rc < 0)
         return rc;
-    /* FSYNC: let LMDB sync inside the commit, i.e. while it still holds
-       its writer lock. Callers blocked on that lock then find their
-       records committed AND on disk: one fsync serves the whole group.
-       (A sync after the commit would let the next writer commit
-       meanwhile and need its own fsync.) */
-    if (q->g.durability == WQ_DURABLE_FSYNC && !e->synced) {
-        mdb_env_set_flags(e->env, MDB_NOSYNC, 0);
-        e->synced = true;
-    }
     int written = 0;
     /* Order: flush lock, LMDB's writer lock, region lock. */
     int lr = pthread_mutex_lock(&q->hdr->flush_lock);
@@ -354,5 +356,13 @@ int wq__shm_snapshot(wq *pub)
     shmq *q = wq__shm(pub);
     if (!q->g.has_store)
         return -ENOENT;
-    return wq__store_flush(q, true);
+    int n = wq__store_flush(q, true);
+    if (n < 0 || q->g.durability != WQ_DURABLE_FSYNC)
+        return n;
+    /* FSYNC: the removals and changes the commits did not sync, too. */
+    struct wq_env *e;
+    int rc = wq__lmdb_env(q->g.store_path, (mode_t)q->g.mode, false, &e);
+    if (rc == 0)
+        rc = wq__lmdb_err(mdb_env_sync(e->env, 1));
+    return rc < 0 ? rc : n;
 }
