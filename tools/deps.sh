@@ -8,12 +8,13 @@
 # golang-go runs client-go's queue_test.go against libwq (tests/client-go).
 # libncurses-dev: wqctl top (tmux drives it in the tests);
 # libmicrohttpd-dev: wqctl metrics --listen (curl scrapes it in the tests,
-# prometheus brings promtool, which checks what is scraped).
+# prometheus brings promtool, which checks what is scraped);
+# strace counts the syncs of WQ_DURABLE_FSYNC (tests/run-fsync.sh).
 # Only missing packages are installed; nothing happens when all are there.
 set -e
 pkgs="gcc make autoconf automake libtool pkg-config liblmdb-dev libcmocka-dev
       libhiredis-dev redis-server redis-tools golang-go
-      libncurses-dev tmux libmicrohttpd-dev curl prometheus"
+      libncurses-dev tmux libmicrohttpd-dev curl prometheus strace"
 [ "${1:-}" = ci ] && pkgs="$pkgs clang valgrind groff-base"
 missing=""
 for p in $pkgs; do

@@ -1,0 +1,59 @@
+#!/bin/sh
+# What WQ_DURABLE_FSYNC pays for, seen from outside the library: strace
+# counts the sync system calls of each wqctl process. An add syncs once
+# (its commit); the done of a clean key (wqctl get: get and done) syncs
+# nothing (wq.h: removals are not fsync'ed); wq_snapshot (wqctl snapshot)
+# syncs what the commits did not; durability process never syncs.
+# Without strace: skipped (77), except in CI (CI=true), where that fails.
+set -u
+WQCTL="${top_builddir:-.}/tools/wqctl"
+F="t-fsync-f-$$"
+P="t-fsync-p-$$"
+DIR=$(mktemp -d "${TMPDIR:-/tmp}/wq-fsync.XXXXXX") || exit 1
+PASS=0
+cleanup() {
+    for q in "$F" "$P"; do
+        "$WQCTL" rm "$q" >/dev/null 2>&1 || rm -f "/dev/shm/wq.$q"
+    done
+    rm -rf "$DIR"
+}
+fail() { echo "FAIL: $*"; cleanup; trap - EXIT; echo "fsync: $PASS passed, 1 failed"; exit 1; }
+trap cleanup EXIT
+trap 'exit 1' HUP INT TERM
+
+if ! command -v strace >/dev/null 2>&1; then
+    [ "${CI:-}" = true ] && { echo "run-fsync: strace not found (tools/deps.sh installs it)"; exit 1; }
+    echo "run-fsync: strace not found: skipped (sh tools/deps.sh installs it)"
+    exit 77
+fi
+# strace may be refused (no ptrace in a container): then say so and skip.
+if ! strace -f -o /dev/null true 2>/dev/null; then
+    echo "run-fsync: strace cannot trace here (ptrace refused): skipped"
+    exit 77
+fi
+
+# syncs WANT WANT_OUT CMD...: CMD prints WANT_OUT and makes WANT sync calls
+# (fsync, fdatasync, msync; the libtool wrapper's exec is followed).
+syncs() {
+    want=$1 want_out=$2; shift 2
+    got_out=$(strace -f -qq -e trace=fsync,fdatasync,msync,sync_file_range \
+        -o "$DIR/trace" "$@" 2>&1) || fail "'$*' exited $?: $got_out"
+    [ "$got_out" = "$want_out" ] || fail "'$*' printed '$got_out', want '$want_out'"
+    n=$(grep -cE '^[0-9]+ +(fsync|fdatasync|msync|sync_file_range)\(' "$DIR/trace")
+    [ "$n" = "$want" ] ||
+        fail "'$*' made $n sync calls, want $want: $(cat "$DIR/trace")"
+    PASS=$((PASS + 1))
+}
+
+"$WQCTL" create "$F" --store "$DIR/f" --durability fsync >/dev/null || fail "create $F"
+"$WQCTL" create "$P" --store "$DIR/p" --durability process >/dev/null || fail "create $P"
+
+syncs 1 "added 1, coalesced 0" "$WQCTL" add "$F" k1
+syncs 0 "k1" "$WQCTL" get "$F"                        # get, done: a removal
+syncs 1 "added 2, coalesced 0" "$WQCTL" add "$F" k2 k3  # one commit, one sync
+syncs 0 "k2" "$WQCTL" get "$F"
+syncs 1 "wrote 0 records" "$WQCTL" snapshot "$F"       # k2's removal reaches disk
+syncs 0 "added 1, coalesced 0" "$WQCTL" add "$P" k1
+syncs 0 "k1" "$WQCTL" get "$P"
+
+echo "fsync: $PASS passed, 0 failed"
