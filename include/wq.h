@@ -56,8 +56,13 @@
  *                 reserved fields.
  *   -ENOTDIR, -ENAMETOOLONG, -EACCES  wq_open: the store_path is not a
  *                 usable directory.
- *   -ENOENT       wq_open: no such queue and WQ_CREATE not given;
- *                 wq_done: the key is not processing.
+ *   -ENOENT       wq_open: no such queue and WQ_CREATE not given; or the
+ *                 store_path cannot be made (its parent is missing) or
+ *                 its data.mdb is a dangling symbolic link (never created
+ *                 through); wq_done: the key is not processing.
+ *   Every failure of wq_open about the store or the region says which
+ *   and why in wq_last_error ("store '/srv/q': ...", "queue 'x': ..."),
+ *   a bad name the rule it breaks.
  *   -EEXIST       wq_open with WQ_CREATE|WQ_EXCL: the queue exists; or
  *                 wq_open with options that differ from the existing
  *                 queue's (wq_last_error says which one).
