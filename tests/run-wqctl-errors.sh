@@ -171,16 +171,17 @@ if [ "$(id -u)" = 0 ] && unshare -m true 2>/dev/null; then
     grep -qx "wqctl: queue '$P-full': no room in /dev/shm for its region: it needs [0-9]* bytes, [0-9]* are free" \
         "$OUT.2" || fail "create on a full /dev/shm said: $(cat "$OUT.2")"
     no_shm "$P-full"
-    # A full queue is another thing.
-    expect 0 "" "$WQCTL" create "$P-d" --capacity 2
-    "$WQCTL" add "$P-d" a b >/dev/null || fail "add"
-    "$WQCTL" add "$P-d" c >"$OUT.1" 2>"$OUT.2" && fail "add to a full queue succeeded"
-    grep -qx "wqctl: queue '$P-d': add: queue is full (it holds capacity live keys)" "$OUT.2" ||
-        fail "add to a full queue said: $(cat "$OUT.2")"
-    expect 0 "" "$WQCTL" rm "$P-d"
 else
     echo "note: cannot mount a tmpfs in a private namespace: full /dev/shm case skipped"
 fi
+
+# A full queue is another thing.
+expect 0 "" "$WQCTL" create "$P-d" --capacity 2
+"$WQCTL" add "$P-d" a b >/dev/null || fail "add"
+"$WQCTL" add "$P-d" c >"$OUT.1" 2>"$OUT.2" && fail "add to a full queue succeeded"
+grep -qx "wqctl: queue '$P-d': add: queue is full (it holds capacity live keys)" "$OUT.2" ||
+    fail "add to a full queue said: $(cat "$OUT.2")"
+expect 0 "" "$WQCTL" rm "$P-d"
 
 # ---- keys -------------------------------------------------------------------
 expect 0 "" "$WQCTL" create "$P-d" --capacity 10 --max-key-len 8
