@@ -296,10 +296,72 @@ static void durable_variant(const struct wqb_cfg *c, int i)
     wqb_unregister_path(dir);
 }
 
+/* fsync-p2: the fsync cycle in two processes at once, n/2 cycles each
+   (keys of their own, any key taken back): what group commit shares.
+   Compare with fsync (one process): the goal is 1.7x. */
+struct dur2_shared {
+    struct wqb_gate gate;
+    uint64_t end[2];
+};
+
+static void dur2_child(const char *name, struct dur2_shared *sh, int id, uint64_t n)
+{
+    wq *q = wqb_attach(name);
+    char k[WQB_KEY_LEN], buf[WQB_BUF_LEN];
+    wqb_key(k, (uint64_t)id * 1000000000ull);
+    wqb_gate_arrive(&sh->gate);
+    for (uint64_t i = 0; i < n; i++, wqb_key_next(k)) {
+        wqb_check(wq_add(q, k, WQB_KEY_LEN), "durable fsync-p2: wq_add");
+        /* The other process may have taken ours: any key will do, and
+           one always comes (as many adds as gets in all). */
+        int len = wq_get(q, buf, sizeof buf, WQ_SEC(10));
+        if (len < 0)
+            wqb_die("durable fsync-p2: wq_get: %s", wq_strerror(len));
+        wqb_check(wq_done(q, buf, (size_t)len), "durable fsync-p2: wq_done");
+    }
+    sh->end[id] = wqb_now();
+    wq_close(q);
+    _exit(0);
+}
+
+static void durable_two(const struct wqb_cfg *c)
+{
+    char dir[64], name[WQB_NAME_LEN];
+    wq *q;
+    if (!wqb_want(c, "fsync-p2"))
+        return;
+    if (durable_open(WQ_DURABLE_FSYNC, dir, name, &q) < 0) {
+        wqb_skip(c, "durable", "fsync-p2", "LMDB store not built");
+        return;
+    }
+    uint64_t n = wqb_size(c, 500, 2000);
+    struct wqb_result r;
+    wqb_result_init(&r, "durable", "fsync-p2", "cycles/s");
+    for (int rep = 0; rep < wqb_reps(c); rep++) {
+        struct dur2_shared *sh = wqb_shared_alloc(sizeof *sh);
+        pid_t pid[2];
+        for (int i = 0; i < 2; i++)
+            if ((pid[i] = wqb_fork()) == 0)
+                dur2_child(name, sh, i, n / 2);
+        uint64_t t0 = wqb_gate_release(&sh->gate, 2), end = t0;
+        for (int i = 0; i < 2; i++) {
+            wqb_wait_child(pid[i]);
+            end = sh->end[i] > end ? sh->end[i] : end;
+        }
+        wqb_shared_free(sh, sizeof *sh);
+        wqb_result_add(&r, (double)(n / 2 * 2) * 1e9 / (double)(end - t0));
+    }
+    wqb_result_extra(&r, "n", (double)n, WQB_X_INT);
+    wqb_emit(c, &r);
+    wqb_queue_destroy(q, name);
+    wqb_unregister_path(dir);
+}
+
 void wqb_run_durable(const struct wqb_cfg *c)
 {
     for (size_t i = 0; i < sizeof durable_variants / sizeof durable_variants[0]; i++)
         durable_variant(c, (int)i);
+    durable_two(c);
 }
 
 /* ------------------------------------------------------------------ */
