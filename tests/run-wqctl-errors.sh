@@ -143,6 +143,21 @@ expect 0 "" "$WQCTL" rm "$P-r"
 # ---- another user ---------------------------------------------------------
 if is_root; then
     chmod 755 "$DIR"
+    # nobody must be able to run wqctl, and the build tree may sit in a
+    # directory only root can enter (CI: mktemp -d): a copy of the program
+    # and of libwq in $DIR/bin (libtool's wrapper script runs .libs/).
+    mkdir "$DIR/bin"
+    real="$WQCTL"
+    [ -f "$(dirname "$WQCTL")/.libs/wqctl" ] && real="$(dirname "$WQCTL")/.libs/wqctl"
+    cp "$real" "$DIR/bin/wqctl" || fail "copy $real"
+    cp -P "$(dirname "$WQCTL")/../src/.libs/"libwq.so* "$DIR/bin/" 2>/dev/null
+    chmod -R go+rX "$DIR/bin"
+    as_nobody() {
+        cmd=$1; shift
+        [ "$cmd" = "$WQCTL" ] && cmd="$DIR/bin/wqctl"
+        setpriv --reuid=nobody --regid=nogroup --clear-groups \
+            env LD_LIBRARY_PATH="$DIR/bin" "$cmd" "$@"
+    }
     expect 0 "" "$WQCTL" create "$P-p" --store "$DIR/p"
     expect 0 "" "$WQCTL" rm "$P-p"
     chmod 700 "$DIR/p"
