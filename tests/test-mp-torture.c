@@ -553,7 +553,7 @@ static uint64_t spawn_count;
 
 /* Pids of live children for the signal handler (async-signal-safe use). */
 static volatile sig_atomic_t emergency_pids[MAX_ROLES];
-static char shm_path_buf[160];
+static char shm_path_buf[420];   /* "/dev/shm/wq." and qname */
 
 static void emergency(int sig)
 {
