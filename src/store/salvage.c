@@ -190,7 +190,8 @@ int wq__store_salvage(const char *path, const struct wq_options *opts, wq_report
     if (rc < 0)
         goto out;
     /* One record per key: a sound store never has two; keep the oldest. */
-    qsort(img.recs, img.n, sizeof *img.recs, by_key);
+    if (img.n > 0)   /* qsort(NULL, 0, ...) is undefined */
+        qsort(img.recs, img.n, sizeof *img.recs, by_key);
     size_t w = 0, dups = 0;
     for (size_t i = 0; i < img.n; i++) {
         if (w > 0 && img.recs[w - 1].r.keylen == img.recs[i].r.keylen &&
@@ -203,7 +204,8 @@ int wq__store_salvage(const char *path, const struct wq_options *opts, wq_report
     img.n = w;
     if (dups)
         say(report, arg, "dropped %zu second record%s of a key", dups, dups == 1 ? "" : "s");
-    qsort(img.recs, img.n, sizeof *img.recs, by_order);
+    if (img.n > 0)
+        qsort(img.recs, img.n, sizeof *img.recs, by_order);
     struct wq_meta m;
     if ((rc = settings(&img, opts, &m, report, arg)) < 0)
         goto out;
