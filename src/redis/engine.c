@@ -434,6 +434,45 @@ static int reap_now(rq *q)
     return 0;
 }
 
+/*
+ * Fork. A fork while a lease thread is in the middle of a renewal would
+ * copy half-done work into the child: hiredis's buffers, and, in a
+ * process whose allocator is not fork-safe (a sanitizer's), a lock the
+ * child can never take. The prepare handler waits until every lease
+ * thread is between renewals; the child, where no lease thread exists,
+ * starts with an empty list (its first call starts its own, child()).
+ */
+static pthread_mutex_t lt_all_mu = PTHREAD_MUTEX_INITIALIZER;
+static rq *lt_all;
+static pthread_once_t lt_once = PTHREAD_ONCE_INIT;
+
+static void lt_prepare(void)
+{
+    pthread_mutex_lock(&lt_all_mu);
+    for (rq *q = lt_all; q; q = q->lt_next)
+        pthread_mutex_lock(&q->lt_busy);
+}
+
+static void lt_parent(void)
+{
+    for (rq *q = lt_all; q; q = q->lt_next)
+        pthread_mutex_unlock(&q->lt_busy);
+    pthread_mutex_unlock(&lt_all_mu);
+}
+
+static void lt_child(void)
+{
+    for (rq *q = lt_all; q; q = q->lt_next)
+        pthread_mutex_init(&q->lt_busy, NULL);
+    lt_all = NULL;
+    pthread_mutex_init(&lt_all_mu, NULL);
+}
+
+static void lt_atfork(void)
+{
+    pthread_atfork(lt_prepare, lt_parent, lt_child);
+}
+
 static void *lease_main(void *arg)
 {
     rq *q = arg;
@@ -450,6 +489,7 @@ static void *lease_main(void *arg)
         if (q->lt_stop)
             break;
         pthread_mutex_unlock(&q->mu);
+        pthread_mutex_lock(&q->lt_busy);
         /* A new connection has a new client id: say so with the renewal,
            or the connection check of others would take us for gone. */
         if (!q->lc.c || q->lc.c != known) {
@@ -475,6 +515,7 @@ static void *lease_main(void *arg)
         (void)lost;
         if (proc > 0)
             check_connections(q, &q->lc);
+        pthread_mutex_unlock(&q->lt_busy);
         pthread_mutex_lock(&q->mu);
     }
     pthread_mutex_unlock(&q->mu);
@@ -512,11 +553,19 @@ static int lease_start(rq *q)
     /* The thread takes no signals: a process that blocks SIGTERM in its
        threads to wait for it (wq_run_workers, sigwait users) would
        otherwise be killed by its default action on our thread. */
+    pthread_once(&lt_once, lt_atfork);
+    pthread_mutex_init(&q->lt_busy, NULL);
     sigset_t all, old;
     sigfillset(&all);
+    pthread_mutex_lock(&lt_all_mu);
     pthread_sigmask(SIG_SETMASK, &all, &old);
     rc = pthread_create(&q->lt, NULL, lease_main, q);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc == 0) {
+        q->lt_next = lt_all;
+        lt_all = q;
+    }
+    pthread_mutex_unlock(&lt_all_mu);
     if (rc != 0)
         return -ENOMEM;
     q->lt_on = true;
@@ -533,6 +582,14 @@ static void lease_stop(rq *q)
     pthread_mutex_unlock(&q->mu);
     pthread_join(q->lt, NULL);
     q->lt_on = false;
+    pthread_mutex_lock(&lt_all_mu);
+    for (rq **p = &lt_all; *p; p = &(*p)->lt_next)
+        if (*p == q) {
+            *p = q->lt_next;
+            break;
+        }
+    pthread_mutex_unlock(&lt_all_mu);
+    pthread_mutex_destroy(&q->lt_busy);
 }
 
 static void drop_conns(rq *q)

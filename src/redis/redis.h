@@ -98,6 +98,8 @@ typedef struct rq {
     pthread_t lt;
     bool lt_on, lt_stop;
     pthread_cond_t lt_cv;
+    pthread_mutex_t lt_busy;       /* held while it renews (fork waits) */
+    struct rq *lt_next;            /* the handles with a lease thread */
     struct rq_conn lc;             /* its own connection */
 } rq;
 
