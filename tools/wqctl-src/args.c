@@ -62,6 +62,8 @@ static const struct opt_def opt_defs[O_COUNT] = {
     [O_NUL]         = { "null", false, '0' },
     [O_ALL]         = { "all", false, 0 },
     [O_LISTEN]      = { "listen", true, 0 },
+    [O_INTERVAL]    = { "interval", true, 0 },
+    [O_ONCE]        = { "once", false, 0 },
     [O_HELP]        = { "help", false, 'h' },
 };
 

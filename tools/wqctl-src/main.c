@@ -119,6 +119,9 @@ static const struct command commands[] = {
       "{NAME... | --all}\n"
       "       wqctl metrics --listen HOST:PORT [NAME... | --all]",
       "print or serve (--listen) metrics for Prometheus" },
+    { "top", cmd_top, OPT(O_INTERVAL) | OPT(O_ONCE), 0, SIZE_MAX, 0,
+      "[NAME...] [--interval DUR] [--once]",
+      "a live view of the queues (q quits); --once prints one frame" },
     { "check", cmd_check, OPT(O_REPAIR) | OPT(O_JSON), 1, 1, 0,
       "NAME [--repair] [--json]",
       "verify (and repair) a queue's invariants" },

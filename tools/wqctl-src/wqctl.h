@@ -64,6 +64,8 @@ enum opt_id {
     O_NUL,
     O_ALL,
     O_LISTEN,
+    O_INTERVAL,
+    O_ONCE,
     O_HELP,
     O_COUNT
 };
@@ -185,6 +187,9 @@ int cmd_check(const struct args *a);
 
 /* metrics.c: the exposition, for the text command and the HTTP server */
 int cmd_metrics(const struct args *a);
+
+/* top.c */
+int cmd_top(const struct args *a);
 
 /* How metrics_scrape tells of each queue: err 0 and msg "" once read;
    else the negative errno and why, in words (the queue is left out).
