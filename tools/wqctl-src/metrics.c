@@ -315,7 +315,8 @@ int metrics_scrape(char **names, size_t n, scrape_report_fn report,
         if ((err = wq_list(collect_name, &all)) < 0)
             goto out;
         /* Sorted, so that scrapes list the queues in a stable order. */
-        qsort(all.v, all.n, sizeof *all.v, by_name);
+        if (all.n)   /* qsort(NULL, 0, ...) is undefined */
+            qsort(all.v, all.n, sizeof *all.v, by_name);
         names = all.v;
         n = all.n;
     }
