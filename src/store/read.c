@@ -190,8 +190,27 @@ static void child_walk(const char *dir, int fd, const unsigned char *from)
             fail(o, "the free-page list", rc);
             _exit(2);
         }
-        while ((rc = mdb_cursor_get(c, &k, &v, MDB_NEXT)) == 0)
+        /* Each entry is an ID list: a count, then that many page numbers,
+           descending, of pages past the two meta pages and within the
+           file. LMDB reuses them without a look: one bad number there and
+           a later commit writes past the map (SIGBUS). */
+        MDB_envinfo info;
+        mdb_env_info(env, &info);
+        while ((rc = mdb_cursor_get(c, &k, &v, MDB_NEXT)) == 0) {
+            const size_t *ids = v.mv_data;
+            size_t n = v.mv_size >= sizeof *ids ? ids[0] : 0;
+            bool ok = v.mv_size >= sizeof *ids && v.mv_size % sizeof *ids == 0 &&
+                      n == v.mv_size / sizeof *ids - 1;
+            for (size_t i = 1; ok && i <= n; i++)
+                ok = ids[i] >= 2 && ids[i] <= info.me_last_pgno &&
+                     (i == 1 || ids[i] < ids[i - 1]);
+            if (!ok) {
+                fail(o, "the free-page list: an entry names pages the file does not have",
+                     MDB_CORRUPTED);
+                _exit(2);
+            }
             pages++;
+        }
         if (rc != MDB_NOTFOUND) {
             fail(o, "the free-page list", rc);
             _exit(2);
