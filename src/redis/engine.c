@@ -479,6 +479,8 @@ static void *lease_main(void *arg)
     uint64_t tick = q->lease_ms / 4 < 1000 ? q->lease_ms / 4 : 1000;
     redisContext *known = q->lc.c;
     pthread_mutex_lock(&q->mu);
+    q->lt_started = true;   /* lease_start waits for this (see there) */
+    pthread_cond_broadcast(&q->lt_cv);
     while (!q->lt_stop) {
         struct timespec ts;
         clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -550,6 +552,7 @@ static int lease_start(rq *q)
         return rc;
     wq__rq_reply_free(&r);
     q->lt_stop = false;
+    q->lt_started = false;
     /* The thread takes no signals: a process that blocks SIGTERM in its
        threads to wait for it (wq_run_workers, sigwait users) would
        otherwise be killed by its default action on our thread. */
@@ -568,6 +571,13 @@ static int lease_start(rq *q)
     pthread_mutex_unlock(&lt_all_mu);
     if (rc != 0)
         return -ENOMEM;
+    /* Wait until the thread runs our code: a thread still starting may
+       hold locks of the C runtime (a sanitizer's allocator takes some),
+       which a fork right after wq_open would copy, taken, into the child. */
+    pthread_mutex_lock(&q->mu);
+    while (!q->lt_started)
+        pthread_cond_wait(&q->lt_cv, &q->mu);
+    pthread_mutex_unlock(&q->mu);
     q->lt_on = true;
     return 0;
 }

@@ -96,7 +96,7 @@ typedef struct rq {
 
     /* The lease thread (engine.c). */
     pthread_t lt;
-    bool lt_on, lt_stop;
+    bool lt_on, lt_stop, lt_started;
     pthread_cond_t lt_cv;
     pthread_mutex_t lt_busy;       /* held while it renews (fork waits) */
     struct rq *lt_next;            /* the handles with a lease thread */
