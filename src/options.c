@@ -14,10 +14,12 @@
  * defaults are client-go's DefaultControllerRateLimiter (exponential
  * 5 ms .. 1000 s, token bucket 10 qps burst 100, max of both).
  */
+#include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "internal.h"
 
@@ -162,7 +164,10 @@ int wq__options_match(const struct wq_options *o, const struct wq_conf *c,
         char abs[4096];
         if (!c->has_store)
             DIFF("no store, not the store %s", o->store_path);
-        if (!realpath(o->store_path, abs) || strcmp(abs, store_path) != 0)
+        if (!realpath(o->store_path, abs))   /* e.g. removed since: say so */
+            DIFF("the store %s, and %s cannot be reached now (%s)", store_path,
+                 o->store_path, strerror(errno));
+        if (strcmp(abs, store_path) != 0)
             DIFF("the store %s, not %s", store_path, o->store_path);
     }
     if (o->durability && (!c->has_store || (uint32_t)o->durability != c->durability))

@@ -108,6 +108,25 @@ static void options_never_ignored(void **state)
     assert_int_equal(wq_open(sname, &so, &q2), 0);
     wq_close(q2);
     t_close(q);
+
+    /* The store directory removed since: said so, not "the store X, not X". */
+    char gone[400];
+    snprintf(gone, sizeof gone, "%s/gone", t_mkstore());
+    const char *gname = t_qname("optgone");
+    struct wq_options go = { .store_path = gone, .flags = WQ_CREATE | WQ_EXCL };
+    q = t_track(T_OPEN(gname, &go));
+    t_close(q);   /* the region stays, naming its store */
+    char cmd[450];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", gone);
+    assert_int_equal(system(cmd), 0);
+    go.flags = WQ_CREATE;
+    assert_int_equal(wq_open(gname, &go, &q2), -EEXIST);
+    char want[1000];
+    snprintf(want, sizeof want, "the store %s, and %s cannot be reached now (No such file or "
+             "directory)", gone, gone);
+    if (!strstr(wq_last_error(), want))
+        fail_msg("wq_last_error \"%s\", want \"%s\"", wq_last_error(), want);
+    assert_int_equal(wq_unlink(gname), 0);
 }
 
 /* wq_resume ends a shutdown for every process attached: adds accepted,
