@@ -493,6 +493,41 @@ WQ_API int wq_done_get(wq *q, const void *done_key, size_t done_len,
  */
 WQ_API int wq_add_many(wq *q, const struct iovec *keys, size_t n);
 
+/*
+ * wq_get_many - wq_get for up to n keys at once. Waits as wq_get until
+ * one key is queued, then hands out that key and the keys queued behind
+ * it, in queue order, under one lock acquisition, until n keys are taken
+ * or the next one would not fit in what is left of buf. The keys are
+ * packed into buf back to back (not NUL-terminated); keys[i] is set to
+ * the i-th (iov_base inside buf, iov_len its length), ready for
+ * wq_done_many. size must be at least max_key_len, so one key always
+ * fits. Returns r (1 .. n) or an error as wq_get (-ENOBUFS: size is
+ * smaller than max_key_len; -EINVAL: n == 0 or a NULL pointer; nothing
+ * is handed out then). The Redis engine hands the keys out one call at a
+ * time (the first waits), stopping when less than max_key_len is left.
+ *
+ * Every key handed out is this process's until its wq_done: a worker
+ * that takes ten keys makes the last wait for the first nine, which
+ * other idle workers would have taken. Batch where the work per key is
+ * small next to a lock round trip between processes (draining, copying,
+ * forwarding keys); a pool of slow reconciles wants wq_get.
+ */
+WQ_API int wq_get_many(wq *q, void *buf, size_t size, struct iovec *keys, size_t n,
+                       int64_t timeout_ns);
+
+/*
+ * wq_done_many - wq_done of n keys, 64 keys per lock acquisition. Every
+ * key that is processing is done (a re-added one queued at the back, in
+ * the batch's order); a key that is not processing is skipped and left
+ * as it is (wq_done's -ENOENT; with the Redis engine also one whose
+ * lease this handle lost, -ESTALE). Returns how many keys were done
+ * (0 .. n); n - that is how many were skipped. All keys are validated
+ * first: -EINVAL (n == 0, NULL, an empty key) or -EMSGSIZE does none.
+ * Another error (a lock error, -EBADMSG) stops the batch: the keys
+ * before it are done.
+ */
+WQ_API int wq_done_many(wq *q, const struct iovec *keys, size_t n);
+
 /* ------------------------------------------------------------------ */
 /* Delaying and rate limiting (client-go DelayingInterface,            */
 /* RateLimitingInterface)                                              */

@@ -248,6 +248,50 @@ int wq_done_get(wq *q, const void *done_key, size_t done_len, void *buf, size_t 
     return q->eng->done_get(q, done_key, done_len, buf, deadline);
 }
 
+int wq_get_many(wq *q, void *buf, size_t size, struct iovec *keys, size_t n,
+                int64_t timeout_ns)
+{
+    uint64_t deadline;
+    if (!keys || n == 0 || n > INT32_MAX)
+        return -EINVAL;
+    int rc = get_args(q, buf, size, timeout_ns, &deadline);
+    if (rc < 0)
+        return rc;
+    if (q->eng->get_many)
+        return q->eng->get_many(q, buf, size, keys, n, deadline);
+    /* One get at a time: the first waits, the rest take what is queued
+       while a longest key still fits. */
+    size_t got = 0, used = 0;
+    for (; got < n && size - used >= q->max_key_len; got++) {
+        rc = q->eng->get(q, (char *)buf + used, got == 0 ? deadline : 0);
+        if (rc <= 0)
+            break;
+        keys[got] = (struct iovec){ (char *)buf + used, (size_t)rc };
+        used += (size_t)rc;
+    }
+    return got > 0 ? (int)got : rc;
+}
+
+int wq_done_many(wq *q, const struct iovec *keys, size_t n)
+{
+    if (!q || !keys || n == 0 || n > INT32_MAX)
+        return -EINVAL;
+    int rc = keys_ok(q, keys, n);
+    if (rc < 0)
+        return rc;
+    if (q->eng->done_many)
+        return q->eng->done_many(q, keys, n);
+    int done = 0;
+    for (size_t i = 0; i < n; i++) {
+        rc = q->eng->done(q, keys[i].iov_base, keys[i].iov_len, NULL);
+        if (rc == 0)
+            done++;
+        else if (rc != -ENOENT && rc != -ESTALE)
+            return rc;
+    }
+    return done;
+}
+
 int wq_len(wq *q)
 {
     return q ? q->eng->len(q) : -EINVAL;

@@ -49,6 +49,13 @@ struct wq_engine {
     int (*get)(wq *q, void *buf, uint64_t deadline);
     int (*done)(wq *q, const void *key, size_t len, const struct wq_outcome *o);
     int (*done_get)(wq *q, const void *key, size_t len, void *buf, uint64_t deadline);
+    /* Batches (optional: NULL makes api.c loop over get and done). get_many
+       hands out 1 .. n keys packed into buf (size >= max_key_len bytes),
+       keys[i] pointing at each; done_many returns how many keys it
+       finished, skipping those that are not processing. */
+    int (*get_many)(wq *q, void *buf, size_t size, struct iovec *keys, size_t n,
+                    uint64_t deadline);
+    int (*done_many)(wq *q, const struct iovec *keys, size_t n);
     int (*len)(wq *q);
     int (*shutdown)(wq *q);
     int (*resume)(wq *q);

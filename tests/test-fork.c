@@ -142,6 +142,67 @@ static void fork_child_stopped_then_killed(void **state)
     t_shared_free((void *)shared, 4096);
 }
 
+/* A process SIGKILLed holding a batch from wq_get_many: every key of the
+   batch comes back once, the key it did not take stays where it was, and
+   nothing is handed out twice. */
+static void killed_holding_batch(void **state)
+{
+    (void)state;
+    const char *name;
+    wq *q = t_create("fork-batch", T_OPTS(.capacity = 16, .max_key_len = 64), &name);
+    volatile int *shared = t_shared_alloc(4096);
+
+    struct iovec add[] = { { "a", 1 }, { "b", 1 }, { "c", 1 }, { "d", 1 } };
+    assert_int_equal(wq_add_many(q, add, 4), 0);
+    pid_t pid = t_fork(10);
+    if (pid == 0) {
+        wq *q2 = NULL;
+        char buf[256];
+        struct iovec v[3];
+        if (wq_open(name, NULL, &q2) != 0) _exit(10);
+        if (wq_get_many(q2, buf, sizeof buf, v, 3, 0) != 3) _exit(11);
+        shared[0] = 1;
+        for (;;)
+            pause();
+    }
+    uint64_t deadline = t_now_ns() + 5 * SEC * t_scale();
+    while (shared[0] == 0 && t_now_ns() < deadline)
+        t_sleep_ms(1);
+    assert_int_equal(shared[0], 1);
+    T_EXPECT_STATS(q, 4, 1, 3, 0, "child holds three");
+    assert_int_equal(kill(pid, SIGKILL), 0);
+    assert_int_equal(t_wait(pid, 5000), 128 + SIGKILL);
+
+    /* d first (it never left the queue), then the three dead ones. */
+    T_EXPECT_GET(q, "d");
+    char buf[256];
+    struct iovec v[8];
+    int seen[4] = { 0 }, got = 0;
+    deadline = t_now_ns() + 3 * SEC * t_scale();
+    while (got < 3 && t_now_ns() < deadline) {
+        int n = wq_get_many(q, buf, sizeof buf, v, 8, 200 * MS);
+        if (n == -ETIMEDOUT)
+            continue;
+        assert_true(n > 0);
+        for (int i = 0; i < n; i++) {
+            assert_int_equal(v[i].iov_len, 1);
+            int k = ((char *)v[i].iov_base)[0] - 'a';
+            assert_true(k >= 0 && k < 3);
+            seen[k]++;
+        }
+        got += n;
+        assert_int_equal(wq_done_many(q, v, (size_t)n), n);
+    }
+    assert_int_equal(got, 3);
+    assert_int_equal(seen[0] * 100 + seen[1] * 10 + seen[2], 111);
+    assert_int_equal(t_stats(q).crash_requeues_total, 3);
+    assert_int_equal(wq_done(q, KS("d")), 0);
+    T_EXPECT_STATS(q, 0, 0, 0, 0, "end");
+    assert_int_equal(wq_check(q, 0), 0);
+    wq_close(q);
+    t_shared_free((void *)shared, 4096);
+}
+
 /* wq_close requeues the keys the handle holds, at the back, and that is
    not a crash. Same for a child's own handle and an inherited one. */
 static void close_requeues(void **state)
@@ -241,6 +302,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         T_TEST(fork_child_exits_holding),
         T_TEST(fork_child_stopped_then_killed),
+        T_TEST(killed_holding_batch),
         T_TEST(close_requeues),
         T_TEST(fork_child_exits_idle),
         T_NO_LEFTOVERS,

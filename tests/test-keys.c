@@ -2,7 +2,8 @@
  * test-keys.c - the calls on keys, with exact error codes: capacity, key
  * sizes, binary keys, wq_get buffers and timeouts, wq_done of keys that
  * are not processing, the counters of wq_stats, wq_dump, the fast paths
- * (wq_add_many, wq_done_get), wq_check on a healthy queue, shutdown and
+ * (wq_add_many, wq_done_get) and batches (wq_get_many, wq_done_many),
+ * wq_check on a healthy queue, shutdown and
  * the error strings.
  *
  * Everything here is single-threaded in the test process. (Opening
@@ -501,6 +502,158 @@ static void done_get(void **state)
     wq_close(q);
 }
 
+/* The keys of v[0..n) as "k1,k2,...", for exact comparisons. */
+static const char *joined(const struct iovec *v, int n)
+{
+    static char out[1024];
+    size_t at = 0;
+    out[0] = 0;
+    for (int i = 0; i < n && at < sizeof out - 1; i++)
+        at += (size_t)snprintf(out + at, sizeof out - at, "%s%.*s", i ? "," : "",
+                               (int)v[i].iov_len, (const char *)v[i].iov_base);
+    return out;
+}
+
+static void get_many_done_many(void **state)
+{
+    (void)state;
+    wq *q = t_create("getmany", T_OPTS(.capacity = 16, .max_key_len = 200), NULL);
+    static char buf[1600];
+    struct iovec v[8];
+
+    /* Arguments first: nothing is handed out. */
+    assert_int_equal(wq_add(q, KS("a")), 0);
+    assert_int_equal(wq_get_many(q, buf, sizeof buf, v, 0, 0), -EINVAL);
+    assert_int_equal(wq_get_many(q, buf, sizeof buf, NULL, 2, 0), -EINVAL);
+    assert_int_equal(wq_get_many(q, NULL, sizeof buf, v, 2, 0), -EINVAL);
+    assert_int_equal(wq_get_many(NULL, buf, sizeof buf, v, 2, 0), -EINVAL);
+    assert_int_equal(wq_get_many(q, buf, sizeof buf, v, 2, -2), -EINVAL);
+    assert_int_equal(wq_get_many(q, buf, 199, v, 2, 0), -ENOBUFS);
+    T_EXPECT_STATS(q, 1, 1, 0, 0, "after refused get_many");
+
+    /* Up to n keys, in queue order, lengths set. */
+    struct iovec add[] = { IOV("b"), IOV("cc"), IOV("d"), IOV("e") };
+    assert_int_equal(wq_add_many(q, add, 4), 0);
+    assert_int_equal(wq_get_many(q, buf, sizeof buf, v, 3, 0), 3);
+    assert_string_equal(joined(v, 3), "a,b,cc");
+    assert_int_equal(v[2].iov_len, 2);
+    assert_ptr_equal(v[0].iov_base, buf);   /* packed back to back */
+    assert_ptr_equal(v[2].iov_base, buf + 2);
+    T_EXPECT_STATS(q, 5, 2, 3, 0, "three handed out");
+    assert_int_equal(wq_get_many(q, buf, sizeof buf, v, 8, 0), 2);   /* what is queued */
+    assert_string_equal(joined(v, 2), "d,e");
+    assert_int_equal(wq_get_many(q, buf, sizeof buf, v, 8, 0), -EAGAIN);
+    uint64_t t0 = t_now_ns();
+    assert_int_equal(wq_get_many(q, buf, sizeof buf, v, 8, 50 * MS), -ETIMEDOUT);
+    assert_true(t_now_ns() - t0 >= 50 * 1000000ull);
+
+    /* done_many: processing keys done, the rest skipped and counted out;
+       b, re-added while processing, goes behind f in the batch's order. */
+    assert_int_equal(wq_add(q, KS("b")), 0);
+    assert_int_equal(wq_add(q, KS("f")), 0);
+    struct iovec d1[] = { IOV("a"), IOV("b"), IOV("zz"), IOV("cc"), IOV("a") };
+    assert_int_equal(wq_done_many(q, d1, 5), 3);
+    T_EXPECT_STATS(q, 4, 2, 2, 0, "a, b, cc done");
+    assert_int_equal(wq_done(q, KS("cc")), -ENOENT);
+
+    /* One invalid key: nothing is done. */
+    struct iovec d2[] = { IOV("d"), { .iov_base = (void *)"", .iov_len = 0 } };
+    assert_int_equal(wq_done_many(q, d2, 2), -EINVAL);
+    static char big[300];
+    memset(big, 'z', sizeof big);
+    struct iovec d3[] = { IOV("d"), { .iov_base = big, .iov_len = 201 } };
+    assert_int_equal(wq_done_many(q, d3, 2), -EMSGSIZE);
+    assert_int_equal(wq_done_many(q, d3, 0), -EINVAL);
+    assert_int_equal(wq_done_many(q, NULL, 1), -EINVAL);
+    T_EXPECT_STATS(q, 4, 2, 2, 0, "refused done_many");
+
+    struct iovec d4[] = { IOV("d"), IOV("e") };
+    assert_int_equal(wq_done_many(q, d4, 2), 2);
+    assert_int_equal(wq_get_many(q, buf, sizeof buf, v, 8, 0), 2);
+    assert_string_equal(joined(v, 2), "f,b");
+    assert_int_equal(wq_done_many(q, v, 2), 2);
+    T_EXPECT_STATS(q, 0, 0, 0, 0, "all done");
+
+    /* A key that would not fit in what is left of buf stays queued. */
+    static char k150[3][150];
+    struct iovec long3[3];
+    for (int i = 0; i < 3; i++) {
+        memset(k150[i], 'A' + i, sizeof k150[i]);
+        long3[i] = (struct iovec){ k150[i], sizeof k150[i] };
+    }
+    assert_int_equal(wq_add_many(q, long3, 3), 0);
+    assert_int_equal(wq_get_many(q, buf, 200, v, 8, 0), 1);
+    assert_int_equal(v[0].iov_len, 150);
+    assert_int_equal(((char *)v[0].iov_base)[149], 'A');
+    assert_int_equal(wq_get_many(q, buf, 400, v, 8, 0), 2);
+    assert_int_equal(((char *)v[1].iov_base)[0], 'C');
+    assert_ptr_equal(v[1].iov_base, buf + 150);
+    assert_int_equal(wq_done_many(q, v, 2), 2);
+    assert_int_equal(wq_done_many(q, long3, 3), 1);   /* B and C were done */
+    T_EXPECT_STATS(q, 0, 0, 0, 0, "long keys done");
+
+    struct wq_stats st = t_stats(q);
+    assert_int_equal(st.adds_total, 10);
+
+    /* Shut down and empty: -ESHUTDOWN, as wq_get. */
+    assert_int_equal(wq_shutdown(q), 0);
+    assert_int_equal(wq_get_many(q, buf, sizeof buf, v, 8, 0), -ESHUTDOWN);
+    wq_close(q);
+}
+
+/* More keys than one lock acquisition of wq_done_many takes (64), and a
+   blocked wq_get_many woken by another process's batch. */
+static void many_batches(void **state)
+{
+    (void)state;
+    const char *name;
+    wq *q = t_create("manybatch", T_OPTS(.capacity = 256, .max_key_len = 16), &name);
+    enum { N = 150 };
+    static char kb[N][16];
+    struct iovec add[N];
+    for (int i = 0; i < N; i++) {
+        int len = snprintf(kb[i], sizeof kb[i], "k%03d", i);
+        add[i] = (struct iovec){ kb[i], (size_t)len };
+    }
+    assert_int_equal(wq_add_many(q, add, N), 0);
+    static char buf[N * 16];
+    struct iovec v[N];
+    assert_int_equal(wq_get_many(q, buf, sizeof buf, v, N, 0), N);
+    for (int i = 0; i < N; i++)
+        if (v[i].iov_len != 4 || memcmp(v[i].iov_base, kb[i], 4) != 0)
+            fail_msg("key %d handed out as '%.*s', expected '%s'", i, (int)v[i].iov_len,
+                     (const char *)v[i].iov_base, kb[i]);
+    /* Re-add every third key while processing: at done_many they queue
+       in the batch's order. */
+    for (int i = 0; i < N; i += 3)
+        assert_int_equal(wq_add(q, kb[i], 4), 0);
+    assert_int_equal(wq_done_many(q, v, N), N);
+    T_EXPECT_STATS(q, N / 3, N / 3, 0, 0, "every third key re-queued");
+    assert_int_equal(wq_get_many(q, buf, sizeof buf, v, N, 0), N / 3);
+    for (int i = 0; i < N / 3; i++)
+        if (memcmp(v[i].iov_base, kb[3 * i], 4) != 0)
+            fail_msg("re-queued key %d is '%.*s', expected '%s'", i, (int)v[i].iov_len,
+                     (const char *)v[i].iov_base, kb[3 * i]);
+    assert_int_equal(wq_done_many(q, v, N / 3), N / 3);
+
+    /* A blocked wq_get_many takes the whole batch another process adds. */
+    pid_t pid = t_fork(10);
+    if (pid == 0) {
+        t_sleep_ms(100);
+        struct iovec two[] = { IOV("late1"), IOV("late2") };
+        _exit(wq_add_many(q, two, 2) == 0 ? 0 : 1);
+    }
+    uint64_t t0 = t_now_ns();
+    assert_int_equal(wq_get_many(q, buf, sizeof buf, v, 4, 5 * SEC * t_scale()), 2);
+    assert_true(t_now_ns() - t0 >= 90 * 1000000ull);
+    assert_string_equal(joined(v, 2), "late1,late2");
+    assert_int_equal(t_wait(pid, 5000), 0);
+    assert_int_equal(wq_done_many(q, v, 2), 2);
+    T_EXPECT_STATS(q, 0, 0, 0, 0, "end");
+    (void)name;
+    wq_close(q);
+}
+
 /* ------------------------------------------------------------------ */
 /* wq_check                                                            */
 /* ------------------------------------------------------------------ */
@@ -622,6 +775,8 @@ int main(void)
         T_TEST(dump_order),
         T_TEST(add_many),
         T_TEST(done_get),
+        T_TEST(get_many_done_many),
+        T_TEST(many_batches),
         T_TEST(check_healthy),
         T_TEST(shutdown_basics),
         T_TEST(strerror_all),

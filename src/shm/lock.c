@@ -21,6 +21,7 @@
  * and process-shared.
  */
 #include <pthread.h>
+#include <stdlib.h>
 
 #include "shm.h"
 
@@ -75,9 +76,38 @@ static void release(shmq *q)
     pthread_mutex_unlock(&q->hdr->lock);
 }
 
+static int spin_n = -1;
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+static int acquire(pthread_mutex_t *m)
+{
+    int rc = pthread_mutex_trylock(m);
+    if (rc != EBUSY)
+        return rc;
+    if (spin_n < 0) {
+        const char *e = getenv("WQ_SPIN");
+        spin_n = e ? atoi(e) : 0;
+    }
+    for (int i = 0; i < spin_n; i++) {
+        cpu_relax();
+        if (__atomic_load_n(&m->__data.__lock, __ATOMIC_RELAXED) == 0 &&
+            (rc = pthread_mutex_trylock(m)) != EBUSY)
+            return rc;
+    }
+    return pthread_mutex_lock(m);
+}
+
 int wq__lock(shmq *q)
 {
-    int rc = pthread_mutex_lock(&q->hdr->lock);
+    int rc = acquire(&q->hdr->lock);
     if (WQ_UNLIKELY(rc != 0 && rc != EOWNERDEAD))
         return rc == ENOTRECOVERABLE ? -ENOTRECOVERABLE : -rc;
     HOLDER_SET(q);

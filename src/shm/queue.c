@@ -290,11 +290,12 @@ out:
     return rc;
 }
 
-/* Lock held. Pop the front into buf: its length, or -EAGAIN if empty.
+/* Lock held. Pop the front into buf: its length, or -EAGAIN if empty,
+   -ENOBUFS (nothing popped) if it is longer than cap bytes.
    Ready waiting keys are queued first. `now` is a clock reading the
    caller already made (before locking, to keep it out of the critical
    section), or 0. */
-static int get_locked(shmq *q, void *buf, uint64_t now)
+static int get_locked(shmq *q, void *buf, size_t cap, uint64_t now)
 {
     struct wq_hdr *h = q->hdr;
     if (now == 0 && (q->metrics || h->heap_count > 0))
@@ -310,6 +311,8 @@ static int get_locked(shmq *q, void *buf, uint64_t now)
     uint32_t len = e->keylen;
     if (WQ_UNLIKELY(!(e->state & WQ_ST_QUEUED) || len == 0 || len > q->max_key_len))
         return -EBADMSG;
+    if (len > cap)
+        return -ENOBUFS;
     memcpy(buf, e->key, len);
     wq__mut_begin(q);
     WQ_STEP("get.busy");
@@ -333,25 +336,39 @@ static int done_locked(shmq *q, const void *key, size_t len, uint32_t hash, uint
     return wq__mut_end(q, wq__entry_done(q, idx, now, o, queued));
 }
 
-/* Lock held on entry, released on return: hand out a key or sleep. */
-static int get_wait(shmq *q, void *buf, uint64_t deadline, uint64_t now)
+/*
+ * Lock held on entry, released on return: hand out up to n keys (at least
+ * one) or sleep until one is queued. The keys are packed into buf (size
+ * bytes, at least max_key_len) and keys[i] set to each; one that would
+ * not fit in what is left stays queued. Returns how many, or an error as
+ * wq_get.
+ */
+static int get_wait(shmq *q, char *buf, size_t size, struct iovec *keys, size_t n,
+                    uint64_t deadline, uint64_t now)
 {
     struct wq_hdr *h = q->hdr;
     for (;; now = 0) {
-        int n = get_locked(q, buf, now);
-        if (n > 0) {
+        int got = get_locked(q, buf, size, now);
+        if (got > 0) {
+            size_t i = 0, used = 0;
+            do {
+                keys[i++] = (struct iovec){ buf + used, (size_t)got };
+                used += (size_t)got;
+            } while (i < n && (got = get_locked(q, buf + used, size - used, now)) > 0);
+            /* A corrupt front after some keys were handed out: they are
+               the caller's; the next locker repairs. */
             if (wq__queued(q) > 0)
                 wq__wake_getters(q, 1);   /* pass it on */
             wq__unlock(q);
-            return n;
+            return (int)i;
         }
-        if (n == -EAGAIN && h->shutdown)
-            n = -ESHUTDOWN;
-        else if (n == -EAGAIN && wq__procs_reap(q) > 0)
+        if (got == -EAGAIN && h->shutdown)
+            got = -ESHUTDOWN;
+        else if (got == -EAGAIN && wq__procs_reap(q) > 0)
             continue;   /* a dead holder's key may be first in line now */
-        if (n != -EAGAIN || deadline == 0) {
+        if (got != -EAGAIN || deadline == 0) {
             wq__unlock(q);
-            return n;
+            return got;
         }
         now = wq__now_mono();
         if (now >= deadline) {
@@ -368,7 +385,14 @@ static int get_wait(shmq *q, void *buf, uint64_t deadline, uint64_t now)
     }
 }
 
-int wq__shm_get(wq *pub, void *buf, uint64_t deadline)
+/* The length of get_wait's one key, or its error. */
+static int one_key(int rc, const struct iovec *k)
+{
+    return rc > 0 ? (int)k->iov_len : rc;
+}
+
+int wq__shm_get_many(wq *pub, void *buf, size_t size, struct iovec *keys, size_t n,
+                     uint64_t deadline)
 {
     shmq *q = wq__shm(pub);
     uint64_t now = wq__metrics_now(q);
@@ -376,10 +400,16 @@ int wq__shm_get(wq *pub, void *buf, uint64_t deadline)
     if (rc < 0)
         return rc;
     wq__procs_maybe_reap(q);
-    rc = get_wait(q, buf, deadline, now);
+    rc = get_wait(q, buf, size, keys, n, deadline, now);
     if (WQ_UNLIKELY(q->g.has_store))
         wq__store_after(q);   /* crash requeues, periodic snapshots */
     return rc;
+}
+
+int wq__shm_get(wq *pub, void *buf, uint64_t deadline)
+{
+    struct iovec k;
+    return one_key(wq__shm_get_many(pub, buf, pub->max_key_len, &k, 1, deadline), &k);
 }
 
 int wq__shm_done(wq *pub, const void *key, size_t len, const struct wq_outcome *o)
@@ -403,6 +433,44 @@ int wq__shm_done(wq *pub, const void *key, size_t len, const struct wq_outcome *
     return rc;
 }
 
+/* Keys per lock acquisition of wq__shm_done_many: bounds both the hashes
+   kept on the stack and how long other processes wait for the lock. */
+#define DONE_CHUNK 64
+
+int wq__shm_done_many(wq *pub, const struct iovec *keys, size_t n)
+{
+    shmq *q = wq__shm(pub);
+    uint32_t hashes[DONE_CHUNK];
+    int done = 0, rc = 0;
+    for (size_t at = 0; at < n && rc >= 0; at += DONE_CHUNK) {
+        size_t m = n - at < DONE_CHUNK ? n - at : DONE_CHUNK;
+        for (size_t i = 0; i < m; i++)
+            hashes[i] = wq__hash(q->seed, keys[at + i].iov_base, keys[at + i].iov_len);
+        uint64_t now = wq__metrics_now(q);
+        if ((rc = wq__lock(q)) < 0)
+            break;
+        int queued_n = 0;
+        for (size_t i = 0; i < m; i++) {
+            bool queued = false;
+            rc = done_locked(q, keys[at + i].iov_base, keys[at + i].iov_len, hashes[i], now,
+                             NULL, &queued);
+            if (rc == -ENOENT)
+                continue;   /* not processing: skipped, as wq_done leaves it */
+            if (rc < 0)
+                break;
+            done++;
+            queued_n += queued;
+        }
+        wq__wake_getters(q, queued_n);
+        wq__unlock(q);
+        if (WQ_UNLIKELY(q->g.has_store))
+            wq__store_after(q);
+        if (rc == -ENOENT)
+            rc = 0;
+    }
+    return rc < 0 ? rc : done;
+}
+
 int wq__shm_done_get(wq *pub, const void *key, size_t len, void *buf, uint64_t deadline)
 {
     shmq *q = wq__shm(pub);
@@ -420,7 +488,8 @@ int wq__shm_done_get(wq *pub, const void *key, size_t len, void *buf, uint64_t d
     /* A key we just requeued may be handed straight back to us; any
        sleeper is woken by get_wait's pass-on if more remain. */
     wq__procs_maybe_reap(q);
-    rc = get_wait(q, buf, deadline, now);
+    struct iovec k;
+    rc = one_key(get_wait(q, buf, q->max_key_len, &k, 1, deadline, now), &k);
     if (WQ_UNLIKELY(q->g.has_store)) {
         int st = wq__store_after(q);   /* the done's removal, before we return */
         if (st < 0 && rc >= 0)

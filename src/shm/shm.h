@@ -264,6 +264,9 @@ int wq__repair(shmq *q, bool apply, bool thorough, wq_report_fn report, void *ar
 int wq__shm_add(wq *q, const struct wq_add_req *r);
 int wq__shm_add_many(wq *q, const struct iovec *keys, size_t n);
 int wq__shm_get(wq *q, void *buf, uint64_t deadline);
+int wq__shm_get_many(wq *q, void *buf, size_t size, struct iovec *keys, size_t n,
+                     uint64_t deadline);
+int wq__shm_done_many(wq *q, const struct iovec *keys, size_t n);
 int wq__shm_done(wq *q, const void *key, size_t len, const struct wq_outcome *o);
 int wq__shm_done_get(wq *q, const void *key, size_t len, void *buf, uint64_t deadline);
 int wq__shm_len(wq *q);
