@@ -55,6 +55,23 @@ first=$("$WQCTL" dump "$Q" | sed -n 2p)   # line 1 is the column header
 echo "$first" | grep -q 'a' || fail "dump order: $first"
 got=$("$WQCTL" get "$Q") || fail "get"
 [ "$got" = "a" ] || fail "get returned '$got', want a"
+# --count: up to n keys in queue order, each done (wq_get_many/done_many)
+got=$("$WQCTL" get "$Q" --count 3) || fail "get --count 3"
+[ "$got" = "$(printf 'b\nc\nd')" ] || fail "get --count 3 returned '$got', want b c d"
+got=$("$WQCTL" get "$Q" -n 10) || fail "get -n 10"
+[ "$got" = "e" ] || fail "get -n 10 returned '$got', want e"
+expect_rc 1 "$WQCTL" get "$Q" -n 5
+[ ! -s "$OUT" ] || fail "get -n of an empty queue printed: $(cat "$OUT")"
+run "$WQCTL" stat "$Q" --json
+has_re '.*"live":0,.*'
+expect_rc 2 "$WQCTL" get "$Q" --count 0
+grep -Fq "bad value '0' for --count (at least 1)" "$OUT" || fail "get --count 0 said: $(cat "$OUT")"
+expect_rc 2 "$WQCTL" get "$Q" --count x
+"$WQCTL" add "$Q" x y z >/dev/null || fail "add x y z"
+got=$("$WQCTL" get "$Q" -n 2 -0 | tr '\0' ,) || fail "get -n 2 -0"
+[ "$got" = "x,y," ] || fail "get -n 2 -0 returned '$got', want x,y,"
+got=$("$WQCTL" get "$Q") || fail "get z"
+[ "$got" = "z" ] || fail "get returned '$got', want z"
 expect_rc 0 "$WQCTL" check "$Q"
 expect_rc 0 "$WQCTL" ls
 

@@ -9,7 +9,8 @@
  * the mapping and _exit(0).
  *
  * drain   N keys queued beforehand; C consumers get + done until wq_get(0)
- *         says -EAGAIN. keys/s = N / (last consumer's end - t0).
+ *         says -EAGAIN. keys/s = N / (last consumer's end - t0). Variants
+ *         "C=<c>-b<n>": wq_get_many / wq_done_many, n keys at a time.
  * mpmc    P producers add `adds` keys drawn uniformly from K = 1000 hot keys
  *         (flat out, or paced at 50k adds/s: absolute deadlines, waited for
  *         with sched_yield, see wqb_pace_until);
@@ -19,6 +20,7 @@
  *         producer stamps stamp[k] (CAS 0 -> now) before wq_add, a consumer
  *         swaps it back to 0 at wq_get and records now - stamp: the time
  *         from the first add not yet served to the get that serves it.
+ *         Variants "-b<n>": consumers batch as drain's.
  * tenants One worker. Tenant "a" adds TENANT_FLOOD keys, then tenant "b"
  *         adds one key: how long b's key waits for the worker, and how
  *         many keys are handed out before it (default vs fair mode).
@@ -46,6 +48,49 @@
 /* ------------------------------------------------------------------ */
 
 #define DRAIN_MAX_C 4
+#define MAX_BATCH 256
+
+/* A consumer's keys: one at a time (batch 1) or wq_get_many's. */
+struct taker {
+    wq *q;
+    int batch, n, at;
+    struct iovec keys[MAX_BATCH];
+    char buf[MAX_BATCH * WQB_BUF_LEN];
+};
+
+/* The next key (its length, its bytes in *key), finishing the previous
+   batch first; wq_get's errors. */
+static int take(struct taker *t, const char **key, int64_t timeout)
+{
+    if (t->batch <= 1) {
+        int len = wq_get(t->q, t->buf, WQB_BUF_LEN, timeout);
+        *key = t->buf;
+        return len;
+    }
+    if (t->at == t->n) {
+        if (t->n > 0) {
+            int rc = wq_done_many(t->q, t->keys, (size_t)t->n);
+            if (rc != t->n)
+                wqb_die("wq_done_many: %d of %d keys: %s", rc, t->n,
+                        rc < 0 ? wq_strerror(rc) : "some were not processing");
+        }
+        t->at = t->n = 0;
+        int rc = wq_get_many(t->q, t->buf, sizeof t->buf, t->keys, (size_t)t->batch, timeout);
+        if (rc <= 0)
+            return rc;
+        t->n = rc;
+    }
+    struct iovec *k = &t->keys[t->at++];
+    *key = k->iov_base;
+    return (int)k->iov_len;
+}
+
+/* The key `take` returned is finished (batches: with the next take). */
+static void finish(struct taker *t, const char *key, int len, const char *what)
+{
+    if (t->batch <= 1)
+        wqb_check(wq_done(t->q, key, (size_t)len), what);
+}
 
 struct drain_shared {
     struct wqb_gate gate;
@@ -53,34 +98,36 @@ struct drain_shared {
     uint64_t got[DRAIN_MAX_C];
 };
 
-static void drain_worker(const char *name, struct drain_shared *sh, int id)
+static void drain_worker(const char *name, struct drain_shared *sh, int id, int batch)
 {
-    wq *q = wqb_attach(name);
-    char buf[WQB_BUF_LEN];
+    static struct taker t;
+    t.q = wqb_attach(name);
+    t.batch = batch;
     uint64_t got = 0;
+    const char *key;
     int len;
     wqb_gate_arrive(&sh->gate);
-    while ((len = wq_get(q, buf, sizeof buf, 0)) > 0) {
-        wqb_check(wq_done(q, buf, (size_t)len), "drain: wq_done");
+    while ((len = take(&t, &key, 0)) > 0) {
+        finish(&t, key, len, "drain: wq_done");
         got++;
     }
     if (len != -EAGAIN)
         wqb_die("drain: wq_get: %s", wq_strerror(len));
     sh->end[id] = wqb_now();
     sh->got[id] = got;
-    wq_close(q);
+    wq_close(t.q);
     _exit(0);
 }
 
 /* One repetition: fill, release C consumers, keys/s. */
-static double drain_rep(wq *q, const char *name, int consumers, uint64_t n)
+static double drain_rep(wq *q, const char *name, int consumers, int batch, uint64_t n)
 {
     struct drain_shared *sh = wqb_shared_alloc(sizeof *sh);
     pid_t pid[DRAIN_MAX_C];
     wqb_fill(q, 0, n);
     for (int i = 0; i < consumers; i++)
         if ((pid[i] = wqb_fork()) == 0)
-            drain_worker(name, sh, i);
+            drain_worker(name, sh, i, batch);
     uint64_t t0 = wqb_gate_release(&sh->gate, (uint32_t)consumers);
     uint64_t end = t0, got = 0;
     for (int i = 0; i < consumers; i++) {
@@ -96,7 +143,7 @@ static double drain_rep(wq *q, const char *name, int consumers, uint64_t n)
 }
 
 void wqb_drain_variant(const struct wqb_cfg *c, const char *variant, int consumers,
-                       uint64_t n)
+                       int batch, uint64_t n)
 {
     wq *q;
     char name[WQB_NAME_LEN];
@@ -106,6 +153,8 @@ void wqb_drain_variant(const struct wqb_cfg *c, const char *variant, int consume
         return;
     if (consumers < 1 || consumers > DRAIN_MAX_C)
         wqb_die("drain: %d consumers (1 .. %d)", consumers, DRAIN_MAX_C);
+    if (batch < 1 || batch > MAX_BATCH)
+        wqb_die("drain: batch %d (1 .. %d)", batch, MAX_BATCH);
     int rc = wqb_open_new("drain", &o, &q, name);
     if (rc < 0 && wqb_prefixed()) {
         wqb_skip_open(c, "drain", variant, rc);
@@ -115,7 +164,7 @@ void wqb_drain_variant(const struct wqb_cfg *c, const char *variant, int consume
         wqb_die("wq_open %s (capacity %u): %s", name, o.capacity, wq_strerror(rc));
     wqb_result_init(&r, "drain", variant, "keys/s");
     for (int rep = 0; rep < wqb_reps(c); rep++)
-        wqb_result_add(&r, drain_rep(q, name, consumers, n));
+        wqb_result_add(&r, drain_rep(q, name, consumers, batch, n));
     wqb_result_extra(&r, "n", (double)n, WQB_X_INT);
     wqb_emit(c, &r);
     wqb_queue_destroy(q, name);
@@ -127,7 +176,12 @@ void wqb_run_drain(const struct wqb_cfg *c)
     for (int consumers = 1; consumers <= DRAIN_MAX_C; consumers *= 2) {
         char variant[16];
         snprintf(variant, sizeof variant, "C=%d", consumers);
-        wqb_drain_variant(c, variant, consumers, n);
+        wqb_drain_variant(c, variant, consumers, 1, n);
+    }
+    for (int consumers = 1; consumers <= 2; consumers++) {
+        char variant[16];
+        snprintf(variant, sizeof variant, "C=%d-b32", consumers);
+        wqb_drain_variant(c, variant, consumers, 32, n);
     }
 }
 
@@ -206,26 +260,28 @@ static void mpmc_producer(const char *name, const struct wqb_mpmc *p,
 static void mpmc_consumer(const char *name, const struct wqb_mpmc *p,
                           struct mpmc_shared *sh, int id)
 {
-    wq *q = wqb_attach(name);
+    static struct taker t;
+    t.q = wqb_attach(name);
+    t.batch = p->batch;
     uint32_t *samples = sh->samples + (size_t)id * p->adds;
     uint64_t processed = 0, ns = 0;
-    char buf[WQB_BUF_LEN];
+    const char *key;
     int len;
     wqb_gate_arrive(&sh->gate);
-    while ((len = wq_get(q, buf, sizeof buf, GET_TIMEOUT_NS)) > 0) {
+    while ((len = take(&t, &key, GET_TIMEOUT_NS)) > 0) {
         uint64_t now = wqb_now();
-        uint64_t s = atomic_exchange(&sh->stamp[wqb_key_index(buf) % HOT_KEYS], 0);
+        uint64_t s = atomic_exchange(&sh->stamp[wqb_key_index(key) % HOT_KEYS], 0);
         if (s != 0 && ns < p->adds)
             samples[ns++] = now > s ? (uint32_t)(now - s < UINT32_MAX ? now - s : UINT32_MAX)
                                     : 0;
         processed++;
-        wqb_check(wq_done(q, buf, (size_t)len), "mpmc: wq_done");
+        finish(&t, key, len, "mpmc: wq_done");
     }
     if (len != -ESHUTDOWN)
         wqb_die("mpmc: wq_get: %s", wq_strerror(len));
     sh->processed[id] = processed;
     sh->nsamples[id] = ns;
-    wq_close(q);
+    wq_close(t.q);
     _exit(0);
 }
 
@@ -325,11 +381,14 @@ void wqb_run_mpmc(const struct wqb_cfg *c)
     uint64_t adds = wqb_size(c, 200000, 1000000);
     uint64_t paced = c->mode == WQB_QUICK ? 12500 : 50000;   /* 0.25 s or 1 s */
     const struct wqb_mpmc v[] = {
-        { "p1c1", 1, 1, adds, 0 },
-        { "p1c2", 1, 2, adds, 0 },
-        { "p2c1", 2, 1, adds, 0 },
-        { "p2c2", 2, 2, adds, 0 },
-        { "paced50k-p1c1", 1, 1, paced, 20000 },
+        { "p1c1", 1, 1, adds, 0, 1 },
+        { "p1c2", 1, 2, adds, 0, 1 },
+        { "p2c1", 2, 1, adds, 0, 1 },
+        { "p2c2", 2, 2, adds, 0, 1 },
+        { "paced50k-p1c1", 1, 1, paced, 20000, 1 },
+        { "p1c1-b32", 1, 1, adds, 0, 32 },
+        { "p1c2-b32", 1, 2, adds, 0, 32 },
+        { "paced50k-p1c1-b32", 1, 1, paced, 20000, 32 },
     };
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
         wqb_mpmc_variant(c, &v[i]);

@@ -145,13 +145,16 @@ void wqb_run_floor_mq(const struct wqb_cfg *c);
 enum wqb_loop { WQB_LOOP_MEMORY, WQB_LOOP_DONE_GET, WQB_LOOP_ADD_MANY };
 double wqb_cycle_variant(const struct wqb_cfg *c, const char *variant, enum wqb_loop loop,
                          unsigned flags, uint64_t n, const char *ref_name, double ref);
+/* batch > 1: consumers take keys with wq_get_many and finish them with
+   wq_done_many, `batch` at a time. */
 void wqb_drain_variant(const struct wqb_cfg *c, const char *variant, int consumers,
-                       uint64_t n);
+                       int batch, uint64_t n);
 struct wqb_mpmc {
     const char *variant;
     int producers, consumers;
     uint64_t adds;
     uint64_t pace_ns;   /* 0: flat out */
+    int batch;          /* > 1: consumers use wq_get_many / wq_done_many */
 };
 void wqb_mpmc_variant(const struct wqb_cfg *c, const struct wqb_mpmc *p);
 

@@ -64,6 +64,7 @@ static const struct opt_def opt_defs[O_COUNT] = {
     [O_LISTEN]      = { "listen", true, 0 },
     [O_INTERVAL]    = { "interval", true, 0 },
     [O_ONCE]        = { "once", false, 0 },
+    [O_NKEYS]       = { "count", true, 'n' },
     [O_HELP]        = { "help", false, 'h' },
 };
 

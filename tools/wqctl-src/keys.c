@@ -277,43 +277,80 @@ int cmd_requeues(const struct args *a)
 /* get                                                                 */
 /* ------------------------------------------------------------------ */
 
+/* Keys per wq_get_many of `get --count`: one buffer of this many longest
+   keys, whatever the count. */
+#define GET_BATCH 1024
+
 int cmd_get(const struct args *a)
 {
     const char *name = a->pos[0];
     uint64_t max_key_len;
+    uint32_t count = 1, got = 0;
     int64_t timeout;
     char *buf;
+    struct iovec *keys;
     wq *q;
-    int rc, n;
+    int rc, n = 0;
 
     if (!opt_timeout(a, 0, &timeout))
         return EXIT_USAGE;
+    if (!opt_u32(a, O_NKEYS, 10, UINT32_MAX, &count))
+        return EXIT_USAGE;
+    if (count == 0)
+        return usage_error(a->cmd, "bad value '0' for --count (at least 1)");
     if ((rc = set_key_output(a)) != EXIT_OK)
         return rc;
     if ((rc = open_queue_keys(name, &q, &max_key_len)) != EXIT_OK)
         return rc;
-    buf = malloc(max_key_len ? max_key_len : 1);
-    if (!buf) {
+    size_t per = count < GET_BATCH ? count : GET_BATCH;
+    size_t size = per * (max_key_len ? max_key_len : 1);
+    buf = malloc(size);
+    keys = malloc(per * sizeof *keys);
+    if (!buf || !keys) {
+        free(buf);
+        free(keys);
         wq_close(q);
         return out_of_memory();
     }
 
-    n = wq_get(q, buf, max_key_len, timeout);
-    if (n > 0) {
-        struct ectx c = { .queue = name, .what = "done", .key = buf,
-                          .key_len = (size_t)n };
-
-        /* Done before the caller's work runs: at most once (the man
-           page says so; `work` is the at-least-once way). */
-        put_key(stdout, buf, (size_t)n);
-        putchar(key_end());
-        rc = wq_done(q, buf, (size_t)n);
-        rc = rc < 0 ? fail(&c, rc) : EXIT_OK;
-    } else if (n == -EAGAIN || n == -ETIMEDOUT) {
-        rc = EXIT_FAIL; /* empty: print nothing */
-    } else {
+    /* Done before the caller's work runs: at most once (the man page says
+       so; `work` is the at-least-once way). The first batch waits up to
+       the timeout; the rest take what is queued then. */
+    rc = EXIT_OK;
+    while (got < count) {
+        size_t want = count - got < per ? count - got : per;
+        n = wq_get_many(q, buf, size, keys, want, got ? 0 : timeout);
+        if (n <= 0)
+            break;
+        for (int i = 0; i < n; i++) {
+            put_key(stdout, keys[i].iov_base, keys[i].iov_len);
+            putchar(key_end());
+        }
+        got += (uint32_t)n;
+        int d = wq_done_many(q, keys, (size_t)n);
+        if (d < 0) {
+            struct ectx c = { .queue = name, .what = "done" };
+            rc = fail(&c, d);
+            break;
+        }
+        if (d < n) {   /* only a lost lease (Redis) takes a key from us */
+            fprintf(stderr, "wqctl: queue '%s': %d of the %d keys handed out were no longer "
+                    "this process's at done (their lease was lost; they are handed out "
+                    "again)\n", name, n - d, n);
+            rc = EXIT_FAIL;
+            break;
+        }
+    }
+    if (rc == EXIT_OK && got == 0) {
+        if (n == -EAGAIN || n == -ETIMEDOUT)
+            rc = EXIT_FAIL; /* empty: print nothing */
+        else
+            rc = queue_error(name, "get", n);
+    } else if (rc == EXIT_OK && n < 0 && n != -EAGAIN && n != -ETIMEDOUT &&
+               n != -ESHUTDOWN) {
         rc = queue_error(name, "get", n);
     }
+    free(keys);
     free(buf);
     wq_close(q);
     return rc;

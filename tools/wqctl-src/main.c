@@ -102,9 +102,9 @@ static const struct command commands[] = {
     { "result", cmd_result, OPT(O_JSON) | KEY_OPTS, 2, 2, 0,
       "NAME [--json | --raw | --escaped] [--] KEY",
       "print how a key's last run ended (wq_result)" },
-    { "get", cmd_get, OPT(O_TIMEOUT) | KEY_OPTS | OPT(O_NUL), 1, 1, 0,
-      "NAME [--timeout DUR] [--raw | --escaped] [-0]",
-      "take one key, print it and mark it done (at most once)" },
+    { "get", cmd_get, OPT(O_TIMEOUT) | OPT(O_NKEYS) | KEY_OPTS | OPT(O_NUL), 1, 1, 0,
+      "NAME [--timeout DUR] [-n N] [--raw | --escaped] [-0]",
+      "take one key (or up to N), print it and mark it done (at most once)" },
     { "work", cmd_work,
       OPT(O_JOBS) | OPT(O_TIMEOUT) | OPT(O_REQUEUE_STATUS) |
       OPT(O_REQUEUE_AFTER) | OPT(O_EXIT_WHEN_EMPTY), 2, SIZE_MAX, 1,

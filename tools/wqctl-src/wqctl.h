@@ -66,6 +66,7 @@ enum opt_id {
     O_LISTEN,
     O_INTERVAL,
     O_ONCE,
+    O_NKEYS,
     O_HELP,
     O_COUNT
 };
