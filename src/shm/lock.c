@@ -91,23 +91,12 @@ static void release(shmq *q)
 #define SPIN_TRIES 50
 #define SPIN_PAUSES 16
 
-static inline void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ __volatile__("yield" ::: "memory");
-#else
-    __asm__ __volatile__("" ::: "memory");
-#endif
-}
-
 static int acquire(pthread_mutex_t *m)
 {
     int rc = pthread_mutex_trylock(m);
     for (int i = 0; rc == EBUSY && i < SPIN_TRIES; i++) {
         for (int k = 0; k < SPIN_PAUSES; k++)
-            cpu_relax();
+            wq__cpu_relax();
         rc = pthread_mutex_trylock(m);
     }
     return rc == EBUSY ? pthread_mutex_lock(m) : rc;

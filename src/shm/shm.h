@@ -208,6 +208,19 @@ static inline bool wq__region_broken(const shmq *q)
 {
     return WQ_UNLIKELY(q->hdr->corrupt != 0);
 }
+/* One pause of a spin loop: lets the sibling hyperthread run and saves
+   power while polling a word another CPU will write. */
+static inline void wq__cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield" ::: "memory");
+#else
+    __asm__ __volatile__("" ::: "memory");
+#endif
+}
+
 /* Queued keys, in either mode (lock held, or as a hint without it). */
 static inline uint32_t wq__queued(const shmq *q)
 {
