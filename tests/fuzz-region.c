@@ -1234,6 +1234,28 @@ static void exercise(wq *q, const struct image *im)
         if (m > (int)MAX_KEY_LEN)
             soft("get-len", "wq_done_get returned length %d > max_key_len", m);
     }
+    /* A batch: every key handed out lies inside the buffer, with a length
+       in 1..max_key_len, and done_many finishes at most that many. */
+    char mbuf[4 * MAX_KEY_LEN];
+    struct iovec mk[4];
+    n = wq_get_many(q, mbuf, sizeof mbuf, mk, 4, 0);
+    check_errno("wq_get_many", n);
+    if (n > 4 || n == 0)
+        soft("get-many-rc", "wq_get_many returned %d for at most 4 keys", n);
+    if (n > 0 && n <= 4) {
+        size_t used = 0;
+        for (int i = 0; i < n; i++) {
+            if (mk[i].iov_base != mbuf + used || mk[i].iov_len == 0 ||
+                mk[i].iov_len > MAX_KEY_LEN || used + mk[i].iov_len > sizeof mbuf)
+                hard("wq_get_many: key %d at offset %td, length %zu, outside the buffer", i,
+                     (char *)mk[i].iov_base - mbuf, mk[i].iov_len);
+            used += mk[i].iov_len;
+        }
+        rc = wq_done_many(q, mk, (size_t)n);
+        check_errno("wq_done_many", rc);
+        if (rc > n)
+            soft("done-many-rc", "wq_done_many returned %d for %d keys", rc, n);
+    }
     int len = wq_len(q);
     check_errno("wq_len", len);
     if (len < 0 ? len != -EBADMSG : (unsigned)len > CAPACITY)

@@ -198,7 +198,7 @@ int wqb_parse_args(int argc, char **argv, struct wqb_cfg *c, const char **names,
                 return -1;
             break;
         case 'v':
-            if (add_names(optarg, c->variants, &c->nvariants, 8) < 0)
+            if (add_names(optarg, c->variants, &c->nvariants, 32) < 0)
                 return -1;
             break;
         case 'n':

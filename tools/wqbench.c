@@ -144,7 +144,7 @@ static int find_helper(char *out, size_t cap)
 
 static void exec_helper(const char *path, const struct wqb_cfg *c)
 {
-    char n[32], reps[32], variants[256] = "--variant=";
+    char n[32], reps[32], variants[1024] = "--variant=";
     const char *argv[16];
     int a = 0;
     argv[a++] = path;

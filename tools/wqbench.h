@@ -35,7 +35,7 @@ struct wqb_cfg {
     int reps;          /* 0: the mode's default */
     uint64_t n;        /* 0: each workload's default size */
     bool no_header;    /* table mode: the caller printed the header */
-    const char *variants[8];   /* --variant filter; none: all */
+    const char *variants[32];  /* --variant filter; none: all */
     int nvariants;
     bool redis;        /* --engine redis or --prefix redis://... */
     const char *prefix;   /* --prefix: a redis:// server of the caller's */

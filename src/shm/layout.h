@@ -221,7 +221,9 @@ struct wq_hdr {
     uint32_t corrupt;                     /* lock; set by whoever finds a
                                              structure inconsistent; the next
                                              locker repairs (like busy) */
-    uint32_t pad5;
+    uint32_t wake_pending;                /* lock; wakes issued to getters that
+                                             have not locked again yet (wait.c);
+                                             0 in regions of earlier builds */
     uint64_t restored;                    /* written once, before publication:
                                              keys restored from the store */
     uint64_t reserved[6];                 /* room for later counters */

@@ -510,6 +510,7 @@ static void finish(struct ctx *c, uint32_t queued)
         h->live = live;
         h->processing = processing;
         h->waiters = waiters;
+        h->wake_pending = 0;   /* a hint: zero only costs wakes */
         h->retained = retained;
         h->failing = failing;
         h->zombies = zombies;

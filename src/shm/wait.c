@@ -50,13 +50,27 @@ static void futex_wake(uint32_t *word, int n)
     syscall(SYS_futex, word, FUTEX_WAKE, n, NULL, NULL, 0);
 }
 
-/* Lock held: n blocked getters are owed a wake (INT_MAX: all). */
+/*
+ * Lock held: n more keys are available to blocked getters. Each sleeper
+ * gets at most one wake on its way: wake_pending counts the wakes issued
+ * whose sleepers have not locked again, and a sleeper that has one coming
+ * is not woken again. The woken getter passes the wake on if more keys
+ * are queued (queue.c), so a burst of adds costs one FUTEX_WAKE per
+ * sleeper, not one per add. A count left by a woken process that died
+ * before locking is cleared when its slot is reaped (procs.c) or by
+ * repair; until then sleepers still wake every WQ_REAP_INTERVAL_NS.
+ */
 void wq__wake_getters(shmq *q, int n)
 {
     WQ_ASSERT_LOCKED(q);
-    if (WQ_LIKELY(q->hdr->waiters == 0) || n <= 0)
+    struct wq_hdr *h = q->hdr;
+    if (WQ_LIKELY(h->waiters == 0) || n <= 0 || h->wake_pending >= h->waiters)
         return;
-    wq_bump_release(&q->hdr->wake_seq);
+    uint32_t owed = h->waiters - h->wake_pending;
+    if ((uint32_t)n > owed)
+        n = (int)owed;
+    h->wake_pending += (uint32_t)n;
+    wq_bump_release(&h->wake_seq);
     q->wake_get = n > INT_MAX - q->wake_get ? INT_MAX : q->wake_get + n;
 }
 
@@ -117,6 +131,8 @@ int wq__sleep(shmq *q, uint32_t *word, uint64_t deadline, uint64_t until, bool g
        counts are only ever decremented, never below zero. */
     struct wq_proc *me = &q->procs[q->slot];
     if (getter) {
+        if (h->wake_pending > 0)
+            h->wake_pending--;   /* ours, or one whose sleeper took longer */
         if (h->waiters > 0)
             h->waiters--;
         if (me->waiting > 0)
