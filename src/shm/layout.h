@@ -37,7 +37,7 @@
 #include <stdint.h>
 
 #define WQ_MAGIC        0x31515762696c0a57ull /* "W\nlibWQ1" little-endian */
-#define WQ_LAYOUT_VER   6u
+#define WQ_LAYOUT_VER   7u
 #define WQ_ALIGN        64u
 #define WQ_NIL          0xffffffffu          /* "no entry" */
 
@@ -195,7 +195,8 @@ struct wq_hdr {
     } qdur, wdur, rldelay;                /* rldelay: the rate limiter's delays */
     /* Results (results.c): lock. Used slots form a list in update order
        (least recently updated at the head, evicted first); free slots a
-       list through next. */
+       list through next, and slots r_fresh.. were never used (zero, on no
+       list): a new region does not write its result table. */
     uint32_t r_free, r_head, r_tail, r_count;
     uint64_t r_seq;                       /* next result update sequence */
     uint32_t r_busy;                      /* lock; 1 while the table changes:
@@ -226,7 +227,9 @@ struct wq_hdr {
                                              0 in regions of earlier builds */
     uint64_t restored;                    /* written once, before publication:
                                              keys restored from the store */
-    uint64_t reserved[6];                 /* room for later counters */
+    uint32_t r_fresh;                     /* lock; see r_free above */
+    uint32_t pad6;
+    uint64_t reserved[5];                 /* room for later counters */
     /* Store flushers (store.c): one at a time, from reading the store
        queue's front to popping it; robust, holds no state of its own. */
     pthread_mutex_t flush_lock;

@@ -9,6 +9,10 @@
  * is idle (state RETAINED). Used slots form a doubly linked list in update
  * order: a full table evicts its head, the least recently updated result.
  *
+ * Free slots: the free list, then the never-used slots from r_fresh on
+ * (a new region writes nothing here). Repair and check look at slots
+ * below r_fresh only.
+ *
  * Crash safety: a new result commits with the slot's owner store; the
  * entry's back pointer and the list follow and are rebuilt by repair
  * (wq__results_rebuild: a slot is kept when its owner entry is in use and
@@ -97,7 +101,8 @@ int wq__result_record(shmq *q, uint32_t idx, int code, const char *message)
         h->r_busy = 0;
         return 0;
     }
-    if (h->r_free >= q->result_capacity) {   /* full: evict the oldest */
+    if (h->r_free >= q->result_capacity && h->r_fresh >= q->result_capacity) {
+        /* full: evict the oldest */
         uint32_t old = h->r_head;
         if (old >= q->result_capacity || slot(q, old)->owner == 0 ||
             slot(q, old)->owner > q->capacity)
@@ -111,12 +116,18 @@ int wq__result_record(shmq *q, uint32_t idx, int code, const char *message)
                 return rc;
         }
     }
-    s = h->r_free;
-    if (s >= q->result_capacity)
-        return -EBADMSG;
     h->r_busy = 1;
+    s = h->r_free;
+    if (s < q->result_capacity) {
+        h->r_free = slot(q, s)->next;
+    } else if (h->r_fresh < q->result_capacity) {
+        s = h->r_fresh++;   /* lost if we die before the owner store: repair
+                               finds it free (owner 0) below r_fresh */
+    } else {
+        h->r_busy = 0;
+        return -EBADMSG;
+    }
     struct wq_rslot *r = slot(q, s);
-    h->r_free = r->next;
     fill(q, r, code, message);
     WQ_STEP("result.fill");
     r->owner = idx + 1;   /* commit */
@@ -142,13 +153,21 @@ static int cmp_seq(const void *a, const void *b, void *arg)
  * update-order list (sorted on seq) and the free list. Entries pointing at
  * a slot that is not theirs lose the pointer.
  */
+/* Slots ever used: r_fresh, or all of them if the header says more. */
+static uint32_t used_part(const shmq *q)
+{
+    uint32_t f = q->hdr->r_fresh;
+    return f <= q->result_capacity ? f : q->result_capacity;
+}
+
 void wq__results_rebuild(shmq *q)
 {
     struct wq_hdr *h = q->hdr;
-    uint32_t n = 0;
+    uint32_t n = 0, fresh = used_part(q);
+    h->r_fresh = fresh;
     for (uint32_t i = 0; i < q->capacity; i++) {
         struct wq_entry *e = wq__entry(q, i);
-        if (e->rslot != WQ_NIL && (wq__st(e) == 0 || e->rslot >= q->result_capacity ||
+        if (e->rslot != WQ_NIL && (wq__st(e) == 0 || e->rslot >= fresh ||
                                    slot(q, e->rslot)->owner != i + 1))
             e->rslot = WQ_NIL;
     }
@@ -158,7 +177,7 @@ void wq__results_rebuild(shmq *q)
     if (!q->rscratch)
         q->rscratch = calloc(q->result_capacity, sizeof *q->rscratch);
     h->r_free = WQ_NIL;
-    for (uint32_t s = q->result_capacity; s-- > 0;) {
+    for (uint32_t s = fresh; s-- > 0;) {
         struct wq_rslot *r = slot(q, s);
         uint32_t o = r->owner;
         struct wq_entry *e = o != 0 && o <= q->capacity ? wq__entry(q, o - 1) : NULL;
@@ -181,7 +200,7 @@ void wq__results_rebuild(shmq *q)
         for (uint32_t k = 0; k < n; k++)
             append_slot(q, q->rscratch[k]);
     } else {
-        for (uint32_t s = 0; s < q->result_capacity; s++)
+        for (uint32_t s = 0; s < fresh; s++)
             if (slot(q, s)->owner != 0)
                 append_slot(q, s);
     }
@@ -196,13 +215,13 @@ void wq__results_rebuild(shmq *q)
    back pointer: O(entries with results) otherwise, not O(result_capacity). */
 bool wq__results_damaged(shmq *q)
 {
-    if (q->hdr->r_busy)
+    if (q->hdr->r_busy || q->hdr->r_fresh > q->result_capacity)
         return true;
     for (uint32_t i = 0; i < q->capacity; i++) {
         const struct wq_entry *e = wq__entry(q, i);
         if (e->rslot == WQ_NIL)
             continue;
-        if (wq__st(e) == 0 || e->rslot >= q->result_capacity ||
+        if (wq__st(e) == 0 || e->rslot >= q->hdr->r_fresh ||
             slot(q, e->rslot)->owner != i + 1)
             return true;
     }
@@ -217,8 +236,10 @@ int wq__results_verify(shmq *q, void (*violation)(void *c, const char *what), vo
     int found = 0;
 #define BAD(...) do { snprintf(what, sizeof what, __VA_ARGS__); violation(c, what); \
                       found++; } while (0)
-    uint32_t used = 0;
-    for (uint32_t s = 0; s < q->result_capacity; s++) {
+    uint32_t used = 0, fresh = used_part(q);
+    if (h->r_fresh > q->result_capacity)
+        BAD("results: %u slots used so far, of %u", h->r_fresh, q->result_capacity);
+    for (uint32_t s = 0; s < fresh; s++) {
         uint32_t o = slot(q, s)->owner;
         if (o == 0)
             continue;
@@ -229,7 +250,7 @@ int wq__results_verify(shmq *q, void (*violation)(void *c, const char *what), vo
     }
     for (uint32_t i = 0; i < q->capacity; i++) {
         uint32_t s = wq__entry(q, i)->rslot;
-        if (s != WQ_NIL && (s >= q->result_capacity || slot(q, s)->owner != i + 1))
+        if (s != WQ_NIL && (s >= fresh || slot(q, s)->owner != i + 1))
             BAD("entry %u: result slot %u is not its own", i, s);
     }
     if (used != h->r_count)
@@ -237,7 +258,7 @@ int wq__results_verify(shmq *q, void (*violation)(void *c, const char *what), vo
     uint32_t n = 0, prev = WQ_NIL;
     uint64_t seq = 0;
     for (uint32_t s = h->r_head; s != WQ_NIL; prev = s, s = slot(q, s)->next) {
-        if (s >= q->result_capacity || n++ > q->result_capacity) {
+        if (s >= fresh || n++ > q->result_capacity) {
             BAD("results list: bad link %u", s);
             break;
         }
@@ -250,14 +271,13 @@ int wq__results_verify(shmq *q, void (*violation)(void *c, const char *what), vo
         BAD("results list: %u slots listed, %u used", n, used);
     n = 0;
     for (uint32_t s = h->r_free; s != WQ_NIL; s = slot(q, s)->next) {
-        if (s >= q->result_capacity || n++ > q->result_capacity ||
-            slot(q, s)->owner != 0) {
+        if (s >= fresh || n++ > q->result_capacity || slot(q, s)->owner != 0) {
             BAD("results free list: bad slot %u", s);
             break;
         }
     }
-    if (n != q->result_capacity - used)
-        BAD("results free list: %u slots, expected %u", n, q->result_capacity - used);
+    if (n != fresh - used)
+        BAD("results free list: %u slots, expected %u", n, fresh - used);
 #undef BAD
     return found;
 }
