@@ -12,7 +12,10 @@
  *         shows what cache and TLB misses cost. Figures: cycles/s and
  *         region_bytes / L, with default options (the results table has
  *         result_capacity = capacity slots) and, as bytes_per_key_r1, for
- *         the same queue with result_capacity = 1.
+ *         the same queue with result_capacity = 1. Variant "footprint":
+ *         the /dev/shm bytes a queue made with default options holds at
+ *         creation (st_blocks of its shm object; allocated_bytes) and its
+ *         size (region_bytes): issue 16's goal is at most 1 MiB.
  * durable The cycle loop against a queue with an LMDB store, per
  *         durability level; skipped while wq_open answers -ENOTSUP.
  * restore (the recover workload's second half) N keys are put in a store
@@ -28,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -232,8 +236,36 @@ static void scale_one(const struct wqb_cfg *c, uint64_t live, uint64_t rotations
     wqb_queue_destroy(q, name);
 }
 
+/* What a default queue holds in /dev/shm when nothing is in it yet. */
+static void footprint(const struct wqb_cfg *c)
+{
+    wq *q;
+    char name[WQB_NAME_LEN], path[WQB_NAME_LEN + 16];
+    struct wqb_result r;
+    struct wq_stats st;
+    struct stat sb;
+    struct wq_options o = { .max_key_len = 256 };   /* wq.h's default (0 -> 256);
+                                                       wqb_open_new's 0 means 12 */
+    if (!wqb_want(c, "footprint"))
+        return;
+    wqb_check(wqb_open_new("footprint", &o, &q, name), "wq_open (default options)");
+    wqb_check(wq_stats(q, &st), "wq_stats");
+    snprintf(path, sizeof path, "/dev/shm/wq.%s", name);
+    if (stat(path, &sb) < 0)
+        wqb_die("footprint: stat %s: %s", path, strerror(errno));
+    wqb_result_init(&r, "scale", "footprint", "bytes");
+    wqb_result_add(&r, (double)sb.st_blocks * 512.0);
+    wqb_result_extra(&r, "region_bytes", (double)st.region_bytes, WQB_X_INT);
+    wqb_result_extra(&r, "capacity", (double)st.capacity, WQB_X_INT);
+    wqb_result_extra(&r, "max_key_len", (double)wq_max_key_len(q), WQB_X_INT);
+    wqb_result_extra(&r, "result_capacity", (double)st.result_capacity, WQB_X_INT);
+    wqb_emit(c, &r);
+    wqb_queue_destroy(q, name);
+}
+
 void wqb_run_scale(const struct wqb_cfg *c)
 {
+    footprint(c);
     uint64_t rotations = wqb_size(c, 200000, 1000000);
     uint64_t top = c->mode == WQB_FULL ? 10000000 : 1000000;
     for (uint64_t live = 1000; live <= top; live *= 10)
