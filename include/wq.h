@@ -93,8 +93,10 @@
  *   -ENOTRECOVERABLE the region lock was left unrecoverable; the region
  *                 must be removed (wq_unlink) and recreated.
  *   -ENOSPC       the queue holds `capacity` live keys (nothing was added);
- *                 or /dev/shm has no room for a new region; or the store's
- *                 disk or LMDB map is full.
+ *                 or /dev/shm has no room for a new region, or for the
+ *                 pages an add or a result needs (see "Memory"; nothing
+ *                 was changed); or the store's disk or LMDB map is full.
+ *                 A shared-memory queue says which in wq_last_error.
  *   -EMSGSIZE     a key longer than max_key_len.
  *   -ENOBUFS      wq_get: the buffer is smaller than max_key_len.
  *   -EAGAIN       wq_get with timeout 0: nothing queued. (Only that: libwq
@@ -167,9 +169,10 @@
  *     "reminder" add that fires later. Two delayed adds of a waiting key
  *     keep the earlier ready time (as client-go).
  *   - Capacity and key length are bounded (wq_options.capacity,
- *     max_key_len): the queue is a fixed shared-memory region. A full queue
- *     refuses the add (-ENOSPC, nothing changed) instead of growing; a
- *     longer key is -EMSGSIZE. Keys are byte strings, not Go values.
+ *     max_key_len): the queue's region is laid out for them once. A full
+ *     queue refuses the add (-ENOSPC, nothing changed) instead of growing;
+ *     a longer key is -EMSGSIZE. Keys are byte strings, not Go values.
+ *     The memory it takes follows the keys, not the capacity ("Memory").
  *   - Failure counts (wq_add_rate_limited, wq_forget) live in the key's
  *     slot: when the queue is full, the count of an idle key is dropped to
  *     make room for a new key (see wq_forget). client-go's map grows.
@@ -191,6 +194,30 @@
  *   client-go's queue tests are ported to C in tests/test-queue.c (same
  *   orders, same counts), and client-go's queue_test.go runs unchanged
  *   against libwq through a Go adapter (tests/client-go).
+ *
+ * MEMORY
+ *   A queue's shm object has the size of its whole layout (wq_stats
+ *   region_bytes: about 610 bytes per unit of capacity with the default
+ *   max_key_len and result_capacity, 40 MB for a default queue), but it
+ *   is a sparse file: it takes memory (pages of /dev/shm, counted against
+ *   the tmpfs size limit and the memory cgroup) only for what is used
+ *   (wq_stats region_used):
+ *     - at creation, the header, the process table (72 bytes per
+ *       max_procs), the hash index and the FIFO ring (14 bytes per unit of
+ *       capacity; 18 with a store; fair mode adds its tenant table, up to
+ *       512 KiB): 924 KiB for a default queue;
+ *     - then, as keys arrive, one entry per key held at once (48 +
+ *       max_key_len bytes, 8-aligned, and 4 for the delay heap; 32 more
+ *       in fair mode), and one slot of 288 bytes per result kept. Each
+ *       grows in steps of an eighth of what it has (at least 64 KiB),
+ *       under the lock. Entries freed by done keys are reused before new
+ *       pages are taken, and pages are not given back while the queue
+ *       exists: the most keys (and results) held at once set the figure.
+ *   When the system refuses pages (the tmpfs is full or at its size limit:
+ *   Docker gives containers 64 MiB by default, `--shm-size` changes it),
+ *   the add or wq_finish that needed them fails with -ENOSPC and changes
+ *   nothing; wq_last_error names the queue, the bytes wanted and the bytes
+ *   free. No process ever gets a SIGBUS for a page it touches.
  */
 #ifndef WQ_H
 #define WQ_H
@@ -392,7 +419,8 @@ WQ_API int wq_unlink(const char *name);
  * processing (a processing key is queued again at its wq_done).
  * Returns 0 when newly queued or newly marked dirty, 1 when coalesced into
  * a key that is already dirty. -ESHUTDOWN after shutdown, -ENOSPC when
- * `capacity` keys are live (nothing changes), -EINVAL on an empty key or
+ * `capacity` keys are live or the region cannot grow for a new key
+ * ("Memory"; nothing changes either way), -EINVAL on an empty key or
  * NULL, -EMSGSIZE when longer than max_key_len; with a store, its errors
  * (see "Persistence"; the add is then undone). Blocks only for the region
  * lock, and with a WQ_DURABLE_PROCESS or WQ_DURABLE_FSYNC store until the
@@ -676,7 +704,9 @@ struct wq_result {
  * wq_done (-ENOENT if the key is not processing: nothing is recorded).
  *
  * Where results live: in a table of `result_capacity` slots in the region
- * (wq_options; 0 -> capacity). A result is kept while its key is idle,
+ * (wq_options; 0 -> capacity), whose pages are taken as results arrive:
+ * when the system refuses them, wq_finish is -ENOSPC and the key stays
+ * processing (finish it again, or wq_done it). A result is kept while its key is idle,
  * until wq_remove, until result_capacity newer results push it out (least
  * recently updated first), or until its key's slot is needed for a new
  * live key (as failure counts, see wq_forget). Re-adding the key makes it
@@ -942,9 +972,9 @@ WQ_API int wq_snapshot(wq *q);
  *   - Options with no meaning here are refused with -EINVAL, never
  *     ignored: store_path, mode (access is the server's ACL), max_procs,
  *     snapshot_interval_ms. lease_ns is for Redis queues only.
- *   - wq_stats: processes counts holders with unexpired leases; region_bytes,
- *     repairs_total, max_procs, has_store, store_unsynced and restored are
- *     0. wq_dump reads the queue in pages of 500 keys (not one snapshot:
+ *   - wq_stats: processes counts holders with unexpired leases;
+ *     region_bytes, region_used, repairs_total, max_procs, has_store,
+ *     store_unsynced and restored are 0. wq_dump reads the queue in pages of 500 keys (not one snapshot:
  *     a key that moves during the walk may be missed or seen twice);
  *     owner_pid is the holder's pid on its own machine. wq_check verifies
  *     the server-side structures against the key records, and with
@@ -1026,7 +1056,8 @@ struct wq_stats {
     uint64_t crash_requeues_total; /* keys requeued because their holder died */
     uint64_t max_key_len;
     uint64_t max_procs;     /* 0: no process table (Redis) */
-    uint64_t region_bytes;  /* size of the shared-memory object */
+    uint64_t region_bytes;  /* size of the shared-memory object: the address
+                               space every process maps (a sparse file) */
     uint64_t repairs_total; /* times the region was repaired after a dead lock holder */
     uint64_t shutting_down; /* 1 from a shutdown until wq_resume */
     uint64_t failing;       /* idle keys kept because their failure count
@@ -1044,7 +1075,10 @@ struct wq_stats {
     uint64_t idle_results;  /* idle keys kept only for their result */
     uint64_t restored;      /* keys restored from the store when the region
                                was built (0 without a restore) */
-    uint64_t reserved[14];  /* zeroed by the library: room to grow */
+    uint64_t region_used;   /* bytes of /dev/shm (memory) it takes now: the
+                               fixed sections, then the pages reserved for
+                               the most keys and results it has held */
+    uint64_t reserved[13];  /* zeroed by the library: room to grow */
 };
 
 /*

@@ -179,22 +179,54 @@ fi
 
 # ---- a full /dev/shm --------------------------------------------------------
 if [ "$(id -u)" = 0 ] && unshare -m true 2>/dev/null; then
-    unshare -m sh -c 'mount -t tmpfs -o size=1M tmpfs /dev/shm &&
+    # A new default queue takes under 1 MiB: 512 KiB is too little.
+    unshare -m sh -c 'mount -t tmpfs -o size=512k tmpfs /dev/shm &&
                       exec "$1" create "$2"' sh "$WQCTL" "$P-full" >"$OUT.1" 2>"$OUT.2"
     rc=$?
     [ "$rc" = 1 ] || fail "create on a full /dev/shm exited $rc: $(cat "$OUT.2")"
     grep -qx "wqctl: queue '$P-full': no room in /dev/shm for its region: it needs [0-9]* bytes, [0-9]* are free" \
         "$OUT.2" || fail "create on a full /dev/shm said: $(cat "$OUT.2")"
     no_shm "$P-full"
+    # A queue that outgrows a 2 MiB /dev/shm: the add that needs pages the
+    # tmpfs refuses fails (exit 1, no SIGBUS) naming the queue and the room
+    # it lacks; every key added before is there and the region is clean;
+    # keys done free entries that new keys then reuse.
+    unshare -m sh -c 'mount -t tmpfs -o size=2M tmpfs /dev/shm || exit 9
+        W=$1 Q=$2 O=$3
+        "$W" create "$Q" || exit 8
+        seq 1 20000 | sed s/^/key-/ | "$W" add "$Q" - >"$O.add" 2>"$O.adderr"
+        echo $? >"$O.addrc"
+        "$W" stat "$Q" >"$O.stat" 2>&1
+        "$W" check "$Q" >"$O.check" 2>&1 || echo "check failed" >>"$O.check"
+        "$W" get "$Q" -n 100 >"$O.got" 2>&1 || echo "get failed" >>"$O.got"
+        seq 1 100 | sed s/^/new-/ | "$W" add "$Q" - >"$O.readd" 2>&1 ||
+            echo "add after done failed" >>"$O.readd"
+        "$W" check "$Q" >>"$O.check" 2>&1 || echo "check failed" >>"$O.check"' \
+        sh "$WQCTL" "$P-grow" "$OUT" 2>"$OUT.2"
+    rc=$?
+    [ "$rc" = 0 ] || fail "the 2 MiB /dev/shm script exited $rc: $(cat "$OUT.2")"
+    [ "$(cat "$OUT.addrc")" = 1 ] || fail "add past a full /dev/shm exited $(cat "$OUT.addrc")"
+    grep -qx "wqctl: queue '$P-grow': no room in /dev/shm to grow its region to [0-9]* entries ([0-9]* bytes more, [0-9]* free)" \
+        "$OUT.adderr" || fail "add past a full /dev/shm said: $(cat "$OUT.adderr")"
+    added=$(sed -n 's/^added \([0-9]*\), coalesced 0$/\1/p' "$OUT.add")
+    [ -n "$added" ] && [ "$added" -gt 1000 ] && [ "$added" -lt 20000 ] ||
+        fail "add past a full /dev/shm reported: $(cat "$OUT.add")"
+    grep -qx "live  *$added" "$OUT.stat" || fail "$added added, but: $(cat "$OUT.stat")"
+    [ "$(grep -c "^queue '$P-grow': clean$" "$OUT.check")" = 2 ] ||
+        fail "the grown queue is not clean: $(cat "$OUT.check")"
+    [ "$(sed -n 1p "$OUT.got")" = key-1 ] && [ "$(wc -l <"$OUT.got")" = 100 ] ||
+        fail "get from the grown queue: $(head -3 "$OUT.got")"
+    grep -qx "added 100, coalesced 0" "$OUT.readd" ||
+        fail "adds into reused entries: $(cat "$OUT.readd")"
 else
-    echo "note: cannot mount a tmpfs in a private namespace: full /dev/shm case skipped"
+    echo "note: cannot mount a tmpfs in a private namespace: full /dev/shm cases skipped"
 fi
 
 # A full queue is another thing.
 expect 0 "" "$WQCTL" create "$P-d" --capacity 2
 "$WQCTL" add "$P-d" a b >/dev/null || fail "add"
 "$WQCTL" add "$P-d" c >"$OUT.1" 2>"$OUT.2" && fail "add to a full queue succeeded"
-grep -qx "wqctl: queue '$P-d': add: queue is full (it holds capacity live keys)" "$OUT.2" ||
+grep -qx "wqctl: queue '$P-d': full: it holds 2 live keys of its capacity 2, the batch has 1 new" "$OUT.2" ||
     fail "add to a full queue said: $(cat "$OUT.2")"
 expect 0 "" "$WQCTL" rm "$P-d"
 

@@ -260,9 +260,13 @@ ok
 Q="$P-drain"
 expect_rc 0 "$WQCTL" create "$Q"
 expect_rc 0 "$WQCTL" add "$Q" d1 d2 d3
-start_work "$Q" -- sh -c 'sleep 0.2'
+# d1 runs until the signal was sent (a fixed sleep raced with slow polls:
+# d2 could start before the signal, and the running task finishes).
+start_work "$Q" -- sh -c 'while [ ! -e "$0/drain-go" ]; do sleep 0.02; done' "$T"
 wait_until "d1 runs" state_code_is "$Q" d1 running 0
 kill -TERM $wpid
+sleep 0.2   # the supervisor has taken the signal before d1 ends
+touch "$T/drain-go"
 end_work 0
 expect_field "$Q" d1 state succeeded
 for k in d2 d3; do expect_field "$Q" $k state pending; done

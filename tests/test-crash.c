@@ -264,9 +264,10 @@ static bool before_commit(const char *p, const struct step *s, struct model *m)
 {
     if (strcmp(p, "delay.counted") == 0 && (s->op == OP_AFTER || s->op == OP_RL))
         return m_find(m, s->key) == NULL;
-    static const char *const suffixes[] = { ".busy", ".alloc", ".key", ".owner",
+    static const char *const suffixes[] = { ".busy", ".alloc", ".fresh", ".key", ".owner",
                                             ".fields", "heap.remove", "result.fill",
-                                            "fair.tag" };
+                                            "fair.tag", "region.grow.entries",
+                                            "region.grow.results" };
     size_t n = strlen(p);
     for (size_t i = 0; i < sizeof suffixes / sizeof suffixes[0]; i++) {
         size_t len = strlen(suffixes[i]);
@@ -596,6 +597,7 @@ static void test_every_point(void **state)
     /* The script must reach every kind of mutation, shifts included. */
     static const char *const required[] = {
         "procs.register.fields", "procs.register.live", "add.busy", "add.alloc",
+        "add.fresh", "region.grow.results",
         "add.key", "add.state", "table.insert.hash", "add.index", "ring.push.slot",
         "add.ring", "add.counters", "mark.busy", "add.mark", "mark.counters", "get.busy", "get.owner", "get.state",
         "get.ring", "get.counters", "done.busy", "done.state", "done.ring",

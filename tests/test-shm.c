@@ -17,7 +17,13 @@
  *     and wq_check agree about it;
  *   - errors: a damaged store is -EUCLEAN, not the region's -EBADMSG, and
  *     LMDB's "full" codes never surface as -EAGAIN;
- *   - WQ_RESTORE refuses a directory that holds no store, creating nothing.
+ *   - WQ_RESTORE refuses a directory that holds no store, creating nothing;
+ *   - the region is a sparse file whose entries and result slots are
+ *     reserved as keys and results arrive: a new default queue takes
+ *     under 1 MiB, freed entries are reused before new pages, and a
+ *     growth the system refuses is -ENOSPC with the queue named, losing
+ *     nothing (an add, a batch, a result); a process killed in the
+ *     middle of a growth costs nothing.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -375,6 +381,181 @@ static void test_restore_needs_a_store(void **state)
     wq_close(q);
 }
 
+/* Bytes of /dev/shm the queue's object takes, from outside the library. */
+static uint64_t shm_used(const char *name)
+{
+    char p[512];
+    struct stat sb;
+    t_shm_path(name, p, sizeof p);
+    assert_int_equal(stat(p, &sb), 0);
+    return (uint64_t)sb.st_blocks * 512;
+}
+
+static void add_keys(wq *q, const char *prefix, int n)
+{
+    for (int i = 0; i < n; i++) {
+        char k[32];
+        snprintf(k, sizeof k, "%s-%05d", prefix, i);
+        assert_int_equal(wq_add(q, k, strlen(k)), 0);
+    }
+}
+
+static void drain_all(wq *q)
+{
+    char buf[300];
+    int n;
+    while ((n = wq_get(q, buf, sizeof buf, 0)) > 0)
+        assert_int_equal(wq_done(q, buf, (size_t)n), 0);
+    assert_int_equal(n, -EAGAIN);
+}
+
+/* A default queue (capacity 65536, max_key_len 256: a 40 MB object)
+   takes under 1 MiB of /dev/shm when new; 5000 keys reserve entries for
+   about 5000 (one step past at most), and 5000 other keys after those
+   are done reuse the same entries: nothing more is reserved. */
+static void test_region_grows_with_keys(void **state)
+{
+    (void)state;
+    const char *name;
+    wq *q = t_track(t_create("grow", NULL, &name));
+    struct wq_shm *s = wq__shm(q);
+    struct wq_stats st = t_stats(q);
+    uint64_t base = shm_used(name);
+    assert_int_equal(st.region_used, base);
+    assert_true(base <= 1024 * 1024);
+    assert_true(st.region_bytes > 38u * 1024 * 1024);   /* the address space */
+    assert_int_equal(s->hdr->grown_ent, 0);
+    assert_int_equal(s->hdr->e_fresh, 0);
+
+    add_keys(q, "first", 5000);
+    uint64_t unit = s->entry_size + sizeof(uint32_t);   /* entry, heap slot */
+    uint32_t grown = s->hdr->grown_ent;
+    assert_int_equal(s->hdr->e_fresh, 5000);
+    assert_true(grown >= 5000 && grown <= 5000 + 5000 / 8 + 65536 / unit + 1);
+    uint64_t used = shm_used(name);
+    /* Entries and heap slots, each section's ends rounded to pages. */
+    assert_true(used >= base + grown * unit - 2 * 4096);
+    assert_true(used <= base + grown * unit + 4 * 4096);
+    assert_int_equal(t_stats(q).region_used, used);
+
+    drain_all(q);
+    add_keys(q, "second", 5000);
+    assert_int_equal(s->hdr->e_fresh, 5000);
+    assert_int_equal(s->hdr->grown_ent, grown);
+    assert_int_equal(shm_used(name), used);
+    assert_int_equal(wq_len(q), 5000);
+    t_check_clean(q, __func__);
+    drain_all(q);
+    t_close(q);
+}
+
+/* The system refuses a growth (the fault point stands for a full tmpfs;
+   tests/run-shm-full.sh fills a real one): the add that needed it is
+   -ENOSPC naming the queue and what it needed, a batch adds none of its
+   keys, a result is refused with its key still processing; keys that
+   need no room still work, and the next growth that succeeds goes on. */
+static void test_growth_refused(void **state)
+{
+    (void)state;
+    wq *q = t_track(t_create("growno", NULL, NULL));
+    struct wq_shm *s = wq__shm(q);
+    assert_int_equal(wq_add(q, KS("a")), 0);
+    uint32_t g = s->hdr->grown_ent;
+    for (uint32_t i = 1; i < g; i++) {
+        char k[32];
+        snprintf(k, sizeof k, "k%u", i);
+        assert_int_equal(wq_add(q, k, strlen(k)), 0);
+    }
+    assert_int_equal(s->hdr->e_fresh, g);
+
+    wq_fault_arm("region.grow", 1, WQ_FAULT_FAIL);
+    assert_int_equal(wq_add(q, KS("over")), -ENOSPC);
+    char want[128];
+    snprintf(want, sizeof want, "queue '%s': no room in /dev/shm to grow its region to ",
+             wq_name(q));
+    assert_non_null(strstr(wq_last_error(), want));
+    assert_non_null(strstr(wq_last_error(), " entries ("));
+    assert_int_equal(wq_len(q), (int)g);
+    assert_int_equal(t_key_state(q, "over"), 0);
+    assert_int_equal(s->hdr->grown_ent, g);
+
+    wq_fault_arm("region.grow", 1, WQ_FAULT_FAIL);
+    struct iovec batch[3] = { { "b1", 2 }, { "b2", 2 }, { "a", 1 } };
+    assert_int_equal(wq_add_many(q, batch, 3), -ENOSPC);
+    assert_int_equal(wq_len(q), (int)g);
+    assert_int_equal(t_key_state(q, "b1"), 0);
+    assert_int_equal(wq_add(q, KS("a")), 1);   /* coalesced: needs no room */
+
+    wq_fault_arm(NULL, 0, 0);
+    assert_int_equal(wq_add_many(q, batch, 3), 1);   /* a coalesced */
+    assert_int_equal(wq_len(q), (int)g + 2);
+
+    /* Results: the first one needs the result slots' first pages. */
+    T_EXPECT_GET(q, "a");
+    wq_fault_arm("region.grow", 1, WQ_FAULT_FAIL);
+    assert_int_equal(wq_finish(q, KS("a"), 3, "partial"), -ENOSPC);
+    assert_non_null(strstr(wq_last_error(), " result slots ("));
+    assert_int_equal(t_key_state(q, "a"), WQ_KEY_PROCESSING);
+    wq_fault_arm(NULL, 0, 0);
+    assert_int_equal(wq_finish(q, KS("a"), 3, "partial"), 0);
+    struct wq_result r;
+    assert_int_equal(wq_result(q, KS("a"), &r), 0);
+    assert_int_equal(r.code, 3);
+    assert_string_equal(r.message, "partial");
+    t_check_clean(q, __func__);
+    drain_all(q);
+    t_close(q);
+}
+
+/* A process SIGKILLed in the middle of a growth (its pages reserved, the
+   count not yet moved) while holding the lock: the next locker repairs;
+   every key it added before is there once, the one it was adding is not,
+   and the next growth takes the same pages again and goes on. */
+static void test_killed_while_growing(void **state)
+{
+    (void)state;
+    const char *name;
+    wq *q = t_track(t_create("growkill", T_OPTS(.max_key_len = 16), &name));
+    struct wq_shm *s = wq__shm(q);
+    volatile int *added = t_shared_alloc(sizeof *added);
+    assert_int_equal(wq_add(q, KS("first")), 0);
+    uint32_t g = s->hdr->grown_ent;
+    pid_t pid = t_fork(30);
+    if (pid == 0) {
+        wq *c;
+        if (wq_open(name, NULL, &c) < 0)
+            _exit(2);
+        wq_fault_arm("region.grow.entries", 1, WQ_FAULT_KILL);
+        for (int i = 0; i < 100000; i++) {
+            char k[16];
+            snprintf(k, sizeof k, "c%d", i);
+            if (wq_add(c, k, strlen(k)) != 0)
+                _exit(3);
+            *added = i + 1;
+        }
+        _exit(4);   /* never grew */
+    }
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFSIGNALED(status));
+    assert_int_equal(WTERMSIG(status), SIGKILL);
+    int n = *added;
+    assert_int_equal((uint32_t)n + 1, g);   /* it died adding the first key past g */
+    assert_int_equal(wq_len(q), n + 1);   /* repairs: the lock's holder died */
+    assert_int_equal(s->hdr->grown_ent, g);
+    char k[16];
+    snprintf(k, sizeof k, "c%d", n);
+    assert_int_equal(t_key_state(q, k), 0);
+    t_check_clean(q, __func__);
+    assert_int_equal(wq_add(q, k, strlen(k)), 0);   /* grows now */
+    assert_true(s->hdr->grown_ent > g);
+    assert_int_equal(wq_len(q), n + 2);
+    t_check_clean(q, __func__);
+    drain_all(q);
+    t_shared_free((void *)added, sizeof *added);
+    t_close(q);
+}
+
 int main(void)
 {
     static const struct CMUnitTest tests[] = {
@@ -389,6 +570,9 @@ int main(void)
         T_TEST(test_store_errors_distinct),
         T_STORE_TEST(test_restore_needs_a_store),
         T_STORE_TEST(test_restore_idle_record_without_anything),
+        T_TEST(test_region_grows_with_keys),
+        T_TEST(test_growth_refused),
+        T_TEST(test_killed_while_growing),
         T_NO_LEFTOVERS,
     };
     static const struct t_guard g = {

@@ -21,7 +21,7 @@
 uint64_t wq__next_ready(const shmq *q)
 {
     uint32_t idx = wq__heap_top(q, WQ_HEAP_DELAY, q->hdr->heap_count);
-    return idx < q->capacity ? wq__entry(q, idx)->t_b : 0;
+    return idx < q->nent ? wq__entry(q, idx)->t_b : 0;
 }
 
 /* Lock held: move every key whose ready time has come to the queue (or
@@ -62,7 +62,7 @@ void wq__drop_waiting(shmq *q)
 {
     struct wq_hdr *h = q->hdr;
     while (h->heap_count > 0 && !wq__region_broken(q)) {
-        if (h->heap_count > q->capacity || q->heap[h->heap_count - 1] >= q->capacity) {
+        if (h->heap_count > q->nent || q->heap[h->heap_count - 1] >= q->nent) {
             h->corrupt = 1;
             return;
         }

@@ -41,6 +41,8 @@ static void free_handle(shmq *q)
 {
     if (q->base)
         munmap(q->base, q->size);
+    if (q->fd >= 0)
+        close(q->fd);
     free(q->scratch);
     free(q->held);
     free(q->rscratch);
@@ -60,6 +62,7 @@ int wq__shm_open(const char *name, const struct wq_options *opts, wq **out)
     q->pub.eng = &shm_engine;
     snprintf(q->pub.name, sizeof q->pub.name, "%s", name);
     q->slot = WQ_NIL;
+    q->fd = -1;
 
     bool create = opts && (opts->flags & WQ_CREATE);
     bool excl = opts && (opts->flags & WQ_EXCL);

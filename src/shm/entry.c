@@ -140,8 +140,9 @@ static uint32_t evict_retained(shmq *q)
     struct wq_hdr *h = q->hdr;
     if (h->retained == 0)
         return WQ_NIL;
-    uint32_t i = h->evict_hand < q->capacity ? h->evict_hand : 0;
-    for (uint32_t n = 0; n < q->capacity; n++, i = i + 1 == q->capacity ? 0 : i + 1) {
+    uint32_t used = wq__entries_used(q);
+    uint32_t i = h->evict_hand < used ? h->evict_hand : 0;
+    for (uint32_t n = 0; n < used; n++, i = i + 1 == used ? 0 : i + 1) {
         struct wq_entry *e = wq__entry(q, i);
         if (wq__st(e) != WQ_ST_RETAINED)
             continue;
@@ -164,12 +165,26 @@ static uint32_t evict_retained(shmq *q)
     return WQ_CORRUPT;   /* retained > 0 but none found */
 }
 
-static uint32_t alloc(shmq *q)
+/* A free entry: from the free list, else one never used (growing the
+   region for it), else an evicted idle one. *grow is the growth's error
+   when the region could not grow. */
+static uint32_t alloc(shmq *q, int *grow)
 {
-    uint32_t idx = q->hdr->free_head;
-    if (idx == WQ_NIL)
+    struct wq_hdr *h = q->hdr;
+    uint32_t idx = h->free_head;
+    *grow = 0;
+    if (idx == WQ_NIL) {
+        uint32_t f = h->e_fresh;
+        if (f < q->capacity && (*grow = wq__region_grow_entries(q, f + 1)) == 0) {
+            /* Lost if we die before the commit: repair finds it free
+               (state 0) below e_fresh and lists it. */
+            h->e_fresh = f + 1;
+            WQ_STEP("add.fresh");
+            return f;
+        }
         return evict_retained(q);
-    if (WQ_UNLIKELY(idx >= q->capacity))
+    }
+    if (WQ_UNLIKELY(idx >= wq__entries_used(q)))
         return WQ_CORRUPT;
     struct wq_entry *e = wq__entry(q, idx);
     if (WQ_UNLIKELY(e->state != 0))
@@ -218,13 +233,19 @@ uint32_t wq__entry_new(shmq *q, const void *key, size_t len, uint32_t hash, int 
 {
     WQ_ASSERT_MUTATING(q);
     if (q->hdr->live >= q->capacity) {
+        wq__errf("queue '%s': full: it holds its capacity of %u live keys", q->pub.name,
+                 q->capacity);
         *err = -ENOSPC;
         return WQ_NIL;
     }
-    uint32_t idx = alloc(q);
+    int grow;
+    uint32_t idx = alloc(q, &grow);
     if (idx == WQ_NIL || idx == WQ_CORRUPT || idx == WQ_EVICTING) {
-        *err = idx == WQ_CORRUPT ? -EBADMSG
-             : idx == WQ_EVICTING || q->g.has_store ? -WQ_EFLUSH : -ENOSPC;
+        /* A region that cannot grow is full unless the store can free
+           removed keys' entries. */
+        bool flush = idx == WQ_EVICTING ||
+                     (q->g.has_store && (grow == 0 || q->hdr->zombies > 0));
+        *err = idx == WQ_CORRUPT ? -EBADMSG : flush ? -WQ_EFLUSH : grow < 0 ? grow : -ENOSPC;
         return WQ_NIL;
     }
     WQ_STEP("add.alloc");

@@ -155,7 +155,7 @@ int wq__fair_rebuild(shmq *q)
     if (!q->fair)
         return 0;
     uint32_t n = 0;
-    for (uint32_t i = 0; i < q->capacity; i++)
+    for (uint32_t i = 0, used = wq__entries_used(q); i < used; i++)
         if (wq__entry(q, i)->state & WQ_ST_QUEUED) {
             q->fheap_p[n] = i;
             q->fheap_a[n] = i;
@@ -178,9 +178,9 @@ void wq__fair_verify(shmq *q, void (*violation)(void *c, const char *what), void
         return;
     uint32_t n = q->hdr->fq_count, count = 0;
     char what[128];
-    for (uint32_t i = 0; i < q->capacity; i++)
+    for (uint32_t i = 0, used = wq__entries_used(q); i < used; i++)
         count += queued(q, i);
-    if (n != count || n > q->capacity) {
+    if (n != count || n > q->nent) {
         snprintf(what, sizeof what, "fair heaps: %u members, %u entries queued", n, count);
         violation(c, what);
         return;

@@ -10,8 +10,8 @@
  * call takes n, the number of members before the call, and the caller
  * stores the new count.
  *
- * Bounds rule: n is checked against capacity; every entry index read
- * from a heap array is checked (< capacity) before it is used; every
+ * Bounds rule: n is checked against the reserved entries (q->nent); every entry index read
+ * from a heap array is checked (< nent) before it is used; every
  * position read from an entry is checked (< n, and the array at that
  * position names the entry back). A violation returns -EBADMSG before any
  * write through the bad value, so a corrupt heap never causes a stray
@@ -34,7 +34,7 @@ INLINE uint32_t *arr(shmq *q, int k)
     return k == WQ_HEAP_DELAY ? q->heap : k == WQ_HEAP_PRIO ? q->fheap_p : q->fheap_a;
 }
 
-/* Where entry idx (< capacity) keeps its position in heap k. */
+/* Where entry idx (< nent) keeps its position in heap k. */
 INLINE uint32_t *pos_of(shmq *q, int k, uint32_t idx)
 {
     return k == WQ_HEAP_DELAY ? &wq__entry(q, idx)->link
@@ -71,7 +71,7 @@ INLINE int sift_up(shmq *q, int k, uint32_t pos, uint32_t idx)
     uint32_t *a = arr(q, k);
     while (pos > 0) {
         uint32_t parent = (pos - 1) / 2, p = a[parent];
-        if (WQ_UNLIKELY(p >= q->capacity))
+        if (WQ_UNLIKELY(p >= q->nent))
             return -EBADMSG;
         if (!before(q, k, idx, p))
             break;
@@ -91,11 +91,11 @@ INLINE int sift_down(shmq *q, int k, uint32_t pos, uint32_t idx, uint32_t n)
         if (c >= n)
             break;
         uint32_t x = a[c];
-        if (WQ_UNLIKELY(x >= q->capacity))
+        if (WQ_UNLIKELY(x >= q->nent))
             return -EBADMSG;
         if (c + 1 < n) {
             uint32_t y = a[c + 1];
-            if (WQ_UNLIKELY(y >= q->capacity))
+            if (WQ_UNLIKELY(y >= q->nent))
                 return -EBADMSG;
             if (before(q, k, y, x)) {
                 c++;
@@ -115,7 +115,7 @@ INLINE int sift_down(shmq *q, int k, uint32_t pos, uint32_t idx, uint32_t n)
 /* idx's checked position in heap k of n members, or -EBADMSG. */
 INLINE int position(shmq *q, int k, uint32_t n, uint32_t idx, uint32_t *pos)
 {
-    if (WQ_UNLIKELY(n > q->capacity || idx >= q->capacity))
+    if (WQ_UNLIKELY(n > q->nent || idx >= q->nent))
         return -EBADMSG;
     uint32_t p = *pos_of(q, k, idx);
     if (WQ_UNLIKELY(p >= n || arr(q, k)[p] != idx))
@@ -126,7 +126,7 @@ INLINE int position(shmq *q, int k, uint32_t n, uint32_t idx, uint32_t *pos)
 
 INLINE int insert_k(shmq *q, int k, uint32_t n, uint32_t idx)
 {
-    if (WQ_UNLIKELY(n >= q->capacity || idx >= q->capacity))
+    if (WQ_UNLIKELY(n >= q->nent || idx >= q->nent))
         return -EBADMSG;
     place(q, k, n, idx);
     return sift_up(q, k, n, idx);
@@ -139,7 +139,7 @@ INLINE int delete_k(shmq *q, int k, uint32_t n, uint32_t idx)
     if (rc < 0)
         return rc;
     uint32_t *a = arr(q, k), last = a[n - 1];
-    if (WQ_UNLIKELY(last >= q->capacity))
+    if (WQ_UNLIKELY(last >= q->nent))
         return -EBADMSG;
     if (pos == n - 1)
         return 0;
@@ -147,7 +147,7 @@ INLINE int delete_k(shmq *q, int k, uint32_t n, uint32_t idx)
        up if it comes before the hole's parent, else down. */
     if (pos > 0) {
         uint32_t parent = a[(pos - 1) / 2];
-        if (WQ_UNLIKELY(parent >= q->capacity))
+        if (WQ_UNLIKELY(parent >= q->nent))
             return -EBADMSG;
         if (before(q, k, last, parent))
             return sift_up(q, k, pos, last);
@@ -165,10 +165,10 @@ INLINE int raise_k(shmq *q, int k, uint32_t n, uint32_t idx)
 INLINE int build_k(shmq *q, int k, uint32_t n)
 {
     uint32_t *a = arr(q, k);
-    if (WQ_UNLIKELY(n > q->capacity))
+    if (WQ_UNLIKELY(n > q->nent))
         return -EBADMSG;
     for (uint32_t i = 0; i < n; i++) {
-        if (WQ_UNLIKELY(a[i] >= q->capacity))
+        if (WQ_UNLIKELY(a[i] >= q->nent))
             return -EBADMSG;
         *pos_of(q, k, a[i]) = i;
     }
@@ -222,7 +222,7 @@ void wq__heap_verify(shmq *q, int k, uint32_t n, uint64_t *seen,
     static const char *const names[] = { "heap", "fair heap P", "fair heap A" };
     uint32_t *a = arr(q, k);
     char what[160];
-    if (n > q->capacity) {
+    if (n > q->nent) {
         snprintf(what, sizeof what, "%s: count %u out of range", names[k], n);
         bad(c, what);
         return;
@@ -230,7 +230,7 @@ void wq__heap_verify(shmq *q, int k, uint32_t n, uint64_t *seen,
     for (uint32_t i = 0; i < n; i++) {
         uint32_t idx = a[i];
         const char *why = NULL;
-        if (idx >= q->capacity)
+        if (idx >= q->nent)
             why = "out of range";
         else if (!member(q, idx))
             why = "not a member";
@@ -238,9 +238,9 @@ void wq__heap_verify(shmq *q, int k, uint32_t n, uint64_t *seen,
             why = "records another position";
         else if (seen && (seen[idx >> 6] >> (idx & 63) & 1))
             why = "listed twice";
-        else if (i > 0 && a[(i - 1) / 2] < q->capacity && before(q, k, idx, a[(i - 1) / 2]))
+        else if (i > 0 && a[(i - 1) / 2] < q->nent && before(q, k, idx, a[(i - 1) / 2]))
             why = "before its parent";
-        if (idx < q->capacity && seen)
+        if (idx < q->nent && seen)
             seen[idx >> 6] |= 1ull << (idx & 63);
         if (why) {
             snprintf(what, sizeof what, "%s position %u: entry %u %s", names[k], i, idx, why);

@@ -6,6 +6,7 @@
  * never report a key as waiting after its ready time.
  */
 #include <stdlib.h>
+#include <sys/stat.h>
 
 #include "shm.h"
 
@@ -49,6 +50,9 @@ int wq__shm_stats(wq *pub, struct wq_stats *out)
     s.max_key_len = q->max_key_len;
     s.max_procs = q->max_procs;
     s.region_bytes = q->size;
+    struct stat st;
+    if (fstat(q->fd, &st) == 0)
+        s.region_used = (uint64_t)st.st_blocks * 512;
     s.repairs_total = h->repairs_total;
     s.shutting_down = h->shutdown != 0;
     wq__unlock(q);
@@ -121,14 +125,14 @@ static int cmp_fair(const void *a, const void *b, void *arg)
 static int dump_fair_queued(shmq *q, wq_dump_fn fn, void *arg)
 {
     uint32_t n = q->hdr->fq_count;
-    if (n > q->capacity)
+    if (n > q->nent)
         return -EBADMSG;
     uint32_t *order = malloc((n ? n : 1) * sizeof *order);
     if (!order)
         return -ENOMEM;
     for (uint32_t i = 0; i < n; i++) {
         order[i] = q->fheap_p[i];
-        if (order[i] >= q->capacity) {
+        if (order[i] >= q->nent) {
             free(order);
             return -EBADMSG;
         }
@@ -169,7 +173,7 @@ int wq__shm_dump(wq *pub, wq_dump_fn fn, void *arg)
     for (uint32_t k = 0, r = head; k < count; k++) {
         uint32_t idx = q->ring[r];
         r = r + 1 == q->capacity ? 0 : r + 1;
-        if (idx >= q->capacity) {
+        if (idx >= q->nent) {
             rc = -EBADMSG;
             goto out;
         }
@@ -181,7 +185,7 @@ int wq__shm_dump(wq *pub, wq_dump_fn fn, void *arg)
         if ((rc = fn(&ki, arg)) != 0)
             goto out;
     }
-    for (uint32_t idx = 0; idx < q->capacity; idx++) {
+    for (uint32_t idx = 0, used = wq__entries_used(q); idx < used; idx++) {
         struct wq_entry *e = wq__entry(q, idx);
         if (wq__st(e) == 0 || (e->state & WQ_ST_QUEUED) || e->keylen == 0 ||
             e->keylen > q->max_key_len)

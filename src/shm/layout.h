@@ -9,7 +9,9 @@
  * Every section starts on a 64-byte boundary. Offsets and sizes are
  * computed by wq__geometry() (region.c) from the queue's settings and
  * stored in the immutable header, which carries a checksum; an attacher
- * recomputes the geometry and refuses any mismatch (-EPROTO).
+ * recomputes the geometry and refuses any mismatch (-EPROTO). The object
+ * is sparse: the sections indexed by entry and the result slots take
+ * pages only as far as hdr->grown_ent and grown_res say (region.c).
  *
  * Source of truth and repair. The entries are the source of truth: each
  * entry's state word says whether it is free, dirty, queued, processing.
@@ -37,7 +39,7 @@
 #include <stdint.h>
 
 #define WQ_MAGIC        0x31515762696c0a57ull /* "W\nlibWQ1" little-endian */
-#define WQ_LAYOUT_VER   7u
+#define WQ_LAYOUT_VER   8u
 #define WQ_ALIGN        64u
 #define WQ_NIL          0xffffffffu          /* "no entry" */
 
@@ -228,8 +230,22 @@ struct wq_hdr {
     uint64_t restored;                    /* written once, before publication:
                                              keys restored from the store */
     uint32_t r_fresh;                     /* lock; see r_free above */
-    uint32_t pad6;
-    uint64_t reserved[5];                 /* room for later counters */
+    /* Entries ever used (lock): index e_fresh and above are free, zero
+       and on no list; a new key takes one only when the free list is
+       empty. */
+    uint32_t e_fresh;
+    /* Growth (region.c; lock). The region is a sparse file: only the
+       pages of the fixed sections (header, process table, index, ring,
+       store queue, tenant tags) are reserved at creation. Entries, with
+       the delay heap and the fair sections, which have at most one slot
+       per entry, are reserved for grown_ent of them, and result slots for
+       grown_res; each grows in steps, under the lock, before anything is
+       written there. Nothing at or past these counts is ever read or
+       written: on tmpfs even a read would allocate the page, and on a
+       full one kill the reader with SIGBUS. */
+    uint32_t grown_ent;
+    uint32_t grown_res;
+    uint64_t reserved[4];                 /* room for later counters */
     /* Store flushers (store.c): one at a time, from reading the store
        queue's front to popping it; robust, holds no state of its own. */
     pthread_mutex_t flush_lock;

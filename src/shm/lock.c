@@ -108,6 +108,7 @@ int wq__lock(shmq *q)
     if (WQ_UNLIKELY(rc != 0 && rc != EOWNERDEAD))
         return rc == ENOTRECOVERABLE ? -ENOTRECOVERABLE : -rc;
     HOLDER_SET(q);
+    wq__region_bounds(q);   /* before repair: it reads entries too */
     if (WQ_UNLIKELY(rc == EOWNERDEAD)) {
         rc = recover(q);
         if (rc == 0)
@@ -149,6 +150,7 @@ int wq__lock_try(shmq *q)
     if (WQ_UNLIKELY(rc != 0 && rc != EOWNERDEAD))
         return rc == ENOTRECOVERABLE ? -ENOTRECOVERABLE : -rc;
     HOLDER_SET(q);
+    wq__region_bounds(q);   /* before repair: it reads entries too */
     if (WQ_UNLIKELY(rc == EOWNERDEAD))
         rc = recover(q);
     else if (WQ_UNLIKELY(q->hdr->busy || q->hdr->corrupt))

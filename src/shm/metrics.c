@@ -62,7 +62,7 @@ int wq__shm_metrics(wq *pub, struct wq_metrics *out)
     if (m.processing > 0) {
         /* client-go's depth counts every add not yet handed out, so a key
            re-added while processing is in it (it is not in the ring). */
-        for (uint32_t i = 0; i < q->capacity; i++) {
+        for (uint32_t i = 0, used = wq__entries_used(q); i < used; i++) {
             const struct wq_entry *e = wq__entry(q, i);
             if (!(e->state & WQ_ST_PROCESSING))
                 continue;

@@ -267,7 +267,7 @@ static int requeue_owned(shmq *q, uint32_t slot, uint32_t gen, bool crash)
     int n = 0;
     bool queued_any = false;
     uint64_t now = wq__now_mono();
-    for (uint32_t idx = 0; idx < q->capacity && p->held > 0 && !wq__region_broken(q); idx++) {
+    for (uint32_t idx = 0; idx < wq__entries_used(q) && p->held > 0 && !wq__region_broken(q); idx++) {
         struct wq_entry *e = wq__entry(q, idx);
         if (!(wq__st(e) & WQ_ST_PROCESSING) || e->owner != slot ||
             e->owner_gen != wq__gen16(gen))

@@ -219,14 +219,23 @@ static int batch_room(shmq *q, const struct iovec *keys, const uint32_t *hashes,
     struct wq_hdr *h = q->hdr;
     size_t room = q->capacity - h->live;
     size_t free_now = wq__entry_free_count(q);
+    /* Entries for all of them reserved first, so the batch never stops
+       half way for want of pages (at most n more than needed). */
+    uint64_t want = (uint64_t)h->e_fresh + n;
+    int rc = wq__region_grow_entries(q, want < q->capacity ? (uint32_t)want : q->capacity);
+    if (rc < 0)
+        return rc;
     if (n <= free_now)
         return 0;   /* fits whatever the keys are */
     size_t fresh;
-    int rc = count_new(q, keys, hashes, n, &fresh);
+    rc = count_new(q, keys, hashes, n, &fresh);
     if (rc < 0)
         return rc;
-    if (fresh > room)
+    if (fresh > room) {
+        wq__errf("queue '%s': full: it holds %u live keys of its capacity %u, the batch "
+                 "has %zu new", q->pub.name, h->live, q->capacity, fresh);
         return -ENOSPC;
+    }
     if (fresh <= free_now || !q->g.has_store)
         return 0;   /* without a store, idle keys are evicted in place */
     wq__mut_begin(q);
@@ -331,6 +340,9 @@ static int done_locked(shmq *q, const void *key, size_t len, uint32_t hash, uint
         return -EBADMSG;
     if (!(wq__st(wq__entry(q, idx)) & WQ_ST_PROCESSING))
         return -ENOENT;
+    int rc;
+    if (o && o->record && (rc = wq__result_room(q, idx)) < 0)
+        return rc;   /* still processing: the caller may try again */
     wq__mut_begin(q);
     WQ_STEP("done.busy");
     return wq__mut_end(q, wq__entry_done(q, idx, now, o, queued));

@@ -3,12 +3,22 @@
  * shared-memory queues (engine.c opens handles on top of these).
  *
  * Creation is atomic: the region is built in an unnamed tmpfs file
- * (O_TMPFILE in /dev/shm), fully initialised, its pages reserved with
- * posix_fallocate (so a full /dev/shm is an error now, not a SIGBUS
- * later), and only then linked to /dev/shm/wq.<name>. link() fails with
- * EEXIST when someone else won the race, which gives O_EXCL semantics
- * without ever exposing a half-built region. A creator that dies leaves
- * nothing behind.
+ * (O_TMPFILE in /dev/shm), fully initialised, and only then linked to
+ * /dev/shm/wq.<name>. link() fails with EEXIST when someone else won the
+ * race, which gives O_EXCL semantics without ever exposing a half-built
+ * region. A creator that dies leaves nothing behind.
+ *
+ * The file is sparse: it has the size of the whole layout (so every
+ * process maps it once, whole, and nothing ever moves), but only the
+ * fixed sections' pages are reserved at creation, with posix_fallocate.
+ * The entries (with their heap and fair slots) and the result slots are
+ * reserved as keys and results arrive, in steps of an eighth of what is
+ * there (at least 64 KiB), under the lock and before anything is written
+ * there; layout.h says what is never touched past them. Reserving is
+ * what makes a full /dev/shm an -ENOSPC for the add that needed the room
+ * instead of a SIGBUS in whoever touched the page first. A process that
+ * dies during a growth leaves at most some reserved pages that the next
+ * growth reserves again (a no-op): the counts move only after success.
  *
  * Attaching trusts nothing: magic, version, header size, the geometry
  * recomputed from (capacity, max_key_len, max_procs), the checksum and the
@@ -182,19 +192,13 @@ static int init_region(unsigned char *base, const struct wq_geom *g)
         rc = wq__mutex_init(&procs[i].lease);
     if (rc < 0)
         return rc;
-    for (uint32_t i = 0; i < g->capacity; i++) {
-        struct wq_entry *e = (struct wq_entry *)(base + g->off_entries +
-                                                 (size_t)i * g->entry_size);
-        e->link = i + 1 < g->capacity ? i + 1 : WQ_NIL;
-        e->owner = WQ_OWNER_NONE;
-        e->rslot = WQ_NIL;
-    }
-    /* The result table stays untouched (r_fresh = 0): at a million keys it
-       is 288 MB, and writing it cost a restore 90 ms. */
+    /* Entries and results are neither written nor reserved: a new key
+       takes entry e_fresh and sets every field it uses. */
     h->r_free = WQ_NIL;
     h->r_fresh = 0;
     h->r_head = h->r_tail = WQ_NIL;
-    h->free_head = 0;
+    h->free_head = WQ_NIL;
+    h->e_fresh = 0;
     h->last_reap_ns = wq__now_mono();
     h->next_snapshot_ns = h->last_reap_ns + (uint64_t)g->snapshot_ms * 1000000ull;
     wq__limiter_init(h);
@@ -248,11 +252,135 @@ static int publish(int fd, const char *tmpname, const char *path)
     return rc < 0 ? -errno : 0;
 }
 
-/* Build a new region and link it at path. -EEXIST if one appeared. */
-/* Point the handle at a mapped, validated region. */
-/* Point the handle at a mapped, validated region. */
-static void map_view(shmq *q, unsigned char *base, size_t size, const struct wq_geom *g)
+/* Reserve the pages of [off, off + len) of the shm object: 0, -ENOSPC
+   when tmpfs (or its size limit) refuses, -errno otherwise. */
+static int reserve(int fd, uint64_t off, uint64_t len)
 {
+    if (len == 0)
+        return 0;
+    int rc = posix_fallocate(fd, (off_t)off, (off_t)len);
+    return rc == 0 ? 0 : (rc == EFBIG || rc == ENOSPC || rc == ENOMEM) ? -ENOSPC : -rc;
+}
+
+/* The sections reserved whole at creation: what is indexed by hash or
+   by a ring position rather than by entry. */
+static int reserve_fixed(int fd, const struct wq_geom *g)
+{
+    int rc = reserve(fd, 0, g->off_entries);   /* header, process table */
+    if (rc == 0)   /* the index and the ring are adjacent */
+        rc = reserve(fd, g->off_index, g->off_heap - g->off_index);
+    if (rc == 0 && g->has_store)
+        rc = reserve(fd, g->off_sq, (uint64_t)g->capacity * sizeof(uint32_t));
+    if (rc == 0 && g->ftag_slots)
+        rc = reserve(fd, g->off_ftags, g->total_size - g->off_ftags);
+    return rc;
+}
+
+/* Bytes the fixed sections take: what a new queue costs. */
+static uint64_t fixed_bytes(const struct wq_geom *g)
+{
+    return g->off_entries + (g->off_heap - g->off_index) +
+           (g->has_store ? (uint64_t)g->capacity * sizeof(uint32_t) : 0) +
+           (g->ftag_slots ? g->total_size - g->off_ftags : 0);
+}
+
+/* One growth step: an eighth of what there is, at least 64 KiB, at most
+   the section's capacity. */
+static uint32_t step_to(uint32_t have, uint32_t need, uint32_t cap, uint64_t unit)
+{
+    uint64_t min_step = (64u * 1024 + unit - 1) / unit;
+    uint64_t to = (uint64_t)have + (have / 8 > min_step ? have / 8 : min_step);
+    if (to < need)
+        to = need;
+    return to > cap ? cap : (uint32_t)to;
+}
+
+static int grow_fail(shmq *q, int rc, const char *what, uint32_t to, uint64_t bytes)
+{
+    struct statvfs vfs;
+    if (rc == -ENOSPC && q->fd >= 0 && fstatvfs(q->fd, &vfs) == 0)
+        wq__errf("queue '%s': no room in " SHM_DIR " to grow its region to %u %s "
+                 "(%llu bytes more, %llu free)", q->pub.name, to, what,
+                 (unsigned long long)bytes,
+                 (unsigned long long)vfs.f_bavail * vfs.f_frsize);
+    else
+        wq__errf("queue '%s': cannot grow its region in " SHM_DIR " to %u %s: %s",
+                 q->pub.name, to, what, strerror(-rc));
+    return rc;
+}
+
+int wq__region_grow_entries(shmq *q, uint32_t need)
+{
+    WQ_ASSERT_LOCKED(q);
+    uint32_t have = q->nent;
+    if (need <= have)
+        return 0;
+    if (need > q->capacity)
+        return -ENOSPC;
+    const struct wq_geom *g = &q->g;
+    struct { uint64_t off, size; } part[5] = {
+        { g->off_entries, g->entry_size },
+        { g->off_heap, sizeof(uint32_t) },
+        { g->off_fx, q->fair ? sizeof(struct wq_fx) : 0 },
+        { g->off_fheap_p, q->fair ? sizeof(uint32_t) : 0 },
+        { g->off_fheap_a, q->fair ? sizeof(uint32_t) : 0 },
+    };
+    uint64_t unit = 0;
+    for (int i = 0; i < 5; i++)
+        unit += part[i].size;
+    uint32_t to = step_to(have, need, q->capacity, unit);
+    int rc = WQ_FAIL("region.grow") ? -ENOSPC : 0;
+    for (int i = 0; i < 5 && rc == 0; i++)
+        rc = reserve(q->fd, part[i].off + have * part[i].size, (to - have) * part[i].size);
+    if (rc < 0)
+        return grow_fail(q, rc, "entries", to, (to - have) * unit);
+    WQ_STEP("region.grow.entries");
+    q->hdr->grown_ent = to;
+    q->nent = to;
+    return 0;
+}
+
+int wq__region_grow_results(shmq *q, uint32_t need)
+{
+    WQ_ASSERT_LOCKED(q);
+    uint32_t have = q->nres;
+    if (need <= have)
+        return 0;
+    if (need > q->result_capacity)
+        return -ENOSPC;
+    uint64_t unit = sizeof(struct wq_rslot);
+    uint32_t to = step_to(have, need, q->result_capacity, unit);
+    int rc = WQ_FAIL("region.grow") ? -ENOSPC
+           : reserve(q->fd, q->g.off_results + have * unit, (to - have) * unit);
+    if (rc < 0)
+        return grow_fail(q, rc, "result slots", to, (to - have) * unit);
+    WQ_STEP("region.grow.results");
+    q->hdr->grown_res = to;
+    q->nres = to;
+    return 0;
+}
+
+/* Lock held: take the growth counts (another process may have grown the
+   region). Counts beyond the capacities are corrupt: clamped here, so
+   nothing past the reserved part is touched, and flagged for repair. */
+void wq__region_bounds(shmq *q)
+{
+    struct wq_hdr *h = q->hdr;
+    uint32_t ge = h->grown_ent, gr = h->grown_res;
+    if (WQ_UNLIKELY(ge > q->capacity || gr > q->result_capacity || h->e_fresh > ge ||
+                    h->r_fresh > gr)) {
+        h->corrupt = 1;
+        ge = ge < q->capacity ? ge : q->capacity;
+        gr = gr < q->result_capacity ? gr : q->result_capacity;
+    }
+    q->nent = ge;
+    q->nres = gr;
+}
+
+/* Point the handle at a mapped, validated region. */
+static void map_view(shmq *q, unsigned char *base, size_t size, const struct wq_geom *g, int fd)
+{
+    q->fd = fd;
     q->base = base;
     q->size = size;
     q->hdr = (struct wq_hdr *)base;
@@ -334,18 +462,23 @@ int wq__region_create(const char *path, const struct wq_options *opts)
                  rc == -ENOSPC ? "no room left (no free inode)" : strerror(-rc));
         goto out_img;
     }
-    rc = posix_fallocate(fd, 0, (off_t)g.total_size);
+    if (ftruncate(fd, (off_t)g.total_size) < 0) {
+        rc = errno == EFBIG || errno == EINVAL ? -ENOSPC : -errno;
+        wq__errf("queue '%s': cannot size its region in " SHM_DIR " (%llu bytes): %s",
+                 qname(path), (unsigned long long)g.total_size, strerror(errno));
+        goto out;
+    }
+    rc = reserve_fixed(fd, &g);
     if (rc != 0) {
         /* Not "queue is full": the queue does not exist yet. */
-        rc = (rc == EFBIG || rc == ENOSPC) ? -ENOSPC : -rc;
         struct statvfs vfs;
         if (rc == -ENOSPC && fstatvfs(fd, &vfs) == 0)
             wq__errf("queue '%s': no room in " SHM_DIR " for its region: it needs %llu "
-                     "bytes, %llu are free", qname(path), (unsigned long long)g.total_size,
+                     "bytes, %llu are free", qname(path), (unsigned long long)fixed_bytes(&g),
                      (unsigned long long)vfs.f_bavail * vfs.f_frsize);
         else
             wq__errf("queue '%s': cannot reserve its region in " SHM_DIR " (%llu bytes): %s",
-                     qname(path), (unsigned long long)g.total_size, strerror(-rc));
+                     qname(path), (unsigned long long)fixed_bytes(&g), strerror(-rc));
         goto out;
     }
     void *base = mmap(NULL, g.total_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -359,7 +492,8 @@ int wq__region_create(const char *path, const struct wq_options *opts)
            restoring into it, and no key comes back twice. */
         shmq view;
         memset(&view, 0, sizeof view);
-        map_view(&view, base, g.total_size, &((struct wq_hdr *)base)->g);
+        map_view(&view, base, g.total_size, &((struct wq_hdr *)base)->g, fd);
+        snprintf(view.pub.name, sizeof view.pub.name, "%s", qname(path));
         view.restoring = true;
         rc = img.has_meta ? wq__store_restore(&view, &img) : 0;
         if (rc > 0)
@@ -434,10 +568,10 @@ int wq__region_attach(shmq *q, const char *path)
         bad_region(path, &g, (uint64_t)st.st_size);
         goto out;
     }
-    map_view(q, base, (size_t)st.st_size, &g);
-    rc = 0;
+    map_view(q, base, (size_t)st.st_size, &g, fd);
+    return 0;   /* the handle keeps fd: growth reserves through it */
 out:
-    close(fd);   /* the mapping keeps the object alive */
+    close(fd);
     return rc;
 }
 

@@ -108,7 +108,7 @@ static uint16_t norm_queue_state(const shmq *q, uint32_t idx, uint16_t st)
         return 0;
     if (st & WQ_ST_RETAINED) {
         st &= (uint16_t)~WQ_ST_RETAINED;
-        bool result = e->rslot < q->result_capacity &&
+        bool result = e->rslot < q->nres &&
                       q->rslots[e->rslot].owner == idx + 1;
         if (st == 0)
             return e->failures || result ? WQ_ST_RETAINED : 0;
@@ -132,7 +132,7 @@ static void settle_pending(shmq *q)
 {
     struct wq_hdr *h = q->hdr;
     uint32_t kind = h->pend_kind, idx = h->pend_idx;
-    if (kind != WQ_PEND_NONE && idx < q->capacity) {
+    if (kind != WQ_PEND_NONE && idx < wq__entries_used(q)) {
         uint32_t st = wq__entry(q, idx)->state;
         if (kind == WQ_PEND_ADD && st != 0)
             h->adds_total++;
@@ -154,6 +154,20 @@ static void check_header(struct ctx *c)
         violation(c, "header: immutable geometry changed since attach");
         if (c->apply)
             q->hdr->g = q->g;
+    }
+    /* Growth counts: wq__region_bounds clamped the handle's bounds to
+       what the capacities allow; the header follows them. */
+    struct wq_hdr *h = q->hdr;
+    if (h->grown_ent != q->nent || h->grown_res != q->nres || h->e_fresh > q->nent ||
+        h->r_fresh > q->nres) {
+        violation(c, "header: %u entries used of %u reserved (capacity %u), %u result "
+                  "slots of %u (of %u)", h->e_fresh, h->grown_ent, q->capacity, h->r_fresh,
+                  h->grown_res, q->result_capacity);
+        if (c->apply) {
+            h->grown_ent = q->nent;
+            h->grown_res = q->nres;
+            h->e_fresh = h->e_fresh < q->nent ? h->e_fresh : q->nent;
+        }
     }
 }
 
@@ -177,7 +191,7 @@ static void check_procs(struct ctx *c)
 static void check_entries(struct ctx *c)
 {
     shmq *q = c->q;
-    for (uint32_t idx = 0; idx < q->capacity; idx++) {
+    for (uint32_t idx = 0, used = wq__entries_used(q); idx < used; idx++) {
         struct wq_entry *e = wq__entry(q, idx);
         uint16_t st = e->state, want = norm_state(q, idx);
         if (st == want)
@@ -227,8 +241,8 @@ static int rebuild_index(struct ctx *c)
     shmq *q = c->q;
     enum { AHEAD = 16 };
     memset(q->index, 0, (size_t)q->index_slots * sizeof *q->index);
-    for (uint32_t idx = 0; idx < q->capacity; idx++) {
-        if (idx + AHEAD < q->capacity) {
+    for (uint32_t idx = 0, used = wq__entries_used(q); idx < used; idx++) {
+        if (idx + AHEAD < used) {
             const struct wq_entry *f = wq__entry(q, idx + AHEAD);
             __builtin_prefetch(&q->index[wq__home(q, f->hash)], 1);
         }
@@ -273,7 +287,7 @@ static void verify_index(struct ctx *c)
         }
         run++;
         uint32_t idx = s.ref - 1;
-        if (idx >= q->capacity) {
+        if (idx >= wq__entries_used(q)) {
             violation(c, "index slot %u: entry %u out of range", i, idx);
             continue;
         }
@@ -290,7 +304,7 @@ static void verify_index(struct ctx *c)
             violation(c, "index slot %u: entry %u indexed twice", i, idx);
         bit_set(c->in_index, idx);
     }
-    for (uint32_t idx = 0; idx < q->capacity; idx++) {
+    for (uint32_t idx = 0, used = wq__entries_used(q); idx < used; idx++) {
         if (norm_state(q, idx) != 0 && !bit_get(c->in_index, idx))
             violation(c, "entry %u: live but not in the index", idx);
     }
@@ -318,12 +332,12 @@ static uint32_t check_ring(struct ctx *c)
     for (uint32_t k = 0; k < count; k++) {
         if (k + AHEAD < count) {
             uint32_t a = r + AHEAD < q->capacity ? r + AHEAD : r + AHEAD - q->capacity;
-            if (q->ring[a] < q->capacity)
+            if (q->ring[a] < wq__entries_used(q))
                 __builtin_prefetch(wq__entry(q, q->ring[a]));
         }
         uint32_t idx = q->ring[r];
         r = r + 1 == q->capacity ? 0 : r + 1;
-        if (idx >= q->capacity) {
+        if (idx >= wq__entries_used(q)) {
             violation(c, "ring position %u: entry %u out of range", k, idx);
             continue;
         }
@@ -375,7 +389,7 @@ static void verify_sq(struct ctx *c)
     for (uint32_t k = 0, p = h->sq_head; k < h->sq_count;
          k++, p = p + 1 == q->capacity ? 0 : p + 1) {
         uint32_t idx = q->sq[p];
-        if (idx >= q->capacity) {
+        if (idx >= wq__entries_used(q)) {
             violation(c, "store queue position %u: entry %u out of range", k, idx);
             continue;
         }
@@ -402,7 +416,8 @@ static void finish(struct ctx *c, uint32_t queued)
         h->sq_count = 0;
         h->sq_epoch++;   /* a flusher mid-write must not settle by position */
     }
-    for (uint32_t idx = 0; idx < q->capacity; idx++) {
+    uint32_t used = wq__entries_used(q);
+    for (uint32_t idx = 0; idx < used; idx++) {
         struct wq_entry *e = wq__entry(q, idx);
         uint16_t st = norm_state(q, idx);
         if (st == 0) {
@@ -462,8 +477,8 @@ static void finish(struct ctx *c, uint32_t queued)
         wq__heap_build(q, WQ_HEAP_DELAY, h->heap_count);   /* members listed above */
     } else {
         uint32_t n = 0, i = h->free_head;
-        while (i != WQ_NIL && n <= q->capacity) {
-            if (i >= q->capacity) {
+        while (i != WQ_NIL && n <= used) {
+            if (i >= used) {
                 violation(c, "free list: entry %u out of range", i);
                 break;
             }
@@ -474,9 +489,9 @@ static void finish(struct ctx *c, uint32_t queued)
             n++;
             i = wq__entry(q, i)->link;
         }
-        if (n != q->capacity - live - retained - zombies)
+        if (n != used - live - retained - zombies)
             violation(c, "free list: %u entries, expected %u", n,
-                      q->capacity - live - retained - zombies);
+                      used - live - retained - zombies);
         if (h->heap_count != waiting)
             violation(c, "heap: %u members, %u entries waiting", h->heap_count, waiting);
     }

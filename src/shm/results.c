@@ -34,11 +34,11 @@ static void unlink_slot(shmq *q, uint32_t s)
 {
     struct wq_hdr *h = q->hdr;
     struct wq_rslot *r = slot(q, s);
-    if (r->prev < q->result_capacity)
+    if (r->prev < q->nres)
         slot(q, r->prev)->next = r->next;
     else
         h->r_head = r->next;
-    if (r->next < q->result_capacity)
+    if (r->next < q->nres)
         slot(q, r->next)->prev = r->prev;
     else
         h->r_tail = r->prev;
@@ -50,7 +50,7 @@ static void append_slot(shmq *q, uint32_t s)
     struct wq_rslot *r = slot(q, s);
     r->prev = h->r_tail;
     r->next = WQ_NIL;
-    if (h->r_tail < q->result_capacity)
+    if (h->r_tail < q->nres)
         slot(q, h->r_tail)->next = s;
     else
         h->r_head = s;
@@ -63,7 +63,7 @@ void wq__result_drop(shmq *q, uint32_t idx)
     struct wq_hdr *h = q->hdr;
     struct wq_entry *e = wq__entry(q, idx);
     uint32_t s = e->rslot;
-    if (s >= q->result_capacity)
+    if (s >= q->nres)
         return;
     h->r_busy = 1;
     e->rslot = WQ_NIL;
@@ -86,13 +86,27 @@ static void fill(shmq *q, struct wq_rslot *r, int code, const char *message)
     snprintf(r->message, sizeof r->message, "%s", message ? message : "");
 }
 
+/*
+ * Lock held, before the mutation that records a result for idx: make
+ * sure a slot can be had without growing the region inside it. 0, or
+ * -ENOSPC when the region cannot grow (nothing changed).
+ */
+int wq__result_room(shmq *q, uint32_t idx)
+{
+    const struct wq_hdr *h = q->hdr;
+    if (wq__entry(q, idx)->rslot < q->nres || h->r_free < q->nres ||
+        h->r_fresh >= q->result_capacity)
+        return 0;   /* its own slot, a free one, or the oldest to evict */
+    return wq__region_grow_results(q, h->r_fresh + 1);
+}
+
 /* Lock and busy held; idx is live. Record (or replace) its result. */
 int wq__result_record(shmq *q, uint32_t idx, int code, const char *message)
 {
     struct wq_hdr *h = q->hdr;
     struct wq_entry *e = wq__entry(q, idx);
     uint32_t s = e->rslot;
-    if (s < q->result_capacity) {   /* replace in place, move to the tail */
+    if (s < q->nres) {   /* replace in place, move to the tail */
         h->r_busy = 1;
         fill(q, slot(q, s), code, message);
         WQ_STEP("result.update");
@@ -101,11 +115,11 @@ int wq__result_record(shmq *q, uint32_t idx, int code, const char *message)
         h->r_busy = 0;
         return 0;
     }
-    if (h->r_free >= q->result_capacity && h->r_fresh >= q->result_capacity) {
+    if (h->r_free >= q->nres && h->r_fresh >= q->result_capacity) {
         /* full: evict the oldest */
         uint32_t old = h->r_head;
-        if (old >= q->result_capacity || slot(q, old)->owner == 0 ||
-            slot(q, old)->owner > q->capacity)
+        if (old >= q->nres || slot(q, old)->owner == 0 ||
+            slot(q, old)->owner > q->nent)
             return -EBADMSG;
         uint32_t victim = slot(q, old)->owner - 1;
         wq__result_drop(q, victim);
@@ -118,14 +132,14 @@ int wq__result_record(shmq *q, uint32_t idx, int code, const char *message)
     }
     h->r_busy = 1;
     s = h->r_free;
-    if (s < q->result_capacity) {
+    if (s < q->nres) {
         h->r_free = slot(q, s)->next;
-    } else if (h->r_fresh < q->result_capacity) {
+    } else if (h->r_fresh < q->nres) {   /* wq__result_room grew it */
         s = h->r_fresh++;   /* lost if we die before the owner store: repair
                                finds it free (owner 0) below r_fresh */
     } else {
         h->r_busy = 0;
-        return -EBADMSG;
+        return h->r_fresh < q->result_capacity ? -ENOSPC : -EBADMSG;
     }
     struct wq_rslot *r = slot(q, s);
     fill(q, r, code, message);
@@ -157,7 +171,7 @@ static int cmp_seq(const void *a, const void *b, void *arg)
 static uint32_t used_part(const shmq *q)
 {
     uint32_t f = q->hdr->r_fresh;
-    return f <= q->result_capacity ? f : q->result_capacity;
+    return f <= q->nres ? f : q->nres;
 }
 
 void wq__results_rebuild(shmq *q)
@@ -165,7 +179,7 @@ void wq__results_rebuild(shmq *q)
     struct wq_hdr *h = q->hdr;
     uint32_t n = 0, fresh = used_part(q);
     h->r_fresh = fresh;
-    for (uint32_t i = 0; i < q->capacity; i++) {
+    for (uint32_t i = 0, used = wq__entries_used(q); i < used; i++) {
         struct wq_entry *e = wq__entry(q, i);
         if (e->rslot != WQ_NIL && (wq__st(e) == 0 || e->rslot >= fresh ||
                                    slot(q, e->rslot)->owner != i + 1))
@@ -180,7 +194,7 @@ void wq__results_rebuild(shmq *q)
     for (uint32_t s = fresh; s-- > 0;) {
         struct wq_rslot *r = slot(q, s);
         uint32_t o = r->owner;
-        struct wq_entry *e = o != 0 && o <= q->capacity ? wq__entry(q, o - 1) : NULL;
+        struct wq_entry *e = o != 0 && o <= wq__entries_used(q) ? wq__entry(q, o - 1) : NULL;
         /* The owner store commits a result: adopt it if the entry's back
            pointer was not written yet. */
         if (e && wq__st(e) != 0 && (e->rslot == s || e->rslot == WQ_NIL)) {
@@ -215,9 +229,9 @@ void wq__results_rebuild(shmq *q)
    back pointer: O(entries with results) otherwise, not O(result_capacity). */
 bool wq__results_damaged(shmq *q)
 {
-    if (q->hdr->r_busy || q->hdr->r_fresh > q->result_capacity)
+    if (q->hdr->r_busy || q->hdr->r_fresh > q->nres)
         return true;
-    for (uint32_t i = 0; i < q->capacity; i++) {
+    for (uint32_t i = 0, used = wq__entries_used(q); i < used; i++) {
         const struct wq_entry *e = wq__entry(q, i);
         if (e->rslot == WQ_NIL)
             continue;
@@ -237,18 +251,18 @@ int wq__results_verify(shmq *q, void (*violation)(void *c, const char *what), vo
 #define BAD(...) do { snprintf(what, sizeof what, __VA_ARGS__); violation(c, what); \
                       found++; } while (0)
     uint32_t used = 0, fresh = used_part(q);
-    if (h->r_fresh > q->result_capacity)
-        BAD("results: %u slots used so far, of %u", h->r_fresh, q->result_capacity);
+    if (h->r_fresh > q->nres)
+        BAD("results: %u slots used so far, %u reserved", h->r_fresh, q->nres);
     for (uint32_t s = 0; s < fresh; s++) {
         uint32_t o = slot(q, s)->owner;
         if (o == 0)
             continue;
         used++;
-        if (o > q->capacity || wq__entry(q, o - 1)->rslot != s ||
+        if (o > wq__entries_used(q) || wq__entry(q, o - 1)->rslot != s ||
             wq__st(wq__entry(q, o - 1)) == 0)
             BAD("result slot %u: owner entry %u does not point back", s, o - 1);
     }
-    for (uint32_t i = 0; i < q->capacity; i++) {
+    for (uint32_t i = 0, n = wq__entries_used(q); i < n; i++) {
         uint32_t s = wq__entry(q, i)->rslot;
         if (s != WQ_NIL && (s >= fresh || slot(q, s)->owner != i + 1))
             BAD("entry %u: result slot %u is not its own", i, s);

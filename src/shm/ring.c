@@ -44,7 +44,7 @@ uint32_t wq__ring_front(shmq *q)
     if (WQ_UNLIKELY(head >= q->capacity || count > q->capacity))
         return WQ_CORRUPT;
     uint32_t idx = q->ring[head];
-    return WQ_LIKELY(idx < q->capacity) ? idx : WQ_CORRUPT;
+    return WQ_LIKELY(idx < q->nent) ? idx : WQ_CORRUPT;
 }
 
 /* Drop the front; only after wq__ring_front returned a valid index. */

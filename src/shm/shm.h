@@ -67,6 +67,12 @@ typedef struct wq_shm {
     struct wq_rslot *rslots;       /* result slots (layout.h) */
     uint32_t result_capacity;
     bool metrics;                  /* duration metrics on (no WQ_NO_METRICS) */
+    int fd;                        /* the shm object, for growing it; -1 if none */
+    /* Bounds for indices read from shared memory: entries and result
+       slots whose pages are reserved (hdr->grown_*, clamped). Refreshed
+       at every lock acquisition and by our own growth, so only the lock
+       holder uses them; region lock. */
+    uint32_t nent, nres;
 
     /* Registration: written under the region lock. */
     uint32_t slot;                 /* our process table slot */
@@ -123,6 +129,18 @@ int wq__region_path(char *buf, size_t cap, const char *name);
 int wq__geometry(struct wq_geom *g, const struct wq_conf *c);
 int wq__region_validate(const struct wq_geom *g, uint64_t file_size);
 void wq__geom_conf(const struct wq_geom *g, struct wq_conf *c);
+/* Growth: lock held (or restoring). Make entries [0, need) (with their
+   heap and fair slots), or result slots [0, need), usable: 0, or -ENOSPC
+   when the system refuses the pages (nothing changed, message set). */
+int wq__region_grow_entries(shmq *q, uint32_t need);
+int wq__region_grow_results(shmq *q, uint32_t need);
+void wq__region_bounds(shmq *q);
+/* Entries ever used: every live, retained or free-listed one is below. */
+static inline uint32_t wq__entries_used(const shmq *q)
+{
+    uint32_t f = q->hdr->e_fresh;
+    return f < q->nent ? f : q->nent;
+}
 
 /* table.c: the key index */
 uint32_t wq__table_lookup(shmq *q, const void *key, size_t len, uint32_t hash);
@@ -178,7 +196,7 @@ static inline uint16_t wq__st(const struct wq_entry *e)
 }
 static inline bool wq__has_result(const shmq *q, const struct wq_entry *e)
 {
-    return e->rslot < q->result_capacity;
+    return e->rslot < q->nres;
 }
 static inline uint16_t wq__gen16(uint32_t gen)
 {
@@ -237,6 +255,7 @@ uint64_t wq__limiter_when(shmq *q, struct wq_entry *e, uint64_t now);
 void wq__limiter_init(struct wq_hdr *h);
 
 /* results.c */
+int wq__result_room(shmq *q, uint32_t idx);
 int wq__result_record(shmq *q, uint32_t idx, int code, const char *message);
 void wq__result_drop(shmq *q, uint32_t idx);
 void wq__results_rebuild(shmq *q);

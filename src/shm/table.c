@@ -15,7 +15,7 @@
  * once) and is rebuilt by repair. The free-entry list lives in entry.c.
  *
  * Every entry index read from shared memory is checked against the
- * handle's private capacity; a bad one yields WQ_CORRUPT / -EBADMSG.
+ * entries reserved (q->nent); a bad one yields WQ_CORRUPT / -EBADMSG.
  */
 #include "shm.h"
 
@@ -35,7 +35,7 @@ uint32_t wq__table_lookup(shmq *q, const void *key, size_t len, uint32_t hash)
         if (s.hash != hash)
             continue;
         uint32_t idx = s.ref - 1;
-        if (WQ_UNLIKELY(idx >= q->capacity))
+        if (WQ_UNLIKELY(idx >= q->nent))
             return WQ_CORRUPT;
         struct wq_entry *e = wq__entry(q, idx);
         if (e->keylen == len && memcmp(e->key, key, len) == 0)

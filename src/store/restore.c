@@ -371,8 +371,8 @@ static int restore_one(shmq *view, const struct wq_srec *l, uint64_t mono, uint6
         return store_err(-EUCLEAN, view->g.store_path, "holds one key twice");
     int rc = 0;
     uint32_t idx = wq__entry_new(view, l->key, l->r.keylen, hash, &rc);
-    if (idx == WQ_NIL)
-        return rc == -ENOSPC ? store_err(rc, view->g.store_path, "holds more keys than the "
+    if (idx == WQ_NIL)   /* full, or no room in /dev/shm (said by region.c) */
+        return rc == -ENOSPC && view->hdr->live >= view->capacity ? store_err(rc, view->g.store_path, "holds more keys than the "
                                          "queue's capacity %u", view->capacity) : rc;
     struct wq_entry *en = wq__entry(view, idx);
     en->failures = l->r.failures;
@@ -395,7 +395,8 @@ static int restore_one(shmq *view, const struct wq_srec *l, uint64_t mono, uint6
         char msg[256];
         memcpy(msg, l->msg, l->r.msglen);
         msg[l->r.msglen] = 0;
-        if ((rc = wq__result_record(view, idx, l->r.code, msg)) < 0)
+        if ((rc = wq__result_room(view, idx)) < 0 ||
+            (rc = wq__result_record(view, idx, l->r.code, msg)) < 0)
             return rc;
         view->rslots[en->rslot].updated_ns = l->r.updated_ns;
     }

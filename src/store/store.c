@@ -179,7 +179,7 @@ static int flush_round(shmq *q, struct wq_env *e, int *written)
     bool adds = false;   /* a new key waits for this commit to be visible */
     for (uint32_t i = 0, p = h->sq_head; i < count; i++, p = p + 1 == q->capacity ? 0 : p + 1) {
         uint32_t idx = q->sq[p];
-        if (idx >= q->capacity) {
+        if (idx >= q->nent) {
             h->corrupt = 1;   /* the next locker rebuilds the store queue */
             break;
         }
@@ -331,7 +331,7 @@ static size_t rollback(shmq *q, const struct iovec *keys, size_t n)
     for (size_t i = 0; i < n; i++) {
         uint32_t hash = wq__hash(q->seed, keys[i].iov_base, keys[i].iov_len);
         uint32_t idx = wq__table_lookup(q, keys[i].iov_base, keys[i].iov_len, hash);
-        if (idx < q->capacity && wq__st(wq__entry(q, idx)) == WQ_ST_STORING) {
+        if (idx < q->nent && wq__st(wq__entry(q, idx)) == WQ_ST_STORING) {
             wq__entry_unstore(q, idx);
             undone++;
         }

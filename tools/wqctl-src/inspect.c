@@ -58,7 +58,7 @@ static const struct {
     F(live), F(capacity), F(results), F(result_capacity),
     F(processes), F(adds_total), F(coalesced_total), F(retries_total),
     F(crash_requeues_total), F(repairs_total), F(max_key_len),
-    F(max_procs), F(region_bytes),
+    F(max_procs), F(region_bytes), F(region_used),
 #undef F
     { "shutting_down", "shutting_down", offsetof(struct wq_stats, shutting_down),
       S_BOOL },

@@ -221,6 +221,10 @@ static bool about_store(const struct ectx *c, int err)
 int fail(const struct ectx *c, int err)
 {
     const char *more = c->detail || is_redis(c->queue) ? wq_last_error() : "";
+    /* A shared-memory queue says which room it lacks: its capacity, or
+       pages in /dev/shm for its region to grow. */
+    if (err == -ENOSPC && !more[0] && strncmp(wq_last_error(), "queue '", 7) == 0)
+        more = wq_last_error();
 
     fputs("wqctl: ", stderr);
     if (more[0] && (strncmp(more, "queue '", 7) == 0 ||
