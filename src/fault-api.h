@@ -11,6 +11,8 @@
 #define WQ_FAULT_KILL 0        /* raise(SIGKILL) at the point */
 #define WQ_FAULT_EXIT 1        /* _exit(WQ_FAULT_EXIT_CODE) at the point */
 #define WQ_FAULT_FAIL 2        /* a WQ_FAIL point reports failure instead */
+#define WQ_FAULT_FAIL_ON 3     /* ... at the nth time and every time after,
+                                  until disarmed (a full tmpfs, say) */
 #define WQ_FAULT_EXIT_CODE 86
 
 /* Die at the nth time this process reaches `point` (NULL disarms).

@@ -40,7 +40,8 @@ void wq__fault_hit(const char *point)
             seen[nseen++] = point;   /* string literals: static storage */
         pthread_mutex_unlock(&mu);
     }
-    if (armed[0] && how != WQ_FAULT_FAIL && strcmp(point, armed) == 0 && --countdown == 0) {
+    if (armed[0] && how != WQ_FAULT_FAIL && how != WQ_FAULT_FAIL_ON &&
+        strcmp(point, armed) == 0 && --countdown == 0) {
         if (how == WQ_FAULT_EXIT)
             _exit(WQ_FAULT_EXIT_CODE);
         raise(SIGKILL);
@@ -50,8 +51,11 @@ void wq__fault_hit(const char *point)
 
 bool wq__fault_fail(const char *point)
 {
-    return armed[0] && how == WQ_FAULT_FAIL && strcmp(point, armed) == 0 &&
-           --countdown == 0;
+    if (!armed[0] || strcmp(point, armed) != 0)
+        return false;
+    if (how == WQ_FAULT_FAIL_ON)
+        return countdown <= 1 || --countdown <= 1;
+    return how == WQ_FAULT_FAIL && --countdown == 0;
 }
 
 int wq_fault_arm(const char *point, unsigned nth, int mode)
@@ -61,7 +65,8 @@ int wq_fault_arm(const char *point, unsigned nth, int mode)
         return 0;
     }
     if (strlen(point) >= sizeof armed || nth == 0 ||
-        (mode != WQ_FAULT_KILL && mode != WQ_FAULT_EXIT && mode != WQ_FAULT_FAIL))
+        (mode != WQ_FAULT_KILL && mode != WQ_FAULT_EXIT && mode != WQ_FAULT_FAIL &&
+         mode != WQ_FAULT_FAIL_ON))
         return -EINVAL;
     strcpy(armed, point);
     countdown = nth;

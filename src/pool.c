@@ -68,6 +68,15 @@ static uint64_t now_mono(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* wq_finish, or, when the result cannot be kept (no room for it:
+   -ENOSPC, the key still processing), at least the done: a worker must
+   never walk away holding its key. */
+static void finish(wq *q, const char *key, size_t n, int code, const char *message)
+{
+    if (wq_finish(q, key, n, code, message) == -ENOSPC)
+        wq_done(q, key, n);
+}
+
 static void reconcile_one(wq *q, char *key, int n, wq_reconcile_fn fn, void *arg,
                           const struct wq_pool_options *po)
 {
@@ -78,11 +87,11 @@ static void reconcile_one(wq *q, char *key, int n, wq_reconcile_fn fn, void *arg
     out.message[sizeof out.message - 1] = 0;
     if (rc == 0 && out.requeue_after_ns <= 0) {
         wq_forget(q, key, (size_t)n);
-        wq_finish(q, key, (size_t)n, 0, out.message);
+        finish(q, key, (size_t)n, 0, out.message);
     } else if (rc == 0) {
         wq_forget(q, key, (size_t)n);
         wq_add_after(q, key, (size_t)n, (uint64_t)out.requeue_after_ns);
-        wq_finish(q, key, (size_t)n, 0, out.message);
+        finish(q, key, (size_t)n, 0, out.message);
     } else {
         int code = rc > 0 ? -EINVAL : out.code ? out.code : rc;
         int tries = wq_num_requeues(q, key, (size_t)n);   /* failures before this one */
@@ -90,7 +99,7 @@ static void reconcile_one(wq *q, char *key, int n, wq_reconcile_fn fn, void *arg
             wq_forget(q, key, (size_t)n);   /* given up: no retry, the FAILED result stays */
         else
             wq_add_rate_limited(q, key, (size_t)n);
-        wq_finish(q, key, (size_t)n, code, out.message);
+        finish(q, key, (size_t)n, code, out.message);
     }
 }
 

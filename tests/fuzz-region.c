@@ -26,7 +26,8 @@
  *           entry heads the free list) and closed (its key requeued): FREE;
  *   slot 1: a forked child that got 3 keys, re-added one (dirty and
  *           processing) and added a new one, then died without wq_close:
- *           LIVE with a lease the kernel marked owner-died;
+ *           LIVE with a lease the kernel marked owner-died (or that a
+ *           liveness probe of the builder's wq_stats then unlocked);
  *   slot 2: a handle of this process that got 2 keys and re-added one,
  *           kept open for the life of the fuzzer: a LIVE holder whose keys
  *           must never be requeued;
@@ -640,9 +641,12 @@ static void build_image(struct image *im, bool fair)
     if (w != 0)
         die("region lock held at snapshot");
     const struct wq_proc *pr = (const struct wq_proc *)(im->bytes + im->g.off_procs);
+    /* Owner-died, or unlocked by a liveness probe that found it so (the
+       builder's wq_stats counts live handles): either way a LIVE slot
+       whose holder is gone. */
     memcpy(&w, &pr[1].lease, 4);
-    if (!(w & FUTEX_OWNER_DIED_BIT))
-        die("slot 1 lease not owner-died (0x%x)", w);
+    if (pr[1].state != WQ_PROC_LIVE || (!(w & FUTEX_OWNER_DIED_BIT) && w != 0))
+        die("slot 1 is not a dead holder's (state %u, lease 0x%x)", pr[1].state, w);
     memcpy(&w, &pr[2].lease, 4);
     if (!(w & FUTEX_TID_MASK_BITS) || (w & FUTEX_OWNER_DIED_BIT))
         die("slot 2 lease not held (0x%x)", w);

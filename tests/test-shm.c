@@ -22,8 +22,9 @@
  *     reserved as keys and results arrive: a new default queue takes
  *     under 1 MiB, freed entries are reused before new pages, and a
  *     growth the system refuses is -ENOSPC with the queue named, losing
- *     nothing (an add, a batch, a result); a process killed in the
- *     middle of a growth costs nothing.
+ *     nothing (an add, a batch, a result) and evicting no idle key; a
+ *     process killed in the middle of a growth costs nothing; damaged
+ *     growth counts are reserved for, never trusted.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -468,7 +469,7 @@ static void test_growth_refused(void **state)
     }
     assert_int_equal(s->hdr->e_fresh, g);
 
-    wq_fault_arm("region.grow", 1, WQ_FAULT_FAIL);
+    wq_fault_arm("region.grow", 1, WQ_FAULT_FAIL_ON);
     assert_int_equal(wq_add(q, KS("over")), -ENOSPC);
     char want[128];
     snprintf(want, sizeof want, "queue '%s': no room in /dev/shm to grow its region to ",
@@ -479,7 +480,7 @@ static void test_growth_refused(void **state)
     assert_int_equal(t_key_state(q, "over"), 0);
     assert_int_equal(s->hdr->grown_ent, g);
 
-    wq_fault_arm("region.grow", 1, WQ_FAULT_FAIL);
+    wq_fault_arm("region.grow", 1, WQ_FAULT_FAIL_ON);
     struct iovec batch[3] = { { "b1", 2 }, { "b2", 2 }, { "a", 1 } };
     assert_int_equal(wq_add_many(q, batch, 3), -ENOSPC);
     assert_int_equal(wq_len(q), (int)g);
@@ -492,7 +493,7 @@ static void test_growth_refused(void **state)
 
     /* Results: the first one needs the result slots' first pages. */
     T_EXPECT_GET(q, "a");
-    wq_fault_arm("region.grow", 1, WQ_FAULT_FAIL);
+    wq_fault_arm("region.grow", 1, WQ_FAULT_FAIL_ON);
     assert_int_equal(wq_finish(q, KS("a"), 3, "partial"), -ENOSPC);
     assert_non_null(strstr(wq_last_error(), " result slots ("));
     assert_int_equal(t_key_state(q, "a"), WQ_KEY_PROCESSING);
@@ -502,6 +503,79 @@ static void test_growth_refused(void **state)
     assert_int_equal(wq_result(q, KS("a"), &r), 0);
     assert_int_equal(r.code, 3);
     assert_string_equal(r.message, "partial");
+    t_check_clean(q, __func__);
+    drain_all(q);
+    t_close(q);
+}
+
+/* Short of pages is not full: a refused growth drops no idle key (one
+   kept for its result stays), and a batch whose new keys fit in freed
+   entries needs no growth, so a refusal does not stop it. */
+static void test_growth_refused_keeps_idle(void **state)
+{
+    (void)state;
+    wq *q = t_track(t_create("growidle", NULL, NULL));
+    struct wq_shm *s = wq__shm(q);
+    assert_int_equal(wq_add(q, KS("a")), 0);
+    T_EXPECT_GET(q, "a");
+    assert_int_equal(wq_finish(q, KS("a"), 7, "kept"), 0);
+    uint32_t g = s->hdr->grown_ent;
+    for (uint32_t i = 1; i < g; i++) {
+        char k[32];
+        snprintf(k, sizeof k, "k%u", i);
+        assert_int_equal(wq_add(q, k, strlen(k)), 0);
+    }
+    assert_int_equal(s->hdr->e_fresh, g);
+    wq_fault_arm("region.grow", 1, WQ_FAULT_FAIL_ON);
+    assert_int_equal(wq_add(q, KS("over")), -ENOSPC);
+    struct wq_result r;
+    assert_int_equal(wq_result(q, KS("a"), &r), 0);
+    assert_int_equal(r.state, WQ_STATE_FAILED);
+    assert_int_equal(r.code, 7);
+    assert_string_equal(r.message, "kept");
+
+    T_EXPECT_GET(q, "k1");
+    T_EXPECT_DONE(q, "k1");   /* its entry goes to the free list */
+    wq_fault_arm("region.grow", 1, WQ_FAULT_FAIL_ON);
+    struct iovec one[2] = { { "new1", 4 }, { "k2", 2 } };
+    assert_int_equal(wq_add_many(q, one, 2), 1);   /* k2 coalesced */
+    wq_fault_arm(NULL, 0, 0);
+    assert_int_equal(s->hdr->grown_ent, g);
+    assert_int_equal(wq_len(q), (int)g - 1);
+    t_check_clean(q, __func__);
+    drain_all(q);
+    t_close(q);
+}
+
+/* Damaged growth counts are not trusted: a count past the capacity is
+   reserved for (up to the capacity) before anything is touched there,
+   and one below the entries in use is raised to them: no key is lost. */
+static void test_growth_counts_damaged(void **state)
+{
+    (void)state;
+    const char *name;
+    wq *q = t_track(t_create("growbad", T_OPTS(.capacity = 3000, .max_key_len = 16), &name));
+    struct wq_shm *s = wq__shm(q);
+    add_keys(q, "k", 10);
+    uint32_t g = s->hdr->grown_ent;
+    assert_true(g >= 10 && g < 3000);
+    uint64_t used = shm_used(name);
+
+    s->hdr->grown_ent = 0xffffffffu;
+    t_check_clean(q, __func__);   /* the locker repaired it */
+    assert_int_equal(s->hdr->grown_ent, 3000);
+    assert_int_equal(s->hdr->e_fresh, 10);
+    uint64_t unit = s->entry_size + sizeof(uint32_t);
+    assert_true(shm_used(name) >= used + (3000 - g) * unit - 2 * 4096);
+    assert_int_equal(wq_len(q), 10);
+
+    s->hdr->grown_ent = 3;
+    t_check_clean(q, __func__);
+    assert_int_equal(s->hdr->grown_ent, 10);
+    assert_int_equal(s->hdr->e_fresh, 10);
+    assert_int_equal(wq_len(q), 10);
+    add_keys(q, "more", 5);
+    assert_int_equal(wq_len(q), 15);
     t_check_clean(q, __func__);
     drain_all(q);
     t_close(q);
@@ -572,6 +646,8 @@ int main(void)
         T_STORE_TEST(test_restore_idle_record_without_anything),
         T_TEST(test_region_grows_with_keys),
         T_TEST(test_growth_refused),
+        T_TEST(test_growth_refused_keeps_idle),
+        T_TEST(test_growth_counts_damaged),
         T_TEST(test_killed_while_growing),
         T_NO_LEFTOVERS,
     };

@@ -166,8 +166,8 @@ static uint32_t evict_retained(shmq *q)
 }
 
 /* A free entry: from the free list, else one never used (growing the
-   region for it), else an evicted idle one. *grow is the growth's error
-   when the region could not grow. */
+   region for it), else, when every entry has been used, an evicted idle
+   one. *grow is the growth's error when the region could not grow. */
 static uint32_t alloc(shmq *q, int *grow)
 {
     struct wq_hdr *h = q->hdr;
@@ -175,14 +175,16 @@ static uint32_t alloc(shmq *q, int *grow)
     *grow = 0;
     if (idx == WQ_NIL) {
         uint32_t f = h->e_fresh;
-        if (f < q->capacity && (*grow = wq__region_grow_entries(q, f + 1)) == 0) {
-            /* Lost if we die before the commit: repair finds it free
-               (state 0) below e_fresh and lists it. */
-            h->e_fresh = f + 1;
-            WQ_STEP("add.fresh");
-            return f;
-        }
-        return evict_retained(q);
+        if (f >= q->capacity)
+            return evict_retained(q);   /* full: idle keys make room */
+        /* Short of pages is not full: nothing idle is dropped for it. */
+        if ((*grow = wq__region_grow_entries(q, f + 1)) < 0)
+            return WQ_NIL;
+        /* Lost if we die before the commit: repair finds it free (state
+           0) below e_fresh and lists it. */
+        h->e_fresh = f + 1;
+        WQ_STEP("add.fresh");
+        return f;
     }
     if (WQ_UNLIKELY(idx >= wq__entries_used(q)))
         return WQ_CORRUPT;

@@ -219,18 +219,30 @@ static int batch_room(shmq *q, const struct iovec *keys, const uint32_t *hashes,
     struct wq_hdr *h = q->hdr;
     size_t room = q->capacity - h->live;
     size_t free_now = wq__entry_free_count(q);
-    /* Entries for all of them reserved first, so the batch never stops
-       half way for want of pages (at most n more than needed). */
-    uint64_t want = (uint64_t)h->e_fresh + n;
-    int rc = wq__region_grow_entries(q, want < q->capacity ? (uint32_t)want : q->capacity);
-    if (rc < 0)
-        return rc;
-    if (n <= free_now)
+    /* Pages for the entries the free list cannot give are reserved first,
+       so the batch never stops half way for want of them: for n (cheap,
+       at most n too many), or, if that is refused, for its new keys. */
+    uint64_t held = (uint64_t)h->live + h->zombies + h->retained;
+    size_t listed = h->e_fresh > held ? h->e_fresh - (uint32_t)held : 0;
+    size_t fresh = n;
+    int grown = 0;
+    if (n > listed) {
+        uint64_t want = (uint64_t)h->e_fresh + (n - listed);
+        grown = wq__region_grow_entries(q, want < q->capacity ? (uint32_t)want : q->capacity);
+    }
+    if (n <= free_now && grown == 0)
         return 0;   /* fits whatever the keys are */
-    size_t fresh;
-    rc = count_new(q, keys, hashes, n, &fresh);
+    int rc = count_new(q, keys, hashes, n, &fresh);
     if (rc < 0)
         return rc;
+    if (grown < 0 && fresh > listed) {
+        uint64_t want = (uint64_t)h->e_fresh + (fresh - listed);
+        rc = wq__region_grow_entries(q, want < q->capacity ? (uint32_t)want : q->capacity);
+        if (rc < 0)
+            return rc;
+    }
+    if (n <= free_now)
+        return 0;
     if (fresh > room) {
         wq__errf("queue '%s': full: it holds %u live keys of its capacity %u, the batch "
                  "has %zu new", q->pub.name, h->live, q->capacity, fresh);

@@ -258,7 +258,10 @@ static int reserve(int fd, uint64_t off, uint64_t len)
 {
     if (len == 0)
         return 0;
-    int rc = posix_fallocate(fd, (off_t)off, (off_t)len);
+    int rc;
+    do   /* tmpfs gives up on a signal (older kernels on any) */
+        rc = posix_fallocate(fd, (off_t)off, (off_t)len);
+    while (rc == EINTR);
     return rc == 0 ? 0 : (rc == EFBIG || rc == ENOSPC || rc == ENOMEM) ? -ENOSPC : -rc;
 }
 
@@ -309,14 +312,10 @@ static int grow_fail(shmq *q, int rc, const char *what, uint32_t to, uint64_t by
     return rc;
 }
 
-int wq__region_grow_entries(shmq *q, uint32_t need)
+/* Reserve entries [from, to) with their heap and fair slots; the bytes
+   per entry in *unit. */
+static int reserve_entries(const shmq *q, uint32_t from, uint32_t to, uint64_t *unit)
 {
-    WQ_ASSERT_LOCKED(q);
-    uint32_t have = q->nent;
-    if (need <= have)
-        return 0;
-    if (need > q->capacity)
-        return -ENOSPC;
     const struct wq_geom *g = &q->g;
     struct { uint64_t off, size; } part[5] = {
         { g->off_entries, g->entry_size },
@@ -325,13 +324,34 @@ int wq__region_grow_entries(shmq *q, uint32_t need)
         { g->off_fheap_p, q->fair ? sizeof(uint32_t) : 0 },
         { g->off_fheap_a, q->fair ? sizeof(uint32_t) : 0 },
     };
-    uint64_t unit = 0;
-    for (int i = 0; i < 5; i++)
-        unit += part[i].size;
+    int rc = 0;
+    *unit = 0;
+    for (int i = 0; i < 5; i++) {
+        *unit += part[i].size;
+        if (rc == 0 && to > from)
+            rc = reserve(q->fd, part[i].off + from * part[i].size, (to - from) * part[i].size);
+    }
+    return rc;
+}
+
+static int reserve_results(const shmq *q, uint32_t from, uint32_t to)
+{
+    uint64_t unit = sizeof(struct wq_rslot);
+    return to > from ? reserve(q->fd, q->g.off_results + from * unit, (to - from) * unit) : 0;
+}
+
+int wq__region_grow_entries(shmq *q, uint32_t need)
+{
+    WQ_ASSERT_LOCKED(q);
+    uint32_t have = q->nent;
+    if (need <= have)
+        return 0;
+    if (need > q->capacity)
+        return -ENOSPC;
+    uint64_t unit;
+    reserve_entries(q, 0, 0, &unit);
     uint32_t to = step_to(have, need, q->capacity, unit);
-    int rc = WQ_FAIL("region.grow") ? -ENOSPC : 0;
-    for (int i = 0; i < 5 && rc == 0; i++)
-        rc = reserve(q->fd, part[i].off + have * part[i].size, (to - have) * part[i].size);
+    int rc = WQ_FAIL("region.grow") ? -ENOSPC : reserve_entries(q, have, to, &unit);
     if (rc < 0)
         return grow_fail(q, rc, "entries", to, (to - have) * unit);
     WQ_STEP("region.grow.entries");
@@ -350,8 +370,7 @@ int wq__region_grow_results(shmq *q, uint32_t need)
         return -ENOSPC;
     uint64_t unit = sizeof(struct wq_rslot);
     uint32_t to = step_to(have, need, q->result_capacity, unit);
-    int rc = WQ_FAIL("region.grow") ? -ENOSPC
-           : reserve(q->fd, q->g.off_results + have * unit, (to - have) * unit);
+    int rc = WQ_FAIL("region.grow") ? -ENOSPC : reserve_results(q, have, to);
     if (rc < 0)
         return grow_fail(q, rc, "result slots", to, (to - have) * unit);
     WQ_STEP("region.grow.results");
@@ -360,18 +379,28 @@ int wq__region_grow_results(shmq *q, uint32_t need)
     return 0;
 }
 
-/* Lock held: take the growth counts (another process may have grown the
-   region). Counts beyond the capacities are corrupt: clamped here, so
-   nothing past the reserved part is touched, and flagged for repair. */
-void wq__region_bounds(shmq *q)
+/* wq__region_bounds' slow path: the counts moved, or are corrupt
+   (beyond the capacities, or fresh counts past the reserved ones):
+   clamped here, so nothing past the reserved part is touched, and
+   flagged for repair. */
+void wq__region_bounds_load(shmq *q)
 {
     struct wq_hdr *h = q->hdr;
     uint32_t ge = h->grown_ent, gr = h->grown_res;
     if (WQ_UNLIKELY(ge > q->capacity || gr > q->result_capacity || h->e_fresh > ge ||
                     h->r_fresh > gr)) {
+        /* Which count is wrong is unknown: reserve (again: a no-op for
+           pages that are) what either says, within the capacities. If
+           the system refuses, keep what the fresh count says, which the
+           growth that raised it reserved first. Repair takes these. */
         h->corrupt = 1;
-        ge = ge < q->capacity ? ge : q->capacity;
-        gr = gr < q->result_capacity ? gr : q->result_capacity;
+        uint32_t fe = h->e_fresh < q->capacity ? h->e_fresh : q->capacity;
+        uint32_t fr = h->r_fresh < q->result_capacity ? h->r_fresh : q->result_capacity;
+        uint32_t we = ge > fe ? (ge < q->capacity ? ge : q->capacity) : fe;
+        uint32_t wr = gr > fr ? (gr < q->result_capacity ? gr : q->result_capacity) : fr;
+        uint64_t unit;
+        ge = reserve_entries(q, 0, we, &unit) == 0 ? we : fe;
+        gr = reserve_results(q, 0, wr) == 0 ? wr : fr;
     }
     q->nent = ge;
     q->nres = gr;

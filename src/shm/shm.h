@@ -134,7 +134,16 @@ void wq__geom_conf(const struct wq_geom *g, struct wq_conf *c);
    when the system refuses the pages (nothing changed, message set). */
 int wq__region_grow_entries(shmq *q, uint32_t need);
 int wq__region_grow_results(shmq *q, uint32_t need);
-void wq__region_bounds(shmq *q);
+void wq__region_bounds_load(shmq *q);
+/* Lock held: take the growth counts (another process may have grown the
+   region since we last held the lock). Inline: every lock acquisition
+   makes this check, and the counts rarely move. */
+static inline void wq__region_bounds(shmq *q)
+{
+    const struct wq_hdr *h = q->hdr;
+    if (WQ_UNLIKELY(h->grown_ent != q->nent || h->grown_res != q->nres))
+        wq__region_bounds_load(q);
+}
 /* Entries ever used: every live, retained or free-listed one is below. */
 static inline uint32_t wq__entries_used(const shmq *q)
 {
@@ -174,11 +183,11 @@ static inline uint32_t wq__heap_top(const shmq *q, int kind, uint32_t n)
 {
     if (n == 0)
         return WQ_NIL;
-    if (WQ_UNLIKELY(n > q->capacity))
+    if (WQ_UNLIKELY(n > q->nent))
         return WQ_CORRUPT;
     uint32_t idx = (kind == WQ_HEAP_DELAY ? q->heap
                     : kind == WQ_HEAP_PRIO ? q->fheap_p : q->fheap_a)[0];
-    return WQ_LIKELY(idx < q->capacity) ? idx : WQ_CORRUPT;
+    return WQ_LIKELY(idx < q->nent) ? idx : WQ_CORRUPT;
 }
 void wq__heap_verify(shmq *q, int kind, uint32_t n, uint64_t *seen,
                      bool (*member)(const shmq *q, uint32_t idx),

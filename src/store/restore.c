@@ -371,8 +371,10 @@ static int restore_one(shmq *view, const struct wq_srec *l, uint64_t mono, uint6
         return store_err(-EUCLEAN, view->g.store_path, "holds one key twice");
     int rc = 0;
     uint32_t idx = wq__entry_new(view, l->key, l->r.keylen, hash, &rc);
+    if (rc == -WQ_EFLUSH)   /* every entry taken, some by idle keys */
+        rc = -ENOSPC;
     if (idx == WQ_NIL)   /* full, or no room in /dev/shm (said by region.c) */
-        return rc == -ENOSPC && view->hdr->live >= view->capacity ? store_err(rc, view->g.store_path, "holds more keys than the "
+        return rc == -ENOSPC && view->hdr->e_fresh >= view->capacity ? store_err(rc, view->g.store_path, "holds more keys than the "
                                          "queue's capacity %u", view->capacity) : rc;
     struct wq_entry *en = wq__entry(view, idx);
     en->failures = l->r.failures;
