@@ -410,6 +410,21 @@ static void drain_all(wq *q)
     assert_int_equal(n, -EAGAIN);
 }
 
+/* Add k1, k2, ... until every reserved entry is used (one is already);
+   returns how many are reserved. */
+static uint32_t fill_reserved(wq *q)
+{
+    struct wq_shm *s = wq__shm(q);
+    uint32_t g = s->hdr->grown_ent;
+    for (uint32_t i = s->hdr->e_fresh; i < g; i++) {
+        char k[32];
+        snprintf(k, sizeof k, "k%u", i);
+        assert_int_equal(wq_add(q, k, strlen(k)), 0);
+    }
+    assert_int_equal(s->hdr->e_fresh, g);
+    return g;
+}
+
 /* A default queue (capacity 65536, max_key_len 256: a 40 MB object)
    takes under 1 MiB of /dev/shm when new; 5000 keys reserve entries for
    about 5000 (one step past at most), and 5000 other keys after those
@@ -461,13 +476,7 @@ static void test_growth_refused(void **state)
     wq *q = t_track(t_create("growno", NULL, NULL));
     struct wq_shm *s = wq__shm(q);
     assert_int_equal(wq_add(q, KS("a")), 0);
-    uint32_t g = s->hdr->grown_ent;
-    for (uint32_t i = 1; i < g; i++) {
-        char k[32];
-        snprintf(k, sizeof k, "k%u", i);
-        assert_int_equal(wq_add(q, k, strlen(k)), 0);
-    }
-    assert_int_equal(s->hdr->e_fresh, g);
+    uint32_t g = fill_reserved(q);
 
     wq_fault_arm("region.grow", 1, WQ_FAULT_FAIL_ON);
     assert_int_equal(wq_add(q, KS("over")), -ENOSPC);
@@ -519,13 +528,7 @@ static void test_growth_refused_keeps_idle(void **state)
     assert_int_equal(wq_add(q, KS("a")), 0);
     T_EXPECT_GET(q, "a");
     assert_int_equal(wq_finish(q, KS("a"), 7, "kept"), 0);
-    uint32_t g = s->hdr->grown_ent;
-    for (uint32_t i = 1; i < g; i++) {
-        char k[32];
-        snprintf(k, sizeof k, "k%u", i);
-        assert_int_equal(wq_add(q, k, strlen(k)), 0);
-    }
-    assert_int_equal(s->hdr->e_fresh, g);
+    uint32_t g = fill_reserved(q);
     wq_fault_arm("region.grow", 1, WQ_FAULT_FAIL_ON);
     assert_int_equal(wq_add(q, KS("over")), -ENOSPC);
     struct wq_result r;

@@ -340,43 +340,43 @@ static int reserve_results(const shmq *q, uint32_t from, uint32_t to)
     return to > from ? reserve(q->fd, q->g.off_results + from * unit, (to - from) * unit) : 0;
 }
 
-int wq__region_grow_entries(shmq *q, uint32_t need)
+/* One growth step of the entries, or (res) of the result slots. */
+static int grow(shmq *q, bool res, uint32_t need)
 {
     WQ_ASSERT_LOCKED(q);
-    uint32_t have = q->nent;
+    uint32_t have = res ? q->nres : q->nent, cap = res ? q->result_capacity : q->capacity;
     if (need <= have)
         return 0;
-    if (need > q->capacity)
+    if (need > cap)
         return -ENOSPC;
-    uint64_t unit;
-    reserve_entries(q, 0, 0, &unit);
-    uint32_t to = step_to(have, need, q->capacity, unit);
-    int rc = WQ_FAIL("region.grow") ? -ENOSPC : reserve_entries(q, have, to, &unit);
+    uint64_t unit = sizeof(struct wq_rslot);
+    if (!res)
+        reserve_entries(q, 0, 0, &unit);   /* the unit only */
+    uint32_t to = step_to(have, need, cap, unit);
+    int rc = WQ_FAIL("region.grow") ? -ENOSPC
+           : res ? reserve_results(q, have, to) : reserve_entries(q, have, to, &unit);
     if (rc < 0)
-        return grow_fail(q, rc, "entries", to, (to - have) * unit);
-    WQ_STEP("region.grow.entries");
-    q->hdr->grown_ent = to;
-    q->nent = to;
+        return grow_fail(q, rc, res ? "result slots" : "entries", to, (to - have) * unit);
+    if (res) {
+        WQ_STEP("region.grow.results");
+        q->hdr->grown_res = to;
+        q->nres = to;
+    } else {
+        WQ_STEP("region.grow.entries");
+        q->hdr->grown_ent = to;
+        q->nent = to;
+    }
     return 0;
+}
+
+int wq__region_grow_entries(shmq *q, uint32_t need)
+{
+    return grow(q, false, need);
 }
 
 int wq__region_grow_results(shmq *q, uint32_t need)
 {
-    WQ_ASSERT_LOCKED(q);
-    uint32_t have = q->nres;
-    if (need <= have)
-        return 0;
-    if (need > q->result_capacity)
-        return -ENOSPC;
-    uint64_t unit = sizeof(struct wq_rslot);
-    uint32_t to = step_to(have, need, q->result_capacity, unit);
-    int rc = WQ_FAIL("region.grow") ? -ENOSPC : reserve_results(q, have, to);
-    if (rc < 0)
-        return grow_fail(q, rc, "result slots", to, (to - have) * unit);
-    WQ_STEP("region.grow.results");
-    q->hdr->grown_res = to;
-    q->nres = to;
-    return 0;
+    return grow(q, true, need);
 }
 
 /* wq__region_bounds' slow path: the counts moved, or are corrupt
