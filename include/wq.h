@@ -218,6 +218,15 @@
  *   the add or wq_finish that needed them fails with -ENOSPC and changes
  *   nothing; wq_last_error names the queue, the bytes wanted and the bytes
  *   free. No process ever gets a SIGBUS for a page it touches.
+ *
+ *   Huge pages: a big queue spends much of its time in TLB misses on 4 KiB
+ *   pages. Where the kernel has transparent huge pages for shmem, mount a
+ *   tmpfs that uses them and point WQ_SHM_DIR at it, in every process of
+ *   the queue (wqctl included):
+ *     mount -t tmpfs -o huge=always,size=4g,mode=1777 wqhuge /mnt/wq-huge
+ *     export WQ_SHM_DIR=/mnt/wq-huge
+ *   Memory is then taken in 2 MiB pages (a new queue takes at least one
+ *   per section it touches).
  */
 #ifndef WQ_H
 #define WQ_H
@@ -373,7 +382,10 @@ struct wq_options {
 /*
  * wq_open - attach to queue `name`, creating it with WQ_CREATE.
  *
- * name: [A-Za-z0-9._-]{1,200}; the shm object is /dev/shm/wq.<name>.
+ * name: [A-Za-z0-9._-]{1,200}; the shm object is /dev/shm/wq.<name>, or
+ * $WQ_SHM_DIR/wq.<name> when that environment variable is set (see
+ * "Memory"; an absolute path of at most 200 bytes, else -EINVAL). Every
+ * process of a queue must see the same directory.
  * A new region is built under no name and published atomically, so a
  * concurrent attacher never sees a half-initialised queue, and two
  * concurrent creators never both win (the loser attaches, or gets -EEXIST

@@ -11,6 +11,7 @@ N="t-wqctl-n-$$"      # metrics with --no-metrics
 OUT="/tmp/wqctl.out.$$"
 cleanup() {
     rm -f "$OUT"
+    [ -n "${HD:-}" ] && rm -rf "$HD"
     for q in "$Q" "$D" "$R" "$F" "$M" "$N"; do
         "$WQCTL" rm "$q" >/dev/null 2>&1 || rm -f "/dev/shm/wq.$q"
     done
@@ -247,4 +248,41 @@ expect_rc 1 "$WQCTL" stat "x-$$"              # none of those created it
 
 expect_rc 0 "$WQCTL" rm "$Q"
 expect_rc 1 "$WQCTL" rm "$Q"
+
+# ---- WQ_SHM_DIR: queues in another directory -------------------------
+H="t-wqctl-h-$$"
+HD="/tmp/wqctl.shmdir.$$"
+mkdir -p "$HD" || fail "mkdir $HD"
+expect_rc 0 env WQ_SHM_DIR="$HD" "$WQCTL" create "$H" --capacity 1000
+[ -f "$HD/wq.$H" ] && [ ! -e "/dev/shm/wq.$H" ] || fail "WQ_SHM_DIR: not made in $HD"
+expect_rc 1 "$WQCTL" stat "$H"                  # not in /dev/shm
+expect_out "added 2, coalesced 0" env WQ_SHM_DIR="$HD" "$WQCTL" add "$H" a b
+expect_out "a" env WQ_SHM_DIR="$HD" "$WQCTL" get "$H"
+run env WQ_SHM_DIR="$HD" "$WQCTL" ls
+has_re "$H  *1 .*"
+expect_rc 1 env WQ_SHM_DIR=relative "$WQCTL" stat "$H"
+grep -Fxq "wqctl: queue '$H': invalid argument (WQ_SHM_DIR 'relative': not an absolute path)" \
+    "$OUT" || fail "relative WQ_SHM_DIR said: $(cat "$OUT")"
+expect_rc 0 env WQ_SHM_DIR="$HD" "$WQCTL" rm "$H"
+[ -z "$(ls -A "$HD")" ] || fail "WQ_SHM_DIR: left $(ls -A "$HD")"
+# A tmpfs with transparent huge pages (root, and a kernel that has them
+# for shmem): a queue's entries come in 2 MiB pages (the kernel's count
+# of shmem huge pages rises).
+if [ "$(id -u)" = 0 ] && grep -q . /sys/kernel/mm/transparent_hugepage/shmem_enabled 2>/dev/null &&
+   unshare -m true 2>/dev/null; then
+    unshare -m sh -c 'mount -t tmpfs -o huge=always,size=64m tmpfs "$3" || exit 9
+        before=$(sed -n "s/^ShmemHugePages: *\([0-9]*\) kB/\1/p" /proc/meminfo)
+        WQ_SHM_DIR=$3 "$1" create "$2" --capacity 100000 || exit 8
+        seq 1 50000 | WQ_SHM_DIR=$3 "$1" add "$2" - >/dev/null || exit 7
+        after=$(sed -n "s/^ShmemHugePages: *\([0-9]*\) kB/\1/p" /proc/meminfo)
+        WQ_SHM_DIR=$3 "$1" check "$2" || exit 6
+        echo "$before $after"' sh "$WQCTL" "$H" "$HD" >"$OUT" 2>&1
+    rc=$?
+    [ "$rc" = 0 ] || fail "huge-page tmpfs: exit $rc: $(cat "$OUT")"
+    set -- $(tail -1 "$OUT")
+    [ "$2" -ge $(($1 + 4096)) ] || fail "huge-page tmpfs: ShmemHugePages $1 -> $2 kB"
+else
+    echo "note: no root, no shmem huge pages or no private mount: huge-page case skipped"
+fi
+rmdir "$HD"
 echo "wqctl: 1 passed, 0 failed"

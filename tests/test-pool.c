@@ -250,7 +250,8 @@ static void no_overlap_hot_keys(void **state)
     /* 100,000 adds and as many reconciles, each a few round trips on
        Redis: three times the time there, for a loaded CI machine (two
        test programs on its two CPUs). */
-    unsigned budget_s = t_redis() ? 75 : 25;
+    unsigned budget_s = (t_redis() ? 75 : 25) * t_scale();
+    t_watchdog(budget_s + 30 * t_scale());   /* the default is 30 s */
     pid_t sup = start_supervisor(name, 8, fn_hot, h, &h->rep, budget_s + 15, NULL, NULL);
 
     pid_t prod = t_fork(budget_s + 5);

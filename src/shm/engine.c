@@ -51,7 +51,7 @@ static void free_handle(shmq *q)
 
 int wq__shm_open(const char *name, const struct wq_options *opts, wq **out)
 {
-    char path[WQ_MAX_NAME_LEN + 32];
+    char path[WQ_REGION_PATH_MAX];
     int rc = wq__region_path(path, sizeof path, name);
     if (rc < 0)
         return rc;
@@ -134,7 +134,7 @@ void wq__shm_close(wq *pub)
    the store holds every key a restore should bring back. */
 int wq__shm_unlink(const char *name)
 {
-    char path[WQ_MAX_NAME_LEN + 32];
+    char path[WQ_REGION_PATH_MAX];
     int rc = wq__region_path(path, sizeof path, name);
     if (rc < 0)
         return rc;

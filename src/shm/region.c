@@ -39,8 +39,30 @@
 
 #include "shm.h"
 
-#define SHM_DIR "/dev/shm"
+#define SHM_DEFAULT_DIR "/dev/shm"
+#define SHM_DIR wq__shm_dir()
 #define SHM_PREFIX "wq."
+
+/* Where shared-memory queues live: $WQ_SHM_DIR, an absolute path (a
+   tmpfs mounted with huge pages, say), else /dev/shm. Read at each use
+   (an open, a create, a listing), so a process can change it between. */
+const char *wq__shm_dir(void)
+{
+    const char *d = getenv("WQ_SHM_DIR");
+    return d && d[0] ? d : SHM_DEFAULT_DIR;
+}
+
+/* A WQ_SHM_DIR that is not an absolute path, or too long for a region's
+   path, is refused (with a message) rather than guessed at. */
+static bool dir_ok(void)
+{
+    const char *d = wq__shm_dir();
+    if (d[0] == '/' && strlen(d) <= WQ_MAX_SHM_DIR)
+        return true;
+    wq__errf("WQ_SHM_DIR '%.64s%s': %s", d, strlen(d) > 64 ? "..." : "",
+             d[0] != '/' ? "not an absolute path" : "longer than 200 bytes");
+    return false;
+}
 
 static uint64_t align_up(uint64_t v, uint64_t a)
 {
@@ -216,7 +238,7 @@ static int create_tmp(mode_t mode, char *tmpname, size_t cap)
             unsigned r;
             if (getrandom(&r, sizeof r, 0) != sizeof r)
                 r = (unsigned)i;
-            snprintf(tmpname, cap, SHM_DIR "/.wq-tmp.%d.%08x", (int)getpid(), r);
+            snprintf(tmpname, cap, "%s/.wq-tmp.%d.%08x", SHM_DIR, (int)getpid(), r);
             fd = open(tmpname, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
             if (fd < 0 && errno != EEXIST)
                 break;
@@ -302,13 +324,13 @@ static int grow_fail(shmq *q, int rc, const char *what, uint32_t to, uint64_t by
 {
     struct statvfs vfs;
     if (rc == -ENOSPC && q->fd >= 0 && fstatvfs(q->fd, &vfs) == 0)
-        wq__errf("queue '%s': no room in " SHM_DIR " to grow its region to %u %s "
-                 "(%llu bytes more, %llu free)", q->pub.name, to, what,
+        wq__errf("queue '%s': no room in %s to grow its region to %u %s "
+                 "(%llu bytes more, %llu free)", q->pub.name, SHM_DIR, to, what,
                  (unsigned long long)bytes,
                  (unsigned long long)vfs.f_bavail * vfs.f_frsize);
     else
-        wq__errf("queue '%s': cannot grow its region in " SHM_DIR " to %u %s: %s",
-                 q->pub.name, to, what, strerror(-rc));
+        wq__errf("queue '%s': cannot grow its region in %s to %u %s: %s",
+                 q->pub.name, SHM_DIR, to, what, strerror(-rc));
     return rc;
 }
 
@@ -441,8 +463,10 @@ static void map_view(shmq *q, unsigned char *base, size_t size, const struct wq_
 /* The queue's name in its region's path, for wq_last_error. */
 static const char *qname(const char *path)
 {
-    size_t n = strlen(SHM_DIR "/" SHM_PREFIX);
-    return strncmp(path, SHM_DIR "/" SHM_PREFIX, n) == 0 ? path + n : path;
+    const char *slash = strrchr(path, '/');
+    const char *base = slash ? slash + 1 : path;
+    size_t n = strlen(SHM_PREFIX);
+    return strncmp(base, SHM_PREFIX, n) == 0 ? base + n : path;
 }
 
 /* Build a new region from the options (and its store) and link it at
@@ -451,7 +475,7 @@ int wq__region_create(const char *path, const struct wq_options *opts)
 {
     struct wq_geom g;
     struct wq_conf c;
-    char tmpname[128];
+    char tmpname[WQ_REGION_PATH_MAX + 32];
     char abs[sizeof g.store_path] = { 0 };
     struct wq_options eff = *opts;
     struct wq_store_img img;
@@ -487,14 +511,14 @@ int wq__region_create(const char *path, const struct wq_options *opts)
     int fd = create_tmp((mode_t)c.mode, tmpname, sizeof tmpname);
     if (fd < 0) {
         rc = fd;
-        wq__errf("queue '%s': cannot make its region in " SHM_DIR ": %s", qname(path),
+        wq__errf("queue '%s': cannot make its region in %s: %s", qname(path), SHM_DIR,
                  rc == -ENOSPC ? "no room left (no free inode)" : strerror(-rc));
         goto out_img;
     }
     if (ftruncate(fd, (off_t)g.total_size) < 0) {
         rc = errno == EFBIG || errno == EINVAL ? -ENOSPC : -errno;
-        wq__errf("queue '%s': cannot size its region in " SHM_DIR " (%llu bytes): %s",
-                 qname(path), (unsigned long long)g.total_size, strerror(errno));
+        wq__errf("queue '%s': cannot size its region in %s (%llu bytes): %s",
+                 qname(path), SHM_DIR, (unsigned long long)g.total_size, strerror(errno));
         goto out;
     }
     rc = reserve_fixed(fd, &g);
@@ -502,12 +526,14 @@ int wq__region_create(const char *path, const struct wq_options *opts)
         /* Not "queue is full": the queue does not exist yet. */
         struct statvfs vfs;
         if (rc == -ENOSPC && fstatvfs(fd, &vfs) == 0)
-            wq__errf("queue '%s': no room in " SHM_DIR " for its region: it needs %llu "
-                     "bytes, %llu are free", qname(path), (unsigned long long)fixed_bytes(&g),
+            wq__errf("queue '%s': no room in %s for its region: it needs %llu "
+                     "bytes, %llu are free", qname(path), SHM_DIR,
+                     (unsigned long long)fixed_bytes(&g),
                      (unsigned long long)vfs.f_bavail * vfs.f_frsize);
         else
-            wq__errf("queue '%s': cannot reserve its region in " SHM_DIR " (%llu bytes): %s",
-                     qname(path), (unsigned long long)fixed_bytes(&g), strerror(-rc));
+            wq__errf("queue '%s': cannot reserve its region in %s (%llu bytes): %s",
+                     qname(path), SHM_DIR, (unsigned long long)fixed_bytes(&g),
+                     strerror(-rc));
         goto out;
     }
     void *base = mmap(NULL, g.total_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -606,12 +632,16 @@ out:
 
 int wq__region_path(char *buf, size_t cap, const char *name)
 {
-    int n = snprintf(buf, cap, SHM_DIR "/" SHM_PREFIX "%s", name);
+    if (!dir_ok())
+        return -EINVAL;
+    int n = snprintf(buf, cap, "%s/" SHM_PREFIX "%s", SHM_DIR, name);
     return (n < 0 || (size_t)n >= cap) ? -EINVAL : 0;
 }
 
 int wq__shm_list(int (*fn)(const char *name, void *arg), void *arg)
 {
+    if (!dir_ok())
+        return -EINVAL;
     DIR *d = opendir(SHM_DIR);
     if (!d)
         return -errno;

@@ -126,6 +126,10 @@ int wq__sleep(shmq *q, uint32_t *word, uint64_t deadline, uint64_t until, bool g
 int wq__region_create(const char *path, const struct wq_options *opts);
 int wq__region_attach(shmq *q, const char *path);
 int wq__region_path(char *buf, size_t cap, const char *name);
+const char *wq__shm_dir(void);
+/* The longest WQ_SHM_DIR, and room for a region path under it. */
+#define WQ_MAX_SHM_DIR 200
+#define WQ_REGION_PATH_MAX (WQ_MAX_SHM_DIR + WQ_MAX_NAME_LEN + 8)
 int wq__geometry(struct wq_geom *g, const struct wq_conf *c);
 int wq__region_validate(const struct wq_geom *g, uint64_t file_size);
 void wq__geom_conf(const struct wq_geom *g, struct wq_conf *c);
