@@ -311,7 +311,9 @@ static int chaos_round(int durability, unsigned seed)
     uint64_t workers_end = start + (uint64_t)ROUND_MS * 6 / 10 * MS;
     int workers_alive = 1;
     while (t_now_ns() < end) {
-        t_sleep_ms(1 + rand_r(&seed) % 20);
+        /* Kills come as often as actors do their work: under valgrind
+           (t_scale 10) an actor restarted every few ms did hardly any. */
+        t_sleep_ms((1 + rand_r(&seed) % 20) * t_scale());
         if (workers_alive && t_now_ns() >= workers_end) {
             for (int w = P; w < P + W; w++) {
                 kill(pids[w], SIGKILL);
