@@ -44,7 +44,10 @@ export CGO_LDFLAGS="-L$libdir -Wl,-rpath,$libdir"
 export WQ_GO_QUEUE_PREFIX="t-client-go-$$"
 
 modes=(plain)
-if ldd "$libdir/libwq.so" 2>/dev/null | grep -q 'libasan'; then
+# Not `ldd | grep -q`: under pipefail, grep -q leaving at the first match
+# can kill ldd with SIGPIPE and the test would run an ASan library as plain.
+deps=$(ldd "$libdir/libwq.so" 2>/dev/null || true)
+if [[ $deps == *libasan* ]]; then
     modes=(asan)
 elif [ "${WQ_GO_RACE:-1}" != 0 ]; then
     case "$(go env GOOS)/$(go env GOARCH)" in
