@@ -24,7 +24,9 @@
  *     growth the system refuses is -ENOSPC with the queue named, losing
  *     nothing (an add, a batch, a result) and evicting no idle key; a
  *     process killed in the middle of a growth costs nothing; damaged
- *     growth counts are reserved for, never trusted.
+ *     growth counts are reserved for, never trusted;
+ *   - a big queue prefetches behind its front: a bad ring slot or a
+ *     garbage hash there changes nothing the caller sees.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -465,6 +467,43 @@ static void test_region_grows_with_keys(void **state)
     t_close(q);
 }
 
+/* A queue big enough to prefetch ahead of the front (queue.c: at least
+   WQ_PREFETCH_MIN entries). The prefetch reads ring slots and entries
+   behind the front: a ring slot holding an index past the reserved
+   entries, and an entry whose hash is garbage, must change nothing the
+   caller sees (the hash only aims a prefetch): keys come out in add
+   order, the bad slot's key once, after repair, at the back. */
+static void test_prefetch_ahead_damaged(void **state)
+{
+    (void)state;
+    const uint32_t n = WQ_PREFETCH_MIN + 100;
+    struct wq_options o = { .capacity = n, .max_key_len = 16 };
+    wq *q = t_track(t_create("prefetch", &o, NULL));
+    struct wq_shm *s = wq__shm(q);
+    add_keys(q, "k", (int)n);
+    assert_true(s->hdr->grown_ent >= WQ_PREFETCH_MIN);
+    uint32_t head = (uint32_t)s->hdr->ring_pos;
+    wq__entry(s, s->ring[head + 20])->hash ^= 0x9e3779b9u;   /* k-00020 */
+    s->ring[head + 3] = 0xfffffff0u;                          /* k-00003 */
+    char want[32], buf[32];
+    for (int i = 0; i < 3; i++) {
+        snprintf(want, sizeof want, "k-%05d", i);
+        T_EXPECT_GET(q, want);
+        T_EXPECT_DONE(q, want);
+    }
+    assert_int_equal(wq_get(q, buf, sizeof buf, 0), -EBADMSG);   /* repaired next */
+    for (uint32_t i = 4; i < n; i++) {
+        snprintf(want, sizeof want, "k-%05u", i);
+        T_EXPECT_GET(q, want);
+        T_EXPECT_DONE(q, want);
+    }
+    T_EXPECT_GET(q, "k-00003");
+    T_EXPECT_DONE(q, "k-00003");
+    T_EXPECT_GET_RC(q, -EAGAIN);
+    t_check_clean(q, __func__);
+    t_close(q);
+}
+
 /* The system refuses a growth (the fault point stands for a full tmpfs;
    tests/run-shm-full.sh fills a real one): the add that needed it is
    -ENOSPC naming the queue and what it needed, a batch adds none of its
@@ -648,6 +687,7 @@ int main(void)
         T_STORE_TEST(test_restore_needs_a_store),
         T_STORE_TEST(test_restore_idle_record_without_anything),
         T_TEST(test_region_grows_with_keys),
+        T_TEST(test_prefetch_ahead_damaged),
         T_TEST(test_growth_refused),
         T_TEST(test_growth_refused_keeps_idle),
         T_TEST(test_growth_counts_damaged),

@@ -143,7 +143,7 @@ static int add_call(shmq *q, const struct wq_add_req *r)
 {
     uint32_t hash = wq__hash(q->seed, r->key, r->len);
     /* The index slot is a likely cache miss: start it while we lock. */
-    __builtin_prefetch(&q->index[wq__home(q, hash)]);
+    wq__table_prefetch(q, hash);
     uint64_t now = r->delayed ? wq__now_mono() : wq__metrics_now(q);
     int rc;
     for (int tries = 0;; tries++) {
@@ -171,6 +171,47 @@ int wq__shm_add(wq *pub, const struct wq_add_req *r)
     return add_call(wq__shm(pub), r);
 }
 
+/*
+ * Locality for queues larger than the caches. The done of a key handed
+ * out looks it up in the index: a random slot, at millions of keys a
+ * cache miss and a TLB miss, and a prefetch of it stalls for the page
+ * walk as a load would. So once per WQ_PREFETCH_BATCH hand-outs the
+ * index slots of that many keys at the front are prefetched together,
+ * where their walks overlap, and the entries of the batch after, whose
+ * hashes the next round reads. Measured on the 2-vCPU VM (wqbench
+ * scale): one slot at a time gained 25% at 1e7 keys, batches of 16 47%,
+ * of 64 less than 16. pf_ahead is this handle's hint only: keys that
+ * other processes take meanwhile just make a prefetch useless.
+ */
+enum { WQ_PREFETCH_BATCH = 16 };
+
+static void prefetch_front(shmq *q)
+{
+    if (q->pf_ahead > 0) {
+        q->pf_ahead--;
+        return;
+    }
+    uint32_t k = 0;
+    for (uint32_t idx; k < WQ_PREFETCH_BATCH && (idx = wq__ring_peek(q, k)) != WQ_NIL; k++)
+        wq__table_prefetch(q, wq__entry(q, idx)->hash);
+    for (uint32_t j = k, idx; j < 2 * k && (idx = wq__ring_peek(q, j)) != WQ_NIL; j++)
+        __builtin_prefetch(wq__entry(q, idx), 0, 3);
+    q->pf_ahead = k > 0 ? k - 1 : 0;
+}
+
+/* The same for a batch of adds, keys [from, to) of it: the first
+   WQ_PREFETCH_BATCH before locking, then each key that many ahead of the
+   one being added. Gated on the index's size, not on nent: it runs
+   before the lock too. */
+static void prefetch_keys(const shmq *q, const uint32_t *hashes, size_t from, size_t to,
+                          size_t n)
+{
+    if (q->index_slots < WQ_PREFETCH_MIN)
+        return;
+    for (size_t i = from; i < to && i < n; i++)
+        wq__table_prefetch(q, hashes[i]);
+}
+
 /* Exact number of distinct keys in the batch that have no entry yet. */
 static int count_new(shmq *q, const struct iovec *keys, const uint32_t *hashes, size_t n,
                      size_t *out)
@@ -183,6 +224,7 @@ static int count_new(shmq *q, const struct iovec *keys, const uint32_t *hashes, 
         return -ENOMEM;
     size_t fresh = 0;
     for (size_t i = 0; i < n; i++) {
+        prefetch_keys(q, hashes, i + WQ_PREFETCH_BATCH, i + WQ_PREFETCH_BATCH + 1, n);
         uint32_t idx = wq__table_lookup(q, keys[i].iov_base, keys[i].iov_len, hashes[i]);
         if (idx == WQ_CORRUPT) {
             free(seen);
@@ -271,6 +313,7 @@ int wq__shm_add_many(wq *pub, const struct iovec *keys, size_t n)
     }
     for (size_t i = 0; i < n; i++)
         hashes[i] = wq__hash(q->seed, keys[i].iov_base, keys[i].iov_len);
+    prefetch_keys(q, hashes, 0, WQ_PREFETCH_BATCH, n);
     uint64_t now = wq__metrics_now(q);
     for (int tries = 0;; tries++) {
         if ((rc = wq__lock(q)) < 0)
@@ -283,6 +326,7 @@ int wq__shm_add_many(wq *pub, const struct iovec *keys, size_t n)
             for (size_t i = 0; i < n && rc >= 0; i++) {
                 struct wq_add_req r = { .key = keys[i].iov_base, .len = keys[i].iov_len };
                 bool queued = false;
+                prefetch_keys(q, hashes, i + WQ_PREFETCH_BATCH, i + WQ_PREFETCH_BATCH + 1, n);
                 rc = wq__region_broken(q) ? -EBADMSG : add_locked(q, &r, hashes[i], now, &queued);
                 coalesced += rc > 0;
                 queued_n += queued;
@@ -327,14 +371,16 @@ static int get_locked(shmq *q, void *buf, size_t cap, uint64_t now)
     if (idx == WQ_NIL)
         return -EAGAIN;
     if (WQ_UNLIKELY(idx == WQ_CORRUPT))
-        return -EBADMSG;
+        return wq__region_mark_corrupt(q);
     struct wq_entry *e = wq__entry(q, idx);
     uint32_t len = e->keylen;
     if (WQ_UNLIKELY(!(e->state & WQ_ST_QUEUED) || len == 0 || len > q->max_key_len))
-        return -EBADMSG;
+        return wq__region_mark_corrupt(q);
     if (len > cap)
         return -ENOBUFS;
     memcpy(buf, e->key, len);
+    if (!q->fair && q->nent >= WQ_PREFETCH_MIN)
+        prefetch_front(q);
     wq__mut_begin(q);
     WQ_STEP("get.busy");
     int rc = wq__mut_end(q, wq__entry_hand_out(q, idx, now));
@@ -440,7 +486,7 @@ int wq__shm_done(wq *pub, const void *key, size_t len, const struct wq_outcome *
 {
     shmq *q = wq__shm(pub);
     uint32_t hash = wq__hash(q->seed, key, len);
-    __builtin_prefetch(&q->index[wq__home(q, hash)]);
+    wq__table_prefetch(q, hash);   /* likely a miss: overlap it with locking */
     uint64_t now = wq__metrics_now(q);
     int rc = wq__lock(q);
     if (rc < 0)

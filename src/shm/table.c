@@ -36,11 +36,12 @@ uint32_t wq__table_lookup(shmq *q, const void *key, size_t len, uint32_t hash)
             continue;
         uint32_t idx = s.ref - 1;
         if (WQ_UNLIKELY(idx >= q->nent))
-            return WQ_CORRUPT;
+            break;
         struct wq_entry *e = wq__entry(q, idx);
         if (e->keylen == len && memcmp(e->key, key, len) == 0)
             return idx;
     }
+    wq__region_mark_corrupt(q);   /* a slot past the entries, or no empty slot */
     return WQ_CORRUPT;
 }
 
