@@ -226,7 +226,10 @@
  *     mount -t tmpfs -o huge=always,size=4g,mode=1777 wqhuge /mnt/wq-huge
  *     export WQ_SHM_DIR=/mnt/wq-huge
  *   Memory is then taken in 2 MiB pages (a new queue takes at least one
- *   per section it touches).
+ *   per section it touches). Measure before relying on it: in a VM whose
+ *   paging is paravirtualized, guest huge pages were 20% slower than
+ *   4 KiB ones (tools/PERFORMANCE.md). A queue of more than 65,536
+ *   entries prefetches the index slots of the keys next in line anyway.
  */
 #ifndef WQ_H
 #define WQ_H
