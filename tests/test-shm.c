@@ -26,7 +26,8 @@
  *     process killed in the middle of a growth costs nothing; damaged
  *     growth counts are reserved for, never trusted;
  *   - a big queue prefetches behind its front: a bad ring slot or a
- *     garbage hash there changes nothing the caller sees.
+ *     garbage hash there changes nothing the caller sees; a get that
+ *     meets a corrupt front flags the region for the next locker.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -468,40 +469,60 @@ static void test_region_grows_with_keys(void **state)
 }
 
 /* A queue big enough to prefetch ahead of the front (queue.c: at least
-   WQ_PREFETCH_MIN entries). The prefetch reads ring slots and entries
-   behind the front: a ring slot holding an index past the reserved
-   entries, and an entry whose hash is garbage, must change nothing the
-   caller sees (the hash only aims a prefetch): keys come out in add
-   order, the bad slot's key once, after repair, at the back. */
-static void test_prefetch_ahead_damaged(void **state)
+   WQ_PREFETCH_MIN entries reserved; the index slots of 16 keys at a time,
+   from the front). The prefetch reads ring slots and entries behind the
+   front, which must change nothing: keys come out in add order.
+   bad_ring: ring slot 40 holds an index far past the entries; the get
+   that meets it at the front fails with -EBADMSG and flags the region,
+   the next repairs, and that key comes out last. Otherwise: entry 20's
+   hash is garbage; the get at position 16 prefetches with it (the region
+   stays unflagged), and the done of key 20, which needs the hash to drop
+   it from the index, flags the region for repair without the caller
+   seeing it. */
+static void prefetch_damaged(bool bad_ring)
 {
-    (void)state;
     const uint32_t n = WQ_PREFETCH_MIN + 100;
     struct wq_options o = { .capacity = n, .max_key_len = 16 };
-    wq *q = t_track(t_create("prefetch", &o, NULL));
+    wq *q = t_track(t_create(bad_ring ? "pfring" : "pfhash", &o, NULL));
     struct wq_shm *s = wq__shm(q);
     add_keys(q, "k", (int)n);
     assert_true(s->hdr->grown_ent >= WQ_PREFETCH_MIN);
-    uint32_t head = (uint32_t)s->hdr->ring_pos;
-    wq__entry(s, s->ring[head + 20])->hash ^= 0x9e3779b9u;   /* k-00020 */
-    s->ring[head + 3] = 0xfffffff0u;                          /* k-00003 */
+    uint32_t head = (uint32_t)s->hdr->ring_pos, bad = bad_ring ? 40 : 20;
+    if (bad_ring)
+        s->ring[head + bad] = 0xfffffff0u;
+    else
+        wq__entry(s, s->ring[head + bad])->hash ^= 0x9e3779b9u;
     char want[32], buf[32];
-    for (int i = 0; i < 3; i++) {
-        snprintf(want, sizeof want, "k-%05d", i);
-        T_EXPECT_GET(q, want);
-        T_EXPECT_DONE(q, want);
-    }
-    assert_int_equal(wq_get(q, buf, sizeof buf, 0), -EBADMSG);   /* repaired next */
-    for (uint32_t i = 4; i < n; i++) {
+    for (uint32_t i = 0; i < n; i++) {
         snprintf(want, sizeof want, "k-%05u", i);
+        if (i == bad && bad_ring) {
+            assert_int_equal(s->hdr->corrupt, 0);
+            assert_int_equal(wq_get(q, buf, sizeof buf, 0), -EBADMSG);
+            assert_int_equal(s->hdr->corrupt, 1);
+            continue;
+        }
         T_EXPECT_GET(q, want);
+        if (i < bad)
+            assert_int_equal(s->hdr->corrupt, 0);
         T_EXPECT_DONE(q, want);
+        if (i == bad)
+            assert_int_equal(s->hdr->corrupt, 1);   /* the index kept its own hash */
     }
-    T_EXPECT_GET(q, "k-00003");
-    T_EXPECT_DONE(q, "k-00003");
+    if (bad_ring) {
+        T_EXPECT_GET(q, "k-00040");
+        T_EXPECT_DONE(q, "k-00040");
+    }
     T_EXPECT_GET_RC(q, -EAGAIN);
+    assert_int_equal(s->hdr->corrupt, 0);   /* repaired by the next locker */
     t_check_clean(q, __func__);
     t_close(q);
+}
+
+static void test_prefetch_ahead_damaged(void **state)
+{
+    (void)state;
+    prefetch_damaged(false);
+    prefetch_damaged(true);
 }
 
 /* The system refuses a growth (the fault point stands for a full tmpfs;
