@@ -37,14 +37,10 @@ int wq__ring_push(shmq *q, uint32_t idx)
    ring or the index it holds is out of range. */
 uint32_t wq__ring_front(shmq *q)
 {
-    uint64_t pos = wq_load_relaxed(&q->hdr->ring_pos);
-    uint32_t head = (uint32_t)pos, count = (uint32_t)(pos >> 32);
-    if (count == 0)
+    if (wq__ring_count(q) == 0)
         return WQ_NIL;
-    if (WQ_UNLIKELY(head >= q->capacity || count > q->capacity))
-        return WQ_CORRUPT;
-    uint32_t idx = q->ring[head];
-    return WQ_LIKELY(idx < q->nent) ? idx : WQ_CORRUPT;
+    uint32_t idx = wq__ring_peek(q, 0);   /* WQ_NIL now: a bad word or slot */
+    return WQ_LIKELY(idx != WQ_NIL) ? idx : WQ_CORRUPT;
 }
 
 /* Drop the front; only after wq__ring_front returned a valid index. */

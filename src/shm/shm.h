@@ -190,7 +190,8 @@ static inline uint32_t wq__ring_count(const shmq *q)
     return (uint32_t)(wq_load_relaxed(&q->hdr->ring_pos) >> 32);
 }
 /* The entry index k places behind the front, WQ_NIL if the ring is
-   shorter or the slot holds no valid index (a hint for prefetching). */
+   shorter, its word is out of range or the slot holds no valid index
+   (wq__ring_front tells those apart for k = 0; prefetching just stops). */
 static inline uint32_t wq__ring_peek(const shmq *q, uint32_t k)
 {
     uint64_t pos = wq_load_relaxed(&q->hdr->ring_pos);
