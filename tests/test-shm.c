@@ -404,6 +404,16 @@ static void add_keys(wq *q, const char *prefix, int n)
     }
 }
 
+/* Keys "<prefix>-<from>" .. "<prefix>-<to - 1>", numbered as add_keys does. */
+static void add_keys_from(wq *q, const char *prefix, int from, int to)
+{
+    for (int i = from; i < to; i++) {
+        char k[32];
+        snprintf(k, sizeof k, "%s-%05d", prefix, i);
+        assert_int_equal(wq_add(q, k, strlen(k)), 0);
+    }
+}
+
 static void drain_all(wq *q)
 {
     char buf[300];
@@ -429,9 +439,12 @@ static uint32_t fill_reserved(wq *q)
 }
 
 /* A default queue (capacity 65536, max_key_len 256: a 40 MB object)
-   takes under 1 MiB of /dev/shm when new; 5000 keys reserve entries for
-   about 5000 (one step past at most), and 5000 other keys after those
-   are done reuse the same entries: nothing more is reserved. */
+   takes under 300 KiB of /dev/shm when new, with an index of one page;
+   5000 keys reserve entries for about 5000 (one step past at most) and
+   an index of 16384 slots (the first power of two over 2 * 5000 + 1,
+   reached by five doublings: in the second area, the first given back),
+   and 5000 other keys after those are done reuse the same entries and
+   index: nothing more is reserved. */
 static void test_region_grows_with_keys(void **state)
 {
     (void)state;
@@ -441,26 +454,29 @@ static void test_region_grows_with_keys(void **state)
     struct wq_stats st = t_stats(q);
     uint64_t base = shm_used(name);
     assert_int_equal(st.region_used, base);
-    assert_true(base <= 1024 * 1024);
+    assert_true(base <= 300 * 1024);
     assert_true(st.region_bytes > 38u * 1024 * 1024);   /* the address space */
     assert_int_equal(s->hdr->grown_ent, 0);
     assert_int_equal(s->hdr->e_fresh, 0);
+    assert_int_equal(s->hdr->index_at, WQ_INDEX_MIN);   /* area 0 */
 
     add_keys(q, "first", 5000);
     uint64_t unit = s->entry_size + sizeof(uint32_t);   /* entry, heap slot */
     uint32_t grown = s->hdr->grown_ent;
     assert_int_equal(s->hdr->e_fresh, 5000);
     assert_true(grown >= 5000 && grown <= 5000 + 5000 / 8 + 65536 / unit + 1);
-    uint64_t used = shm_used(name);
+    assert_int_equal(s->hdr->index_at, 1ull << 32 | 16384);
+    uint64_t used = shm_used(name), index = (16384 - WQ_INDEX_MIN) * sizeof(struct wq_islot);
     /* Entries and heap slots, each section's ends rounded to pages. */
-    assert_true(used >= base + grown * unit - 2 * 4096);
-    assert_true(used <= base + grown * unit + 4 * 4096);
+    assert_true(used >= base + index + grown * unit - 2 * 4096);
+    assert_true(used <= base + index + grown * unit + 4 * 4096);
     assert_int_equal(t_stats(q).region_used, used);
 
     drain_all(q);
     add_keys(q, "second", 5000);
     assert_int_equal(s->hdr->e_fresh, 5000);
     assert_int_equal(s->hdr->grown_ent, grown);
+    assert_int_equal(s->hdr->index_at, 1ull << 32 | 16384);
     assert_int_equal(shm_used(name), used);
     assert_int_equal(wq_len(q), 5000);
     t_check_clean(q, __func__);
@@ -693,6 +709,174 @@ static void test_killed_while_growing(void **state)
     t_close(q);
 }
 
+/* Keys "<prefix>-00000".. come out in add order, then the queue is empty. */
+static void drain_in_order(wq *q, const char *prefix, int n)
+{
+    char want[32], buf[32];
+    for (int i = 0; i < n; i++) {
+        snprintf(want, sizeof want, "%s-%05d", prefix, i);
+        int len = wq_get(q, buf, sizeof buf, 0);
+        assert_int_equal(len, (int)strlen(want));
+        buf[len] = 0;
+        assert_string_equal(buf, want);
+        assert_int_equal(wq_done(q, buf, (size_t)len), 0);
+    }
+    char b[32];
+    assert_int_equal(wq_get(q, b, sizeof b, 0), -EAGAIN);
+}
+
+/* The index starts at one page and doubles into the other area when a
+   new key would take it past load 0.5, giving the old area's pages
+   back. A refused doubling fails that add with -ENOSPC and its message,
+   a batch adds none of its keys, a coalesced add needs nothing, and the
+   next doubling that succeeds goes on; every key is there in order. */
+static void test_index_grows(void **state)
+{
+    (void)state;
+    const char *name;
+    wq *q = t_track(t_create("idxgrow", T_OPTS(.capacity = 4000, .max_key_len = 16), &name));
+    struct wq_shm *s = wq__shm(q);
+    assert_int_equal(s->hdr->index_at, WQ_INDEX_MIN);
+    add_keys(q, "k", 255);   /* 2 * 255 + 1 <= 512 */
+    assert_int_equal(s->hdr->index_at, WQ_INDEX_MIN);
+    uint64_t used = shm_used(name);
+    add_keys_from(q, "k", 255, 256);
+    assert_int_equal(s->hdr->index_at, 1ull << 32 | 1024);
+    /* Entries were reserved ahead (64 KiB at least): only the index moved. */
+    assert_int_equal(shm_used(name), used - 4096 + 8192);
+    t_check_clean(q, __func__);
+
+    add_keys_from(q, "k", 256, 511);
+    assert_int_equal(s->hdr->index_at, 1ull << 32 | 1024);
+    wq_fault_arm("region.index", 1, WQ_FAULT_FAIL_ON);
+    assert_int_equal(wq_add(q, KS("k-00511")), -ENOSPC);
+    char want[160];
+    snprintf(want, sizeof want, "queue '%s': no room in /dev/shm to grow its region to "
+             "2048 index slots (16384 bytes more, ", wq_name(q));
+    assert_memory_equal(wq_last_error(), want, strlen(want));
+    struct iovec batch[2] = { { "k-00511", 7 }, { "k-00512", 7 } };
+    assert_int_equal(wq_add_many(q, batch, 2), -ENOSPC);
+    assert_int_equal(wq_add(q, KS("k-00000")), 1);   /* coalesced: needs no room */
+    assert_int_equal(wq_len(q), 511);
+    assert_int_equal(t_key_state(q, "k-00511"), 0);
+    assert_int_equal(s->hdr->index_at, 1ull << 32 | 1024);
+    wq_fault_arm(NULL, 0, 0);
+    assert_int_equal(wq_add_many(q, batch, 2), 0);
+    assert_int_equal(s->hdr->index_at, 2048);   /* back in area 0 */
+    add_keys_from(q, "k", 513, 4000);   /* 4096, then a full queue's 8001 */
+    assert_int_equal(s->hdr->index_at, 8001);
+    assert_int_equal(wq_add(q, KS("one-more")), -ENOSPC);
+    t_check_clean(q, __func__);
+    drain_in_order(q, "k", 4000);
+    t_close(q);
+}
+
+/* Another process's handle still sees the old table until it locks:
+   it must then use the new one (its lookups find every key, so its adds
+   coalesce and its dones find their keys). */
+static void test_index_grown_by_another(void **state)
+{
+    (void)state;
+    const char *name;
+    wq *q = t_track(t_create("idxother", T_OPTS(.capacity = 5000, .max_key_len = 16), &name));
+    assert_int_equal(wq_add(q, KS("k-00000")), 0);
+    pid_t pid = t_fork(30);
+    if (pid == 0) {
+        wq *c;
+        if (wq_open(name, NULL, &c) < 0)
+            _exit(2);
+        for (int i = 1; i < 3000; i++) {
+            char k[16];
+            snprintf(k, sizeof k, "k-%05d", i);
+            if (wq_add(c, k, strlen(k)) != 0)
+                _exit(3);
+        }
+        wq_close(c);
+        _exit(0);
+    }
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    assert_int_equal(wq__shm(q)->hdr->index_at, 8192);   /* 4 doublings: area 0 */
+    for (int i = 0; i < 3000; i++) {
+        char k[16];
+        snprintf(k, sizeof k, "k-%05d", i);
+        assert_int_equal(wq_add(q, k, strlen(k)), 1);
+    }
+    assert_int_equal(wq_len(q), 3000);
+    t_check_clean(q, __func__);
+    drain_in_order(q, "k", 3000);
+    t_close(q);
+}
+
+/* A holder SIGKILLed while doubling the index, in the copy (the old
+   table still in use) or just after the switch (the old area's pages
+   not given back yet): the next locker repairs. Every key added before
+   is there once and in order, the one being added is not, the index is
+   sized for the entries used and no page of the other area is left. */
+static void test_killed_while_growing_index(void **state)
+{
+    (void)state;
+    static const char *const points[] = { "table.grow.copy", "table.grow.switch" };
+    for (int p = 0; p < 2; p++) {
+        const char *name;
+        wq *q = t_track(t_create(p ? "idxkill2" : "idxkill1",
+                                 T_OPTS(.capacity = 4000, .max_key_len = 16), &name));
+        struct wq_shm *s = wq__shm(q);
+        add_keys(q, "k", 255);
+        uint64_t used = shm_used(name);
+        pid_t pid = t_fork(30);
+        if (pid == 0) {
+            wq *c;
+            if (wq_open(name, NULL, &c) < 0)
+                _exit(2);
+            wq_fault_arm(points[p], 1, WQ_FAULT_KILL);
+            (void)wq_add(c, KS("k-00255"));
+            _exit(3);
+        }
+        int status;
+        assert_int_equal(waitpid(pid, &status, 0), pid);
+        assert_true(WIFSIGNALED(status));
+        assert_int_equal(WTERMSIG(status), SIGKILL);
+        assert_int_equal(wq_len(q), 255);   /* repairs: the lock's holder died */
+        assert_int_equal(t_key_state(q, "k-00255"), 0);
+        /* Sized for the 255 entries used, in the area that was in use. */
+        assert_int_equal(s->hdr->index_at, p ? (1ull << 32 | WQ_INDEX_MIN) : WQ_INDEX_MIN);
+        assert_int_equal(shm_used(name), used);
+        t_check_clean(q, __func__);
+        assert_int_equal(wq_add(q, KS("k-00255")), 0);   /* doubles now */
+        assert_int_equal(s->hdr->index_at, p ? 1024 : 1ull << 32 | 1024);
+        assert_int_equal(shm_used(name), used - 4096 + 8192);
+        t_check_clean(q, __func__);
+        drain_in_order(q, "k", 256);
+        t_close(q);
+    }
+}
+
+/* A damaged index word (no legal size, an area that does not exist, a
+   size too small for the entries used) is not followed: the next locker
+   rebuilds the index from the entries, sized for them, and every key is
+   found again. */
+static void test_index_word_damaged(void **state)
+{
+    (void)state;
+    static const uint64_t bad[] = { 1000, 5ull << 32 | 1024, 512, 0 };
+    for (size_t b = 0; b < sizeof bad / sizeof bad[0]; b++) {
+        wq *q = t_track(t_create("idxbad", T_OPTS(.capacity = 4000, .max_key_len = 16), NULL));
+        struct wq_shm *s = wq__shm(q);
+        add_keys(q, "k", 600);
+        assert_int_equal(s->hdr->index_at, 2048);
+        s->hdr->index_at = bad[b];
+        assert_int_equal(wq_add(q, KS("k-00007")), 1);   /* found: coalesced */
+        assert_int_equal(s->hdr->index_at, 2048);
+        assert_int_equal(wq_len(q), 600);
+        t_check_clean(q, __func__);
+        drain_in_order(q, "k", 600);
+        t_close(q);
+    }
+}
+
 int main(void)
 {
     static const struct CMUnitTest tests[] = {
@@ -712,6 +896,10 @@ int main(void)
         T_TEST(test_growth_refused),
         T_TEST(test_growth_refused_keeps_idle),
         T_TEST(test_growth_counts_damaged),
+        T_TEST(test_index_grows),
+        T_TEST(test_index_grown_by_another),
+        T_TEST(test_killed_while_growing_index),
+        T_TEST(test_index_word_damaged),
         T_TEST(test_killed_while_growing),
         T_NO_LEFTOVERS,
     };

@@ -165,6 +165,12 @@ static uint32_t evict_retained(shmq *q)
     return WQ_CORRUPT;   /* retained > 0 but none found */
 }
 
+int wq__entry_room(shmq *q, uint32_t need)
+{
+    int rc = wq__region_grow_entries(q, need);
+    return rc < 0 ? rc : wq__table_grow(q, need);
+}
+
 /* A free entry: from the free list, else one never used (growing the
    region for it), else, when every entry has been used, an evicted idle
    one. *grow is the growth's error when the region could not grow. */
@@ -178,7 +184,7 @@ static uint32_t alloc(shmq *q, int *grow)
         if (f >= q->capacity)
             return evict_retained(q);   /* full: idle keys make room */
         /* Short of pages is not full: nothing idle is dropped for it. */
-        if ((*grow = wq__region_grow_entries(q, f + 1)) < 0)
+        if ((*grow = wq__entry_room(q, f + 1)) < 0)
             return WQ_NIL;
         /* Lost if we die before the commit: repair finds it free (state
            0) below e_fresh and lists it. */

@@ -3,15 +3,18 @@
  *
  * One shm object per queue, laid out as
  *
- *   [struct wq_hdr][proc table][entries][hash index][ring][delay heap]
- *   [result slots][store queue][fair: per-entry data, 2 heaps, tenant tags]
+ *   [struct wq_hdr][proc table][entries][hash index A][hash index B][ring]
+ *   [delay heap][result slots][store queue][fair: per-entry data, 2 heaps,
+ *   tenant tags]
  *
  * Every section starts on a 64-byte boundary. Offsets and sizes are
  * computed by wq__geometry() (region.c) from the queue's settings and
  * stored in the immutable header, which carries a checksum; an attacher
  * recomputes the geometry and refuses any mismatch (-EPROTO). The object
  * is sparse: the sections indexed by entry and the result slots take
- * pages only as far as hdr->grown_ent and grown_res say (region.c).
+ * pages only as far as hdr->grown_ent and grown_res say (region.c), and
+ * of the two index areas only the one hdr->index_at names holds pages,
+ * for as many slots as it says (table.c).
  *
  * Source of truth and repair. The entries are the source of truth: each
  * entry's state word says whether it is free, dirty, queued, processing.
@@ -39,7 +42,7 @@
 #include <stdint.h>
 
 #define WQ_MAGIC        0x31515762696c0a57ull /* "W\nlibWQ1" little-endian */
-#define WQ_LAYOUT_VER   8u
+#define WQ_LAYOUT_VER   9u
 #define WQ_ALIGN        64u
 #define WQ_NIL          0xffffffffu          /* "no entry" */
 
@@ -86,10 +89,11 @@ struct wq_geom {
     uint32_t max_key_len;
     uint32_t max_procs;
     uint32_t entry_size;      /* sizeof(struct wq_entry) + key bytes, 8-aligned */
-    uint32_t index_slots;     /* hash index slots (>= capacity * 5 / 4) */
+    uint32_t index_max;       /* slots of each index area: 2 * capacity + 1 */
     uint32_t flags;           /* creation flags kept: WQ_NO_METRICS */
     uint64_t hash_seed;       /* random per region: no cross-queue flooding */
     uint64_t off_procs, off_entries, off_index, off_ring, off_heap, off_results;
+    uint64_t off_index_b;     /* the second index area, after the first */
     uint32_t result_capacity;
     uint32_t durability;      /* WQ_DURABLE_*; meaningful with a store */
     uint64_t off_sq;          /* store queue: capacity entry indices */
@@ -245,7 +249,12 @@ struct wq_hdr {
        full one kill the reader with SIGBUS. */
     uint32_t grown_ent;
     uint32_t grown_res;
-    uint64_t reserved[4];                 /* room for later counters */
+    /* The hash index in use (table.c; lock): its slot count (low 32
+       bits) and area (bit 32: 0 at off_index, 1 at off_index_b), in one
+       word so that a growth switches to the new table with one store.
+       Only that area holds pages, for exactly those slots. */
+    uint64_t index_at;
+    uint64_t reserved[3];                 /* room for later counters */
     /* Store flushers (store.c): one at a time, from reading the store
        queue's front to popping it; robust, holds no state of its own. */
     pthread_mutex_t flush_lock;
@@ -309,8 +318,9 @@ struct wq_entry {
 
 /*
  * A hash index slot: (entry index + 1, hash). 0 in `ref` means empty.
- * Linear probing from slot (hash * index_slots) >> 32, backward-shift
- * deletion: no tombstones, so the table never degrades.
+ * Linear probing from slot (hash * slots) >> 32, backward-shift
+ * deletion: no tombstones, so the table never degrades. The table has
+ * at least twice as many slots as entries ever used (table.c).
  */
 struct wq_islot {
     uint32_t ref;

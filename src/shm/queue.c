@@ -206,7 +206,7 @@ static void prefetch_front(shmq *q)
 static void prefetch_keys(const shmq *q, const uint32_t *hashes, size_t from, size_t to,
                           size_t n)
 {
-    if (q->index_slots < WQ_PREFETCH_MIN)
+    if ((uint32_t)wq_load_relaxed(&q->index_at) < WQ_PREFETCH_MIN)
         return;
     for (size_t i = from; i < to && i < n; i++)
         wq__table_prefetch(q, hashes[i]);
@@ -270,7 +270,7 @@ static int batch_room(shmq *q, const struct iovec *keys, const uint32_t *hashes,
     int grown = 0;
     if (n > listed) {
         uint64_t want = (uint64_t)h->e_fresh + (n - listed);
-        grown = wq__region_grow_entries(q, want < q->capacity ? (uint32_t)want : q->capacity);
+        grown = wq__entry_room(q, want < q->capacity ? (uint32_t)want : q->capacity);
     }
     if (n <= free_now && grown == 0)
         return 0;   /* fits whatever the keys are */
@@ -279,7 +279,7 @@ static int batch_room(shmq *q, const struct iovec *keys, const uint32_t *hashes,
         return rc;
     if (grown < 0 && fresh > listed) {
         uint64_t want = (uint64_t)h->e_fresh + (fresh - listed);
-        rc = wq__region_grow_entries(q, want < q->capacity ? (uint32_t)want : q->capacity);
+        rc = wq__entry_room(q, want < q->capacity ? (uint32_t)want : q->capacity);
         if (rc < 0)
             return rc;
     }

@@ -235,31 +235,9 @@ static void check_entries(struct ctx *c)
     }
 }
 
-/* Apply: clear and refill the index from the entries. */
-static int rebuild_index(struct ctx *c)
+static void dup_key(void *cv, uint32_t idx, uint32_t other)
 {
-    shmq *q = c->q;
-    enum { AHEAD = 16 };
-    memset(q->index, 0, (size_t)q->index_slots * sizeof *q->index);
-    for (uint32_t idx = 0, used = wq__entries_used(q); idx < used; idx++) {
-        if (idx + AHEAD < used) {
-            const struct wq_entry *f = wq__entry(q, idx + AHEAD);
-            __builtin_prefetch(&q->index[wq__home(q, f->hash)], 1);
-        }
-        struct wq_entry *e = wq__entry(q, idx);
-        if (e->state == 0)
-            continue;
-        uint32_t dup = wq__table_lookup(q, e->key, e->keylen, e->hash);
-        if (dup != WQ_NIL) {
-            violation(c, "entry %u: same key as entry %u, dropped", idx, dup);
-            e->state = 0;
-            continue;
-        }
-        int rc = wq__table_insert(q, idx, e->hash);
-        if (rc < 0)
-            return rc;
-    }
-    return 0;
+    violation(cv, "entry %u: same key as entry %u, dropped", idx, other);
 }
 
 /* Check only: every index slot names a live entry with its hash, is
@@ -268,6 +246,15 @@ static void verify_index(struct ctx *c)
 {
     shmq *q = c->q;
     uint32_t n = q->index_slots, start = n;
+    uint32_t want = wq__index_size(q->index_max, wq__entries_used(q));
+    if (n == 0) {
+        violation(c, "index: its size word 0x%llx is damaged",
+                  (unsigned long long)q->hdr->index_at);
+        return;
+    }
+    if (n < want)
+        violation(c, "index: %u slots for %u entries used, %u needed", n,
+                  wq__entries_used(q), want);
     for (uint32_t i = 0; i < n; i++)
         if (q->index[i].ref == 0) {
             start = i;
@@ -554,7 +541,7 @@ int wq__repair(shmq *q, bool apply, bool thorough, wq_report_fn report, void *ar
     check_procs(&c);
     check_entries(&c);
     if (apply) {
-        int rc = rebuild_index(&c);
+        int rc = wq__table_rebuild(q, dup_key, &c);
         if (rc < 0)
             return rc;
     } else {

@@ -51,11 +51,11 @@ typedef struct wq_shm {
     struct wq_hdr *hdr;
     struct wq_proc *procs;
     unsigned char *entries;
-    struct wq_islot *index;
+    struct wq_islot *iarea[2];     /* the two index areas (layout.h) */
     uint32_t *ring;
 
     struct wq_geom g;              /* validated copy of the header */
-    uint32_t capacity, max_key_len, max_procs, entry_size, index_slots;
+    uint32_t capacity, max_key_len, max_procs, entry_size, index_max;
     uint64_t seed;
     uint32_t *heap;                /* delay heap (layout.h) */
     uint32_t *sq;                  /* store queue (layout.h), NULL without store */
@@ -73,6 +73,13 @@ typedef struct wq_shm {
        at every lock acquisition and by our own growth, so only the lock
        holder uses them; region lock. */
     uint32_t nent, nres;
+    /* The index in use (table.c), as hdr->index_at said when we last
+       looked: refreshed like nent. index_at is also read without the
+       lock, to aim a prefetch before locking (atomics.h, relaxed). */
+    struct wq_islot *index;
+    uint32_t index_slots;          /* 0: no usable index (damaged word) */
+    uint32_t index_cover;          /* entries [0, index_cover) fit in it */
+    uint64_t index_at;
     uint32_t pf_ahead;             /* keys behind the front whose index slots
                                       we prefetched (queue.c); region lock */
 
@@ -140,6 +147,10 @@ void wq__geom_conf(const struct wq_geom *g, struct wq_conf *c);
    when the system refuses the pages (nothing changed, message set). */
 int wq__region_grow_entries(shmq *q, uint32_t need);
 int wq__region_grow_results(shmq *q, uint32_t need);
+/* Reserve slots [0, slots) of index area 0 or 1: 0, or -ENOSPC (message
+   set). Release gives the pages of slots from `from` on back. Lock held. */
+int wq__region_reserve_index(shmq *q, unsigned area, uint32_t slots);
+void wq__region_release_index(shmq *q, unsigned area, uint32_t from);
 void wq__region_bounds_load(shmq *q);
 /* Lock held: take the growth counts (another process may have grown the
    region since we last held the lock). Inline: every lock acquisition
@@ -147,7 +158,8 @@ void wq__region_bounds_load(shmq *q);
 static inline void wq__region_bounds(shmq *q)
 {
     const struct wq_hdr *h = q->hdr;
-    if (WQ_UNLIKELY(h->grown_ent != q->nent || h->grown_res != q->nres))
+    if (WQ_UNLIKELY(h->grown_ent != q->nent || h->grown_res != q->nres ||
+                    h->index_at != wq_load_relaxed(&q->index_at)))
         wq__region_bounds_load(q);
 }
 /* Entries ever used: every live, retained or free-listed one is below. */
@@ -162,18 +174,55 @@ uint32_t wq__table_lookup(shmq *q, const void *key, size_t len, uint32_t hash);
 int wq__table_insert(shmq *q, uint32_t idx, uint32_t hash);
 int wq__table_remove(shmq *q, uint32_t idx, uint32_t hash);
 int wq__lock_lookup(shmq *q, const void *key, size_t len, uint32_t *idx);
+/* Make room in the index for entries [0, need): 0, or -ENOSPC when the
+   system refuses the pages (nothing changed, message set). Lock held. */
+int wq__table_grow(shmq *q, uint32_t need);
+/* Repair: build the index afresh from the entries, sized for those
+   used; -ENOSPC if its pages are refused. */
+int wq__table_rebuild(shmq *q, void (*dup)(void *c, uint32_t idx, uint32_t other),
+                      void *c);
+
+/* Index sizes: powers of two from WQ_INDEX_MIN (one page) with at least
+   2 * used + 1 slots for the entries used, up to index_max, the size
+   of a full queue's. */
+#define WQ_INDEX_MIN 512u
+static inline uint32_t wq__index_size(uint32_t index_max, uint64_t used)
+{
+    uint64_t s = WQ_INDEX_MIN;
+    while (s < index_max && (s - 1) / 2 < used)
+        s <<= 1;
+    return s < index_max ? (uint32_t)s : index_max;
+}
+static inline bool wq__index_size_ok(uint32_t index_max, uint32_t s)
+{
+    return s == index_max || (s >= WQ_INDEX_MIN && s < index_max && (s & (s - 1)) == 0);
+}
+/* Lock held: the view of the index in area, with slots slots. */
+static inline void wq__index_view(shmq *q, unsigned area, uint32_t slots)
+{
+    q->index = q->iarea[area];
+    q->index_slots = slots;
+    q->index_cover = slots == q->index_max ? q->capacity : slots > 0 ? (slots - 1) / 2 : 0;
+}
+static inline uint32_t wq__home_in(uint32_t slots, uint32_t hash)
+{
+    return (uint32_t)(((uint64_t)hash * slots) >> 32);
+}
 static inline uint32_t wq__home(const shmq *q, uint32_t hash)
 {
-    return (uint32_t)(((uint64_t)hash * q->index_slots) >> 32);
+    return wq__home_in(q->index_slots, hash);
 }
 
 /* Start loading the index slot a lookup of hash reads first. A hint: it
-   never faults, whatever the hash. One cache line only: prefetching the
-   next line too (clusters at load 0.8 run past it) was slower at 1e6 and
-   1e7 keys, the extra misses outnumbering the CPU's fill buffers. */
+   never faults, whatever the hash, and may run without the lock (then
+   on whichever index the handle last saw). One cache line only:
+   prefetching the next line too (clusters at load 0.8 run past it) was
+   slower at 1e6 and 1e7 keys, the extra misses outnumbering the CPU's
+   fill buffers. */
 static inline void wq__table_prefetch(const shmq *q, uint32_t hash)
 {
-    __builtin_prefetch(&q->index[wq__home(q, hash)], 1, 3);
+    uint64_t at = wq_load_relaxed(&q->index_at);
+    __builtin_prefetch(&q->iarea[(at >> 32) & 1][wq__home_in((uint32_t)at, hash)], 1, 3);
 }
 /* Queues with at least this many entries reserved (or index slots)
    prefetch ahead (queue.c): below it the index and entries stay in the
@@ -246,6 +295,9 @@ static inline uint16_t wq__gen16(uint32_t gen)
     return (uint16_t)gen;
 }
 uint32_t wq__entry_new(shmq *q, const void *key, size_t len, uint32_t hash, int *err);
+/* Pages for entries [0, need) and their index slots: 0, or -ENOSPC
+   (nothing changed but pages reserved, message set). Lock held. */
+int wq__entry_room(shmq *q, uint32_t need);
 int wq__entry_commit_new(shmq *q, uint32_t idx, uint16_t state, bool *queued);
 int wq__entry_restore_idle(shmq *q, uint32_t idx);
 int wq__entry_mark_dirty(shmq *q, uint32_t idx, uint64_t now, bool *queued);
