@@ -197,22 +197,30 @@
  *
  * MEMORY
  *   A queue's shm object has the size of its whole layout (wq_stats
- *   region_bytes: about 610 bytes per unit of capacity with the default
- *   max_key_len and result_capacity, 40 MB for a default queue), but it
+ *   region_bytes: about 632 bytes per unit of capacity with the default
+ *   max_key_len and result_capacity, 41 MB for a default queue), but it
  *   is a sparse file: it takes memory (pages of /dev/shm, counted against
  *   the tmpfs size limit and the memory cgroup) only for what is used
  *   (wq_stats region_used):
  *     - at creation, the header, the process table (72 bytes per
- *       max_procs), the hash index and the FIFO ring (14 bytes per unit of
- *       capacity; 18 with a store; fair mode adds its tenant table, up to
- *       512 KiB): 924 KiB for a default queue;
+ *       max_procs), the FIFO ring (4 bytes per unit of capacity; 8 with a
+ *       store; fair mode adds its tenant table, up to 512 KiB) and a hash
+ *       index of one page: 284 KiB for a default queue;
  *     - then, as keys arrive, one entry per key held at once (48 +
  *       max_key_len bytes, 8-aligned, and 4 for the delay heap; 32 more
  *       in fair mode), and one slot of 288 bytes per result kept. Each
  *       grows in steps of an eighth of what it has (at least 64 KiB),
  *       under the lock. Entries freed by done keys are reused before new
  *       pages are taken, and pages are not given back while the queue
- *       exists: the most keys (and results) held at once set the figure.
+ *       exists: the most keys (and results) held at once set the figure;
+ *     - and the hash index: 8-byte slots, a power of two of them and at
+ *       least twice the entries ever used (16 to 32 bytes per key; a full
+ *       queue's is 2 x capacity + 1 slots). It doubles under the lock
+ *       when a new key needs it, copying itself into a table twice as
+ *       large and giving the old one's pages back: on the 2-vCPU VM of
+ *       tools/PERFORMANCE.md the add that doubles it takes 6 ms at 131,072
+ *       keys, 42 ms at 1M and about 80 ms at 2M (every other add, and
+ *       every other process, waits for it meanwhile).
  *   When the system refuses pages (the tmpfs is full or at its size limit:
  *   Docker gives containers 64 MiB by default, `--shm-size` changes it),
  *   the add or wq_finish that needed them fails with -ENOSPC and changes

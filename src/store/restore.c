@@ -460,7 +460,13 @@ int wq__store_restore(shmq *view, struct wq_store_img *img)
     if (!rank)
         return -ENOMEM;
     uint64_t mono = wq__now_mono(), real = wq__now_real();
-    int rc = 0;
+    /* Room for every key at once: the index is then built at its final
+       size, not copied at each doubling. */
+    int rc = wq__entry_room(view, img->n < view->capacity ? (uint32_t)img->n : view->capacity);
+    if (rc < 0) {
+        free(rank);
+        return rc;
+    }
     wq__mut_begin(view);
     for (size_t i = 0; i < img->n && rc >= 0; i++) {
         if (i + 8 < img->n)   /* the key bytes of a record a little ahead */
