@@ -762,6 +762,11 @@ static void common_seeds(const char *dir, const struct image *im)
     SEED(NAME("proc-free"), fb,
          sb_rec(&s, prc + 2 * psz + offsetof(struct wq_proc, state), 0, 4, zero, 4, false));
     SEED(NAME("index-zero"), fb, sb_rec(&s, im->g.off_index, 2, 8, zero, 1, false));
+    /* The word naming the index in use: another area, and a size. */
+    SEED(NAME("index-area"), fb,
+         sb_rec(&s, offsetof(struct wq_hdr, index_at) + 4, 0, 4, one, 4, false));
+    SEED(NAME("index-size"), fb,
+         sb_rec(&s, offsetof(struct wq_hdr, index_at), 0, 4, wrap, 4, false));
     {
         uint8_t sz[2] = { 0x00, 0x10 };   /* 4096 bytes */
         SEED(NAME("truncated"), fb | FLAG_SIZE, sb_put(&s, sz, 2));

@@ -812,17 +812,21 @@ static void test_index_grown_by_another(void **state)
 
 /* A holder SIGKILLed while doubling the index, in the copy (the old
    table still in use) or just after the switch (the old area's pages
-   not given back yet): the next locker repairs. Every key added before
-   is there once and in order, the one being added is not, the index is
-   sized for the entries used and no page of the other area is left. */
+   not given back yet), in an add (a mutation: the next locker repairs)
+   or in a batch's room-making (none: nothing to repair): every key added
+   before is there once and in order, the ones being added are not, the
+   index is the old one (repaired: sized for the entries used) or the
+   new one, and no page of the other area is left. */
 static void test_killed_while_growing_index(void **state)
 {
     (void)state;
-    static const char *const points[] = { "table.grow.copy", "table.grow.switch" };
-    for (int p = 0; p < 2; p++) {
+    static const char *const points[] = { "table.grow.copy", "table.grow.switch",
+                                          "table.grow.switch" };
+    for (int p = 0; p < 3; p++) {
         const char *name;
-        wq *q = t_track(t_create(p ? "idxkill2" : "idxkill1",
-                                 T_OPTS(.capacity = 4000, .max_key_len = 16), &name));
+        char qn[16];
+        snprintf(qn, sizeof qn, "idxkill%d", p);
+        wq *q = t_track(t_create(qn, T_OPTS(.capacity = 4000, .max_key_len = 16), &name));
         struct wq_shm *s = wq__shm(q);
         add_keys(q, "k", 255);
         uint64_t used = shm_used(name);
@@ -831,44 +835,64 @@ static void test_killed_while_growing_index(void **state)
             wq *c;
             if (wq_open(name, NULL, &c) < 0)
                 _exit(2);
+            struct iovec batch[2] = { { "k-00255", 7 }, { "k-00256", 7 } };
             wq_fault_arm(points[p], 1, WQ_FAULT_KILL);
-            (void)wq_add(c, KS("k-00255"));
+            if (p < 2)
+                (void)wq_add(c, KS("k-00255"));
+            else
+                (void)wq_add_many(c, batch, 2);
             _exit(3);
         }
         int status;
         assert_int_equal(waitpid(pid, &status, 0), pid);
         assert_true(WIFSIGNALED(status));
         assert_int_equal(WTERMSIG(status), SIGKILL);
-        assert_int_equal(wq_len(q), 255);   /* repairs: the lock's holder died */
+        assert_int_equal(wq_len(q), 255);   /* the lock's holder died */
         assert_int_equal(t_key_state(q, "k-00255"), 0);
-        /* Sized for the 255 entries used, in the area that was in use. */
-        assert_int_equal(s->hdr->index_at, p ? (1ull << 32 | WQ_INDEX_MIN) : WQ_INDEX_MIN);
-        assert_int_equal(shm_used(name), used);
+        assert_int_equal(t_key_state(q, "k-00256"), 0);
+        if (p < 2) {
+            /* Repaired: sized for the 255 entries used, in the area in use. */
+            assert_int_equal(s->hdr->index_at, p ? (1ull << 32 | WQ_INDEX_MIN) : WQ_INDEX_MIN);
+            assert_int_equal(shm_used(name), used);
+        } else {
+            /* The doubled table stands; the old one's page is given back. */
+            assert_int_equal(s->hdr->index_at, 1ull << 32 | 1024);
+            assert_int_equal(shm_used(name), used - 4096 + 8192);
+        }
         t_check_clean(q, __func__);
-        assert_int_equal(wq_add(q, KS("k-00255")), 0);   /* doubles now */
-        assert_int_equal(s->hdr->index_at, p ? 1024 : 1ull << 32 | 1024);
+        assert_int_equal(wq_add(q, KS("k-00255")), 0);   /* doubles now, or did */
+        assert_int_equal(wq_add(q, KS("k-00256")), 0);
+        assert_int_equal(s->hdr->index_at, p == 1 ? 1024 : 1ull << 32 | 1024);
         assert_int_equal(shm_used(name), used - 4096 + 8192);
         t_check_clean(q, __func__);
-        drain_in_order(q, "k", 256);
+        drain_in_order(q, "k", 257);
         t_close(q);
     }
 }
 
 /* A damaged index word (no legal size, an area that does not exist, a
-   size too small for the entries used) is not followed: the next locker
-   rebuilds the index from the entries, sized for them, and every key is
-   found again. */
+   size too small for the entries used) is not followed, by a handle that
+   had the good one or by one opened after the damage (odd b): the next
+   locker rebuilds the index from the entries, sized for them, and every
+   key is found again. */
 static void test_index_word_damaged(void **state)
 {
     (void)state;
-    static const uint64_t bad[] = { 1000, 5ull << 32 | 1024, 512, 0 };
+    static const uint64_t bad[] = { 1000, 1000, 5ull << 32 | 1024, 5ull << 32 | 1024,
+                                    512, 512, 0, 0 };
     for (size_t b = 0; b < sizeof bad / sizeof bad[0]; b++) {
-        wq *q = t_track(t_create("idxbad", T_OPTS(.capacity = 4000, .max_key_len = 16), NULL));
+        const char *name;
+        wq *q = t_track(t_create("idxbad", T_OPTS(.capacity = 4000, .max_key_len = 16), &name));
         struct wq_shm *s = wq__shm(q);
         add_keys(q, "k", 600);
         assert_int_equal(s->hdr->index_at, 2048);
         s->hdr->index_at = bad[b];
-        assert_int_equal(wq_add(q, KS("k-00007")), 1);   /* found: coalesced */
+        wq *r = q;
+        if (b & 1)
+            assert_int_equal(wq_open(name, NULL, &r), 0);
+        assert_int_equal(wq_add(r, KS("k-00007")), 1);   /* found: coalesced */
+        if (r != q)
+            wq_close(r);
         assert_int_equal(s->hdr->index_at, 2048);
         assert_int_equal(wq_len(q), 600);
         t_check_clean(q, __func__);

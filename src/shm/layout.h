@@ -252,7 +252,8 @@ struct wq_hdr {
     /* The hash index in use (table.c; lock): its slot count (low 32
        bits) and area (bit 32: 0 at off_index, 1 at off_index_b), in one
        word so that a growth switches to the new table with one store.
-       Only that area holds pages, for exactly those slots. */
+       Only that area holds pages, for those slots (pages of an earlier
+       table that a death left are given back by the next locker). */
     uint64_t index_at;
     uint64_t reserved[3];                 /* room for later counters */
     /* Store flushers (store.c): one at a time, from reading the store

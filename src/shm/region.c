@@ -452,8 +452,8 @@ int wq__region_grow_results(shmq *q, uint32_t need)
    taken), or one whose pages the system will not reserve (so it was
    never grown to), is damaged: the view then has no slots, so every
    lookup fails without reading the index, and repair builds it afresh.
-   Reserving again is a no-op for pages that are; it runs once per
-   growth in each other process. */
+   Reserving again is a no-op for pages that are; it runs at a handle's
+   first lock and once per growth in each other process. */
 static void index_load(shmq *q)
 {
     uint64_t at = q->hdr->index_at;
@@ -464,11 +464,12 @@ static void index_load(shmq *q)
                     reserve(q->fd, area ? q->g.off_index_b : q->g.off_index,
                             (uint64_t)slots * sizeof(struct wq_islot)) < 0)) {
         q->hdr->corrupt = 1;
-        area = 0;
-        slots = 0;
+        wq__index_view(q, 0, 0);
+        q->index_seen = ~at;   /* look again at the next lock */
+        return;
     }
     wq__index_view(q, area, slots);
-    wq_store_relaxed(&q->index_at, at);
+    q->index_seen = at;
 }
 
 /* wq__region_bounds' slow path: the counts moved, or are corrupt
@@ -496,7 +497,7 @@ void wq__region_bounds_load(shmq *q)
     }
     q->nent = ge;
     q->nres = gr;
-    if (h->index_at != wq_load_relaxed(&q->index_at))
+    if (h->index_at != q->index_seen)
         index_load(q);
 }
 
@@ -530,7 +531,7 @@ static void map_view(shmq *q, unsigned char *base, size_t size, const struct wq_
     q->index_max = g->index_max;
     /* No index until the first lock takes the header's (index_load). */
     wq__index_view(q, 0, 0);
-    q->index_at = 0;
+    q->index_seen = ~((const struct wq_hdr *)base)->index_at;
     q->seed = g->hash_seed;
     q->pub.max_key_len = g->max_key_len;
     q->pub.fair = q->fair;

@@ -266,7 +266,7 @@ static void verify_index(struct ctx *c)
     }
     uint32_t run = 0;   /* occupied slots since the last empty one */
     for (uint32_t k = 1; k <= n; k++) {
-        uint32_t i = (start + k) % n;
+        uint32_t i = (uint32_t)(((uint64_t)start + k) % n);
         struct wq_islot s = q->index[i];
         if (s.ref == 0) {
             run = 0;

@@ -73,13 +73,16 @@ typedef struct wq_shm {
        at every lock acquisition and by our own growth, so only the lock
        holder uses them; region lock. */
     uint32_t nent, nres;
-    /* The index in use (table.c), as hdr->index_at said when we last
-       looked: refreshed like nent. index_at is also read without the
-       lock, to aim a prefetch before locking (atomics.h, relaxed). */
+    /* The index in use (table.c), refreshed like nent when hdr->index_at
+       differs from index_seen (the word last accepted; after a refused
+       one, its complement, so the next lock looks again). index_at is
+       the view's own word, also read without the lock to aim a prefetch
+       before locking (atomics.h, relaxed). */
     struct wq_islot *index;
     uint32_t index_slots;          /* 0: no usable index (damaged word) */
     uint32_t index_cover;          /* entries [0, index_cover) fit in it */
     uint64_t index_at;
+    uint64_t index_seen;
     uint32_t pf_ahead;             /* keys behind the front whose index slots
                                       we prefetched (queue.c); region lock */
 
@@ -159,7 +162,7 @@ static inline void wq__region_bounds(shmq *q)
 {
     const struct wq_hdr *h = q->hdr;
     if (WQ_UNLIKELY(h->grown_ent != q->nent || h->grown_res != q->nres ||
-                    h->index_at != wq_load_relaxed(&q->index_at)))
+                    h->index_at != q->index_seen))
         wq__region_bounds_load(q);
 }
 /* Entries ever used: every live, retained or free-listed one is below. */
@@ -175,7 +178,8 @@ int wq__table_insert(shmq *q, uint32_t idx, uint32_t hash);
 int wq__table_remove(shmq *q, uint32_t idx, uint32_t hash);
 int wq__lock_lookup(shmq *q, const void *key, size_t len, uint32_t *idx);
 /* Make room in the index for entries [0, need): 0, or -ENOSPC when the
-   system refuses the pages (nothing changed, message set). Lock held. */
+   system refuses the pages (nothing changed, message set), or -EBADMSG
+   when the index in use is damaged (the region is flagged). Lock held. */
 int wq__table_grow(shmq *q, uint32_t need);
 /* Repair: build the index afresh from the entries, sized for those
    used; -ENOSPC if its pages are refused. */
@@ -203,6 +207,7 @@ static inline void wq__index_view(shmq *q, unsigned area, uint32_t slots)
     q->index = q->iarea[area];
     q->index_slots = slots;
     q->index_cover = slots == q->index_max ? q->capacity : slots > 0 ? (slots - 1) / 2 : 0;
+    wq_store_relaxed(&q->index_at, (uint64_t)area << 32 | slots);
 }
 static inline uint32_t wq__home_in(uint32_t slots, uint32_t hash)
 {
@@ -296,7 +301,8 @@ static inline uint16_t wq__gen16(uint32_t gen)
 }
 uint32_t wq__entry_new(shmq *q, const void *key, size_t len, uint32_t hash, int *err);
 /* Pages for entries [0, need) and their index slots: 0, or -ENOSPC
-   (nothing changed but pages reserved, message set). Lock held. */
+   (nothing changed but pages reserved, message set), or -EBADMSG (a
+   damaged index; the region is flagged). Lock held. */
 int wq__entry_room(shmq *q, uint32_t need);
 int wq__entry_commit_new(shmq *q, uint32_t idx, uint16_t state, bool *queued);
 int wq__entry_restore_idle(shmq *q, uint32_t idx);

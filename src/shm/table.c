@@ -23,9 +23,10 @@
  * the old area's pages go back to the system. Copying reads the old
  * table in slot order, so the new one is written nearly in order too.
  * A holder that dies during the copy leaves the old table in use and
- * intact; one that dies after the switch leaves the old pages reserved
- * until the next growth or repair releases them. Tables never shrink.
- * Each process reads hdr->index_at at its next lock (region.c).
+ * intact; one that dies after the switch leaves the old pages reserved,
+ * which the next locker gives back (lock.c). A growth never shrinks the
+ * table; repair builds it afresh at the size for the entries used. Each
+ * process reads hdr->index_at at its next lock (region.c).
  *
  * Every entry index read from shared memory is checked against the
  * entries reserved (q->nent); a bad one yields WQ_CORRUPT / -EBADMSG.
@@ -104,7 +105,7 @@ static void switch_to(shmq *q, unsigned area, uint32_t slots)
     uint64_t at = (uint64_t)area << 32 | slots;
     q->hdr->index_at = at;   /* commit */
     wq__index_view(q, area, slots);
-    wq_store_relaxed(&q->index_at, at);
+    q->index_seen = at;
 }
 
 int wq__table_grow(shmq *q, uint32_t need)
@@ -112,8 +113,10 @@ int wq__table_grow(shmq *q, uint32_t need)
     WQ_ASSERT_LOCKED(q);
     if (need <= q->index_cover)
         return 0;
-    if (WQ_UNLIKELY(q->index_slots == 0))
-        return -EBADMSG;   /* damaged word: repair builds the table */
+    if (WQ_UNLIKELY(q->index_slots == 0)) {
+        wq__region_mark_corrupt(q);   /* a damaged word: repair builds one */
+        return -EBADMSG;
+    }
     unsigned from = q->index == q->iarea[1], to = !from;
     uint32_t slots = wq__index_size(q->index_max, need), old = q->index_slots;
     /* Pages the system gives are zero: empty the area first (a no-op
