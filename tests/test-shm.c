@@ -466,7 +466,10 @@ static void test_region_grows_with_keys(void **state)
     assert_int_equal(s->hdr->e_fresh, 5000);
     assert_true(grown >= 5000 && grown <= 5000 + 5000 / 8 + 65536 / unit + 1);
     assert_int_equal(s->hdr->index_at, 1ull << 32 | 16384);
-    uint64_t used = shm_used(name), index = (16384 - WQ_INDEX_MIN) * sizeof(struct wq_islot);
+    assert_int_equal(s->hdr->ring_at, 1ull << 32 | 8192);   /* 1024, 2048, 4096, 8192 */
+    uint64_t used = shm_used(name);
+    uint64_t index = (16384 - WQ_INDEX_MIN) * sizeof(struct wq_islot) +
+                     (8192 - WQ_RING_MIN) * sizeof(uint32_t);   /* and ring */
     /* Entries and heap slots, each section's ends rounded to pages. */
     assert_true(used >= base + index + grown * unit - 2 * 4096);
     assert_true(used <= base + index + grown * unit + 4 * 4096);
@@ -901,6 +904,139 @@ static void test_index_word_damaged(void **state)
     }
 }
 
+/* n keys out and done, in order "<prefix>-<from>".. */
+static void take_in_order(wq *q, const char *prefix, int from, int n)
+{
+    char want[32], buf[32];
+    for (int i = from; i < from + n; i++) {
+        snprintf(want, sizeof want, "%s-%05d", prefix, i);
+        int len = wq_get(q, buf, sizeof buf, 0);
+        assert_int_equal(len, (int)strlen(want));
+        buf[len] = 0;
+        assert_string_equal(buf, want);
+        assert_int_equal(wq_done(q, buf, (size_t)len), 0);
+    }
+}
+
+/* The ring starts at one page (1024 slots) and doubles when an entry
+   past its size is taken, keeping the FIFO order even when its members
+   wrap around the old ring's end; a refused doubling fails the add with
+   its message and changes nothing. Fills one ring with k-0..1023, takes
+   300 out (their entries are freed), adds n-0..299 (reusing them: the
+   ring wraps, nothing grows), then one more new key: the doubling. */
+static void test_ring_grows(void **state)
+{
+    (void)state;
+    const char *name;
+    wq *q = t_track(t_create("ringgrow", T_OPTS(.capacity = 5000, .max_key_len = 16), &name));
+    struct wq_shm *s = wq__shm(q);
+    assert_int_equal(s->hdr->ring_at, WQ_RING_MIN);
+    add_keys(q, "k", 1024);
+    take_in_order(q, "k", 0, 300);
+    add_keys(q, "n", 300);
+    assert_int_equal(s->hdr->ring_at, WQ_RING_MIN);
+    assert_int_equal(s->hdr->e_fresh, 1024);
+    assert_int_equal((uint32_t)s->hdr->ring_pos, 300);   /* the front: wrapped */
+
+    wq_fault_arm("region.ring", 1, WQ_FAULT_FAIL_ON);
+    assert_int_equal(wq_add(q, KS("x-00000")), -ENOSPC);
+    char want[160];
+    snprintf(want, sizeof want, "queue '%s': no room in /dev/shm to grow its region to "
+             "2048 ring slots (8192 bytes more, ", wq_name(q));
+    assert_memory_equal(wq_last_error(), want, strlen(want));
+    assert_int_equal(wq_len(q), 1024);
+    assert_int_equal(s->hdr->ring_at, WQ_RING_MIN);
+    wq_fault_arm(NULL, 0, 0);
+
+    uint64_t used = shm_used(name);
+    assert_int_equal(wq_add(q, KS("x-00000")), 0);
+    assert_int_equal(s->hdr->ring_at, 1ull << 32 | 2048);
+    assert_int_equal(shm_used(name), used - 4096 + 8192);   /* the old page given back */
+    t_check_clean(q, __func__);
+    take_in_order(q, "k", 300, 724);
+    take_in_order(q, "n", 0, 300);
+    drain_in_order(q, "x", 1);
+    t_close(q);
+}
+
+/* A holder SIGKILLed while doubling the ring, in the copy or after the
+   switch: every key is there in FIFO order, the one being added is not,
+   and no page of the unused area is left. */
+static void test_killed_while_growing_ring(void **state)
+{
+    (void)state;
+    static const char *const points[] = { "ring.grow.copy", "ring.grow.switch" };
+    for (int p = 0; p < 2; p++) {
+        const char *name;
+        wq *q = t_track(t_create(p ? "ringkill2" : "ringkill1",
+                                 T_OPTS(.capacity = 5000, .max_key_len = 16), &name));
+        struct wq_shm *s = wq__shm(q);
+        add_keys(q, "k", 1024);
+        take_in_order(q, "k", 0, 300);
+        add_keys(q, "n", 300);
+        uint64_t used = shm_used(name);
+        pid_t pid = t_fork(30);
+        if (pid == 0) {
+            wq *c;
+            if (wq_open(name, NULL, &c) < 0)
+                _exit(2);
+            wq_fault_arm(points[p], 1, WQ_FAULT_KILL);
+            (void)wq_add(c, KS("x-00000"));
+            _exit(3);
+        }
+        int status;
+        assert_int_equal(waitpid(pid, &status, 0), pid);
+        assert_true(WIFSIGNALED(status));
+        assert_int_equal(WTERMSIG(status), SIGKILL);
+        assert_int_equal(wq_len(q), 1024);
+        assert_int_equal(t_key_state(q, "x-00000"), 0);
+        assert_int_equal(s->hdr->ring_at, p ? (1ull << 32 | 2048) : WQ_RING_MIN);
+        assert_int_equal(shm_used(name), p ? used - 4096 + 8192 : used);
+        t_check_clean(q, __func__);
+        assert_int_equal(wq_add(q, KS("x-00000")), 0);
+        assert_int_equal(s->hdr->ring_at, 1ull << 32 | 2048);
+        t_check_clean(q, __func__);
+        take_in_order(q, "k", 300, 724);
+        take_in_order(q, "n", 0, 300);
+        drain_in_order(q, "x", 1);
+        t_close(q);
+    }
+}
+
+/* A damaged ring word (no legal size, no such area, too small) is not
+   followed: repair makes a ring of the right size and puts every queued
+   key back in it (their order is lost with the word), none twice. */
+static void test_ring_word_damaged(void **state)
+{
+    (void)state;
+    static const uint64_t bad[] = { 1000, 7ull << 32 | 2048, 1024 };
+    for (size_t b = 0; b < sizeof bad / sizeof bad[0]; b++) {
+        wq *q = t_track(t_create("ringbad", T_OPTS(.capacity = 5000, .max_key_len = 16), NULL));
+        struct wq_shm *s = wq__shm(q);
+        add_keys(q, "k", 1500);
+        assert_int_equal(s->hdr->ring_at, 1ull << 32 | 2048);
+        s->hdr->ring_at = bad[b];
+        assert_int_equal(wq_add(q, KS("k-00007")), 1);   /* still queued: coalesced */
+        assert_int_equal(s->hdr->ring_at & 0xffffffffu, 2048);
+        assert_int_equal(wq_len(q), 1500);
+        t_check_clean(q, __func__);
+        static bool seen[1500];
+        memset(seen, 0, sizeof seen);
+        char buf[32];
+        for (int i = 0; i < 1500; i++) {
+            int len = wq_get(q, buf, sizeof buf, 0);
+            assert_int_equal(len, 7);
+            buf[len] = 0;
+            int k = atoi(buf + 2);
+            assert_true(k >= 0 && k < 1500 && !seen[k]);
+            seen[k] = true;
+            assert_int_equal(wq_done(q, buf, 7), 0);
+        }
+        assert_int_equal(wq_get(q, buf, sizeof buf, 0), -EAGAIN);
+        t_close(q);
+    }
+}
+
 int main(void)
 {
     static const struct CMUnitTest tests[] = {
@@ -924,6 +1060,9 @@ int main(void)
         T_TEST(test_index_grown_by_another),
         T_TEST(test_killed_while_growing_index),
         T_TEST(test_index_word_damaged),
+        T_TEST(test_ring_grows),
+        T_TEST(test_killed_while_growing_ring),
+        T_TEST(test_ring_word_damaged),
         T_TEST(test_killed_while_growing),
         T_NO_LEFTOVERS,
     };

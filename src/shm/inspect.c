@@ -164,7 +164,7 @@ int wq__shm_dump(wq *pub, wq_dump_fn fn, void *arg)
     wq__promote(q, wq__now_mono());
     uint64_t pos = q->hdr->ring_pos;
     uint32_t head = (uint32_t)pos, count = (uint32_t)(pos >> 32);
-    if (head >= q->capacity || count > q->capacity) {
+    if (head >= q->ring_slots || count > q->ring_slots) {
         rc = -EBADMSG;
         goto out;
     }
@@ -172,7 +172,7 @@ int wq__shm_dump(wq *pub, wq_dump_fn fn, void *arg)
         goto out;
     for (uint32_t k = 0, r = head; k < count; k++) {
         uint32_t idx = q->ring[r];
-        r = r + 1 == q->capacity ? 0 : r + 1;
+        r = r + 1 == q->ring_slots ? 0 : r + 1;
         if (idx >= q->nent) {
             rc = -EBADMSG;
             goto out;

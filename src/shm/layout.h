@@ -3,9 +3,9 @@
  *
  * One shm object per queue, laid out as
  *
- *   [struct wq_hdr][proc table][entries][hash index A][hash index B][ring]
- *   [delay heap][result slots][store queue][fair: per-entry data, 2 heaps,
- *   tenant tags]
+ *   [struct wq_hdr][proc table][entries][hash index A][hash index B]
+ *   [ring A][ring B][delay heap][result slots][store queue][fair: per-entry
+ *   data, 2 heaps, tenant tags]
  *
  * Every section starts on a 64-byte boundary. Offsets and sizes are
  * computed by wq__geometry() (region.c) from the queue's settings and
@@ -14,7 +14,8 @@
  * is sparse: the sections indexed by entry and the result slots take
  * pages only as far as hdr->grown_ent and grown_res say (region.c), and
  * of the two index areas only the one hdr->index_at names holds pages,
- * for as many slots as it says (table.c).
+ * for as many slots as it says (table.c), and the same for the ring's
+ * two areas and hdr->ring_at (ring.c).
  *
  * Source of truth and repair. The entries are the source of truth: each
  * entry's state word says whether it is free, dirty, queued, processing.
@@ -94,6 +95,7 @@ struct wq_geom {
     uint64_t hash_seed;       /* random per region: no cross-queue flooding */
     uint64_t off_procs, off_entries, off_index, off_ring, off_heap, off_results;
     uint64_t off_index_b;     /* the second index area, after the first */
+    uint64_t off_ring_b;      /* the second ring area, after the first */
     uint32_t result_capacity;
     uint32_t durability;      /* WQ_DURABLE_*; meaningful with a store */
     uint64_t off_sq;          /* store queue: capacity entry indices */
@@ -255,7 +257,10 @@ struct wq_hdr {
        Only that area holds pages, for those slots (pages of an earlier
        table that a death left are given back by the next locker). */
     uint64_t index_at;
-    uint64_t reserved[3];                 /* room for later counters */
+    /* The ring in use (ring.c; lock): its slot count and area, the same
+       way. ring_pos's front is below the count of slots. */
+    uint64_t ring_at;
+    uint64_t reserved[2];                 /* room for later counters */
     /* Store flushers (store.c): one at a time, from reading the store
        queue's front to popping it; robust, holds no state of its own. */
     pthread_mutex_t flush_lock;

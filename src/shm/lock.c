@@ -59,11 +59,13 @@ bool wq__lock_held(const shmq *q)
 
 static int recover(shmq *q)
 {
-    /* A holder killed just after switching to a doubled index, outside a
-       mutation (a batch's room, repair not needed), left the old table's
-       pages reserved: give them back (a no-op on an empty area). */
+    /* A holder killed in or just after a doubling of the index or ring,
+       outside a mutation (a batch's room, repair not needed), left pages
+       in the unused area: give them back (a no-op on an empty area). */
     if (q->index_slots > 0)
-        wq__region_release_index(q, q->index != q->iarea[1], 0);
+        wq__region_release_area(q, false, q->index != q->iarea[1], 0);
+    if (q->ring_slots > 0)
+        wq__region_release_area(q, true, q->ring != q->rarea[1], 0);
     int rc = wq__repair(q, true, false, NULL, NULL);
     q->hdr->repairs_total++;
     /* Consistent even if repair failed: the next locker sees busy set and

@@ -103,7 +103,10 @@ int wq__geometry(struct wq_geom *g, const struct wq_conf *c)
     off = align_up(g->off_index + (uint64_t)g->index_max * sizeof(struct wq_islot), 4096);
     g->off_index_b = off;
     off = align_up(off + (uint64_t)g->index_max * sizeof(struct wq_islot), 4096);
+    /* The ring too grows with the entries used (ring.c), in two areas. */
     g->off_ring = off;
+    off = align_up(off + (uint64_t)capacity * sizeof(uint32_t), 4096);
+    g->off_ring_b = off;
     off = align_up(off + (uint64_t)capacity * sizeof(uint32_t), WQ_ALIGN);
     g->off_heap = off;
     off = align_up(off + (uint64_t)capacity * sizeof(uint32_t), WQ_ALIGN);
@@ -196,7 +199,7 @@ int wq__region_validate(const struct wq_geom *g, uint64_t file_size)
     if (g->entry_size != want.entry_size || g->index_max != want.index_max ||
         g->off_procs != want.off_procs || g->off_entries != want.off_entries ||
         g->off_index != want.off_index || g->off_index_b != want.off_index_b ||
-        g->off_ring != want.off_ring ||
+        g->off_ring != want.off_ring || g->off_ring_b != want.off_ring_b ||
         g->off_heap != want.off_heap || g->off_results != want.off_results ||
         g->off_sq != want.off_sq || g->off_fx != want.off_fx ||
         g->off_fheap_p != want.off_fheap_p || g->off_fheap_a != want.off_fheap_a ||
@@ -228,6 +231,7 @@ static int init_region(unsigned char *base, const struct wq_geom *g)
     h->free_head = WQ_NIL;
     h->e_fresh = 0;
     h->index_at = wq__index_size(g->index_max, 0);   /* area 0 */
+    h->ring_at = wq__ring_size(g->capacity, 0);
     h->last_reap_ns = wq__now_mono();
     h->next_snapshot_ns = h->last_reap_ns + (uint64_t)g->snapshot_ms * 1000000ull;
     wq__limiter_init(h);
@@ -294,10 +298,15 @@ static int reserve(int fd, uint64_t off, uint64_t len)
     return rc == 0 ? 0 : (rc == EFBIG || rc == ENOSPC || rc == ENOMEM) ? -ENOSPC : -rc;
 }
 
-/* Bytes of the first index, which a new region starts with. */
+/* Bytes of the first index and ring, which a new region starts with. */
 static uint64_t index_bytes(const struct wq_geom *g)
 {
     return (uint64_t)wq__index_size(g->index_max, 0) * sizeof(struct wq_islot);
+}
+
+static uint64_t ring_bytes(const struct wq_geom *g)
+{
+    return (uint64_t)wq__ring_size(g->capacity, 0) * sizeof(uint32_t);
 }
 
 /* The sections reserved at creation: what is indexed by a ring position
@@ -308,7 +317,7 @@ static int reserve_fixed(int fd, const struct wq_geom *g)
     if (rc == 0)
         rc = reserve(fd, g->off_index, index_bytes(g));
     if (rc == 0)
-        rc = reserve(fd, g->off_ring, g->off_heap - g->off_ring);
+        rc = reserve(fd, g->off_ring, ring_bytes(g));
     if (rc == 0 && g->has_store)
         rc = reserve(fd, g->off_sq, (uint64_t)g->capacity * sizeof(uint32_t));
     if (rc == 0 && g->ftag_slots)
@@ -319,7 +328,7 @@ static int reserve_fixed(int fd, const struct wq_geom *g)
 /* Bytes the fixed sections take: what a new queue costs. */
 static uint64_t fixed_bytes(const struct wq_geom *g)
 {
-    return g->off_entries + index_bytes(g) + (g->off_heap - g->off_ring) +
+    return g->off_entries + index_bytes(g) + ring_bytes(g) +
            (g->has_store ? (uint64_t)g->capacity * sizeof(uint32_t) : 0) +
            (g->ftag_slots ? g->total_size - g->off_ftags : 0);
 }
@@ -406,14 +415,26 @@ static int grow(shmq *q, bool res, uint32_t need)
     return 0;
 }
 
-int wq__region_reserve_index(shmq *q, unsigned area, uint32_t slots)
+/* Where area `area` of the index (ring false) or the ring starts, its
+   slot size and its slots. */
+static uint64_t area_off(const shmq *q, bool ring, unsigned area, uint64_t *unit,
+                         uint64_t *slots)
+{
+    *unit = ring ? sizeof(uint32_t) : sizeof(struct wq_islot);
+    *slots = ring ? q->capacity : q->index_max;
+    return ring ? (area ? q->g.off_ring_b : q->g.off_ring)
+                : (area ? q->g.off_index_b : q->g.off_index);
+}
+
+int wq__region_reserve_area(shmq *q, bool ring, unsigned area, uint32_t slots)
 {
     WQ_ASSERT_LOCKED(q);
-    uint64_t bytes = (uint64_t)slots * sizeof(struct wq_islot);
-    uint64_t off = area ? q->g.off_index_b : q->g.off_index;
-    int rc = WQ_FAIL("region.index") ? -ENOSPC : reserve(q->fd, off, bytes);
+    uint64_t unit, max, off = area_off(q, ring, area, &unit, &max);
+    uint64_t bytes = (uint64_t)slots * unit;
+    int rc = WQ_FAIL(ring ? "region.ring" : "region.index") ? -ENOSPC
+           : reserve(q->fd, off, bytes);
     if (rc < 0)
-        return grow_fail(q, rc, "index slots", slots, bytes);
+        return grow_fail(q, rc, ring ? "ring slots" : "index slots", slots, bytes);
     /* The caller writes every slot now: mapping the pages in one call
        instead of taking a fault per page (slow in a VM) made the doubling
        at 1M keys (to 4M slots) 42 ms instead of 139 on the 2-vCPU VM.
@@ -422,19 +443,18 @@ int wq__region_reserve_index(shmq *q, unsigned area, uint32_t slots)
     return 0;
 }
 
-/* Give the pages of an index area's slots from `from` on back (whole
-   pages only: the areas are page-aligned, and a page holding a slot
-   below `from` is kept). Only an optimisation: a failure (or a death
-   before it) leaves pages that the next growth into the area reuses,
-   and repair releases them too. */
-void wq__region_release_index(shmq *q, unsigned area, uint32_t from)
+/* Give the pages of an area's slots from `from` on back (whole pages
+   only: the areas are page-aligned, and a page holding a slot below
+   `from` is kept). Only an optimisation: a failure (or a death before
+   it) leaves pages that the next growth into the area reuses, and the
+   next locker or repair releases them too. */
+void wq__region_release_area(shmq *q, bool ring, unsigned area, uint32_t from)
 {
-    uint64_t lo = align_up((uint64_t)from * sizeof(struct wq_islot), 4096);
-    uint64_t hi = (uint64_t)q->index_max * sizeof(struct wq_islot);
+    uint64_t unit, max, off = area_off(q, ring, area, &unit, &max);
+    uint64_t lo = align_up((uint64_t)from * unit, 4096), hi = max * unit;
     if (q->fd >= 0 && hi > lo)
         (void)fallocate(q->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-                        (off_t)((area ? q->g.off_index_b : q->g.off_index) + lo),
-                        (off_t)(hi - lo));
+                        (off_t)(off + lo), (off_t)(hi - lo));
 }
 
 int wq__region_grow_entries(shmq *q, uint32_t need)
@@ -456,13 +476,13 @@ int wq__region_grow_results(shmq *q, uint32_t need)
    first lock and once per growth in each other process. */
 static void index_load(shmq *q)
 {
-    uint64_t at = q->hdr->index_at;
+    uint64_t at = q->hdr->index_at, unit, max;
     uint32_t slots = (uint32_t)at;
     unsigned area = (unsigned)(at >> 32);
+    uint64_t off = area_off(q, false, area & 1, &unit, &max);
     if (WQ_UNLIKELY(area > 1 || !wq__index_size_ok(q->index_max, slots) ||
                     slots < wq__index_size(q->index_max, wq__entries_used(q)) ||
-                    reserve(q->fd, area ? q->g.off_index_b : q->g.off_index,
-                            (uint64_t)slots * sizeof(struct wq_islot)) < 0)) {
+                    reserve(q->fd, off, (uint64_t)slots * unit) < 0)) {
         q->hdr->corrupt = 1;
         wq__index_view(q, 0, 0);
         q->index_seen = ~at;   /* look again at the next lock */
@@ -470,6 +490,25 @@ static void index_load(shmq *q)
     }
     wq__index_view(q, area, slots);
     q->index_seen = at;
+}
+
+/* The same for the ring the header names. */
+static void ring_load(shmq *q)
+{
+    uint64_t at = q->hdr->ring_at, unit, max;
+    uint32_t slots = (uint32_t)at;
+    unsigned area = (unsigned)(at >> 32);
+    uint64_t off = area_off(q, true, area & 1, &unit, &max);
+    if (WQ_UNLIKELY(area > 1 || !wq__ring_size_ok(q->capacity, slots) ||
+                    slots < wq__ring_size(q->capacity, wq__entries_used(q)) ||
+                    reserve(q->fd, off, (uint64_t)slots * unit) < 0)) {
+        q->hdr->corrupt = 1;
+        wq__ring_view(q, 0, 0);
+        q->ring_seen = ~at;
+        return;
+    }
+    wq__ring_view(q, area, slots);
+    q->ring_seen = at;
 }
 
 /* wq__region_bounds' slow path: the counts moved, or are corrupt
@@ -499,6 +538,8 @@ void wq__region_bounds_load(shmq *q)
     q->nres = gr;
     if (h->index_at != q->index_seen)
         index_load(q);
+    if (h->ring_at != q->ring_seen)
+        ring_load(q);
 }
 
 /* Point the handle at a mapped, validated region. */
@@ -512,7 +553,10 @@ static void map_view(shmq *q, unsigned char *base, size_t size, const struct wq_
     q->entries = base + g->off_entries;
     q->iarea[0] = (struct wq_islot *)(base + g->off_index);
     q->iarea[1] = (struct wq_islot *)(base + g->off_index_b);
-    q->ring = (uint32_t *)(base + g->off_ring);
+    q->rarea[0] = (uint32_t *)(base + g->off_ring);
+    q->rarea[1] = (uint32_t *)(base + g->off_ring_b);
+    wq__ring_view(q, 0, 0);
+    q->ring_seen = ~((const struct wq_hdr *)base)->ring_at;
     q->heap = (uint32_t *)(base + g->off_heap);
     q->rslots = (struct wq_rslot *)(base + g->off_results);
     q->sq = g->has_store ? (uint32_t *)(base + g->off_sq) : NULL;

@@ -308,9 +308,19 @@ static uint32_t check_ring(struct ctx *c)
         return 0;
     }
     enum { AHEAD = 8 };
+    uint32_t n = q->ring_slots;   /* apply: resized already (wq__repair) */
+    if (!c->apply && n < wq__ring_size(q->capacity, wq__entries_used(q))) {
+        if (n == 0)
+            violation(c, "ring: its size word 0x%llx is damaged",
+                      (unsigned long long)q->hdr->ring_at);
+        else
+            violation(c, "ring: %u slots for %u entries used, %u needed", n,
+                      wq__entries_used(q), wq__ring_size(q->capacity, wq__entries_used(q)));
+        return 0;
+    }
     uint64_t pos = wq_load_relaxed(&q->hdr->ring_pos);
     uint32_t head = (uint32_t)pos, count = (uint32_t)(pos >> 32);
-    if (head >= q->capacity || count > q->capacity) {
+    if (head >= n || count > n) {
         violation(c, "ring: head %u count %u out of range", head, count);
         head = 0;
         count = 0;
@@ -318,12 +328,12 @@ static uint32_t check_ring(struct ctx *c)
     uint32_t kept = 0, r = head, w = head;
     for (uint32_t k = 0; k < count; k++) {
         if (k + AHEAD < count) {
-            uint32_t a = r + AHEAD < q->capacity ? r + AHEAD : r + AHEAD - q->capacity;
+            uint32_t a = r + AHEAD < n ? r + AHEAD : r + AHEAD - n;
             if (q->ring[a] < wq__entries_used(q))
                 __builtin_prefetch(wq__entry(q, q->ring[a]));
         }
         uint32_t idx = q->ring[r];
-        r = r + 1 == q->capacity ? 0 : r + 1;
+        r = r + 1 == n ? 0 : r + 1;
         if (idx >= wq__entries_used(q)) {
             violation(c, "ring position %u: entry %u out of range", k, idx);
             continue;
@@ -339,12 +349,12 @@ static uint32_t check_ring(struct ctx *c)
         bit_set(c->in_ring, idx);
         if (c->apply) {
             q->ring[w] = idx;
-            w = w + 1 == q->capacity ? 0 : w + 1;
+            w = w + 1 == n ? 0 : w + 1;
         }
         kept++;
     }
     if (c->apply)
-        wq_store_relaxed(&q->hdr->ring_pos, (uint64_t)kept << 32 | head);
+        wq_store_relaxed(&q->hdr->ring_pos, (uint64_t)kept << 32 | (n ? head : 0));
     return kept;
 }
 
@@ -541,9 +551,15 @@ int wq__repair(shmq *q, bool apply, bool thorough, wq_report_fn report, void *ar
     check_procs(&c);
     check_entries(&c);
     if (apply) {
+        bool emptied;
         int rc = wq__table_rebuild(q, dup_key, &c);
+        if (rc == 0)
+            rc = wq__ring_resize(q, &emptied);
         if (rc < 0)
             return rc;
+        if (emptied)
+            violation(&c, "ring: its size word was damaged; queued keys kept, "
+                      "their order lost");
     } else {
         verify_index(&c);
     }

@@ -52,7 +52,7 @@ typedef struct wq_shm {
     struct wq_proc *procs;
     unsigned char *entries;
     struct wq_islot *iarea[2];     /* the two index areas (layout.h) */
-    uint32_t *ring;
+    uint32_t *rarea[2];            /* the two ring areas */
 
     struct wq_geom g;              /* validated copy of the header */
     uint32_t capacity, max_key_len, max_procs, entry_size, index_max;
@@ -83,6 +83,10 @@ typedef struct wq_shm {
     uint32_t index_cover;          /* entries [0, index_cover) fit in it */
     uint64_t index_at;
     uint64_t index_seen;
+    /* The ring in use (ring.c), refreshed the same way. */
+    uint32_t *ring;
+    uint32_t ring_slots;           /* 0: no usable ring (damaged word) */
+    uint64_t ring_seen;
     uint32_t pf_ahead;             /* keys behind the front whose index slots
                                       we prefetched (queue.c); region lock */
 
@@ -150,10 +154,11 @@ void wq__geom_conf(const struct wq_geom *g, struct wq_conf *c);
    when the system refuses the pages (nothing changed, message set). */
 int wq__region_grow_entries(shmq *q, uint32_t need);
 int wq__region_grow_results(shmq *q, uint32_t need);
-/* Reserve slots [0, slots) of index area 0 or 1: 0, or -ENOSPC (message
-   set). Release gives the pages of slots from `from` on back. Lock held. */
-int wq__region_reserve_index(shmq *q, unsigned area, uint32_t slots);
-void wq__region_release_index(shmq *q, unsigned area, uint32_t from);
+/* Reserve slots [0, slots) of area 0 or 1 of the index, or (ring) of
+   the ring: 0, or -ENOSPC (message set). Release gives the pages of
+   slots from `from` on back. Lock held. */
+int wq__region_reserve_area(shmq *q, bool ring, unsigned area, uint32_t slots);
+void wq__region_release_area(shmq *q, bool ring, unsigned area, uint32_t from);
 void wq__region_bounds_load(shmq *q);
 /* Lock held: take the growth counts (another process may have grown the
    region since we last held the lock). Inline: every lock acquisition
@@ -162,7 +167,7 @@ static inline void wq__region_bounds(shmq *q)
 {
     const struct wq_hdr *h = q->hdr;
     if (WQ_UNLIKELY(h->grown_ent != q->nent || h->grown_res != q->nres ||
-                    h->index_at != q->index_seen))
+                    h->index_at != q->index_seen || h->ring_at != q->ring_seen))
         wq__region_bounds_load(q);
 }
 /* Entries ever used: every live, retained or free-listed one is below. */
@@ -235,6 +240,29 @@ static inline void wq__table_prefetch(const shmq *q, uint32_t hash)
 #define WQ_PREFETCH_MIN (1u << 16)
 
 /* ring.c: the FIFO */
+/* Make room in the ring for entries [0, need): as wq__table_grow. */
+int wq__ring_grow(shmq *q, uint32_t need);
+int wq__ring_resize(shmq *q, bool *emptied);
+/* Ring sizes: powers of two from WQ_RING_MIN (one page) with a slot per
+   entry used, up to capacity. */
+#define WQ_RING_MIN 1024u
+static inline uint32_t wq__ring_size(uint32_t capacity, uint64_t used)
+{
+    uint64_t s = WQ_RING_MIN;
+    while (s < capacity && s < used)
+        s <<= 1;
+    return s < capacity ? (uint32_t)s : capacity;
+}
+static inline bool wq__ring_size_ok(uint32_t capacity, uint32_t s)
+{
+    return s == capacity || (s >= WQ_RING_MIN && s < capacity && (s & (s - 1)) == 0);
+}
+/* Lock held: the view of the ring in area, with slots slots. */
+static inline void wq__ring_view(shmq *q, unsigned area, uint32_t slots)
+{
+    q->ring = q->rarea[area];
+    q->ring_slots = slots;
+}
 int wq__ring_push(shmq *q, uint32_t idx);
 int wq__ring_remove(shmq *q, uint32_t idx);
 uint32_t wq__ring_front(shmq *q);
@@ -250,11 +278,11 @@ static inline uint32_t wq__ring_peek(const shmq *q, uint32_t k)
 {
     uint64_t pos = wq_load_relaxed(&q->hdr->ring_pos);
     uint32_t head = (uint32_t)pos, count = (uint32_t)(pos >> 32);
-    if (k >= count || head >= q->capacity || count > q->capacity)
+    if (k >= count || head >= q->ring_slots || count > q->ring_slots)
         return WQ_NIL;
     uint32_t at = head + k;
-    if (at >= q->capacity)
-        at -= q->capacity;
+    if (at >= q->ring_slots)
+        at -= q->ring_slots;
     uint32_t idx = q->ring[at];
     return idx < q->nent ? idx : WQ_NIL;
 }
@@ -300,7 +328,7 @@ static inline uint16_t wq__gen16(uint32_t gen)
     return (uint16_t)gen;
 }
 uint32_t wq__entry_new(shmq *q, const void *key, size_t len, uint32_t hash, int *err);
-/* Pages for entries [0, need) and their index slots: 0, or -ENOSPC
+/* Pages for entries [0, need) and their index and ring slots: 0, or -ENOSPC
    (nothing changed but pages reserved, message set), or -EBADMSG (a
    damaged index; the region is flagged). Lock held. */
 int wq__entry_room(shmq *q, uint32_t need);

@@ -123,8 +123,8 @@ int wq__table_grow(shmq *q, uint32_t need)
        unless a death or a failed release left an earlier table's pages
        there) instead of clearing them again (21 of 44 ms of a doubling
        to 4M slots on the 2-vCPU VM). */
-    wq__region_release_index(q, to, 0);
-    int rc = wq__region_reserve_index(q, to, slots);
+    wq__region_release_area(q, false, to, 0);
+    int rc = wq__region_reserve_area(q, false, to, slots);
     if (rc < 0)
         return rc;
     struct wq_islot *t = q->iarea[to];
@@ -137,7 +137,7 @@ int wq__table_grow(shmq *q, uint32_t need)
     }
     switch_to(q, to, slots);
     WQ_STEP("table.grow.switch");
-    wq__region_release_index(q, from, 0);
+    wq__region_release_area(q, false, from, 0);
     return 0;
 }
 
@@ -149,7 +149,7 @@ int wq__table_rebuild(shmq *q, void (*dup)(void *c, uint32_t idx, uint32_t other
     uint32_t slots = wq__index_size(q->index_max, used);
     unsigned area = q->index_slots > 0 && q->index == q->iarea[1];
     /* In place: the entries are the source, whatever the table held. */
-    int rc = wq__region_reserve_index(q, area, slots);
+    int rc = wq__region_reserve_area(q, false, area, slots);
     if (rc < 0)
         return rc;
     wq__index_view(q, area, slots);
@@ -172,8 +172,8 @@ int wq__table_rebuild(shmq *q, void (*dup)(void *c, uint32_t idx, uint32_t other
             return rc;
     }
     switch_to(q, area, slots);
-    wq__region_release_index(q, area, slots);   /* it may have been larger */
-    wq__region_release_index(q, !area, 0);
+    wq__region_release_area(q, false, area, slots);   /* it may have been larger */
+    wq__region_release_area(q, false, !area, 0);
     return 0;
 }
 
