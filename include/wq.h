@@ -203,9 +203,10 @@
  *   the tmpfs size limit and the memory cgroup) only for what is used
  *   (wq_stats region_used):
  *     - at creation, the header, the process table (72 bytes per
- *       max_procs), the FIFO ring (4 bytes per unit of capacity; 8 with a
- *       store; fair mode adds its tenant table, up to 512 KiB) and a hash
- *       index of one page: 284 KiB for a default queue;
+ *       max_procs), a hash index and a FIFO ring of one page each (a
+ *       store adds 4 bytes per unit of capacity, fair mode its tenant
+ *       table, up to 512 KiB): 32 KiB for a default queue, whatever its
+ *       capacity, which is a bound, not an allocation;
  *     - then, as keys arrive, one entry per key held at once (48 +
  *       max_key_len bytes, 8-aligned, and 4 for the delay heap; 32 more
  *       in fair mode), and one slot of 288 bytes per result kept. Each
@@ -213,14 +214,16 @@
  *       under the lock. Entries freed by done keys are reused before new
  *       pages are taken, and pages are not given back while the queue
  *       exists: the most keys (and results) held at once set the figure;
- *     - and the hash index: 8-byte slots, a power of two of them and at
- *       least twice the entries ever used (16 to 32 bytes per key; a full
- *       queue's is 2 x capacity + 1 slots). It doubles under the lock
- *       when a new key needs it, copying itself into a table twice as
- *       large and giving the old one's pages back: on the 2-vCPU VM of
- *       tools/PERFORMANCE.md the add that doubles it takes 6 ms at 131,072
- *       keys, 42 ms at 1M and about 80 ms at 2M (every other add, and
- *       every other process, waits for it meanwhile).
+ *     - and the hash index and the ring: 8-byte index slots, a power of
+ *       two of them and at least twice the entries ever used (16 to 32
+ *       bytes per key; a full queue's is 2 x capacity + 1 slots), and a
+ *       4-byte ring slot per entry ever used (rounded up to a power of
+ *       two, at most capacity). Each doubles under the lock when a new
+ *       key needs it, copying itself into a table twice as large and
+ *       giving the old one's pages back: on the 2-vCPU VM of
+ *       tools/PERFORMANCE.md the add that doubles the index takes 6 ms at
+ *       131,072 keys, 42 ms at 1M and about 80 ms at 2M (every other add,
+ *       and every other process, waits for it meanwhile).
  *   When the system refuses pages (the tmpfs is full or at its size limit:
  *   Docker gives containers 64 MiB by default, `--shm-size` changes it),
  *   the add or wq_finish that needed them fails with -ENOSPC and changes
@@ -1099,8 +1102,9 @@ struct wq_stats {
     uint64_t restored;      /* keys restored from the store when the region
                                was built (0 without a restore) */
     uint64_t region_used;   /* bytes of /dev/shm (memory) it takes now: the
-                               fixed sections, then the pages reserved for
-                               the most keys and results it has held */
+                               fixed sections, the index and ring, and the
+                               pages reserved for the most keys and results
+                               it has held */
     uint64_t reserved[13];  /* zeroed by the library: room to grow */
 };
 

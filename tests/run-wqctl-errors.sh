@@ -179,8 +179,8 @@ fi
 
 # ---- a full /dev/shm --------------------------------------------------------
 if [ "$(id -u)" = 0 ] && unshare -m true 2>/dev/null; then
-    # A new default queue takes 284 KiB: 256 KiB is too little.
-    unshare -m sh -c 'mount -t tmpfs -o size=256k tmpfs /dev/shm &&
+    # A new default queue takes 32 KiB: 16 KiB is too little.
+    unshare -m sh -c 'mount -t tmpfs -o size=16k tmpfs /dev/shm &&
                       exec "$1" create "$2"' sh "$WQCTL" "$P-full" >"$OUT.1" 2>"$OUT.2"
     rc=$?
     [ "$rc" = 1 ] || fail "create on a full /dev/shm exited $rc: $(cat "$OUT.2")"
@@ -206,8 +206,8 @@ if [ "$(id -u)" = 0 ] && unshare -m true 2>/dev/null; then
     rc=$?
     [ "$rc" = 0 ] || fail "the 2 MiB /dev/shm script exited $rc: $(cat "$OUT.2")"
     [ "$(cat "$OUT.addrc")" = 1 ] || fail "add past a full /dev/shm exited $(cat "$OUT.addrc")"
-    # The entries or the index (which doubles) meet the limit first.
-    grep -Eqx "wqctl: queue '$P-grow': no room in /dev/shm to grow its region to [0-9]+ (entries|index slots) \([0-9]+ bytes more, [0-9]+ free\)" \
+    # The entries, the index or the ring (which double) meet the limit first.
+    grep -Eqx "wqctl: queue '$P-grow': no room in /dev/shm to grow its region to [0-9]+ (entries|index slots|ring slots) \([0-9]+ bytes more, [0-9]+ free\)" \
         "$OUT.adderr" || fail "add past a full /dev/shm said: $(cat "$OUT.adderr")"
     added=$(sed -n 's/^added \([0-9]*\), coalesced 0$/\1/p' "$OUT.add")
     [ -n "$added" ] && [ "$added" -gt 1000 ] && [ "$added" -lt 20000 ] ||

@@ -241,8 +241,9 @@ struct wq_hdr {
        empty. */
     uint32_t e_fresh;
     /* Growth (region.c; lock). The region is a sparse file: only the
-       pages of the fixed sections (header, process table, index, ring,
-       store queue, tenant tags) are reserved at creation. Entries, with
+       pages of the fixed sections (header, process table, store queue,
+       tenant tags) and of the first index and ring (index_at, ring_at
+       below) are reserved at creation. Entries, with
        the delay heap and the fair sections, which have at most one slot
        per entry, are reserved for grown_ent of them, and result slots for
        grown_res; each grows in steps, under the lock, before anything is

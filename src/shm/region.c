@@ -14,7 +14,9 @@
  * The entries (with their heap and fair slots) and the result slots are
  * reserved as keys and results arrive, in steps of an eighth of what is
  * there (at least 64 KiB), under the lock and before anything is written
- * there; layout.h says what is never touched past them. Reserving is
+ * there; layout.h says what is never touched past them. The index and
+ * the ring start at a page each and double into their other area
+ * (table.c, ring.c) through wq__region_reserve_area. Reserving is
  * what makes a full /dev/shm an -ENOSPC for the add that needed the room
  * instead of a SIGBUS in whoever touched the page first. A process that
  * dies during a growth leaves at most some reserved pages that the next
