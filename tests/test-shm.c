@@ -813,6 +813,28 @@ static void test_index_grown_by_another(void **state)
     t_close(q);
 }
 
+/* A process of its own opens queue `name` and is SIGKILLed at `point`
+   while adding keys[0] (n == 1) or the batch of n keys. */
+static void die_adding(const char *name, const char *point, const struct iovec *keys, size_t n)
+{
+    pid_t pid = t_fork(30);
+    if (pid == 0) {
+        wq *c;
+        if (wq_open(name, NULL, &c) < 0)
+            _exit(2);
+        wq_fault_arm(point, 1, WQ_FAULT_KILL);
+        if (n == 1)
+            (void)wq_add(c, keys[0].iov_base, keys[0].iov_len);
+        else
+            (void)wq_add_many(c, keys, n);
+        _exit(3);
+    }
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFSIGNALED(status));
+    assert_int_equal(WTERMSIG(status), SIGKILL);
+}
+
 /* A holder SIGKILLed while doubling the index, in the copy (the old
    table still in use) or just after the switch (the old area's pages
    not given back yet), in an add (a mutation: the next locker repairs)
@@ -833,23 +855,8 @@ static void test_killed_while_growing_index(void **state)
         struct wq_shm *s = wq__shm(q);
         add_keys(q, "k", 255);
         uint64_t used = shm_used(name);
-        pid_t pid = t_fork(30);
-        if (pid == 0) {
-            wq *c;
-            if (wq_open(name, NULL, &c) < 0)
-                _exit(2);
-            struct iovec batch[2] = { { "k-00255", 7 }, { "k-00256", 7 } };
-            wq_fault_arm(points[p], 1, WQ_FAULT_KILL);
-            if (p < 2)
-                (void)wq_add(c, KS("k-00255"));
-            else
-                (void)wq_add_many(c, batch, 2);
-            _exit(3);
-        }
-        int status;
-        assert_int_equal(waitpid(pid, &status, 0), pid);
-        assert_true(WIFSIGNALED(status));
-        assert_int_equal(WTERMSIG(status), SIGKILL);
+        struct iovec batch[2] = { { "k-00255", 7 }, { "k-00256", 7 } };
+        die_adding(name, points[p], batch, p < 2 ? 1 : 2);
         assert_int_equal(wq_len(q), 255);   /* the lock's holder died */
         assert_int_equal(t_key_state(q, "k-00255"), 0);
         assert_int_equal(t_key_state(q, "k-00256"), 0);
@@ -975,19 +982,8 @@ static void test_killed_while_growing_ring(void **state)
         take_in_order(q, "k", 0, 300);
         add_keys(q, "n", 300);
         uint64_t used = shm_used(name);
-        pid_t pid = t_fork(30);
-        if (pid == 0) {
-            wq *c;
-            if (wq_open(name, NULL, &c) < 0)
-                _exit(2);
-            wq_fault_arm(points[p], 1, WQ_FAULT_KILL);
-            (void)wq_add(c, KS("x-00000"));
-            _exit(3);
-        }
-        int status;
-        assert_int_equal(waitpid(pid, &status, 0), pid);
-        assert_true(WIFSIGNALED(status));
-        assert_int_equal(WTERMSIG(status), SIGKILL);
+        struct iovec key = { "x-00000", 7 };
+        die_adding(name, points[p], &key, 1);
         assert_int_equal(wq_len(q), 1024);
         assert_int_equal(t_key_state(q, "x-00000"), 0);
         assert_int_equal(s->hdr->ring_at, p ? (1ull << 32 | 2048) : WQ_RING_MIN);

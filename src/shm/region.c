@@ -469,48 +469,43 @@ int wq__region_grow_results(shmq *q, uint32_t need)
     return grow(q, true, need);
 }
 
-/* Use the index the header names. A word that names no legal size, one
-   too small for the entries used (tables only grow before an entry is
-   taken), or one whose pages the system will not reserve (so it was
-   never grown to), is damaged: the view then has no slots, so every
-   lookup fails without reading the index, and repair builds it afresh.
-   Reserving again is a no-op for pages that are; it runs at a handle's
-   first lock and once per growth in each other process. */
-static void index_load(shmq *q)
+/* The slots of the index (ring false) or ring that the header's word
+   `at` names, or 0 if it is damaged: no legal size, too small for the
+   entries used (tables only grow before an entry is taken), or pages
+   the system will not reserve (so it was never grown to). Reserving
+   again is a no-op for pages that are; it runs at a handle's first lock
+   and once per growth in each other process. */
+static uint32_t area_load(shmq *q, bool ring, uint64_t at)
 {
-    uint64_t at = q->hdr->index_at, unit, max;
-    uint32_t slots = (uint32_t)at;
-    unsigned area = (unsigned)(at >> 32);
-    uint64_t off = area_off(q, false, area & 1, &unit, &max);
-    if (WQ_UNLIKELY(area > 1 || !wq__index_size_ok(q->index_max, slots) ||
-                    slots < wq__index_size(q->index_max, wq__entries_used(q)) ||
-                    reserve(q->fd, off, (uint64_t)slots * unit) < 0)) {
-        q->hdr->corrupt = 1;
-        wq__index_view(q, 0, 0);
-        q->index_seen = ~at;   /* look again at the next lock */
-        return;
+    uint64_t unit, max;
+    uint32_t slots = (uint32_t)at, min = ring ? WQ_RING_MIN : WQ_INDEX_MIN;
+    uint64_t used = wq__entries_used(q), off = area_off(q, ring, (at >> 32) & 1, &unit, &max);
+    uint32_t want = ring ? wq__ring_size(q->capacity, used) : wq__index_size(q->index_max, used);
+    if (WQ_UNLIKELY((at >> 32) > 1 || !wq__area_size_ok(min, (uint32_t)max, slots) ||
+                    slots < want || reserve(q->fd, off, (uint64_t)slots * unit) < 0)) {
+        q->hdr->corrupt = 1;   /* repair builds one afresh */
+        return 0;
     }
-    wq__index_view(q, area, slots);
-    q->index_seen = at;
+    return slots;
 }
 
-/* The same for the ring the header names. */
-static void ring_load(shmq *q)
+/* Use the index and ring the header names; a damaged word leaves a view
+   with no slots, so every call fails without reading there until repair,
+   and is looked at again at the next lock (the complement is "seen"). */
+static void areas_load(shmq *q)
 {
-    uint64_t at = q->hdr->ring_at, unit, max;
-    uint32_t slots = (uint32_t)at;
-    unsigned area = (unsigned)(at >> 32);
-    uint64_t off = area_off(q, true, area & 1, &unit, &max);
-    if (WQ_UNLIKELY(area > 1 || !wq__ring_size_ok(q->capacity, slots) ||
-                    slots < wq__ring_size(q->capacity, wq__entries_used(q)) ||
-                    reserve(q->fd, off, (uint64_t)slots * unit) < 0)) {
-        q->hdr->corrupt = 1;
-        wq__ring_view(q, 0, 0);
-        q->ring_seen = ~at;
-        return;
+    uint64_t at = q->hdr->index_at;
+    if (at != q->index_seen) {
+        uint32_t slots = area_load(q, false, at);
+        wq__index_view(q, slots ? (unsigned)(at >> 32) : 0, slots);
+        q->index_seen = slots ? at : ~at;
     }
-    wq__ring_view(q, area, slots);
-    q->ring_seen = at;
+    at = q->hdr->ring_at;
+    if (at != q->ring_seen) {
+        uint32_t slots = area_load(q, true, at);
+        wq__ring_view(q, slots ? (unsigned)(at >> 32) : 0, slots);
+        q->ring_seen = slots ? at : ~at;
+    }
 }
 
 /* wq__region_bounds' slow path: the counts moved, or are corrupt
@@ -538,10 +533,7 @@ void wq__region_bounds_load(shmq *q)
     }
     q->nent = ge;
     q->nres = gr;
-    if (h->index_at != q->index_seen)
-        index_load(q);
-    if (h->ring_at != q->ring_seen)
-        ring_load(q);
+    areas_load(q);
 }
 
 /* Point the handle at a mapped, validated region. */
@@ -575,7 +567,7 @@ static void map_view(shmq *q, unsigned char *base, size_t size, const struct wq_
     q->max_procs = g->max_procs;
     q->entry_size = g->entry_size;
     q->index_max = g->index_max;
-    /* No index until the first lock takes the header's (index_load). */
+    /* No index until the first lock takes the header's (areas_load). */
     wq__index_view(q, 0, 0);
     q->index_seen = ~((const struct wq_hdr *)base)->index_at;
     q->seed = g->hash_seed;

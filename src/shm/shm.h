@@ -191,20 +191,25 @@ int wq__table_grow(shmq *q, uint32_t need);
 int wq__table_rebuild(shmq *q, void (*dup)(void *c, uint32_t idx, uint32_t other),
                       void *c);
 
-/* Index sizes: powers of two from WQ_INDEX_MIN (one page) with at least
-   2 * used + 1 slots for the entries used, up to index_max, the size
-   of a full queue's. */
+/* Sizes of a table that doubles (the index, the ring): powers of two
+   from `min` (one page) holding `want` slots, up to `max`, the size of a
+   full queue's, which need not be a power of two. */
+static inline uint32_t wq__area_size(uint32_t min, uint32_t max, uint64_t want)
+{
+    uint64_t s = min;
+    while (s < max && s < want)
+        s <<= 1;
+    return s < max ? (uint32_t)s : max;
+}
+static inline bool wq__area_size_ok(uint32_t min, uint32_t max, uint32_t s)
+{
+    return s == max || (s >= min && s < max && (s & (s - 1)) == 0);
+}
+/* The index has at least 2 * used + 1 slots for the entries used. */
 #define WQ_INDEX_MIN 512u
 static inline uint32_t wq__index_size(uint32_t index_max, uint64_t used)
 {
-    uint64_t s = WQ_INDEX_MIN;
-    while (s < index_max && (s - 1) / 2 < used)
-        s <<= 1;
-    return s < index_max ? (uint32_t)s : index_max;
-}
-static inline bool wq__index_size_ok(uint32_t index_max, uint32_t s)
-{
-    return s == index_max || (s >= WQ_INDEX_MIN && s < index_max && (s & (s - 1)) == 0);
+    return wq__area_size(WQ_INDEX_MIN, index_max, 2 * used + 1);
 }
 /* Lock held: the view of the index in area, with slots slots. */
 static inline void wq__index_view(shmq *q, unsigned area, uint32_t slots)
@@ -243,19 +248,11 @@ static inline void wq__table_prefetch(const shmq *q, uint32_t hash)
 /* Make room in the ring for entries [0, need): as wq__table_grow. */
 int wq__ring_grow(shmq *q, uint32_t need);
 int wq__ring_resize(shmq *q, bool *emptied);
-/* Ring sizes: powers of two from WQ_RING_MIN (one page) with a slot per
-   entry used, up to capacity. */
+/* The ring has a slot per entry used. */
 #define WQ_RING_MIN 1024u
 static inline uint32_t wq__ring_size(uint32_t capacity, uint64_t used)
 {
-    uint64_t s = WQ_RING_MIN;
-    while (s < capacity && s < used)
-        s <<= 1;
-    return s < capacity ? (uint32_t)s : capacity;
-}
-static inline bool wq__ring_size_ok(uint32_t capacity, uint32_t s)
-{
-    return s == capacity || (s >= WQ_RING_MIN && s < capacity && (s & (s - 1)) == 0);
+    return wq__area_size(WQ_RING_MIN, capacity, used);
 }
 /* Lock held: the view of the ring in area, with slots slots. */
 static inline void wq__ring_view(shmq *q, unsigned area, uint32_t slots)
