@@ -767,6 +767,10 @@ static void common_seeds(const char *dir, const struct image *im)
          sb_rec(&s, offsetof(struct wq_hdr, index_at) + 4, 0, 4, one, 4, false));
     SEED(NAME("index-size"), fb,
          sb_rec(&s, offsetof(struct wq_hdr, index_at), 0, 4, wrap, 4, false));
+    SEED(NAME("ring-area"), fb,
+         sb_rec(&s, offsetof(struct wq_hdr, ring_at) + 4, 0, 4, one, 4, false));
+    SEED(NAME("ring-size"), fb,
+         sb_rec(&s, offsetof(struct wq_hdr, ring_at), 0, 4, wrap, 4, false));
     {
         uint8_t sz[2] = { 0x00, 0x10 };   /* 4096 bytes */
         SEED(NAME("truncated"), fb | FLAG_SIZE, sb_put(&s, sz, 2));
@@ -1009,7 +1013,9 @@ static void describe(const struct image *im, size_t off, int op, size_t len, boo
         { "procs", g->off_procs, sizeof(struct wq_proc), g->max_procs },
         { "entries", g->off_entries, g->entry_size, g->capacity },
         { "index", g->off_index, sizeof(struct wq_islot), g->index_max },
+        { "index_b", g->off_index_b, sizeof(struct wq_islot), g->index_max },
         { "ring", g->off_ring, 4, g->capacity },
+        { "ring_b", g->off_ring_b, 4, g->capacity },
         { "heap", g->off_heap, 4, g->capacity },
         { "results", g->off_results, sizeof(struct wq_rslot), g->result_capacity },
         { "fx", g->off_fx, sizeof(struct wq_fx), im->fair ? g->capacity : 0 },

@@ -507,10 +507,11 @@ static void prefetch_damaged(bool bad_ring)
     add_keys(q, "k", (int)n);
     assert_true(s->hdr->grown_ent >= WQ_PREFETCH_MIN);
     uint32_t head = (uint32_t)s->hdr->ring_pos, bad = bad_ring ? 40 : 20;
+    uint32_t at = (head + bad) % s->ring_slots;
     if (bad_ring)
-        s->ring[head + bad] = 0xfffffff0u;
+        s->ring[at] = 0xfffffff0u;
     else
-        wq__entry(s, s->ring[head + bad])->hash ^= 0x9e3779b9u;
+        wq__entry(s, s->ring[at])->hash ^= 0x9e3779b9u;
     char want[32], buf[32];
     for (uint32_t i = 0; i < n; i++) {
         snprintf(want, sizeof want, "k-%05u", i);
@@ -966,6 +967,48 @@ static void test_ring_grows(void **state)
     t_close(q);
 }
 
+/* Keys "k-00000" .. "k-<n - 1>" come out once each, in any order, then
+   the queue is empty. */
+static void drain_each_once(wq *q, int n)
+{
+    bool *seen = calloc((size_t)n, sizeof *seen);
+    assert_non_null(seen);
+    char buf[32];
+    for (int i = 0; i < n; i++) {
+        int len = wq_get(q, buf, sizeof buf, 0);
+        assert_int_equal(len, 7);
+        buf[len] = 0;
+        int k = atoi(buf + 2);
+        assert_true(k >= 0 && k < n && !seen[k]);
+        seen[k] = true;
+        assert_int_equal(wq_done(q, buf, 7), 0);
+    }
+    assert_int_equal(wq_get(q, buf, sizeof buf, 0), -EAGAIN);
+    free(seen);
+}
+
+/* Fair mode keeps its queue in heaps and its ring empty: the ring stays
+   at one page however many keys come, takes no more pages, and a damaged
+   ring word is replaced without touching the queue's order. */
+static void test_ring_fair_stays(void **state)
+{
+    (void)state;
+    const char *name;
+    wq *q = t_track(t_create("ringfair", T_OPTS(.capacity = 5000, .max_key_len = 16,
+                                                .flags = WQ_FAIR), &name));
+    struct wq_shm *s = wq__shm(q);
+    add_keys(q, "k", 1500);
+    assert_int_equal(s->hdr->ring_at, WQ_RING_MIN);
+    assert_int_equal(s->hdr->index_at, 1ull << 32 | 4096);   /* the index grows as ever */
+    t_check_clean(q, __func__);
+    s->hdr->ring_at = 7ull << 32 | 2048;
+    assert_int_equal(wq_add(q, KS("k-00007")), 1);
+    assert_int_equal(s->hdr->ring_at, WQ_RING_MIN);
+    t_check_clean(q, __func__);
+    drain_each_once(q, 1500);   /* fair mode's own order */
+    t_close(q);
+}
+
 /* A holder SIGKILLed while doubling the ring, in the copy or after the
    switch: every key is there in FIFO order, the one being added is not,
    and no page of the unused area is left. */
@@ -1016,19 +1059,7 @@ static void test_ring_word_damaged(void **state)
         assert_int_equal(s->hdr->ring_at & 0xffffffffu, 2048);
         assert_int_equal(wq_len(q), 1500);
         t_check_clean(q, __func__);
-        static bool seen[1500];
-        memset(seen, 0, sizeof seen);
-        char buf[32];
-        for (int i = 0; i < 1500; i++) {
-            int len = wq_get(q, buf, sizeof buf, 0);
-            assert_int_equal(len, 7);
-            buf[len] = 0;
-            int k = atoi(buf + 2);
-            assert_true(k >= 0 && k < 1500 && !seen[k]);
-            seen[k] = true;
-            assert_int_equal(wq_done(q, buf, 7), 0);
-        }
-        assert_int_equal(wq_get(q, buf, sizeof buf, 0), -EAGAIN);
+        drain_each_once(q, 1500);
         t_close(q);
     }
 }
@@ -1058,6 +1089,7 @@ int main(void)
         T_TEST(test_index_word_damaged),
         T_TEST(test_ring_grows),
         T_TEST(test_killed_while_growing_ring),
+        T_TEST(test_ring_fair_stays),
         T_TEST(test_ring_word_damaged),
         T_TEST(test_killed_while_growing),
         T_NO_LEFTOVERS,

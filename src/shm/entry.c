@@ -170,7 +170,7 @@ int wq__entry_room(shmq *q, uint32_t need)
     int rc = wq__region_grow_entries(q, need);
     if (rc == 0)
         rc = wq__table_grow(q, need);
-    return rc < 0 ? rc : wq__ring_grow(q, need);
+    return rc < 0 || q->fair ? rc : wq__ring_grow(q, need);
 }
 
 /* A free entry: from the free list, else one never used (growing the

@@ -311,8 +311,8 @@ static uint64_t ring_bytes(const struct wq_geom *g)
     return (uint64_t)wq__ring_size(g->capacity, 0) * sizeof(uint32_t);
 }
 
-/* The sections reserved at creation: what is indexed by a ring position
-   or a tenant hash rather than by entry, and the first index. */
+/* The sections reserved at creation: the header, the process table, the
+   store queue and the tenant table, and the first index and ring. */
 static int reserve_fixed(int fd, const struct wq_geom *g)
 {
     int rc = reserve(fd, 0, g->off_entries);   /* header, process table */
@@ -437,7 +437,7 @@ int wq__region_reserve_area(shmq *q, bool ring, unsigned area, uint32_t slots)
            : reserve(q->fd, off, bytes);
     if (rc < 0)
         return grow_fail(q, rc, ring ? "ring slots" : "index slots", slots, bytes);
-    /* The caller writes every slot now: mapping the pages in one call
+    /* The caller writes there now: mapping the pages in one call
        instead of taking a fault per page (slow in a VM) made the doubling
        at 1M keys (to 4M slots) 42 ms instead of 139 on the 2-vCPU VM.
        Kernels before 5.14 lack it: the faults happen then. */
@@ -480,7 +480,7 @@ static uint32_t area_load(shmq *q, bool ring, uint64_t at)
     uint64_t unit, max;
     uint32_t slots = (uint32_t)at, min = ring ? WQ_RING_MIN : WQ_INDEX_MIN;
     uint64_t used = wq__entries_used(q), off = area_off(q, ring, (at >> 32) & 1, &unit, &max);
-    uint32_t want = ring ? wq__ring_size(q->capacity, used) : wq__index_size(q->index_max, used);
+    uint32_t want = ring ? wq__ring_need(q, used) : wq__index_size(q->index_max, used);
     if (WQ_UNLIKELY((at >> 32) > 1 || !wq__area_size_ok(min, (uint32_t)max, slots) ||
                     slots < want || reserve(q->fd, off, (uint64_t)slots * unit) < 0)) {
         q->hdr->corrupt = 1;   /* repair builds one afresh */

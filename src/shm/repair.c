@@ -15,7 +15,9 @@
  *   4. index: cleared and every live entry inserted again (software
  *      prefetch keeps the random inserts overlapping). Two live entries
  *      with the same key keep the first.
- *   5. ring: compacted in place, keeping FIFO order: a member stays if its
+ *   5. ring: sized for the entries used (ring.c; one whose size word is
+ *      damaged is replaced by an empty one: its order is lost), then
+ *      compacted in place, keeping FIFO order: a member stays if its
  *      entry is queued and was not seen before; queued entries missing
  *      from it are appended in entry order.
  *   6. free list, counters and per-slot held counts recomputed.
@@ -309,13 +311,13 @@ static uint32_t check_ring(struct ctx *c)
     }
     enum { AHEAD = 8 };
     uint32_t n = q->ring_slots;   /* apply: resized already (wq__repair) */
-    if (!c->apply && n < wq__ring_size(q->capacity, wq__entries_used(q))) {
+    if (!c->apply && n < wq__ring_need(q, wq__entries_used(q))) {
         if (n == 0)
             violation(c, "ring: its size word 0x%llx is damaged",
                       (unsigned long long)q->hdr->ring_at);
         else
             violation(c, "ring: %u slots for %u entries used, %u needed", n,
-                      wq__entries_used(q), wq__ring_size(q->capacity, wq__entries_used(q)));
+                      wq__entries_used(q), wq__ring_need(q, wq__entries_used(q)));
         return 0;
     }
     uint64_t pos = wq_load_relaxed(&q->hdr->ring_pos);
@@ -558,8 +560,8 @@ int wq__repair(shmq *q, bool apply, bool thorough, wq_report_fn report, void *ar
         if (rc < 0)
             return rc;
         if (emptied)
-            violation(&c, "ring: its size word was damaged; queued keys kept, "
-                      "their order lost");
+            violation(&c, "ring: its size word was damaged%s",
+                      q->fair ? "" : "; queued keys kept, their order lost");
     } else {
         verify_index(&c);
     }

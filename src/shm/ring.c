@@ -143,7 +143,7 @@ int wq__ring_grow(shmq *q, uint32_t need)
 int wq__ring_resize(shmq *q, bool *emptied)
 {
     WQ_ASSERT_LOCKED(q);
-    uint32_t want = wq__ring_size(q->capacity, wq__entries_used(q));
+    uint32_t want = wq__ring_need(q, wq__entries_used(q));
     unsigned area = q->ring_slots > 0 && q->ring == q->rarea[1];
     *emptied = false;
     if (q->ring_slots < want) {

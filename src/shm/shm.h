@@ -254,6 +254,12 @@ static inline uint32_t wq__ring_size(uint32_t capacity, uint64_t used)
 {
     return wq__area_size(WQ_RING_MIN, capacity, used);
 }
+/* The ring a queue with `used` entries needs; fair mode orders its
+   queue in heaps (fair.c) and keeps its ring empty, at its first size. */
+static inline uint32_t wq__ring_need(const shmq *q, uint64_t used)
+{
+    return wq__ring_size(q->capacity, q->fair ? 0 : used);
+}
 /* Lock held: the view of the ring in area, with slots slots. */
 static inline void wq__ring_view(shmq *q, unsigned area, uint32_t slots)
 {
@@ -327,7 +333,7 @@ static inline uint16_t wq__gen16(uint32_t gen)
 uint32_t wq__entry_new(shmq *q, const void *key, size_t len, uint32_t hash, int *err);
 /* Pages for entries [0, need) and their index and ring slots: 0, or -ENOSPC
    (nothing changed but pages reserved, message set), or -EBADMSG (a
-   damaged index; the region is flagged). Lock held. */
+   damaged index or ring; the region is flagged). Lock held. */
 int wq__entry_room(shmq *q, uint32_t need);
 int wq__entry_commit_new(shmq *q, uint32_t idx, uint16_t state, bool *queued);
 int wq__entry_restore_idle(shmq *q, uint32_t idx);
