@@ -871,7 +871,13 @@ WQ_API int wq_run_workers_opts(wq *q, unsigned workers, wq_reconcile_fn fn, void
  *                       Concurrent adders, in any process, share fsyncs
  *                       (group commit through LMDB's writer lock). Only
  *                       commits that carry new keys are synced: a cycle
- *                       costs one fsync, at its add.
+ *                       costs one fsync, at its add. Processes that keep
+ *                       adding are gathered: an add whose key would go
+ *                       alone waits (at most 2 ms, or twice the last
+ *                       fsync's time) for the processes that were in the
+ *                       previous fsync and have not added since, so their
+ *                       next keys share one fsync (two processes adding
+ *                       in turn: 1.8-2x the adds/s of one, not 1x).
  *   WQ_DURABLE_NONE     memory speed; the region is written to the store
  *                       every snapshot_interval_ms (by whichever process
  *                       holds the lock when it is due) and by wq_snapshot.
@@ -879,7 +885,14 @@ WQ_API int wq_run_workers_opts(wq *q, unsigned workers, wq_reconcile_fn fn, void
  * wq_get hands it out, so a key is never processed without being stored.
  * Removals (wq_done of a clean key, wq_forget) are written before the call
  * returns in PROCESS and FSYNC mode (not fsync'ed: a removal lost to power
- * failure only means the key is processed once more).
+ * failure only means the key is processed once more). One exception, in
+ * FSYNC mode: a removal (or another change that is not fsync'ed) made
+ * while an add of another process waits for its fsync group is written by
+ * that add's commit, right after the call returns, so that it does not
+ * take the waiting key into an fsync of its own; if that process is
+ * killed first, the next call that writes the store writes it, and a
+ * removal lost with every process means, again, a key processed once
+ * more.
  *
  * Restore: wq_open with WQ_CREATE on a missing region and a store that
  * holds keys builds the new region from the store before anyone can see

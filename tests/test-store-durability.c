@@ -7,14 +7,19 @@
  *   - a full store (WQ_TEST_STORE_MAX_MAP, fault build only): the add that
  *     does not fit fails and changes nothing, every add that returned 0
  *     is restored;
- *   - wq_snapshot without a store.
+ *   - wq_snapshot without a store;
+ *   - FSYNC groups: an adder waits for a process of the last group, whose
+ *     add joins its commit (LMDB's transaction count, read by a child, is
+ *     the witness); a removal made meanwhile is left to the waiter; the
+ *     wait ends at its deadline when nobody comes.
  *
  * Store directories live under one mkdtemp directory in /tmp. main()
  * runs the cmocka group in a child and removes that directory (and any
  * /dev/shm object of the child) whatever happened to the child, so a
  * crash or a watchdog exit leaves nothing behind (t_guard_main).
  *
- * Linked against libwq-fault.la (for WQ_TEST_STORE_MAX_MAP).
+ * Linked against libwq-fault.la (for WQ_TEST_STORE_MAX_MAP and
+ * WQ_TEST_SYNC_WAIT_US).
  */
 #include "t.h"
 
@@ -24,6 +29,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include <lmdb.h>
+
+#include "shm/shm.h"
 
 /* ------------------------------------------------------------------ */
 /* WQ_DURABLE_NONE                                                     */
@@ -407,6 +416,147 @@ static void test_none_clean_exit_keeps(void **state)
 }
 
 /* ------------------------------------------------------------------ */
+/* FSYNC groups: adders in two processes share one commit              */
+/* ------------------------------------------------------------------ */
+
+/* The store's last transaction id (one per commit), read by a child
+   with an LMDB environment of its own: the witness outside the library
+   (which keeps ours open; LMDB allows one per process). */
+static uint64_t store_txnid(const char *dir)
+{
+    uint64_t *out = t_shared_alloc(sizeof *out);
+    pid_t c = t_fork(20);
+    if (c == 0) {
+        MDB_env *env;
+        MDB_envinfo info;
+        if (mdb_env_create(&env) != 0 ||
+            mdb_env_open(env, dir, MDB_RDONLY | MDB_NOLOCK, 0600) != 0 ||
+            mdb_env_info(env, &info) != 0)
+            _exit(1);
+        *out = info.me_last_txnid;
+        _exit(0);
+    }
+    assert_int_equal(t_wait(c, 10000), 0);
+    uint64_t v = *out;
+    t_shared_free(out, sizeof *out);
+    return v;
+}
+
+struct group_board {
+    atomic_int stage;
+};
+
+/* Wait (at most 10 s) until an adder waits for this process: the wait
+   is visible in the region's header. */
+static int until_waited_for(wq *q)
+{
+    const struct wq_hdr *h = wq__shm(q)->hdr;
+    for (int i = 0; i < 10000; i++) {
+        if (__atomic_load_n(&h->sync_wait, __ATOMIC_RELAXED) != 0)
+            return 0;
+        t_sleep_ms(1);
+    }
+    t_failf(__FILE__, __LINE__, "no adder waited for us in 10 s");
+    return 1;
+}
+
+static int until_stage(struct group_board *b, int stage)
+{
+    T_CHECK_EQ(t_wait_count(&b->stage, stage, 20000), 0);
+    return 0;
+}
+
+/* The second adder: c1 alone, c2 while the parent waits for it, then the
+   done of c1 while the parent waits again (its removal left to him). */
+static int group_child(const char *name, struct group_board *b)
+{
+    wq *q = NULL;
+    char buf[T_KEYBUF];
+    T_CHECK_EQ(wq_open(name, NULL, &q), 0);
+    T_CHECK_EQ(wq_add(q, KS("c1")), 0);
+    atomic_store(&b->stage, 1);
+    T_CHECK_EQ(until_waited_for(q), 0);   /* the parent's add of p1 */
+    T_CHECK_EQ(wq_add(q, KS("c2")), 0);
+    atomic_store(&b->stage, 2);
+    T_CHECK_EQ(until_stage(b, 3), 0);
+    T_CHECK_EQ(until_waited_for(q), 0);   /* the parent's add of p2 */
+    T_CHECK_EQ(wq_get(q, buf, sizeof buf, 0), 2);
+    T_CHECK_EQ(memcmp(buf, "c1", 2), 0);
+    T_CHECK_EQ(wq_done(q, KS("c1")), 0);
+    /* Not written by us: p2 (waiting for its group) and c1's removal are
+       both still listed. */
+    struct wq_stats s;
+    T_CHECK_EQ(wq_stats(q, &s), 0);
+    T_CHECK_EQ(s.store_unsynced, 2);
+    atomic_store(&b->stage, 4);
+    T_CHECK_EQ(until_stage(b, 5), 0);
+    wq_close(q);
+    return 0;
+}
+
+static void test_fsync_group(void **state)
+{
+    (void)state;
+    const char *store = t_mkstore();
+    const char *name = t_qname("fsyncgrp");
+    struct wq_options o = t_store_opts(store, WQ_DURABLE_FSYNC);
+    wq *q = t_track(T_OPEN(name, &o));
+    struct group_board *b = t_shared_alloc(sizeof *b);
+    /* Long enough for the child to come under valgrind. */
+    assert_int_equal(setenv("WQ_TEST_SYNC_WAIT_US", "20000000", 1), 0);
+    pid_t c = t_fork(60);
+    if (c == 0)
+        _exit(group_child(name, b));
+    assert_int_equal(t_wait_count(&b->stage, 1, 20000), 0);
+    /* The child was in the last group and has not added since: our add
+       waits for it, and its c2 joins the commit of p1. */
+    uint64_t t0 = store_txnid(store);
+    uint64_t a = t_now_ns();
+    assert_int_equal(wq_add(q, KS("p1")), 0);
+    uint64_t waited = t_now_ns() - a;
+    assert_int_equal(t_wait_count(&b->stage, 2, 20000), 0);
+    assert_int_equal(store_txnid(store) - t0, 1);
+    assert_true(waited < 20000000000ull);   /* ended by c2, not the deadline */
+    assert_int_equal(wq_len(q), 3);
+    /* Again, but the child only takes c1 and dones it: our wait ends at
+       its deadline (1 s here), and our commit writes c1's removal. */
+    assert_int_equal(setenv("WQ_TEST_SYNC_WAIT_US", "1000000", 1), 0);
+    atomic_store(&b->stage, 3);
+    t0 = store_txnid(store);
+    a = t_now_ns();
+    assert_int_equal(wq_add(q, KS("p2")), 0);
+    waited = t_now_ns() - a;
+    assert_int_equal(t_wait_count(&b->stage, 4, 20000), 0);
+    printf("  p2's add waited %.3f s for an adder that did not come\n", (double)waited / 1e9);
+    assert_true(waited >= 990000000ull);
+    assert_int_equal(store_txnid(store) - t0, 1);   /* p2 and c1's removal */
+    assert_int_equal(t_stats(q).store_unsynced, 0);
+    /* The child left the groups: no wait now (the fsync alone). */
+    a = t_now_ns();
+    assert_int_equal(wq_add(q, KS("p3")), 0);
+    waited = t_now_ns() - a;
+    printf("  p3's add took %.3f s\n", (double)waited / 1e9);
+    assert_true(waited < 500000000ull);
+    atomic_store(&b->stage, 5);
+    assert_int_equal(t_wait(c, 20000), 0);
+    T_ASSERT_BOARD_CLEAN();
+    assert_int_equal(unsetenv("WQ_TEST_SYNC_WAIT_US"), 0);
+    t_shared_free(b, sizeof *b);
+    /* From the store alone: c1 gone, the others in the order added. */
+    t_close(q);
+    char path[300];
+    t_shm_path(name, path, sizeof path);
+    assert_int_equal(unlink(path), 0);
+    q = t_track(T_OPEN(name, &o));
+    assert_int_equal(wq_len(q), 4);
+    T_EXPECT_GET(q, "p1");
+    T_EXPECT_GET(q, "c2");
+    T_EXPECT_GET(q, "p2");
+    T_EXPECT_GET(q, "p3");
+    t_close(q);
+}
+
+/* ------------------------------------------------------------------ */
 /* main: the group in a child, then every store removed                */
 /* ------------------------------------------------------------------ */
 
@@ -418,6 +568,7 @@ int main(void)
         T_STORE_TEST(test_none_clean_exit_keeps),
         T_STORE_TEST(test_full_store),
         T_STORE_TEST(test_snapshot_no_store),
+        T_STORE_TEST(test_fsync_group),
         T_NO_LEFTOVERS,
     };
     static const struct t_guard g = {

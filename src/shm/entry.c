@@ -296,6 +296,8 @@ int wq__entry_commit_new(shmq *q, uint32_t idx, uint16_t state, bool *queued)
         wq__fair_dirty(q, idx);
     set_state(e, storing ? WQ_ST_STORING : state);   /* commit */
     WQ_STEP("add.state");
+    if (storing)
+        wq__store_sync_request(q);
     broken(q, wq__table_insert(q, idx, e->hash));
     WQ_STEP("add.index");
     if (queue)
@@ -368,6 +370,7 @@ int wq__entry_mark_dirty(shmq *q, uint32_t idx, uint64_t now, bool *queued)
         e->t_b = 0;
         set_state(e, WQ_ST_STORING);   /* commit */
         WQ_STEP("add.mark");
+        wq__store_sync_request(q);
         if (st == WQ_ST_RETAINED)
             unretain(q, e);
         else
@@ -436,8 +439,10 @@ int wq__entry_delay(shmq *q, uint32_t idx, uint64_t ready)
         else
             h->zombies--;
         h->live++;
-        if (sync_adds(q))
+        if (sync_adds(q)) {
+            wq__store_sync_request(q);
             return 0;   /* invisible until stored again, as a new key */
+        }
     } else {
         set_state(e, st | WQ_ST_WAITING);   /* commit: processing */
         WQ_STEP("wait.state");

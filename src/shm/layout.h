@@ -261,7 +261,20 @@ struct wq_hdr {
     /* The ring in use (ring.c; lock): its slot count and area, the same
        way. ring_pos's front is below the count of slots. */
     uint64_t ring_at;
-    uint64_t reserved[2];                 /* room for later counters */
+    /* Fsync groups (store.c): hints, never needed for correctness (a
+       wrong one costs a smaller group or a short wait). Lock to write;
+       sync_seq (a futex), sync_read and sync_wait are also read without
+       it (relaxed). 0 in regions of earlier builds. */
+    uint32_t sync_seq;                    /* bumped by each process's first
+                                             add since the last group read,
+                                             and by each group read */
+    uint32_t sync_read;                   /* sync_seq when the last fsync
+                                             group was read */
+    uint32_t sync_prev;                   /* ... and the group before it */
+    uint32_t sync_wait;                   /* an adder waits for the others
+                                             until then (us of
+                                             CLOCK_MONOTONIC, low 32 bits);
+                                             0: none */
     /* Store flushers (store.c): one at a time, from reading the store
        queue's front to popping it; robust, holds no state of its own. */
     pthread_mutex_t flush_lock;
@@ -283,7 +296,8 @@ struct wq_proc {
     uint32_t gen;
     uint32_t held;            /* entries processing with this slot as owner */
     uint32_t waiting;         /* this slot's sleepers counted in hdr->waiters */
-    uint32_t pad;
+    uint32_t sync_mark;       /* hdr->sync_seq of this slot's last add that
+                                 needed an fsync (store.c); a hint */
     uint64_t since_ns;        /* CLOCK_REALTIME of registration, informative */
 };
 

@@ -242,6 +242,7 @@ int wq__procs_register(shmq *q)
     p->gen++;
     p->held = 0;
     p->waiting = 0;
+    p->sync_mark = q->hdr->sync_prev;   /* in no fsync group (store.c) */
     p->since_ns = wq__now_real();
     WQ_STEP("procs.register.fields");
     p->state = WQ_PROC_LIVE;

@@ -106,6 +106,9 @@ typedef struct wq_shm {
     const void *holder;            /* the thread holding the lock (lock.c) */
 #endif
 
+    uint64_t sync_ns;              /* our fsync commits' recent duration
+                                      (store.c); relaxed atomics */
+
     uint64_t *scratch;             /* 3 x capacity bits, check/repair; lock */
     uint32_t *held;                /* max_procs counters, check/repair; lock */
     uint32_t *rscratch;            /* result_capacity slots, repair; lock */
@@ -136,6 +139,7 @@ void wq__wake_drainers(shmq *q);
 void wq__wake_all(shmq *q);
 void wq__wake_flush(shmq *q, int get, bool idle);
 int wq__futex_wait(uint32_t *word, uint32_t val, uint64_t deadline_mono);
+void wq__futex_wake(uint32_t *word, int n);
 int wq__sleep(shmq *q, uint32_t *word, uint64_t deadline, uint64_t until, bool getter);
 
 /* region.c */

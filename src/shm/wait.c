@@ -45,7 +45,7 @@ int wq__futex_wait(uint32_t *word, uint32_t val, uint64_t deadline_mono)
     return errno == ETIMEDOUT ? -ETIMEDOUT : 0; /* EAGAIN, EINTR: re-check */
 }
 
-static void futex_wake(uint32_t *word, int n)
+void wq__futex_wake(uint32_t *word, int n)
 {
     syscall(SYS_futex, word, FUTEX_WAKE, n, NULL, NULL, 0);
 }
@@ -98,9 +98,9 @@ void wq__wake_all(shmq *q)
 void wq__wake_flush(shmq *q, int get, bool idle)
 {
     if (get > 0)
-        futex_wake(&q->hdr->wake_seq, get);
+        wq__futex_wake(&q->hdr->wake_seq, get);
     if (idle)
-        futex_wake(&q->hdr->idle_seq, INT_MAX);
+        wq__futex_wake(&q->hdr->idle_seq, INT_MAX);
 }
 
 /*

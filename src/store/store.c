@@ -31,6 +31,7 @@
  *     written (often with nothing left to do), so concurrent adders share
  *     commits and fsyncs.
  */
+#include <limits.h>
 #include <stdlib.h>
 #include <sys/uio.h>
 
@@ -39,6 +40,139 @@
 
 #define BATCH_MAX 4096u
 #define BATCH_BYTES (4u << 20)
+#define SYNC_WAIT_MAX_US 2000u   /* the longest an adder waits for others */
+
+/* ------------------------------------------------------------------ */
+/* Fsync groups                                                        */
+/* ------------------------------------------------------------------ */
+
+/*
+ * With FSYNC, one fsync serves every new key listed when its commit reads
+ * the store queue (flush_round). Two processes adding in turn would still
+ * pay one fsync each: the second lists its key while the first one's
+ * fsync runs, too late for it, and so on. So an adder about to flush
+ * first waits, briefly, for the processes that were in the previous
+ * fsync group and have not added since (PostgreSQL's commit_delay, but
+ * only for processes known to be coming): then one group carries them
+ * all, and whoever comes last flushes it. All of this is a hint
+ * (layout.h: sync_*): a wrong guess costs a smaller group, or one wait of
+ * at most SYNC_WAIT_MAX_US or twice our recent fsync time.
+ *
+ * While an adder waits, a removal or other unsynced change by another
+ * process is not written by that process (wq__store_after): otherwise it
+ * would take the waiting adder's key into an fsync of its own and break
+ * the group up. The waiter reads the store queue after its wait, so it
+ * writes such a change, after the call that made it returned (wq.h: in
+ * FSYNC mode only, and only while adders in several processes wait for
+ * each other; a change lost with that waiter means a key processed once
+ * more, as after a power failure).
+ */
+static inline bool fsync_groups(const shmq *q)
+{
+    return q->g.has_store && q->g.durability == WQ_DURABLE_FSYNC;
+}
+
+static inline uint32_t mono_us(void)
+{
+    return (uint32_t)(wq__now_mono() / 1000u);
+}
+
+/* The longest an adder waits: SYNC_WAIT_MAX_US; in the fault-injection
+   build, $WQ_TEST_SYNC_WAIT_US when set (a test under valgrind needs
+   seconds to arrive), which is then the wait itself (*fixed). */
+static uint32_t wait_max_us(bool *fixed)
+{
+    *fixed = false;
+#ifdef WQ_FAULT_INJECTION
+    const char *v = getenv("WQ_TEST_SYNC_WAIT_US");
+    if (v && *v) {
+        *fixed = true;
+        return (uint32_t)strtoul(v, NULL, 10);
+    }
+#endif
+    return SYNC_WAIT_MAX_US;
+}
+
+/* Is an adder waiting for others now? (A dead waiter's deadline passes.) */
+static bool group_waiting(const struct wq_hdr *h)
+{
+    bool fixed;
+    uint32_t w = wq_load_relaxed(&h->sync_wait), max = wait_max_us(&fixed);
+    int32_t left = (int32_t)(w - mono_us());
+    return w != 0 && left > 0 && (uint32_t)left <= max;
+}
+
+void wq__store_sync_request(shmq *q)
+{
+    if (!fsync_groups(q) || q->slot >= q->max_procs)
+        return;
+    struct wq_hdr *h = q->hdr;
+    struct wq_proc *p = &q->procs[q->slot];
+    if ((int32_t)(p->sync_mark - h->sync_read) > 0)
+        return;   /* already counted in the next group */
+    uint32_t s = h->sync_seq + 1;
+    wq_store_relaxed(&h->sync_seq, s);
+    p->sync_mark = s;
+}
+
+/* Lock held: the processes in the previous group that have not added
+   for the next one, if we have. */
+static uint32_t late_adders(shmq *q)
+{
+    const struct wq_hdr *h = q->hdr;
+    uint32_t read = h->sync_read, prev = h->sync_prev, late = 0;
+    if (q->slot >= q->max_procs || (int32_t)(q->procs[q->slot].sync_mark - read) <= 0)
+        return 0;
+    for (uint32_t i = 0; i < q->max_procs; i++) {
+        const struct wq_proc *p = &q->procs[i];
+        late += i != q->slot && p->state == WQ_PROC_LIVE &&
+                (int32_t)(p->sync_mark - prev) > 0 && (int32_t)(p->sync_mark - read) <= 0;
+    }
+    return late;
+}
+
+/* Before an adder flushes: wait for the late adders to list their keys,
+   or for a flush to read ours (then the group is being written). */
+static void group_wait(shmq *q)
+{
+    struct wq_hdr *h = q->hdr;
+    if (wq__lock(q) < 0)
+        return;
+    uint32_t late = late_adders(q), from = h->sync_seq, until = 0;
+    uint32_t mark = late ? q->procs[q->slot].sync_mark : 0;
+    bool fixed;
+    uint64_t max = wait_max_us(&fixed) * 1000ull, now = wq__now_mono();
+    uint64_t sync = wq_load_relaxed(&q->sync_ns), wait = sync ? 2 * sync : max / 2;
+    if (fixed || wait > max)
+        wait = max;
+    if (late > 0) {
+        until = (uint32_t)((now + wait) / 1000u);
+        if (!group_waiting(h) || (int32_t)(until - h->sync_wait) > 0)
+            wq_store_relaxed(&h->sync_wait, until);
+    }
+    wq__unlock(q);
+    if (late == 0)
+        return;
+    for (;;) {
+        uint32_t s = wq_load_relaxed(&h->sync_seq);
+        if (s - from >= late || (int32_t)(wq_load_relaxed(&h->sync_read) - mark) >= 0 ||
+            wq__futex_wait(&h->sync_seq, s, now + wait) == -ETIMEDOUT)
+            break;
+    }
+    if (wq__lock(q) < 0)
+        return;   /* our deadline passes by itself */
+    if (h->sync_wait == until)
+        wq_store_relaxed(&h->sync_wait, 0);
+    wq__unlock(q);
+}
+
+/* Lock not held: an add listed keys for the next group, or a flush read
+   a group (with the keys of every waiting adder); wake the waiters. */
+static void group_arrive(shmq *q)
+{
+    if (group_waiting(q->hdr))
+        wq__futex_wake(&q->hdr->sync_seq, INT_MAX);
+}
 
 /* ------------------------------------------------------------------ */
 /* Marking                                                             */
@@ -146,7 +280,25 @@ static int settle(shmq *q, struct wq_item *items, uint32_t n, uint64_t now, bool
     return wq__mut_end(q, 0);
 }
 
-static int flush_round(shmq *q, struct wq_env *e, int *written)
+/* Lock held: the entry of a key of ours still waiting for its store
+   commit (STORING), or WQ_NIL. */
+static uint32_t storing(shmq *q, const struct iovec *key)
+{
+    uint32_t hash = wq__hash(q->seed, key->iov_base, key->iov_len);
+    uint32_t idx = wq__table_lookup(q, key->iov_base, key->iov_len, hash);
+    return idx < q->nent && wq__st(wq__entry(q, idx)) == WQ_ST_STORING ? idx : WQ_NIL;
+}
+
+/*
+ * One flush: read the front of the store queue, write it in one LMDB
+ * transaction, settle it. An FSYNC adder passes its keys (mine): once
+ * they are stored it writes no other adder's key, since that one's adder
+ * flushes it (in the next group, with the keys of those it waits for),
+ * and stops there. Returns 1 when it wrote something, 0 when nothing was
+ * left, or -errno.
+ */
+static int flush_round(shmq *q, struct wq_env *e, int *written, const struct iovec *mine,
+                       size_t nmine)
 {
     struct wq_hdr *h = q->hdr;
     MDB_txn *txn;
@@ -177,18 +329,38 @@ static int flush_round(shmq *q, struct wq_env *e, int *written)
     }
     uint64_t mono = wq__now_mono(), real = wq__now_real();
     bool adds = false;   /* a new key waits for this commit to be visible */
+    bool done = mine != NULL;   /* our keys are stored: others' adds are theirs */
+    for (size_t i = 0; i < nmine && done; i++)
+        done = storing(q, &mine[i]) == WQ_NIL;
     for (uint32_t i = 0, p = h->sq_head; i < count; i++, p = p + 1 == q->capacity ? 0 : p + 1) {
         uint32_t idx = q->sq[p];
         if (idx >= q->nent) {
             h->corrupt = 1;   /* the next locker rebuilds the store queue */
             break;
         }
-        adds |= (wq__entry(q, idx)->state & WQ_ST_STORING) != 0;
+        bool add = (wq__entry(q, idx)->state & WQ_ST_STORING) != 0;
+        if (add && done)
+            break;
+        adds |= add;
         snapshot_entry(q, idx, &items[n], buf + (size_t)n * per,
                        (char *)buf + (size_t)n * per + q->max_key_len, mono, real);
         n++;
     }
+    if (n == 0) {   /* only another adder's keys are left */
+        wq__unlock(q);
+        rc = 0;
+        goto abort;
+    }
+    bool sync = adds && q->g.durability == WQ_DURABLE_FSYNC;
+    if (sync) {   /* a new fsync group: later adds are in the next one */
+        uint32_t seq = h->sync_seq + 1;   /* and it ends the waits (group_wait) */
+        wq_store_relaxed(&h->sync_seq, seq);
+        h->sync_prev = h->sync_read;
+        wq_store_relaxed(&h->sync_read, seq);
+    }
     wq__unlock(q);
+    if (sync)
+        group_arrive(q);
 
     struct wq_meta m;
     if ((rc = wq__lmdb_meta_get(txn, e, &m)) < 0)
@@ -207,7 +379,7 @@ static int flush_round(shmq *q, struct wq_env *e, int *written)
        and need its own). The flag is the environment's, and only the
        holder of the writer lock (us) commits, so setting it here is safe. */
     if (rc == 0 && q->g.durability == WQ_DURABLE_FSYNC)
-        mdb_env_set_flags(e->env, MDB_NOSYNC, adds ? 0 : 1);
+        mdb_env_set_flags(e->env, MDB_NOSYNC, sync ? 0 : 1);
     if (rc < 0)
         goto abort;
     /* The commit releases LMDB's writer lock; the next flusher must still
@@ -216,11 +388,16 @@ static int flush_round(shmq *q, struct wq_env *e, int *written)
        is free meanwhile, so other processes keep marking: the next flush
        takes them all at once (group commit). */
     WQ_FAULT("store.commit");
+    uint64_t t0 = sync ? wq__now_mono() : 0;
     if ((rc = wq__lmdb_err(mdb_txn_commit(txn))) < 0) {
         txn = NULL;
         goto out;
     }
     WQ_FAULT("store.committed");
+    if (sync) {   /* how long a group wait may last (group_wait) */
+        uint64_t d = wq__now_mono() - t0, old = wq_load_relaxed(&q->sync_ns);
+        wq_store_relaxed(&q->sync_ns, old ? (old * 7 + d) / 8 : d);
+    }
     txn = NULL;
     if ((rc = wq__lock(q)) < 0)
         goto out;
@@ -253,7 +430,7 @@ out:
  * of records written or a negative errno. Never called with the region
  * lock held.
  */
-int wq__store_flush(shmq *q, bool all)
+static int flush(shmq *q, bool all, const struct iovec *mine, size_t nmine)
 {
     if (!q->g.has_store)
         return 0;
@@ -269,7 +446,7 @@ int wq__store_flush(shmq *q, bool all)
     else if (lr != 0)
         return -lr;
     for (int rounds = 0; rounds < 1000000; rounds++) {
-        rc = flush_round(q, e, &written);
+        rc = flush_round(q, e, &written, mine, nmine);
         if (rc == -ENOSPC) {
             if ((rc = wq__lmdb_grow(e)) < 0)
                 break;
@@ -284,6 +461,11 @@ int wq__store_flush(shmq *q, bool all)
     return rc < 0 ? rc : written;
 }
 
+int wq__store_flush(shmq *q, bool all)
+{
+    return flush(q, all, NULL, 0);
+}
+
 int wq__store_after(shmq *q)
 {
     if (!q->g.has_store)
@@ -291,6 +473,8 @@ int wq__store_after(shmq *q)
     struct wq_hdr *h = q->hdr;
     if (wq_load_relaxed(&h->sq_count) == 0)
         return 0;
+    if (fsync_groups(q) && group_waiting(h))
+        return 0;   /* the waiting adder writes it (see "Fsync groups") */   /* the waiting adder writes it (see "Fsync groups") */
     if (q->g.durability == WQ_DURABLE_NONE) {
         uint64_t now = wq__now_mono();
         if (now < wq_load_relaxed(&h->next_snapshot_ns))
@@ -329,9 +513,8 @@ static size_t rollback(shmq *q, const struct iovec *keys, size_t n)
         return n;   /* cannot tell: report the failure */
     wq__mut_begin(q);
     for (size_t i = 0; i < n; i++) {
-        uint32_t hash = wq__hash(q->seed, keys[i].iov_base, keys[i].iov_len);
-        uint32_t idx = wq__table_lookup(q, keys[i].iov_base, keys[i].iov_len, hash);
-        if (idx < q->nent && wq__st(wq__entry(q, idx)) == WQ_ST_STORING) {
+        uint32_t idx = storing(q, &keys[i]);
+        if (idx != WQ_NIL) {
             wq__entry_unstore(q, idx);
             undone++;
         }
@@ -345,7 +528,17 @@ int wq__store_finish_add(shmq *q, const struct iovec *keys, size_t n, int rc)
 {
     if (rc < 0 || !q->g.has_store)
         return rc;
-    int st = wq__store_after(q);
+    int st = 0;
+    if (fsync_groups(q)) {
+        group_arrive(q);
+        if (n > 0)
+            group_wait(q);
+        if (wq_load_relaxed(&q->hdr->sq_count) != 0)
+            st = flush(q, false, keys, n);
+        st = st < 0 ? st : 0;
+    } else {
+        st = wq__store_after(q);
+    }
     if (st < 0 && n > 0 && rollback(q, keys, n) > 0)
         return st;   /* not stored: not added, now or later */
     return rc;       /* stored, by us or by a flush of another process */

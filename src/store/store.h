@@ -27,6 +27,8 @@ struct wq_store_img;
 
 /* store.c. Lock and busy held: the entry's store record is out of date. */
 void wq__store_mark(struct wq_shm *q, uint32_t idx);
+/* Lock held: an add left a key STORING that waits for an fsync. */
+void wq__store_sync_request(struct wq_shm *q);
 int wq__shm_snapshot(struct wq *q);
 /* Write what is marked (all: until the store queue is empty). Lock not
    held. Returns records written or -errno. */
