@@ -877,7 +877,7 @@ WQ_API int wq_run_workers_opts(wq *q, unsigned workers, wq_reconcile_fn fn, void
  *                       fsync's time) for the processes that were in the
  *                       previous fsync and have not added since, so their
  *                       next keys share one fsync (two processes adding
- *                       in turn: 1.8-2x the adds/s of one, not 1x).
+ *                       in turn: 1.7-2.2x the adds/s of one, not 1x).
  *   WQ_DURABLE_NONE     memory speed; the region is written to the store
  *                       every snapshot_interval_ms (by whichever process
  *                       holds the lock when it is due) and by wq_snapshot.

@@ -10,11 +10,12 @@
 # libmicrohttpd-dev: wqctl metrics --listen (curl scrapes it in the tests,
 # prometheus brings promtool, which checks what is scraped);
 # strace counts the syncs of WQ_DURABLE_FSYNC (tests/run-fsync.sh).
+# libsqlite3-dev: wqbench's durable peer (durable/sqlite-full).
 # Only missing packages are installed; nothing happens when all are there.
 set -e
 pkgs="gcc make autoconf automake libtool pkg-config liblmdb-dev libcmocka-dev
       libhiredis-dev redis-server redis-tools golang-go
-      libncurses-dev tmux libmicrohttpd-dev curl prometheus strace"
+      libncurses-dev tmux libmicrohttpd-dev curl prometheus strace libsqlite3-dev"
 [ "${1:-}" = ci ] && pkgs="$pkgs clang valgrind groff-base"
 missing=""
 for p in $pkgs; do

@@ -18,6 +18,8 @@
  *         size (region_bytes): issue 16's goal is at most 1 MiB.
  * durable The cycle loop against a queue with an LMDB store, per
  *         durability level; skipped while wq_open answers -ENOTSUP.
+ *         fsync-p2: the fsync cycle in two processes at once (what fsync
+ *         groups share); sqlite-full: the SQLite peer (wqbench-peers.c).
  * restore (the recover workload's second half) N keys are put in a store
  *         (WQ_DURABLE_NONE, filled at memory speed, then one wq_snapshot,
  *         timed as snapshot_ns); the region is removed and wq_open with
@@ -379,6 +381,7 @@ void wqb_run_durable(const struct wqb_cfg *c)
     for (size_t i = 0; i < sizeof durable_variants / sizeof durable_variants[0]; i++)
         durable_variant(c, (int)i);
     durable_two(c);
+    wqb_peer_sqlite(c);
 }
 
 /* ------------------------------------------------------------------ */

@@ -38,6 +38,7 @@
  *     recover      repair time after a crash           wqbench-recover.c
  *                  and restore from the LMDB store     wqbench-queue.c
  *     durable      the cycle with an LMDB store        wqbench-queue.c
+ *                  and its SQLite peer                 wqbench-peers.c
  *
  *   recover needs crash points, which only the test-only fault-injection
  *   build of the library has. wqbench itself links the release library

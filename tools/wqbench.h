@@ -131,6 +131,8 @@ uint64_t wqb_gate_release(struct wqb_gate *g, uint32_t n);
 void wqb_run_cycle(const struct wqb_cfg *c);
 void wqb_run_scale(const struct wqb_cfg *c);
 void wqb_run_durable(const struct wqb_cfg *c);
+/* wqbench-peers.c: durable/sqlite-full. */
+void wqb_peer_sqlite(const struct wqb_cfg *c);
 void wqb_run_restore(const struct wqb_cfg *c);
 void wqb_run_drain(const struct wqb_cfg *c);
 void wqb_run_mpmc(const struct wqb_cfg *c);
