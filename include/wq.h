@@ -872,12 +872,15 @@ WQ_API int wq_run_workers_opts(wq *q, unsigned workers, wq_reconcile_fn fn, void
  *                       (group commit through LMDB's writer lock). Only
  *                       commits that carry new keys are synced: a cycle
  *                       costs one fsync, at its add. Processes that keep
- *                       adding are gathered: an add whose key would go
- *                       alone waits (at most 2 ms, or twice the last
- *                       fsync's time) for the processes that were in the
- *                       previous fsync and have not added since, so their
+ *                       adding are gathered: a new key's add first waits
+ *                       for the processes that were in the previous fsync
+ *                       and have not added since (at most twice this
+ *                       process's recent fsync time, and 2 ms), so their
  *                       next keys share one fsync (two processes adding
- *                       in turn: 1.7-2.2x the adds/s of one, not 1x).
+ *                       in turn: 1.7-2.2x the adds/s of one, not 1x). A
+ *                       lone adder never waits. An add that coalesces
+ *                       into another process's new key returns once
+ *                       that key is stored.
  *   WQ_DURABLE_NONE     memory speed; the region is written to the store
  *                       every snapshot_interval_ms (by whichever process
  *                       holds the lock when it is due) and by wq_snapshot.
@@ -887,8 +890,8 @@ WQ_API int wq_run_workers_opts(wq *q, unsigned workers, wq_reconcile_fn fn, void
  * returns in PROCESS and FSYNC mode (not fsync'ed: a removal lost to power
  * failure only means the key is processed once more). One exception, in
  * FSYNC mode: a removal (or another change that is not fsync'ed) made
- * while an add of another process waits for its fsync group is written by
- * that add's commit, right after the call returns, so that it does not
+ * while an add of another process waits for its fsync group is left to
+ * that add's flush, right after the call returns, so that it does not
  * take the waiting key into an fsync of its own; if that process is
  * killed first, the next call that writes the store writes it, and a
  * removal lost with every process means, again, a key processed once

@@ -556,6 +556,51 @@ static void test_fsync_group(void **state)
     t_close(q);
 }
 
+/* The child adds x while the parent's add of x waits for its group: a
+   coalesced add, which returns only once x is stored. */
+static int coalesce_child(const char *name, struct group_board *b)
+{
+    wq *q = NULL;
+    T_CHECK_EQ(wq_open(name, NULL, &q), 0);
+    T_CHECK_EQ(wq_add(q, KS("c1")), 0);
+    atomic_store(&b->stage, 1);
+    T_CHECK_EQ(until_waited_for(q), 0);
+    T_CHECK_EQ(wq_add(q, KS("x")), 1);   /* coalesced into the parent's */
+    struct wq_key_info ki;
+    T_CHECK_EQ(t_key_info(q, "x", &ki), 1);   /* found */
+    T_CHECK_EQ(ki.state & WQ_KEY_STORING, 0);
+    T_CHECK_EQ(ki.state & WQ_KEY_QUEUED, WQ_KEY_QUEUED);
+    atomic_store(&b->stage, 2);
+    wq_close(q);
+    return 0;
+}
+
+static void test_fsync_group_coalesce(void **state)
+{
+    (void)state;
+    const char *store = t_mkstore();
+    const char *name = t_qname("fsynccoal");
+    struct wq_options o = t_store_opts(store, WQ_DURABLE_FSYNC);
+    wq *q = t_track(T_OPEN(name, &o));
+    struct group_board *b = t_shared_alloc(sizeof *b);
+    assert_int_equal(setenv("WQ_TEST_SYNC_WAIT_US", "20000000", 1), 0);
+    pid_t c = t_fork(60);
+    if (c == 0)
+        _exit(coalesce_child(name, b));
+    assert_int_equal(t_wait_count(&b->stage, 1, 20000), 0);
+    uint64_t a = t_now_ns();
+    assert_int_equal(wq_add(q, KS("x")), 0);   /* its wait ends when the child stores x */
+    assert_true(t_now_ns() - a < 20000000000ull);
+    assert_int_equal(t_wait(c, 20000), 0);
+    T_ASSERT_BOARD_CLEAN();
+    assert_int_equal(b->stage, 2);
+    assert_int_equal(unsetenv("WQ_TEST_SYNC_WAIT_US"), 0);
+    t_shared_free(b, sizeof *b);
+    T_EXPECT_GET(q, "c1");
+    T_EXPECT_GET(q, "x");
+    t_close(q);
+}
+
 /* ------------------------------------------------------------------ */
 /* main: the group in a child, then every store removed                */
 /* ------------------------------------------------------------------ */
@@ -569,6 +614,7 @@ int main(void)
         T_STORE_TEST(test_full_store),
         T_STORE_TEST(test_snapshot_no_store),
         T_STORE_TEST(test_fsync_group),
+        T_STORE_TEST(test_fsync_group_coalesce),
         T_NO_LEFTOVERS,
     };
     static const struct t_guard g = {

@@ -51,6 +51,12 @@
  *   mpmc      producers and consumers on 1000 hot keys (wqbench-mp.c's
  *             mpmc): flat out, and paced at 2,000 adds/s for the latency
  *             of a queue that is not saturated.
+ *   durable   lua3's cycle on a server of its own that writes an AOF:
+ *             lua3-aof-always (appendfsync always: every write fsync'ed
+ *             before its reply, so 3 per cycle) and lua3-aof-everysec;
+ *             the peers of the shared-memory `durable` rows (FSYNC and
+ *             PROCESS). Its directory is kept while it runs. Not with
+ *             --prefix.
  *   Sizes are a few hundredths of the shared-memory ones: a round trip
  *   costs tens of microseconds, not tens of nanoseconds.
  *
@@ -107,6 +113,7 @@ static struct {
 } srv = { .server_cpu = -1, .log_fd = -1 };
 
 static unsigned lua3_seq;
+static const char *srv_aof;   /* our server's appendfsync policy; NULL: no AOF */
 
 /* ------------------------------------------------------------------ */
 /* hiredis                                                             */
@@ -301,8 +308,9 @@ static pid_t server_spawn(void)
     pid_t parent = getpid();
     snprintf(port, sizeof port, "%d", srv.port);
     const char *argv[] = { srv.bin, "--bind", "127.0.0.1", "--port", port, "--dir", srv.dir,
-                           "--logfile", "", "--save", "", "--appendonly", "no",
-                           "--daemonize", "no", NULL };
+                           "--logfile", "", "--save", "", "--daemonize", "no",
+                           "--appendonly", srv_aof ? "yes" : "no",
+                           srv_aof ? "--appendfsync" : NULL, srv_aof, NULL };
     if (srv.log_fd >= 0)
         close(srv.log_fd);
     srv.log_fd = memfd_create("wqbench-redis-log", MFD_CLOEXEC);
@@ -397,12 +405,15 @@ static int server_start(const char *pin)
         srv.port = free_port();
         srv.pid = server_spawn();
         if (server_await(srv.pid, &st) == 0) {
-            /* It writes nothing there (its log is a memfd): remove the
-               directory now, so that not even a SIGKILLed wqbench leaves
-               it behind; the server keeps a working directory nobody
-               can find. */
-            wqb_unregister_path(srv.dir);
-            srv.dir[0] = 0;
+            /* Without AOF it writes nothing there (its log is a memfd):
+               remove the directory now, so that not even a SIGKILLed
+               wqbench leaves it behind; the server keeps a working
+               directory nobody can find. Its AOF needs one: removed when
+               the server is stopped. */
+            if (!srv_aof) {
+                wqb_unregister_path(srv.dir);
+                srv.dir[0] = 0;
+            }
             return 0;
         }
         srv.pid = 0;
@@ -492,8 +503,27 @@ void wqb_redis_stop(void)
         close(srv.log_fd);
         srv.log_fd = -1;
     }
+    if (srv.dir[0]) {   /* an AOF server's */
+        wqb_unregister_path(srv.dir);
+        srv.dir[0] = 0;
+    }
     if (srv.pinned && sched_setaffinity(0, sizeof srv.saved, &srv.saved) == 0)
         srv.pinned = false;
+}
+
+/* Stop our server and start another, with AOF (appendfsync aof) or
+   without (NULL), pinned as before. */
+static void server_restart(const struct wqb_cfg *c, const char *aof)
+{
+    char prefix[160];
+    wqb_redis_stop();
+    srv_aof = aof;
+    if (server_start(c->pin) < 0)
+        wqb_die("redis-server with %s%s did not start", aof ? "appendfsync " : "no AOF",
+                aof ? aof : "");
+    pin_clients();
+    snprintf(prefix, sizeof prefix, "redis://127.0.0.1:%d/", srv.port);
+    wqb_set_prefix(prefix);
 }
 
 /* ------------------------------------------------------------------ */
@@ -646,14 +676,15 @@ static NOINLINE void loop_lua3_pipe(struct lua3 *l, uint64_t first, uint64_t n)
 }
 
 /* The baseline cycle row; its median (NaN if not selected). */
-static double lua3_cycle(const struct wqb_cfg *c, uint64_t n)
+static double lua3_cycle(const struct wqb_cfg *c, const char *workload, const char *variant,
+                         uint64_t n)
 {
     struct lua3 l;
     struct wqb_result r;
-    if (!wqb_want(c, "lua3"))
+    if (!wqb_want(c, variant))
         return NAN;
-    lua3_open(&l, "cycle");
-    wqb_result_init(&r, "cycle", "lua3", "cycles/s");
+    lua3_open(&l, workload);
+    wqb_result_init(&r, workload, variant, "cycles/s");
     loop_lua3(&l, 0, n < 1000 ? n : 1000);   /* warm up */
     for (int rep = 0; rep < wqb_reps(c); rep++) {
         uint64_t t0 = wqb_now();
@@ -773,7 +804,7 @@ static void redis_add_many(const struct wqb_cfg *c, uint64_t n, double base)
 void wqb_redis_cycle(const struct wqb_cfg *c)
 {
     uint64_t n = wqb_size(c, 1000, 5000);
-    double base = lua3_cycle(c, n);
+    double base = lua3_cycle(c, "cycle", "lua3", n);
     wqb_cycle_variant(c, "redis", WQB_LOOP_MEMORY, 0, n, "vs_lua3", base);
     wqb_cycle_variant(c, "redis-done_get", WQB_LOOP_DONE_GET, 0, n, "vs_lua3", base);
 }
@@ -790,6 +821,35 @@ void wqb_redis_drain(const struct wqb_cfg *c)
     uint64_t n = wqb_size(c, 2000, 10000);
     wqb_drain_variant(c, "redis-C=1", 1, 1, n);
     wqb_drain_variant(c, "redis-C=2", 2, 1, n);
+}
+
+/* durable: the baseline's cycle on a server that writes an AOF, fsync'ed
+   on every write (always: add, get and done each wait for one) or once a
+   second (everysec); the peers of the shared-memory `durable` rows. Then
+   the plain server again. Not with --prefix (the caller's server is as
+   it is). */
+void wqb_redis_durable(const struct wqb_cfg *c)
+{
+    static const char *const policy[] = { "always", "everysec" };
+    if (srv.pid <= 0) {
+        for (size_t i = 0; i < 2; i++) {
+            char v[32];
+            snprintf(v, sizeof v, "lua3-aof-%s", policy[i]);
+            if (wqb_want(c, v))
+                wqb_skip(c, "durable", v, "needs the server wqbench starts (not --prefix)");
+        }
+        return;
+    }
+    for (size_t i = 0; i < 2; i++) {
+        char v[32];
+        snprintf(v, sizeof v, "lua3-aof-%s", policy[i]);
+        if (!wqb_want(c, v))
+            continue;
+        server_restart(c, policy[i]);
+        lua3_cycle(c, "durable", v, i == 0 ? wqb_size(c, 300, 1000) : wqb_size(c, 1000, 5000));
+    }
+    if (srv_aof)
+        server_restart(c, NULL);
 }
 
 void wqb_redis_mpmc(const struct wqb_cfg *c)

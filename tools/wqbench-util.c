@@ -551,21 +551,36 @@ void wqb_watchdog(unsigned seconds, const char *what)
 /* ------------------------------------------------------------------ */
 
 /* Remove the plain files of a directory, then the directory itself. */
-static void remove_dir(const char *dir)
+/* Empty directory fd, and its subdirectories down to `depth` levels (a
+   redis-server's appendonlydir), with async-signal-safe calls only. */
+static void empty_dir(int fd, int depth)
 {
     char buf[4096];
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0)
-        return;
     long n;
     while ((n = syscall(SYS_getdents64, fd, buf, sizeof buf)) > 0) {
         for (long off = 0; off < n;) {
             struct dirent64 *de = (struct dirent64 *)(void *)(buf + off);
-            if (strcmp(de->d_name, ".") != 0 && strcmp(de->d_name, "..") != 0)
-                unlinkat(fd, de->d_name, 0);
             off += de->d_reclen;
+            if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
+                continue;
+            if (unlinkat(fd, de->d_name, 0) == 0 || errno != EISDIR || depth == 0)
+                continue;
+            int sub = openat(fd, de->d_name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+            if (sub >= 0) {
+                empty_dir(sub, depth - 1);
+                close(sub);
+            }
+            unlinkat(fd, de->d_name, AT_REMOVEDIR);
         }
     }
+}
+
+static void remove_dir(const char *dir)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return;
+    empty_dir(fd, 2);
     close(fd);
     rmdir(dir);
 }

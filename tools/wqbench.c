@@ -49,7 +49,7 @@
  *   no crash points and runs here.
  *
  * REDIS
- *   --engine redis runs cycle, add_many, drain and mpmc on redis://
+ *   --engine redis runs cycle, add_many, drain, mpmc and durable on redis://
  *   queues instead (and nothing else), against a redis-server wqbench
  *   starts and stops, with a hand-written three-script Lua queue as the
  *   baseline; --prefix redis://HOST:PORT/ uses a server of the caller's.
@@ -106,6 +106,7 @@ static const struct {
     { "add_many", wqb_redis_add_many },
     { "drain", wqb_redis_drain },
     { "mpmc", wqb_redis_mpmc },
+    { "durable", wqb_redis_durable },
 };
 #define NREDIS (sizeof redis_workloads / sizeof redis_workloads[0])
 #endif
@@ -301,7 +302,7 @@ static int run_redis(const struct wqb_cfg *c, const char **names, int n)
                 on[w] = found = true;
         if (!found) {
             fprintf(stderr, "wqbench: workload '%s' does not run with --engine redis "
-                            "(cycle add_many drain mpmc)\n", names[i]);
+                            "(cycle add_many drain mpmc durable)\n", names[i]);
             return 2;
         }
     }

@@ -165,6 +165,7 @@ int wqb_redis_start(const struct wqb_cfg *c);
 void wqb_redis_describe(const struct wqb_cfg *c);
 void wqb_redis_stop(void);
 void wqb_redis_cycle(const struct wqb_cfg *c);
+void wqb_redis_durable(const struct wqb_cfg *c);
 void wqb_redis_add_many(const struct wqb_cfg *c);
 void wqb_redis_drain(const struct wqb_cfg *c);
 void wqb_redis_mpmc(const struct wqb_cfg *c);

@@ -163,7 +163,7 @@ static int add_call(shmq *q, const struct wq_add_req *r)
     /* A coalesced add made nothing new: nothing of ours to undo, and the
        key's own adder makes it durable. */
     struct iovec key = { (void *)r->key, r->len };
-    return wq__store_finish_add(q, &key, rc == 0 ? 1 : 0, rc);
+    return wq__store_finish_add(q, &key, 1, &key, rc == 0 ? 1 : 0, rc);
 }
 
 int wq__shm_add(wq *pub, const struct wq_add_req *r)
@@ -346,7 +346,7 @@ int wq__shm_add_many(wq *pub, const struct iovec *keys, size_t n)
             goto out;
         }
     }
-    rc = wq__store_finish_add(q, mine, nmine, rc);
+    rc = wq__store_finish_add(q, keys, n, mine, nmine, rc);
 out:
     if (hashes != stack_h)
         free(hashes);

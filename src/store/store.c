@@ -93,13 +93,21 @@ static uint32_t wait_max_us(bool *fixed)
     return SYNC_WAIT_MAX_US;
 }
 
-/* Is an adder waiting for others now? (A dead waiter's deadline passes.) */
-static bool group_waiting(const struct wq_hdr *h)
+/* Is an adder waiting for others now? A deadline that passed (a dead
+   waiter's, or one a later waiter left) is cleared by whoever sees it,
+   so that it does not seem to come back when the 32-bit clock wraps. */
+static bool group_waiting(struct wq_hdr *h)
 {
     bool fixed;
     uint32_t w = wq_load_relaxed(&h->sync_wait), max = wait_max_us(&fixed);
     int32_t left = (int32_t)(w - mono_us());
-    return w != 0 && left > 0 && (uint32_t)left <= max;
+    if (w == 0)
+        return false;
+    if (left > 0 && (uint32_t)left <= max)
+        return true;
+    __atomic_compare_exchange_n(&h->sync_wait, &w, 0u, false, __ATOMIC_RELAXED,
+                                __ATOMIC_RELAXED);
+    return false;
 }
 
 void wq__store_sync_request(shmq *q)
@@ -146,7 +154,7 @@ static void group_wait(shmq *q)
     if (fixed || wait > max)
         wait = max;
     if (late > 0) {
-        until = (uint32_t)((now + wait) / 1000u);
+        until = (uint32_t)((now + wait) / 1000u) | 1u;   /* 0 means none */
         if (!group_waiting(h) || (int32_t)(until - h->sync_wait) > 0)
             wq_store_relaxed(&h->sync_wait, until);
     }
@@ -291,11 +299,13 @@ static uint32_t storing(shmq *q, const struct iovec *key)
 
 /*
  * One flush: read the front of the store queue, write it in one LMDB
- * transaction, settle it. An FSYNC adder passes its keys (mine): once
- * they are stored it writes no other adder's key, since that one's adder
- * flushes it (in the next group, with the keys of those it waits for),
- * and stops there. Returns 1 when it wrote something, 0 when nothing was
- * left, or -errno.
+ * transaction, settle it. An FSYNC adder passes every key of its call
+ * (mine, coalesced ones included: one may be another process's new key,
+ * which must be stored before our add returns): once none of them is
+ * STORING it writes no other adder's key, since that one's adder flushes
+ * it (in the next group, with the keys of those it waits for), and stops
+ * there. Returns 1 when it wrote something or must look again, 0 when
+ * nothing was left, or -errno.
  */
 static int flush_round(shmq *q, struct wq_env *e, int *written, const struct iovec *mine,
                        size_t nmine)
@@ -405,7 +415,8 @@ static int flush_round(shmq *q, struct wq_env *e, int *written, const struct iov
     /* A settle that finds the region corrupt leaves it for the next
        locker to repair (mutate.h): the records are written all the same,
        so this flush succeeded. */
-    if (h->sq_epoch == epoch)   /* else a repair reordered the queue: redo */
+    bool redo = h->sq_epoch != epoch;   /* a repair reordered the queue */
+    if (!redo)
         (void)settle(q, items, n, wq__now_mono(), &queued);
     else
         n = 0;
@@ -413,7 +424,7 @@ static int flush_round(shmq *q, struct wq_env *e, int *written, const struct iov
         wq__wake_getters(q, (int)n);
     wq__unlock(q);
     *written += (int)n;
-    rc = n > 0 ? 1 : 0;
+    rc = n > 0 || redo ? 1 : 0;
     goto out;
 abort:
     if (txn)
@@ -474,7 +485,7 @@ int wq__store_after(shmq *q)
     if (wq_load_relaxed(&h->sq_count) == 0)
         return 0;
     if (fsync_groups(q) && group_waiting(h))
-        return 0;   /* the waiting adder writes it (see "Fsync groups") */   /* the waiting adder writes it (see "Fsync groups") */
+        return 0;   /* the waiting adder writes it (see "Fsync groups") */
     if (q->g.durability == WQ_DURABLE_NONE) {
         uint64_t now = wq__now_mono();
         if (now < wq_load_relaxed(&h->next_snapshot_ns))
@@ -524,7 +535,8 @@ static size_t rollback(shmq *q, const struct iovec *keys, size_t n)
     return undone;
 }
 
-int wq__store_finish_add(shmq *q, const struct iovec *keys, size_t n, int rc)
+int wq__store_finish_add(shmq *q, const struct iovec *all, size_t nall,
+                         const struct iovec *keys, size_t n, int rc)
 {
     if (rc < 0 || !q->g.has_store)
         return rc;
@@ -534,7 +546,7 @@ int wq__store_finish_add(shmq *q, const struct iovec *keys, size_t n, int rc)
         if (n > 0)
             group_wait(q);
         if (wq_load_relaxed(&q->hdr->sq_count) != 0)
-            st = flush(q, false, keys, n);
+            st = flush(q, false, all, nall);
         st = st < 0 ? st : 0;
     } else {
         st = wq__store_after(q);

@@ -38,9 +38,11 @@ int wq__store_flush(struct wq_shm *q, bool all);
 int wq__store_after(struct wq_shm *q);
 /* The add epilogue (queue.c's one add path): an add met -WQ_EFLUSH, make
    room (0: try again, or -errno); an add is done with the region (rc):
-   make it durable, or undo it (the added keys) if the store refuses. */
+   make it durable (all: every key of the call), or undo it (keys: the
+   ones it added) if the store refuses. */
 int wq__store_make_room(struct wq_shm *q, int tries);
-int wq__store_finish_add(struct wq_shm *q, const struct iovec *keys, size_t n, int rc);
+int wq__store_finish_add(struct wq_shm *q, const struct iovec *all, size_t nall,
+                         const struct iovec *keys, size_t n, int rc);
 
 /* restore.c. wq_open with a store_path, before the region is built:
    resolve the path into abs; an existing store is read and verified into
