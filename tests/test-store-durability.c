@@ -25,6 +25,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -601,6 +602,67 @@ static void test_fsync_group_coalesce(void **state)
     t_close(q);
 }
 
+/* A waiting adder SIGKILLed in its wait: the removal left to it is
+   written by the next flush, its key (added, never acknowledged) is
+   stored with the next group and handed out; nothing else changes. */
+static int waiter_child(const char *name, struct group_board *b)
+{
+    wq *q = NULL;
+    T_CHECK_EQ(wq_open(name, NULL, &q), 0);
+    atomic_store(&b->stage, 1);
+    wq_add(q, KS("w1"));   /* waits for the parent: killed in there */
+    t_failf(__FILE__, __LINE__, "the waiting add returned");
+    return 1;
+}
+
+static void test_fsync_group_kill(void **state)
+{
+    (void)state;
+    const char *store = t_mkstore();
+    const char *name = t_qname("fsynckill");
+    struct wq_options o = t_store_opts(store, WQ_DURABLE_FSYNC);
+    wq *q = t_track(T_OPEN(name, &o));
+    struct group_board *b = t_shared_alloc(sizeof *b);
+    assert_int_equal(setenv("WQ_TEST_SYNC_WAIT_US", "20000000", 1), 0);
+    assert_int_equal(wq_add(q, KS("p1")), 0);   /* a group of ours alone */
+    pid_t c = t_fork(60);
+    if (c == 0)
+        _exit(waiter_child(name, b));
+    assert_int_equal(t_wait_count(&b->stage, 1, 20000), 0);
+    assert_int_equal(until_waited_for(q), 0);   /* the child waits for us */
+    uint64_t t0 = store_txnid(store);
+    T_EXPECT_GET(q, "p1");
+    assert_int_equal(wq_done(q, KS("p1")), 0);   /* left to the waiter */
+    assert_int_equal(store_txnid(store), t0);
+    assert_int_equal(t_stats(q).store_unsynced, 2);   /* p1's removal, w1 */
+    assert_int_equal(kill(c, SIGKILL), 0);
+    assert_int_equal(t_wait(c, 10000), 128 + SIGKILL);
+    /* Our next add does not wait for a dead process's key: it writes
+       the removal and w1 with p2, in one commit. */
+    uint64_t a = t_now_ns();
+    assert_int_equal(wq_add(q, KS("p2")), 0);
+    assert_true(t_now_ns() - a < 10000000000ull);
+    assert_int_equal(store_txnid(store) - t0, 1);
+    assert_int_equal(t_stats(q).store_unsynced, 0);
+    assert_int_equal(unsetenv("WQ_TEST_SYNC_WAIT_US"), 0);
+    t_shared_free(b, sizeof *b);
+    assert_int_equal(wq_check(q, 0), 0);
+    T_EXPECT_GET(q, "w1");
+    T_EXPECT_GET(q, "p2");
+    T_EXPECT_DONE(q, "w1");
+    T_EXPECT_DONE(q, "p2");
+    assert_int_equal(wq_add(q, KS("p3")), 0);
+    /* The store agrees: p3 alone. */
+    t_close(q);
+    char path[300];
+    t_shm_path(name, path, sizeof path);
+    assert_int_equal(unlink(path), 0);
+    q = t_track(T_OPEN(name, &o));
+    assert_int_equal(wq_len(q), 1);
+    T_EXPECT_GET(q, "p3");
+    t_close(q);
+}
+
 /* ------------------------------------------------------------------ */
 /* main: the group in a child, then every store removed                */
 /* ------------------------------------------------------------------ */
@@ -615,6 +677,7 @@ int main(void)
         T_STORE_TEST(test_snapshot_no_store),
         T_STORE_TEST(test_fsync_group),
         T_STORE_TEST(test_fsync_group_coalesce),
+        T_STORE_TEST(test_fsync_group_kill),
         T_NO_LEFTOVERS,
     };
     static const struct t_guard g = {
