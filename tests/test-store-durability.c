@@ -467,6 +467,49 @@ static int until_stage(struct group_board *b, int stage)
     return 0;
 }
 
+/* One case: an FSYNC queue with a store, a waiting time long enough for
+   a child under valgrind, our key `first` (if any) in a group of its
+   own, then the child, started and at its stage 1. */
+struct group_case {
+    const char *store, *name;
+    struct wq_options o;
+    wq *q;
+    struct group_board *b;
+    pid_t child;
+};
+
+static void group_begin(struct group_case *g, const char *tag, const char *first,
+                        int (*child)(const char *name, struct group_board *b))
+{
+    g->store = t_mkstore();
+    g->name = t_qname(tag);
+    g->o = t_store_opts(g->store, WQ_DURABLE_FSYNC);
+    g->q = t_track(T_OPEN(g->name, &g->o));
+    g->b = t_shared_alloc(sizeof *g->b);
+    assert_int_equal(setenv("WQ_TEST_SYNC_WAIT_US", "20000000", 1), 0);
+    if (first)
+        assert_int_equal(wq_add(g->q, first, strlen(first)), 0);
+    g->child = t_fork(60);
+    if (g->child == 0)
+        _exit(child(g->name, g->b));
+    assert_int_equal(t_wait_count(&g->b->stage, 1, 20000), 0);
+}
+
+/* The child is gone: from the store alone, the region removed (as at a
+   reboot), the queue holds `n` keys. */
+static void group_end(struct group_case *g, uint64_t n)
+{
+    T_ASSERT_BOARD_CLEAN();
+    assert_int_equal(unsetenv("WQ_TEST_SYNC_WAIT_US"), 0);
+    t_shared_free(g->b, sizeof *g->b);
+    t_close(g->q);
+    char path[300];
+    t_shm_path(g->name, path, sizeof path);
+    assert_int_equal(unlink(path), 0);
+    g->q = t_track(T_OPEN(g->name, &g->o));
+    assert_int_equal(wq_len(g->q), n);
+}
+
 /* The second adder: c1 alone, c2 while the parent waits for it, then the
    done of c1 while the parent waits again (its removal left to him). */
 static int group_child(const char *name, struct group_board *b)
@@ -498,17 +541,11 @@ static int group_child(const char *name, struct group_board *b)
 static void test_fsync_group(void **state)
 {
     (void)state;
-    const char *store = t_mkstore();
-    const char *name = t_qname("fsyncgrp");
-    struct wq_options o = t_store_opts(store, WQ_DURABLE_FSYNC);
-    wq *q = t_track(T_OPEN(name, &o));
-    struct group_board *b = t_shared_alloc(sizeof *b);
-    /* Long enough for the child to come under valgrind. */
-    assert_int_equal(setenv("WQ_TEST_SYNC_WAIT_US", "20000000", 1), 0);
-    pid_t c = t_fork(60);
-    if (c == 0)
-        _exit(group_child(name, b));
-    assert_int_equal(t_wait_count(&b->stage, 1, 20000), 0);
+    struct group_case g;
+    group_begin(&g, "fsyncgrp", NULL, group_child);
+    wq *q = g.q;
+    const char *store = g.store;
+    struct group_board *b = g.b;
     /* The child was in the last group and has not added since: our add
        waits for it, and its c2 joins the commit of p1. */
     uint64_t t0 = store_txnid(store);
@@ -540,17 +577,10 @@ static void test_fsync_group(void **state)
     printf("  p3's add took %.3f s\n", (double)waited / 1e9);
     assert_true(waited < 500000000ull);
     atomic_store(&b->stage, 5);
-    assert_int_equal(t_wait(c, 20000), 0);
-    T_ASSERT_BOARD_CLEAN();
-    assert_int_equal(unsetenv("WQ_TEST_SYNC_WAIT_US"), 0);
-    t_shared_free(b, sizeof *b);
+    assert_int_equal(t_wait(g.child, 20000), 0);
     /* From the store alone: c1 gone, the others in the order added. */
-    t_close(q);
-    char path[300];
-    t_shm_path(name, path, sizeof path);
-    assert_int_equal(unlink(path), 0);
-    q = t_track(T_OPEN(name, &o));
-    assert_int_equal(wq_len(q), 4);
+    group_end(&g, 4);
+    q = g.q;
     T_EXPECT_GET(q, "p1");
     T_EXPECT_GET(q, "c2");
     T_EXPECT_GET(q, "p2");
@@ -580,27 +610,17 @@ static int coalesce_child(const char *name, struct group_board *b)
 static void test_fsync_group_coalesce(void **state)
 {
     (void)state;
-    const char *store = t_mkstore();
-    const char *name = t_qname("fsynccoal");
-    struct wq_options o = t_store_opts(store, WQ_DURABLE_FSYNC);
-    wq *q = t_track(T_OPEN(name, &o));
-    struct group_board *b = t_shared_alloc(sizeof *b);
-    assert_int_equal(setenv("WQ_TEST_SYNC_WAIT_US", "20000000", 1), 0);
-    pid_t c = t_fork(60);
-    if (c == 0)
-        _exit(coalesce_child(name, b));
-    assert_int_equal(t_wait_count(&b->stage, 1, 20000), 0);
+    struct group_case g;
+    group_begin(&g, "fsynccoal", NULL, coalesce_child);
     uint64_t a = t_now_ns();
-    assert_int_equal(wq_add(q, KS("x")), 0);   /* its wait ends when the child stores x */
+    assert_int_equal(wq_add(g.q, KS("x")), 0);   /* its wait ends when the child stores x */
     assert_true(t_now_ns() - a < 20000000000ull);
-    assert_int_equal(t_wait(c, 20000), 0);
-    T_ASSERT_BOARD_CLEAN();
-    assert_int_equal(b->stage, 2);
-    assert_int_equal(unsetenv("WQ_TEST_SYNC_WAIT_US"), 0);
-    t_shared_free(b, sizeof *b);
-    T_EXPECT_GET(q, "c1");
-    T_EXPECT_GET(q, "x");
-    t_close(q);
+    assert_int_equal(t_wait(g.child, 20000), 0);
+    assert_int_equal(g.b->stage, 2);
+    group_end(&g, 2);
+    T_EXPECT_GET(g.q, "c1");
+    T_EXPECT_GET(g.q, "x");
+    t_close(g.q);
 }
 
 /* A waiting adder SIGKILLed in its wait: the removal left to it is
@@ -619,17 +639,11 @@ static int waiter_child(const char *name, struct group_board *b)
 static void test_fsync_group_kill(void **state)
 {
     (void)state;
-    const char *store = t_mkstore();
-    const char *name = t_qname("fsynckill");
-    struct wq_options o = t_store_opts(store, WQ_DURABLE_FSYNC);
-    wq *q = t_track(T_OPEN(name, &o));
-    struct group_board *b = t_shared_alloc(sizeof *b);
-    assert_int_equal(setenv("WQ_TEST_SYNC_WAIT_US", "20000000", 1), 0);
-    assert_int_equal(wq_add(q, KS("p1")), 0);   /* a group of ours alone */
-    pid_t c = t_fork(60);
-    if (c == 0)
-        _exit(waiter_child(name, b));
-    assert_int_equal(t_wait_count(&b->stage, 1, 20000), 0);
+    struct group_case g;
+    group_begin(&g, "fsynckill", "p1", waiter_child);   /* p1: a group of ours */
+    wq *q = g.q;
+    const char *store = g.store;
+    pid_t c = g.child;
     assert_int_equal(until_waited_for(q), 0);   /* the child waits for us */
     uint64_t t0 = store_txnid(store);
     T_EXPECT_GET(q, "p1");
@@ -645,23 +659,15 @@ static void test_fsync_group_kill(void **state)
     assert_true(t_now_ns() - a < 10000000000ull);
     assert_int_equal(store_txnid(store) - t0, 1);
     assert_int_equal(t_stats(q).store_unsynced, 0);
-    assert_int_equal(unsetenv("WQ_TEST_SYNC_WAIT_US"), 0);
-    t_shared_free(b, sizeof *b);
     assert_int_equal(wq_check(q, 0), 0);
     T_EXPECT_GET(q, "w1");
     T_EXPECT_GET(q, "p2");
     T_EXPECT_DONE(q, "w1");
     T_EXPECT_DONE(q, "p2");
     assert_int_equal(wq_add(q, KS("p3")), 0);
-    /* The store agrees: p3 alone. */
-    t_close(q);
-    char path[300];
-    t_shm_path(name, path, sizeof path);
-    assert_int_equal(unlink(path), 0);
-    q = t_track(T_OPEN(name, &o));
-    assert_int_equal(wq_len(q), 1);
-    T_EXPECT_GET(q, "p3");
-    t_close(q);
+    group_end(&g, 1);   /* the store agrees: p3 alone */
+    T_EXPECT_GET(g.q, "p3");
+    t_close(g.q);
 }
 
 /* ------------------------------------------------------------------ */
