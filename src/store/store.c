@@ -98,11 +98,12 @@ static uint32_t wait_max_us(bool *fixed)
    so that it does not seem to come back when the 32-bit clock wraps. */
 static bool group_waiting(struct wq_hdr *h)
 {
-    bool fixed;
-    uint32_t w = wq_load_relaxed(&h->sync_wait), max = wait_max_us(&fixed);
-    int32_t left = (int32_t)(w - mono_us());
+    uint32_t w = wq_load_relaxed(&h->sync_wait);
     if (w == 0)
-        return false;
+        return false;   /* the common case: no clock read */
+    bool fixed;
+    uint32_t max = wait_max_us(&fixed);
+    int32_t left = (int32_t)(w - mono_us());
     if (left > 0 && (uint32_t)left <= max)
         return true;
     __atomic_compare_exchange_n(&h->sync_wait, &w, 0u, false, __ATOMIC_RELAXED,
