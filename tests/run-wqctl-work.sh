@@ -227,25 +227,45 @@ expect_field "$Q" a code 0
     fail "want one requeue (a) and one rate limited retry (b)"
 ok
 
-# ---- -j 4: 8 keys of 0.3 s in two waves -------------------------------
+# ---- -j 4: 8 keys in two waves of exactly 4 --------------------------
+# Concurrency is proven by a barrier, not by a wall-clock bound (a loaded
+# or sanitized machine may take any time to spawn): each task takes a
+# ticket (mkdir is atomic) and waits until the whole wave of 4 it belongs
+# to has started. Tickets 5-8 can only all start while 5-7 still wait, so
+# every task passing its barrier means 4 ran at once; a task that finds 5
+# running means -j was exceeded. A wave that never fills gives up after
+# 5 s and says so (within the 30 s the work command is given).
 Q="$P-conc"
-mkdir -p "$T/running"
+mkdir -p "$T/running" "$T/tickets"
 expect_rc 0 "$WQCTL" create "$Q"
 expect_rc 0 "$WQCTL" add "$Q" c1 c2 c3 c4 c5 c6 c7 c8
 t0=$(now_ms)
 expect_rc 0 "$WQCTL" work "$Q" -j 4 --exit-when-empty -- sh -c '
     touch "$0/running/$1"; ls "$0/running" | wc -l >> "$0/conc"
+    n=1; until mkdir "$0/tickets/$n" 2>/dev/null; do n=$((n + 1)); done
+    want=$(( (n + 3) / 4 * 4 )); i=0
+    while [ "$(ls "$0/tickets" | wc -l)" -lt $want ]; do
+        i=$((i + 1)); [ $i -gt 500 ] && { echo "$1 timeout" >> "$0/barrier"; exit 1; }
+        sleep 0.01
+    done
+    echo "$1 passed $n" >> "$0/barrier"
     sleep 0.3; rm -f "$0/running/$1"' "$T" {}
 el=$(($(now_ms) - t0))
-[ $el -lt 1500 ] || fail "-j 4: 8 tasks of 0.3 s took $el ms"
+! grep -q timeout "$T/barrier" || fail "-j 4: a wave never reached 4 tasks: $(grep timeout "$T/barrier" | tr '\n' ' ')"
 ok
-[ $el -ge 550 ] || fail "-j 4: 8 tasks of 0.3 s took only $el ms"
+[ "$(grep -c passed "$T/barrier")" = 8 ] || fail "-j 4: $(grep -c passed "$T/barrier") tasks passed the barrier, want 8"
+ok
+[ "$(sed 's/.* passed //' "$T/barrier" | sort -n | tr '\n' ' ')" = "1 2 3 4 5 6 7 8 " ] ||
+    fail "-j 4: tickets $(sed 's/.* passed //' "$T/barrier" | sort -n | tr '\n' ' ')"
+ok
+[ $el -ge 600 ] || fail "-j 4: two waves of 0.3 s took only $el ms"
 ok
 max=$(sort -n "$T/conc" | tail -n 1 | tr -d ' ')
-[ "$max" -le 4 ] && [ "$max" -ge 2 ] || fail "-j 4: up to $max tasks at once"
+[ "$max" -le 4 ] || fail "-j 4: up to $max tasks at once"
 ok
 [ "$(lines "$T/conc")" = 8 ] || fail "-j 4: $(lines "$T/conc") tasks ran, want 8"
 ok
+for k in c1 c2 c3 c4 c5 c6 c7 c8; do expect_field "$Q" $k state succeeded; done
 
 # ---- --exit-when-empty on an empty queue -------------------------------
 Q="$P-empty"
