@@ -796,7 +796,7 @@ static uint32_t entry_of(const struct image *im, const char *k)
     for (uint32_t i = 0; i < im->g.capacity; i++) {
         const struct wq_entry *e =
             (const struct wq_entry *)(im->bytes + im->g.off_entries + (size_t)i * im->g.entry_size);
-        if (e->state && e->keylen == n && memcmp(e->key, k, n) == 0)
+        if (e->state && e->keylen == n && memcmp(e->k.in, k, n) == 0)
             return i;
     }
     die("no entry for %s", k);
@@ -929,7 +929,7 @@ static void fair_seeds(const char *dir, const struct image *im)
                  ESZ(keylen), false),
           sb_u32(&s, offsetof(struct wq_geom, tenant_sep), 0xfe, false),
           sb_u32(&s, offsetof(struct wq_hdr, shutdown), 1, false), fill_to_end(&s, im,
-          ent + dead * esz + offsetof(struct wq_entry, key), 'A')));
+          ent + dead * esz + offsetof(struct wq_entry, k), 'A')));
     SEED("fair-dead-lock-heaps", fb | FLAG_DEADLOCK,
          (sb_rec(&s, offsetof(struct wq_hdr, busy), 0, 4, one, 4, false),
           sb_u32(&s, hp, cap, false), sb_u32(&s, fqc, cap + 1, false)));

@@ -126,6 +126,7 @@ static void held_dec(shmq *q, const struct wq_entry *e)
 static void free_push(shmq *q, uint32_t idx)
 {
     struct wq_entry *e = wq__entry(q, idx);
+    wq__keys_drop(q, e);
     e->link = q->hdr->free_head;
     WQ_STEP("table.free.link");
     q->hdr->free_head = idx;
@@ -159,6 +160,7 @@ static uint32_t evict_retained(shmq *q)
         if (wq__table_remove(q, i, e->hash) < 0)
             return WQ_CORRUPT;
         WQ_STEP("evict.index");
+        wq__keys_drop(q, e);
         unretain(q, e);
         return i;
     }
@@ -235,7 +237,8 @@ int wq__entry_evict_room(shmq *q, uint32_t want)
 /*
  * Lock and busy held. Take a free entry for a new key and write the key;
  * its state stays 0 (free) until wq__entry_commit_new. WQ_NIL with *err =
- * -ENOSPC when `capacity` keys are live, -EBADMSG on a corrupt free list,
+ * -ENOSPC when `capacity` keys are live or the key arena cannot take the
+ * key, -EBADMSG on a corrupt free list,
  * and -WQ_EFLUSH when the only room is held by removals the store has not
  * written yet (the caller flushes and retries).
  */
@@ -260,8 +263,12 @@ uint32_t wq__entry_new(shmq *q, const void *key, size_t len, uint32_t hash, int 
     }
     WQ_STEP("add.alloc");
     struct wq_entry *e = wq__entry(q, idx);
-    memcpy(e->key, key, len);
-    e->keylen = (uint16_t)len;
+    int rc = wq__keys_put(q, e, key, (uint32_t)len);
+    if (rc < 0) {   /* no room for the key: the entry goes back, unused */
+        free_push(q, idx);
+        *err = rc;
+        return WQ_NIL;
+    }
     e->hash = hash;
     e->owner = WQ_OWNER_NONE;
     e->failures = 0;

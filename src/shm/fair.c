@@ -35,18 +35,21 @@ uint32_t wq__fair_tenant_len(const shmq *q, const struct wq_entry *e)
 {
     if (q->g.tenant_sep < 0)
         return 0;
-    /* keylen is region data: a damaged one must not take the scan past
-       the entry's key bytes (repair frees such an entry later). */
-    uint32_t len = e->keylen <= q->max_key_len ? e->keylen : q->max_key_len;
-    const unsigned char *p = memchr(e->key, q->g.tenant_sep, len);
-    return p ? (uint32_t)(p - e->key) : len;   /* no separator: itself */
+    /* keylen and the key's block are region data: a damaged key has no
+       tenant (repair frees such an entry later). */
+    const unsigned char *k = wq__key(q, e);
+    if (!k)
+        return 0;
+    const unsigned char *p = memchr(k, q->g.tenant_sep, e->keylen);
+    return p ? (uint32_t)(p - k) : e->keylen;   /* no separator: itself */
 }
 
 /* Counters in the tag table: a tenant's last tag within a priority, and a
    priority's virtual time. Hashed, so unrelated ones rarely share. */
 static uint64_t *last_tag(shmq *q, const struct wq_entry *e, uint32_t tl, int32_t prio)
 {
-    uint64_t h = wq__fnv1a(e->key, tl) ^ ((uint64_t)(uint32_t)prio * 0x9e3779b97f4a7c15ull);
+    const unsigned char *k = tl ? wq__key(q, e) : NULL;   /* tl > 0: a sound key */
+    uint64_t h = (k ? wq__fnv1a(k, tl) : 0) ^ ((uint64_t)(uint32_t)prio * 0x9e3779b97f4a7c15ull);
     return &q->ftags[(h ^ (h >> 29)) & (q->g.ftag_slots - 1)];
 }
 

@@ -63,7 +63,7 @@ int wq__shm_stats(wq *pub, struct wq_stats *out)
 static void fill(shmq *q, const struct wq_entry *e, struct wq_key_info *ki,
                  struct wq_result *res)
 {
-    ki->key = e->key;
+    ki->key = wq__key(q, e);   /* sound: the callers skip damaged keys */
     ki->len = e->keylen;
     ki->state = 0;
     if (e->state & WQ_ST_DIRTY)
@@ -143,7 +143,7 @@ static int dump_fair_queued(shmq *q, wq_dump_fn fn, void *arg)
     struct wq_result res;
     for (uint32_t k = 0; k < n && rc == 0; k++) {
         struct wq_entry *e = wq__entry(q, order[k]);
-        if (e->keylen == 0 || e->keylen > q->max_key_len)
+        if (!wq__key(q, e))
             continue;
         fill(q, e, &ki, &res);
         ki.position = k;
@@ -178,7 +178,7 @@ int wq__shm_dump(wq *pub, wq_dump_fn fn, void *arg)
             goto out;
         }
         struct wq_entry *e = wq__entry(q, idx);
-        if (e->keylen == 0 || e->keylen > q->max_key_len)
+        if (!wq__key(q, e))
             continue;
         fill(q, e, &ki, &res);
         ki.position = k;
@@ -187,8 +187,7 @@ int wq__shm_dump(wq *pub, wq_dump_fn fn, void *arg)
     }
     for (uint32_t idx = 0, used = wq__entries_used(q); idx < used; idx++) {
         struct wq_entry *e = wq__entry(q, idx);
-        if (wq__st(e) == 0 || (e->state & WQ_ST_QUEUED) || e->keylen == 0 ||
-            e->keylen > q->max_key_len)
+        if (wq__st(e) == 0 || (e->state & WQ_ST_QUEUED) || !wq__key(q, e))
             continue;   /* free, or a removal the store has yet to write */
         fill(q, e, &ki, &res);
         if ((rc = fn(&ki, arg)) != 0)

@@ -3,16 +3,17 @@
  *
  * One shm object per queue, laid out as
  *
- *   [struct wq_hdr][proc table][entries][hash index A][hash index B]
- *   [ring A][ring B][delay heap][result slots][store queue][fair: per-entry
- *   data, 2 heaps, tenant tags]
+ *   [struct wq_hdr][proc table][key free lists][entries][hash index A]
+ *   [hash index B][ring A][ring B][delay heap][result slots][store queue]
+ *   [fair: per-entry data, 2 heaps, tenant tags][key arena]
  *
  * Every section starts on a 64-byte boundary. Offsets and sizes are
  * computed by wq__geometry() (region.c) from the queue's settings and
  * stored in the immutable header, which carries a checksum; an attacher
  * recomputes the geometry and refuses any mismatch (-EPROTO). The object
- * is sparse: the sections indexed by entry and the result slots take
- * pages only as far as hdr->grown_ent and grown_res say (region.c), and
+ * is sparse: the sections indexed by entry, the result slots and the key
+ * arena take pages only as far as hdr->grown_ent, grown_res and
+ * grown_keys say (region.c), and
  * of the two index areas only the one hdr->index_at names holds pages,
  * for as many slots as it says (table.c), and the same for the ring's
  * two areas and hdr->ring_at (ring.c).
@@ -43,7 +44,7 @@
 #include <stdint.h>
 
 #define WQ_MAGIC        0x31515762696c0a57ull /* "W\nlibWQ1" little-endian */
-#define WQ_LAYOUT_VER   9u
+#define WQ_LAYOUT_VER   10u
 #define WQ_ALIGN        64u
 #define WQ_NIL          0xffffffffu          /* "no entry" */
 
@@ -89,7 +90,7 @@ struct wq_geom {
     uint32_t capacity;        /* entries */
     uint32_t max_key_len;
     uint32_t max_procs;
-    uint32_t entry_size;      /* sizeof(struct wq_entry) + key bytes, 8-aligned */
+    uint32_t entry_size;      /* sizeof(struct wq_entry) */
     uint32_t index_max;       /* slots of each index area: 2 * capacity + 1 */
     uint32_t flags;           /* creation flags kept: WQ_NO_METRICS */
     uint64_t hash_seed;       /* random per region: no cross-queue flooding */
@@ -107,7 +108,9 @@ struct wq_geom {
     uint32_t fair_share;      /* one hand-out in fair_share takes the oldest */
     int32_t tenant_sep;       /* -1: no tenants */
     uint32_t ftag_slots;      /* tenant tag counters (power of two) */
-    uint32_t reserved3;
+    uint32_t key_max;         /* granules of the key arena (keys.c): room
+                                 for `capacity` keys of max_key_len; 0 when
+                                 every key fits in its entry */
     uint64_t total_size;      /* the shm object's size */
     uint32_t mode;            /* creation mode, informative */
     uint32_t reserved0;
@@ -119,7 +122,9 @@ struct wq_geom {
     double   rl_qps;
     uint64_t rl_fast_delay_ns, rl_slow_delay_ns;
     uint32_t rl_max_fast_attempts;
-    uint32_t reserved1;
+    uint32_t key_classes;     /* key free lists: one per block size in
+                                 granules, 0 .. max_key_len / 8 rounded up */
+    uint64_t off_kfree, off_keys;
     uint64_t checksum;        /* FNV-1a 64 of all bytes above */
 };
 
@@ -275,6 +280,11 @@ struct wq_hdr {
                                              until then (us of
                                              CLOCK_MONOTONIC, low 32 bits);
                                              0: none */
+    /* The key arena (keys.c; lock): granules [0, k_top) have been handed
+       out, each either a live entry's key block or on a free list;
+       grown_keys of them have pages (region.c). */
+    uint32_t k_top;
+    uint32_t grown_keys;
     /* Store flushers (store.c): one at a time, from reading the store
        queue's front to popping it; robust, holds no state of its own. */
     pthread_mutex_t flush_lock;
@@ -302,10 +312,9 @@ struct wq_proc {
 };
 
 /*
- * A key slot. Fixed size: the header below then max_key_len key bytes.
- * All fields: lock.
+ * A key slot: 64 bytes, one cache line. All fields: lock.
  *   state     a single 16-bit store moves it between states (WQ_ST_*).
- *   keylen    1..max_key_len while live.
+ *   keylen    1..max_key_len while live; 0 in a free entry.
  *   hash      32-bit key hash, also kept in the index slot.
  *   owner     proc slot of the handle that got it (PROCESSING only).
  *   owner_gen low 16 bits of that slot's gen at the time.
@@ -319,7 +328,12 @@ struct wq_proc {
  *             DIRTY and WAITING never coexist, so one field serves both.
  *   rslot     the key's result slot (results.c), whose `owner` points
  *             back at this entry; both directions must agree.
+ *   k         the key: in the entry up to WQ_KEY_INLINE bytes, else the
+ *             first granule of its block in the key arena (keys.c), which
+ *             the entry owns from its add until it is free again.
  */
+#define WQ_KEY_INLINE 16u
+#define WQ_KEY_GRAIN  8u
 struct wq_entry {
     uint64_t t_start;
     uint64_t t_b;
@@ -333,7 +347,10 @@ struct wq_entry {
     uint32_t seq;
     uint32_t rslot;           /* its result slot, WQ_NIL if none */
     uint32_t sgen;            /* bumped by every change the store must see */
-    unsigned char key[];
+    union {
+        unsigned char in[WQ_KEY_INLINE];
+        uint32_t block;
+    } k;
 };
 #define WQ_OWNER_NONE 0xffffu
 
@@ -348,7 +365,7 @@ struct wq_islot {
     uint32_t hash;
 };
 
-_Static_assert(offsetof(struct wq_entry, key) == 48, "entry header is 48 bytes");
+_Static_assert(sizeof(struct wq_entry) == 64, "an entry is one cache line");
 
 /*
  * Fair-mode data of an entry (fair.c), indexed like the entries. lock.

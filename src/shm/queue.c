@@ -374,11 +374,12 @@ static int get_locked(shmq *q, void *buf, size_t cap, uint64_t now)
         return wq__region_mark_corrupt(q);
     struct wq_entry *e = wq__entry(q, idx);
     uint32_t len = e->keylen;
-    if (WQ_UNLIKELY(!(e->state & WQ_ST_QUEUED) || len == 0 || len > q->max_key_len))
+    const unsigned char *k = wq__key(q, e);
+    if (WQ_UNLIKELY(!(e->state & WQ_ST_QUEUED) || !k))
         return wq__region_mark_corrupt(q);
     if (len > cap)
         return -ENOBUFS;
-    memcpy(buf, e->key, len);
+    memcpy(buf, k, len);
     if (!q->fair && q->nent >= WQ_PREFETCH_MIN)
         prefetch_front(q);
     wq__mut_begin(q);

@@ -86,7 +86,15 @@ int wq__geometry(struct wq_geom *g, const struct wq_conf *c)
     g->capacity = capacity;
     g->max_key_len = max_key_len;
     g->max_procs = max_procs;
-    g->entry_size = (uint32_t)align_up(offsetof(struct wq_entry, key) + max_key_len, 8);
+    g->entry_size = sizeof(struct wq_entry);
+    /* Keys longer than an entry holds go to the arena (keys.c), which is
+       virtual room for `capacity` of the longest; its block addresses
+       are 32-bit granule numbers. */
+    uint64_t kmax = max_key_len > WQ_KEY_INLINE
+                  ? (uint64_t)capacity * ((max_key_len + WQ_KEY_GRAIN - 1) / WQ_KEY_GRAIN) : 0;
+    g->key_max = kmax < UINT32_MAX ? (uint32_t)kmax : UINT32_MAX - 1;
+    g->key_classes = max_key_len > WQ_KEY_INLINE
+                   ? (max_key_len + WQ_KEY_GRAIN - 1) / WQ_KEY_GRAIN + 1 : 0;
     /* Load factor at most 0.5 when full keeps linear probing short (at
        0.8 a queue of 1e7 keys rotated 27% slower); +1 so a full table
        always has an empty slot to end probes. Two areas of that size,
@@ -98,6 +106,8 @@ int wq__geometry(struct wq_geom *g, const struct wq_conf *c)
     uint64_t off = align_up(sizeof(struct wq_hdr), WQ_ALIGN);
     g->off_procs = off;
     off = align_up(off + (uint64_t)max_procs * sizeof(struct wq_proc), WQ_ALIGN);
+    g->off_kfree = off;
+    off = align_up(off + (uint64_t)g->key_classes * sizeof(uint32_t), WQ_ALIGN);
     g->off_entries = off;
     off = align_up(off + (uint64_t)capacity * g->entry_size, WQ_ALIGN);
     /* Page-aligned areas: a growth gives the old one's pages back. */
@@ -151,7 +161,9 @@ int wq__geometry(struct wq_geom *g, const struct wq_conf *c)
     g->off_fheap_a = off;
     off = align_up(off + fcap * sizeof(uint32_t), WQ_ALIGN);
     g->off_ftags = off;
-    off = align_up(off + (uint64_t)tags * sizeof(uint64_t), 4096);
+    off = align_up(off + (uint64_t)tags * sizeof(uint64_t), WQ_ALIGN);
+    g->off_keys = off;
+    off = align_up(off + (uint64_t)g->key_max * WQ_KEY_GRAIN, 4096);
     g->total_size = off;
     return 0;
 }
@@ -206,6 +218,8 @@ int wq__region_validate(const struct wq_geom *g, uint64_t file_size)
         g->off_sq != want.off_sq || g->off_fx != want.off_fx ||
         g->off_fheap_p != want.off_fheap_p || g->off_fheap_a != want.off_fheap_a ||
         g->off_ftags != want.off_ftags || g->ftag_slots != want.ftag_slots ||
+        g->off_kfree != want.off_kfree || g->off_keys != want.off_keys ||
+        g->key_max != want.key_max || g->key_classes != want.key_classes ||
         g->total_size != want.total_size || g->total_size != file_size)
         return -EPROTO;
     return 0;
@@ -311,11 +325,17 @@ static uint64_t ring_bytes(const struct wq_geom *g)
     return (uint64_t)wq__ring_size(g->capacity, 0) * sizeof(uint32_t);
 }
 
+static uint64_t ftag_bytes(const struct wq_geom *g)
+{
+    return (uint64_t)g->ftag_slots * sizeof(uint64_t);
+}
+
 /* The sections reserved at creation: the header, the process table, the
-   store queue and the tenant table, and the first index and ring. */
+   key free lists, the store queue and the tenant table, and the first
+   index and ring. */
 static int reserve_fixed(int fd, const struct wq_geom *g)
 {
-    int rc = reserve(fd, 0, g->off_entries);   /* header, process table */
+    int rc = reserve(fd, 0, g->off_entries);   /* header, procs, key lists */
     if (rc == 0)
         rc = reserve(fd, g->off_index, index_bytes(g));
     if (rc == 0)
@@ -323,7 +343,7 @@ static int reserve_fixed(int fd, const struct wq_geom *g)
     if (rc == 0 && g->has_store)
         rc = reserve(fd, g->off_sq, (uint64_t)g->capacity * sizeof(uint32_t));
     if (rc == 0 && g->ftag_slots)
-        rc = reserve(fd, g->off_ftags, g->total_size - g->off_ftags);
+        rc = reserve(fd, g->off_ftags, ftag_bytes(g));
     return rc;
 }
 
@@ -332,7 +352,7 @@ static uint64_t fixed_bytes(const struct wq_geom *g)
 {
     return g->off_entries + index_bytes(g) + ring_bytes(g) +
            (g->has_store ? (uint64_t)g->capacity * sizeof(uint32_t) : 0) +
-           (g->ftag_slots ? g->total_size - g->off_ftags : 0);
+           ftag_bytes(g);
 }
 
 /* One growth step: an eighth of what there is, at least 64 KiB, at most
@@ -388,32 +408,43 @@ static int reserve_results(const shmq *q, uint32_t from, uint32_t to)
     return to > from ? reserve(q->fd, q->g.off_results + from * unit, (to - from) * unit) : 0;
 }
 
-/* One growth step of the entries, or (res) of the result slots. */
-static int grow(shmq *q, bool res, uint32_t need)
+static int reserve_keys(const shmq *q, uint32_t from, uint32_t to)
+{
+    return to > from ? reserve(q->fd, q->g.off_keys + (uint64_t)from * WQ_KEY_GRAIN,
+                               (uint64_t)(to - from) * WQ_KEY_GRAIN) : 0;
+}
+
+enum sect { S_ENT, S_RES, S_KEY };
+
+/* One growth step of the entries, the result slots or the key arena. */
+static int grow(shmq *q, enum sect s, uint32_t need)
 {
     WQ_ASSERT_LOCKED(q);
-    uint32_t have = res ? q->nres : q->nent, cap = res ? q->result_capacity : q->capacity;
+    static const char *const what[] = { "entries", "result slots", "key arena granules" };
+    static const char *const point[] = { "region.grow.entries", "region.grow.results",
+                                         "region.grow.keys" };
+    uint32_t have = s == S_ENT ? q->nent : s == S_RES ? q->nres : q->nkeys;
+    uint32_t cap = s == S_ENT ? q->capacity : s == S_RES ? q->result_capacity : q->g.key_max;
     if (need <= have)
         return 0;
     if (need > cap)
         return -ENOSPC;
-    uint64_t unit = sizeof(struct wq_rslot);
-    if (!res)
+    uint64_t unit = s == S_RES ? sizeof(struct wq_rslot) : WQ_KEY_GRAIN;
+    if (s == S_ENT)
         reserve_entries(q, 0, 0, &unit);   /* the unit only */
     uint32_t to = step_to(have, need, cap, unit);
     int rc = WQ_FAIL("region.grow") ? -ENOSPC
-           : res ? reserve_results(q, have, to) : reserve_entries(q, have, to, &unit);
+           : s == S_RES ? reserve_results(q, have, to)
+           : s == S_KEY ? reserve_keys(q, have, to) : reserve_entries(q, have, to, &unit);
     if (rc < 0)
-        return grow_fail(q, rc, res ? "result slots" : "entries", to, (to - have) * unit);
-    if (res) {
-        WQ_STEP("region.grow.results");
-        q->hdr->grown_res = to;
-        q->nres = to;
-    } else {
-        WQ_STEP("region.grow.entries");
-        q->hdr->grown_ent = to;
-        q->nent = to;
-    }
+        return grow_fail(q, rc, what[s], to, (to - have) * unit);
+    WQ_STEP(point[s]);
+    if (s == S_RES)
+        q->hdr->grown_res = q->nres = to;
+    else if (s == S_KEY)
+        q->hdr->grown_keys = q->nkeys = to;
+    else
+        q->hdr->grown_ent = q->nent = to;
     return 0;
 }
 
@@ -461,12 +492,17 @@ void wq__region_release_area(shmq *q, bool ring, unsigned area, uint32_t from)
 
 int wq__region_grow_entries(shmq *q, uint32_t need)
 {
-    return grow(q, false, need);
+    return grow(q, S_ENT, need);
 }
 
 int wq__region_grow_results(shmq *q, uint32_t need)
 {
-    return grow(q, true, need);
+    return grow(q, S_RES, need);
+}
+
+int wq__region_grow_keys(shmq *q, uint32_t need)
+{
+    return grow(q, S_KEY, need);
 }
 
 /* The slots of the index (ring false) or ring that the header's word
@@ -515,9 +551,9 @@ static void areas_load(shmq *q)
 void wq__region_bounds_load(shmq *q)
 {
     struct wq_hdr *h = q->hdr;
-    uint32_t ge = h->grown_ent, gr = h->grown_res;
-    if (WQ_UNLIKELY(ge > q->capacity || gr > q->result_capacity || h->e_fresh > ge ||
-                    h->r_fresh > gr)) {
+    uint32_t ge = h->grown_ent, gr = h->grown_res, gk = h->grown_keys;
+    if (WQ_UNLIKELY(ge > q->capacity || gr > q->result_capacity || gk > q->g.key_max ||
+                    h->e_fresh > ge || h->r_fresh > gr || h->k_top > gk)) {
         /* Which count is wrong is unknown: reserve (again: a no-op for
            pages that are) what either says, within the capacities. If
            the system refuses, keep what the fresh count says, which the
@@ -525,14 +561,18 @@ void wq__region_bounds_load(shmq *q)
         h->corrupt = 1;
         uint32_t fe = h->e_fresh < q->capacity ? h->e_fresh : q->capacity;
         uint32_t fr = h->r_fresh < q->result_capacity ? h->r_fresh : q->result_capacity;
+        uint32_t fk = h->k_top < q->g.key_max ? h->k_top : q->g.key_max;
         uint32_t we = ge > fe ? (ge < q->capacity ? ge : q->capacity) : fe;
         uint32_t wr = gr > fr ? (gr < q->result_capacity ? gr : q->result_capacity) : fr;
+        uint32_t wk = gk > fk ? (gk < q->g.key_max ? gk : q->g.key_max) : fk;
         uint64_t unit;
         ge = reserve_entries(q, 0, we, &unit) == 0 ? we : fe;
         gr = reserve_results(q, 0, wr) == 0 ? wr : fr;
+        gk = reserve_keys(q, 0, wk) == 0 ? wk : fk;
     }
     q->nent = ge;
     q->nres = gr;
+    q->nkeys = gk;
     areas_load(q);
 }
 
@@ -559,6 +599,8 @@ static void map_view(shmq *q, unsigned char *base, size_t size, const struct wq_
     q->fheap_p = (uint32_t *)(base + g->off_fheap_p);
     q->fheap_a = (uint32_t *)(base + g->off_fheap_a);
     q->ftags = (uint64_t *)(base + g->off_ftags);
+    q->kfree = (uint32_t *)(base + g->off_kfree);
+    q->karena = base + g->off_keys;
     q->result_capacity = g->result_capacity;
     q->metrics = !(g->flags & WQ_NO_METRICS);
     q->g = *g;

@@ -11,7 +11,9 @@
  *      cleared; QUEUED implies DIRTY; PROCESSING excludes QUEUED; a
  *      processing entry whose owner slot is not LIVE with the same
  *      generation is queued again (a crash requeue); a DIRTY entry that is
- *      not processing is QUEUED; a bad key length frees the entry.
+ *      not processing is QUEUED; a bad key length, a key block outside
+ *      the arena, or one sharing bytes with an earlier entry's frees the
+ *      entry.
  *   4. index: cleared and every live entry inserted again (software
  *      prefetch keeps the random inserts overlapping). Two live entries
  *      with the same key keep the first.
@@ -21,11 +23,14 @@
  *      entry is queued and was not seen before; queued entries missing
  *      from it are appended in entry order.
  *   6. free list, counters and per-slot held counts recomputed.
+ *   7. the key arena's free lists rebuilt from the live entries' blocks
+ *      (keys.c), neighbouring free granules merged.
  * The dead-holder path (lock.c) runs it only when hdr->busy says the
  * holder died mid-mutation, and skips re-hashing keys; wq_check runs it
  * "thoroughly" (hashes verified) and without writing unless asked.
  */
 #include <stdarg.h>
+#include <stdlib.h>
 
 #include "shm.h"
 
@@ -41,6 +46,7 @@ struct ctx {
     uint64_t *in_ring;   /* bitmap: entry seen in the ring */
     uint64_t *in_index;  /* bitmap: entry reached through the index */
     uint64_t *in_sq;     /* bitmap: entry listed in the store queue */
+    uint64_t *kmap;      /* bitmap: key arena granules of live keys */
 };
 
 static void violation(struct ctx *c, const char *fmt, ...)
@@ -84,11 +90,19 @@ static bool owner_valid(const shmq *q, const struct wq_entry *e)
    by check and repair alike. */
 static uint16_t norm_queue_state(const shmq *q, uint32_t idx, uint16_t st);
 
+/* Its length is legal and its bytes lie in the granules handed out. */
+static bool key_sound(const shmq *q, const struct wq_entry *e)
+{
+    return wq__key(q, e) && (e->keylen <= WQ_KEY_INLINE ||
+                             (uint64_t)e->k.block + (e->keylen + WQ_KEY_GRAIN - 1) /
+                             WQ_KEY_GRAIN <= q->hdr->k_top);
+}
+
 static uint16_t norm_state(const shmq *q, uint32_t idx)
 {
     const struct wq_entry *e = wq__entry(q, idx);
     uint16_t st = e->state & WQ_ST_ALL;
-    if (st == 0 || e->keylen == 0 || e->keylen > q->max_key_len)
+    if (st == 0 || !key_sound(q, e))
         return 0;
     if (!q->g.has_store) {   /* store bits mean nothing without a store */
         if (st & WQ_ST_STORING)
@@ -171,6 +185,14 @@ static void check_header(struct ctx *c)
             h->e_fresh = h->e_fresh < q->nent ? h->e_fresh : q->nent;
         }
     }
+    if (h->grown_keys != q->nkeys || h->k_top > q->nkeys) {
+        violation(c, "header: key arena top %u of %u granules reserved (of %u)", h->k_top,
+                  h->grown_keys, q->g.key_max);
+        if (c->apply) {
+            h->grown_keys = q->nkeys;
+            h->k_top = h->k_top < q->nkeys ? h->k_top : q->nkeys;
+        }
+    }
 }
 
 static void check_procs(struct ctx *c)
@@ -202,6 +224,9 @@ static void check_entries(struct ctx *c)
             violation(c, "entry %u: unknown state bits 0x%x", idx, st);
         else if (want == 0 && (e->keylen == 0 || e->keylen > q->max_key_len))
             violation(c, "entry %u: bad key length %u", idx, e->keylen);
+        else if (want == 0 && !key_sound(q, e))
+            violation(c, "entry %u: key block %u of %u bytes outside the key arena's %u "
+                      "granules", idx, e->k.block, e->keylen, q->hdr->k_top);
         else if (want == 0)
             violation(c, "entry %u: idle with neither failures nor a result", idx);
         else if ((st & WQ_ST_PROCESSING) && !(want & WQ_ST_PROCESSING))
@@ -215,8 +240,15 @@ static void check_entries(struct ctx *c)
             q->hdr->crash_requeues_total++;
         e->state = want;
     hash:
+        if (want && wq__keys_mark(q, c->kmap, e) < 0) {
+            violation(c, "entry %u: key block %u shares bytes with another key's, "
+                      "dropped", idx, e->k.block);
+            if (c->apply)
+                e->state = want = 0;
+            continue;
+        }
         if (c->thorough && want) {
-            uint32_t h = wq__hash(q->seed, e->key, e->keylen);
+            uint32_t h = wq__hash(q->seed, wq__key(q, e), e->keylen);
             if (h != e->hash) {
                 violation(c, "entry %u: stored hash differs from its key's", idx);
                 if (c->apply)
@@ -239,7 +271,9 @@ static void check_entries(struct ctx *c)
 
 static void dup_key(void *cv, uint32_t idx, uint32_t other)
 {
-    violation(cv, "entry %u: same key as entry %u, dropped", idx, other);
+    struct ctx *c = cv;
+    violation(c, "entry %u: same key as entry %u, dropped", idx, other);
+    wq__keys_unmark(c->kmap, wq__entry(c->q, idx));
 }
 
 /* Check only: every index slot names a live entry with its hash, is
@@ -422,6 +456,7 @@ static void finish(struct ctx *c, uint32_t queued)
         if (st == 0) {
             if (c->apply) {
                 e->state = 0;
+                e->keylen = 0;   /* owns no block */
                 if (free_last == WQ_NIL)
                     free_first = idx;
                 else
@@ -550,6 +585,8 @@ int wq__repair(shmq *q, bool apply, bool thorough, wq_report_fn report, void *ar
     if (apply && !thorough)
         settle_pending(q);
     check_header(&c);
+    if (!(c.kmap = wq__keys_map(q)))
+        return -ENOMEM;
     check_procs(&c);
     check_entries(&c);
     if (apply) {
@@ -557,8 +594,10 @@ int wq__repair(shmq *q, bool apply, bool thorough, wq_report_fn report, void *ar
         int rc = wq__table_rebuild(q, dup_key, &c);
         if (rc == 0)
             rc = wq__ring_resize(q, &emptied);
-        if (rc < 0)
+        if (rc < 0) {
+            free(c.kmap);
             return rc;
+        }
         if (emptied)
             violation(&c, "ring: its size word was damaged%s",
                       q->fair ? "" : "; queued keys kept, their order lost");
@@ -571,6 +610,11 @@ int wq__repair(shmq *q, bool apply, bool thorough, wq_report_fn report, void *ar
         verify_sq(&c);
     }
     finish(&c, queued);
+    if (apply)
+        wq__keys_rebuild(q, c.kmap);
+    else
+        wq__keys_verify(q, c.kmap, report_cb, &c);
+    free(c.kmap);
     if (apply) {
         int rc = wq__fair_rebuild(q);
         if (rc < 0)

@@ -65,6 +65,8 @@ typedef struct wq_shm {
     uint32_t *fheap_p, *fheap_a;
     uint64_t *ftags;
     struct wq_rslot *rslots;       /* result slots (layout.h) */
+    uint32_t *kfree;               /* key free lists (keys.c) */
+    unsigned char *karena;         /* key arena (keys.c) */
     uint32_t result_capacity;
     bool metrics;                  /* duration metrics on (no WQ_NO_METRICS) */
     int fd;                        /* the shm object, for growing it; -1 if none */
@@ -72,7 +74,7 @@ typedef struct wq_shm {
        slots whose pages are reserved (hdr->grown_*, clamped). Refreshed
        at every lock acquisition and by our own growth, so only the lock
        holder uses them; region lock. */
-    uint32_t nent, nres;
+    uint32_t nent, nres, nkeys;
     /* The index in use (table.c), refreshed like nent when hdr->index_at
        differs from index_seen (the word last accepted; after a refused
        one, its complement, so the next lock looks again). index_at is
@@ -158,6 +160,7 @@ void wq__geom_conf(const struct wq_geom *g, struct wq_conf *c);
    when the system refuses the pages (nothing changed, message set). */
 int wq__region_grow_entries(shmq *q, uint32_t need);
 int wq__region_grow_results(shmq *q, uint32_t need);
+int wq__region_grow_keys(shmq *q, uint32_t need);
 /* Reserve slots [0, slots) of area 0 or 1 of the index, or (ring) of
    the ring: 0, or -ENOSPC (message set). Release gives the pages of
    slots from `from` on back. Lock held. */
@@ -171,6 +174,7 @@ static inline void wq__region_bounds(shmq *q)
 {
     const struct wq_hdr *h = q->hdr;
     if (WQ_UNLIKELY(h->grown_ent != q->nent || h->grown_res != q->nres ||
+                    h->grown_keys != q->nkeys ||
                     h->index_at != q->index_seen || h->ring_at != q->ring_seen))
         wq__region_bounds_load(q);
 }
@@ -396,6 +400,36 @@ void wq__drop_waiting(shmq *q);
 /* limiter.c */
 uint64_t wq__limiter_when(shmq *q, struct wq_entry *e, uint64_t now);
 void wq__limiter_init(struct wq_hdr *h);
+
+/* keys.c: the key arena */
+/* The bytes of e's key (keylen of them), or NULL when its length or its
+   block is damaged: both are region data, never trusted. */
+static inline const unsigned char *wq__key(const shmq *q, const struct wq_entry *e)
+{
+    uint32_t len = e->keylen;
+    if (WQ_LIKELY(len - 1u < WQ_KEY_INLINE))
+        return len <= q->max_key_len ? e->k.in : NULL;
+    uint64_t end = (uint64_t)e->k.block + (len + WQ_KEY_GRAIN - 1) / WQ_KEY_GRAIN;
+    if (WQ_UNLIKELY(len == 0 || len > q->max_key_len || end > q->nkeys))
+        return NULL;
+    return q->karena + (uint64_t)e->k.block * WQ_KEY_GRAIN;
+}
+/* Lock and busy held: store a new entry's key (in the entry or a block of
+   the arena) and its length: 0, -ENOSPC (message set), -EBADMSG (the
+   region is flagged), -ENOMEM. Drop gives the block back as the entry
+   becomes free, and zeroes keylen: a free entry owns no block. */
+int wq__keys_put(shmq *q, struct wq_entry *e, const void *key, uint32_t len);
+void wq__keys_drop(shmq *q, struct wq_entry *e);
+/* Check and repair: a bitmap of the arena's granules (calloc'ed; NULL if
+   out of memory); mark a live entry's block in it (-1: some granule is
+   marked already) or unmark it; rebuild the free lists and top from it
+   (lock and busy held); verify the lists against it (check only). */
+uint64_t *wq__keys_map(const shmq *q);
+int wq__keys_mark(const shmq *q, uint64_t *map, const struct wq_entry *e);
+void wq__keys_unmark(uint64_t *map, const struct wq_entry *e);
+void wq__keys_rebuild(shmq *q, const uint64_t *map);
+void wq__keys_verify(const shmq *q, uint64_t *map, void (*bad)(void *c, const char *what),
+                     void *c);
 
 /* results.c */
 int wq__result_room(shmq *q, uint32_t idx);

@@ -67,10 +67,14 @@ uint32_t wq__table_lookup(shmq *q, const void *key, size_t len, uint32_t hash)
         if (WQ_UNLIKELY(idx >= q->nent))
             break;
         struct wq_entry *e = wq__entry(q, idx);
-        if (e->keylen == len && memcmp(e->key, key, len) == 0)
+        const unsigned char *k = wq__key(q, e);
+        if (WQ_UNLIKELY(!k))
+            break;
+        if (e->keylen == len && memcmp(k, key, len) == 0)
             return idx;
     }
-    wq__region_mark_corrupt(q);   /* a slot past the entries, or no empty slot */
+    wq__region_mark_corrupt(q);   /* a slot past the entries or naming a damaged
+                                     key, or no empty slot */
     return WQ_CORRUPT;
 }
 
@@ -162,7 +166,8 @@ int wq__table_rebuild(shmq *q, void (*dup)(void *c, uint32_t idx, uint32_t other
         struct wq_entry *e = wq__entry(q, idx);
         if (e->state == 0)
             continue;
-        uint32_t other = wq__table_lookup(q, e->key, e->keylen, e->hash);
+        const unsigned char *k = wq__key(q, e);
+        uint32_t other = k ? wq__table_lookup(q, k, e->keylen, e->hash) : WQ_CORRUPT;
         if (other != WQ_NIL) {
             dup(c, idx, other);
             e->state = 0;

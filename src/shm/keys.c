@@ -1,0 +1,291 @@
+/*
+ * keys.c - the key arena: where keys longer than an entry holds live.
+ *
+ * A key of up to WQ_KEY_INLINE bytes is stored in its entry (layout.h).
+ * A longer one takes a block of whole granules (WQ_KEY_GRAIN bytes) in
+ * the arena, so a key costs its own length rounded up to 8, not
+ * max_key_len. A block comes from the free list of its size (kfree[n],
+ * n granules; LIFO through the block's first word, granule + 1, 0 ending
+ * it, so the block freed last, still in cache, is reused first), else
+ * from the top of the arena (k_top), whose pages grow in steps
+ * (region.c) like the entries'.
+ *
+ * Blocks are neither split nor merged while keys come and go: a workload
+ * whose key lengths shift keeps blocks of the old lengths listed. When
+ * the top reaches the end of the arena, the lists are rebuilt from the
+ * entries (compact below), which merges neighbouring free granules, and
+ * the first listed block at least as large is split. The arena is
+ * virtual room for twice `capacity` keys of max_key_len, which makes that
+ * enough: after a rebuild every gap lies between two live blocks and is
+ * shorter than the key, so live blocks and gaps take less than
+ * 2 x (capacity - 1) x the longest key, and the rest is free at the top.
+ * Only an arena clamped to 2^32 granules (32 GiB of keys) can be full.
+ *
+ * Crash protocol (mutate.h): the entries are the truth. An entry that is
+ * not free owns the block its key names, and nothing else owns it;
+ * every other granule below k_top is free. A block taken and not yet
+ * named by a committed entry, or given back and not yet listed, is only
+ * lost until the next repair, which rebuilds every list from the
+ * entries the same way (wq__keys_rebuild). A granule number read from
+ * the region is checked against the arena's bounds before it is used;
+ * one that fails flags the region for repair.
+ */
+#include <stdlib.h>
+
+#include "shm.h"
+
+static inline uint32_t grains(uint32_t len)
+{
+    return (len + WQ_KEY_GRAIN - 1) / WQ_KEY_GRAIN;
+}
+
+static inline uint32_t *link_at(const shmq *q, uint32_t b)
+{
+    return (uint32_t *)(q->karena + (uint64_t)b * WQ_KEY_GRAIN);
+}
+
+/* The granules handed out: what the header says, within the pages. */
+static inline uint32_t top_of(const shmq *q)
+{
+    uint32_t top = q->hdr->k_top;
+    return top < q->nkeys ? top : q->nkeys;
+}
+
+static void push(shmq *q, uint32_t b, uint32_t n)
+{
+    *link_at(q, b) = q->kfree[n];
+    WQ_STEP("keys.link");
+    q->kfree[n] = b + 1;
+}
+
+/* Pop a block of list n: 1, 0 when empty, -EBADMSG when damaged. */
+static int pop(shmq *q, uint32_t n, uint32_t *out)
+{
+    uint32_t top = q->hdr->k_top, head = q->kfree[n];
+    if (head == 0)
+        return 0;
+    uint32_t b = head - 1, next = 0;
+    if (WQ_LIKELY(top <= q->nkeys && b < top && top - b >= n))
+        next = *link_at(q, b);
+    else
+        return wq__region_mark_corrupt(q);
+    if (WQ_UNLIKELY(next != 0 && (next - 1 >= top || top - (next - 1) < n)))
+        return wq__region_mark_corrupt(q);
+    q->kfree[n] = next;
+    WQ_STEP("keys.pop");
+    *out = b;
+    return 1;
+}
+
+/* Mark e's block in map (bits per granule below top): 0, or -1 when a
+   granule is marked already (two keys share bytes). */
+int wq__keys_mark(const shmq *q, uint64_t *map, const struct wq_entry *e)
+{
+    if (e->keylen <= WQ_KEY_INLINE)
+        return 0;
+    uint32_t b = e->k.block, end = b + grains(e->keylen);
+    for (uint32_t i = b; i < end; i++)
+        if (map[i / 64] >> (i % 64) & 1)
+            return -1;
+    for (uint32_t i = b; i < end; i++)
+        map[i / 64] |= 1ull << (i % 64);
+    (void)q;
+    return 0;
+}
+
+void wq__keys_unmark(uint64_t *map, const struct wq_entry *e)
+{
+    if (e->keylen <= WQ_KEY_INLINE)
+        return;
+    for (uint32_t i = e->k.block, end = i + grains(e->keylen); i < end; i++)
+        map[i / 64] &= ~(1ull << (i % 64));
+}
+
+/* How many granules from i on, within i's word, are as live as i. */
+static uint32_t run_at(const uint64_t *map, uint32_t i, bool *live)
+{
+    uint64_t w = map[i / 64] >> (i % 64);
+    uint32_t rem = 64 - i % 64;
+    *live = w & 1;
+    uint64_t x = *live ? ~w : w;   /* its trailing zeros are the run */
+    uint32_t run = x ? (uint32_t)__builtin_ctzll(x) : rem;
+    return run < rem ? run : rem;
+}
+
+uint64_t *wq__keys_map(const shmq *q)
+{
+    return calloc((size_t)top_of(q) / 64 + 1, sizeof(uint64_t));
+}
+
+/*
+ * Lock and busy held: the lists and the top afresh from a map of the
+ * live blocks: the top ends at the last live block, and every run of
+ * free granules below it is listed in blocks of at most the longest
+ * key's size.
+ */
+void wq__keys_rebuild(shmq *q, const uint64_t *map)
+{
+    if (q->g.key_classes == 0)
+        return;
+    uint32_t top = top_of(q), maxn = q->g.key_classes - 1, end = 0;
+    memset(q->kfree, 0, (size_t)q->g.key_classes * sizeof *q->kfree);
+    for (uint32_t w = (top + 63) / 64; w-- > 0;) {
+        uint64_t bits = map[w];
+        if (w == top / 64)
+            bits &= (1ull << (top % 64)) - 1;
+        if (bits) {
+            end = w * 64 + 64 - (uint32_t)__builtin_clzll(bits);
+            break;
+        }
+    }
+    for (uint32_t i = 0; i < end;) {
+        bool live;
+        uint32_t run = run_at(map, i, &live);
+        if (run > end - i)
+            run = end - i;
+        for (uint32_t left = live ? 0 : run, b = i; left > 0;) {
+            uint32_t n = left < maxn ? left : maxn;
+            push(q, b, n);
+            b += n;
+            left -= n;
+        }
+        i += run;
+    }
+    q->hdr->k_top = end;
+}
+
+/* Check only: every listed block lies below the top, in the list of its
+   size, apart from every live block and every other listed one; the
+   live and listed granules make up the whole of [0, k_top). */
+void wq__keys_verify(const shmq *q, uint64_t *map, void (*bad)(void *c, const char *what),
+                     void *c)
+{
+    char msg[160];
+    uint32_t top = q->hdr->k_top;
+    if (top > q->nkeys) {
+        snprintf(msg, sizeof msg, "key arena: top %u past its %u granules", top, q->nkeys);
+        bad(c, msg);
+        return;
+    }
+    for (uint32_t n = 1; n < q->g.key_classes; n++) {
+        uint32_t steps = 0;
+        for (uint32_t ref = q->kfree[n]; ref != 0; ref = *link_at(q, ref - 1)) {
+            uint32_t b = ref - 1;
+            if (b >= top || top - b < n || ++steps > top) {
+                snprintf(msg, sizeof msg, "key arena: list %u: block %u of %u granules "
+                         "past the top %u%s", n, b, n, top, steps > top ? " (a cycle)" : "");
+                bad(c, msg);
+                break;
+            }
+            uint32_t i;
+            for (i = b; i < b + n && !(map[i / 64] >> (i % 64) & 1); i++)
+                map[i / 64] |= 1ull << (i % 64);
+            if (i < b + n) {
+                snprintf(msg, sizeof msg, "key arena: list %u: block %u overlaps a key "
+                         "or another free block", n, b);
+                bad(c, msg);
+                break;
+            }
+        }
+    }
+    uint64_t seen = 0;
+    for (uint32_t w = 0; w < top / 64; w++)
+        seen += (uint64_t)__builtin_popcountll(map[w]);
+    if (top % 64)
+        seen += (uint64_t)__builtin_popcountll(map[top / 64] & ((1ull << (top % 64)) - 1));
+    if (seen != top) {
+        snprintf(msg, sizeof msg, "key arena: %llu of %u granules neither a key nor free",
+                 (unsigned long long)(top - seen), top);
+        bad(c, msg);
+    }
+}
+
+/* Lock and busy held, the top at the end of the arena: list its free
+   granules merged (see the design note). -EBADMSG when two keys share
+   bytes (flagged: repair drops one), -ENOMEM. */
+static int compact(shmq *q)
+{
+    uint64_t *map = wq__keys_map(q);
+    if (!map)
+        return -ENOMEM;
+    int rc = 0;
+    for (uint32_t idx = 0, used = wq__entries_used(q); idx < used && rc == 0; idx++) {
+        const struct wq_entry *e = wq__entry(q, idx);
+        if (e->state == 0)
+            continue;
+        if (!wq__key(q, e) || e->k.block + grains(e->keylen) > top_of(q) ||
+            wq__keys_mark(q, map, e) < 0)
+            rc = wq__region_mark_corrupt(q);
+    }
+    if (rc == 0)
+        wq__keys_rebuild(q, map);
+    free(map);
+    return rc;
+}
+
+/* A block of n granules: 0, -ENOSPC (message set), -EBADMSG, -ENOMEM. */
+static int take(shmq *q, uint32_t n, uint32_t *out)
+{
+    struct wq_hdr *h = q->hdr;
+    int rc = pop(q, n, out);
+    if (rc != 0)
+        return rc < 0 ? rc : 0;
+    uint32_t top = h->k_top;
+    if (WQ_UNLIKELY(top > q->nkeys))
+        return wq__region_mark_corrupt(q);
+    if (q->g.key_max - top < n) {
+        if ((rc = compact(q)) < 0)
+            return rc;
+        for (uint32_t m = n; m < q->g.key_classes; m++) {
+            if ((rc = pop(q, m, out)) < 0)
+                return rc;
+            if (rc == 1) {
+                if (m > n)
+                    push(q, *out + n, m - n);
+                return 0;
+            }
+        }
+        top = h->k_top;
+        if (q->g.key_max - top < n) {
+            wq__errf("queue '%s': its key arena is full: %llu bytes of keys", q->pub.name,
+                     (unsigned long long)top * WQ_KEY_GRAIN);
+            return -ENOSPC;
+        }
+    }
+    if ((rc = wq__region_grow_keys(q, top + n)) < 0)
+        return rc;
+    h->k_top = top + n;
+    WQ_STEP("keys.bump");
+    *out = top;
+    return 0;
+}
+
+int wq__keys_put(shmq *q, struct wq_entry *e, const void *key, uint32_t len)
+{
+    WQ_ASSERT_MUTATING(q);
+    if (len <= WQ_KEY_INLINE) {
+        memcpy(e->k.in, key, len);
+        e->keylen = (uint16_t)len;
+        return 0;
+    }
+    uint32_t b;
+    int rc = take(q, grains(len), &b);
+    if (rc < 0)
+        return rc;
+    memcpy(q->karena + (uint64_t)b * WQ_KEY_GRAIN, key, len);
+    e->k.block = b;
+    e->keylen = (uint16_t)len;
+    return 0;
+}
+
+void wq__keys_drop(shmq *q, struct wq_entry *e)
+{
+    WQ_ASSERT_MUTATING(q);
+    if (e->keylen > WQ_KEY_INLINE) {
+        if (WQ_LIKELY(wq__key(q, e) && e->k.block + grains(e->keylen) <= q->hdr->k_top))
+            push(q, e->k.block, grains(e->keylen));
+        else
+            wq__region_mark_corrupt(q);
+    }
+    e->keylen = 0;
+}
