@@ -46,7 +46,13 @@ struct step {
 
 /* Exercises: registration, new adds, coalesced and "mark dirty" adds,
    gets, clean and dirty dones, index deletions with backward shifts (a
-   small, crowded index), and a close that gives back a held key. */
+   small, crowded index), and a close that gives back a held key. L1, L2
+   and W2 are longer than an entry holds: their bytes live in the key
+   arena (its growth, a block from the top, one given back by the forget
+   and taken again by the next add of L2). */
+#define L1 "s1/a-key-longer-than-an-entry-holds"   /* 35 bytes: 5 granules */
+#define L2 "s2/in-the-key-arena-too"               /* 23 bytes: 3 granules */
+#define W2 "w2/waiting-with-its-key-in-the-arena!"  /* 37 bytes: 5 granules */
 static const struct step script[] = {
     { OP_OPEN, NULL, 0 },
     { OP_ADD, "v1", 0 },  { OP_ADD, "a", 0 },  { OP_ADD, "v1", 0 },
@@ -54,7 +60,7 @@ static const struct step script[] = {
     { OP_DONE, "q1", 0 },
     { OP_GET, NULL, 0 },  /* q2 */
     { OP_ADD, "q2", 0 },  { OP_DONE, "q2", 0 },   /* q2 back at the end */
-    { OP_ADD, "s0", 0 },  { OP_ADD, "s1", 0 },  { OP_ADD, "s2", 0 },  { OP_ADD, "s3", 0 },
+    { OP_ADD, "s0", 0 },  { OP_ADD, L1, 0 },  { OP_ADD, L2, 0 },  { OP_ADD, "s3", 0 },
     { OP_GET, NULL, 0 },  /* q3 */
     { OP_DONE, "q3", 0 },
     { OP_GET, NULL, 0 },  /* v1 */
@@ -63,27 +69,28 @@ static const struct step script[] = {
     { OP_DONE, "q2", 0 },
     { OP_GET, NULL, 0 },  /* s0 */
     { OP_DONE, "s0", 0 },
-    { OP_AFTER, "w1", 0 }, { OP_AFTER, "w2", 0 },   /* new waits */
+    { OP_AFTER, "w1", 0 }, { OP_AFTER, W2, 0 },   /* new waits */
     { OP_ADD, "w1", 0 },                         /* a wait ends early: queued */
-    { OP_RL, "s2", 0 },                          /* queued: count rises, merged */
-    { OP_GET, NULL, 0 },  /* s1 */
-    { OP_RL, "s1", 0 },                          /* processing: waits as well */
-    { OP_DONE, "s1", 0 },                        /* done: still waiting */
-    { OP_GET, NULL, 0 },  /* s2 */
-    { OP_DONE, "s2", 0 },                        /* failure count kept */
-    { OP_FORGET, "s2", 0 },                      /* and dropped */
+    { OP_RL, L2, 0 },                            /* queued: count rises, merged */
+    { OP_GET, NULL, 0 },  /* L1 */
+    { OP_RL, L1, 0 },                            /* processing: waits as well */
+    { OP_DONE, L1, 0 },                          /* done: still waiting */
+    { OP_GET, NULL, 0 },  /* L2 */
+    { OP_DONE, L2, 0 },                          /* failure count kept */
+    { OP_FORGET, L2, 0 },                        /* and dropped: its block freed */
+    { OP_ADD, L2, 0 },                           /* new again: the block taken */
     { OP_GET, NULL, 0 },  /* s3 */
     { OP_FINISH, "s3", 0 },                   /* idle with a result */
     { OP_ADD, "s3", 0 },                         /* pending, result kept */
     { OP_GET, NULL, 0 },  /* w1 */
     { OP_FINISH, "w1", 5 },
-    { OP_GET, NULL, 0 },  /* s3, held at close */
+    { OP_GET, NULL, 0 },  /* L2, held at close */
     { OP_CLOSE, NULL, 0 },
 };
 #define NSTEPS (int)(sizeof script / sizeof script[0])
 
 #define CAP 12
-#define KEYLEN 16
+#define KEYLEN 48
 #define MAXK 32
 
 /* ---------------------------------------------------------------- */
@@ -267,7 +274,8 @@ static bool before_commit(const char *p, const struct step *s, struct model *m)
     static const char *const suffixes[] = { ".busy", ".alloc", ".fresh", ".key", ".owner",
                                             ".fields", "heap.remove", "result.fill",
                                             "fair.tag", "region.grow.entries",
-                                            "region.grow.results" };
+                                            "region.grow.results", "region.grow.keys",
+                                            "keys.bump", "keys.pop" };
     size_t n = strlen(p);
     for (size_t i = 0; i < sizeof suffixes / sizeof suffixes[0]; i++) {
         size_t len = strlen(suffixes[i]);
@@ -607,7 +615,7 @@ static void test_every_point(void **state)
         "requeue.ring", "requeue.counters", "procs.unregister.lease",
         "delay.busy", "delay.counted", "delay.heap", "heap.push", "heap.remove",
         "mark.ring", "wait.ready", "wait.state", "result.fill", "result.owner",
-        "result.linked",
+        "result.linked", "region.grow.keys", "keys.bump", "keys.link", "keys.pop",
     };
     for (size_t r = 0; r < sizeof required / sizeof required[0]; r++) {
         int i;

@@ -263,16 +263,16 @@ uint32_t wq__entry_new(shmq *q, const void *key, size_t len, uint32_t hash, int 
     }
     WQ_STEP("add.alloc");
     struct wq_entry *e = wq__entry(q, idx);
+    e->hash = hash;
+    e->owner = WQ_OWNER_NONE;
+    e->failures = 0;
+    e->rslot = WQ_NIL;
     int rc = wq__keys_put(q, e, key, (uint32_t)len);
     if (rc < 0) {   /* no room for the key: the entry goes back, unused */
         free_push(q, idx);
         *err = rc;
         return WQ_NIL;
     }
-    e->hash = hash;
-    e->owner = WQ_OWNER_NONE;
-    e->failures = 0;
-    e->rslot = WQ_NIL;
     e->seq = q->hdr->seq_next++;
     if (q->fair)
         q->fx[idx].prio = 0;

@@ -88,10 +88,10 @@ int wq__geometry(struct wq_geom *g, const struct wq_conf *c)
     g->max_procs = max_procs;
     g->entry_size = sizeof(struct wq_entry);
     /* Keys longer than an entry holds go to the arena (keys.c), which is
-       virtual room for `capacity` of the longest; its block addresses
-       are 32-bit granule numbers. */
+       virtual room for twice `capacity` of the longest (keys.c says why);
+       its block addresses are 32-bit granule numbers. */
     uint64_t kmax = max_key_len > WQ_KEY_INLINE
-                  ? (uint64_t)capacity * ((max_key_len + WQ_KEY_GRAIN - 1) / WQ_KEY_GRAIN) : 0;
+                  ? 2ull * capacity * ((max_key_len + WQ_KEY_GRAIN - 1) / WQ_KEY_GRAIN) : 0;
     g->key_max = kmax < UINT32_MAX ? (uint32_t)kmax : UINT32_MAX - 1;
     g->key_classes = max_key_len > WQ_KEY_INLINE
                    ? (max_key_len + WQ_KEY_GRAIN - 1) / WQ_KEY_GRAIN + 1 : 0;

@@ -1,0 +1,413 @@
+/*
+ * test-arena.c - the key arena (src/shm/keys.c), white-box: links
+ * libwq-fault.la and reads the arena's words through src/shm/shm.h.
+ *   - a key costs its own length: keys of up to 16 bytes stay in their
+ *     entry, longer ones take whole 8-byte granules, counted exactly;
+ *     a freed block is reused by the next key of its size, so churn
+ *     does not grow the arena; the region's bytes per key follow;
+ *   - an arena whose top reaches its end lists its free granules merged
+ *     and splits them: shifting key lengths never make an add fail
+ *     while the queue has room, and a hole between live keys is used;
+ *   - a growth the system refuses is -ENOSPC naming the queue and the
+ *     arena, losing nothing;
+ *   - damage: a key block outside the arena, two keys sharing bytes,
+ *     a free list pointing past the top or into a key: wq_check names
+ *     each, repair drops only the damaged key and rebuilds the lists.
+ * Crash points inside the arena are swept by test-crash (L1, L2, W2).
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "t.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "shm/shm.h"
+
+static char g_lines[32][256];
+static int g_nlines;
+
+static void collect(const char *what, void *arg)
+{
+    (void)arg;
+    if (g_nlines < 32)
+        snprintf(g_lines[g_nlines], sizeof g_lines[0], "%s", what);
+    g_nlines++;
+}
+
+/* wq_check_report: how many violations; the lines kept for reported(). */
+static int check_lines(wq *q)
+{
+    g_nlines = 0;
+    int found = wq_check_report(q, 0, collect, NULL);
+    assert_int_equal(found, g_nlines);
+    return found;
+}
+
+static bool reported(const char *needle)
+{
+    for (int i = 0; i < g_nlines && i < 32; i++)
+        if (strstr(g_lines[i], needle))
+            return true;
+    return false;
+}
+
+static void print_lines(void)
+{
+    for (int i = 0; i < g_nlines && i < 32; i++)
+        printf("  check: %s\n", g_lines[i]);
+}
+
+/* Key number i of exactly len bytes: "<i>/" then letters. */
+static size_t mkkey(char *buf, int i, size_t len)
+{
+    int n = snprintf(buf, len + 1, "%d/", i);
+    for (size_t j = (size_t)n; j < len; j++)
+        buf[j] = (char)('a' + (j + (size_t)i) % 26);
+    buf[len] = 0;
+    return len;
+}
+
+static uint32_t grains(size_t len)
+{
+    return (uint32_t)((len + WQ_KEY_GRAIN - 1) / WQ_KEY_GRAIN);
+}
+
+/* Blocks on free list n. */
+static uint32_t listed(wq *q, uint32_t n)
+{
+    struct wq_shm *s = wq__shm(q);
+    uint32_t c = 0;
+    for (uint32_t ref = s->kfree[n]; ref != 0 && c <= s->hdr->k_top; c++)
+        ref = *(uint32_t *)(s->karena + (uint64_t)(ref - 1) * WQ_KEY_GRAIN);
+    return c;
+}
+
+/* The entry holding key k (of len bytes), or NULL. */
+static struct wq_entry *entry_of(wq *q, const char *k, size_t len)
+{
+    struct wq_shm *s = wq__shm(q);
+    for (uint32_t i = 0; i < s->hdr->e_fresh; i++) {
+        struct wq_entry *e = wq__entry(s, i);
+        const unsigned char *b = wq__key(s, e);
+        if (e->state && b && e->keylen == len && memcmp(b, k, len) == 0)
+            return e;
+    }
+    return NULL;
+}
+
+static uint64_t shm_used(const char *name)
+{
+    char p[512];
+    struct stat sb;
+    t_shm_path(name, p, sizeof p);
+    assert_int_equal(stat(p, &sb), 0);
+    return (uint64_t)sb.st_blocks * 512;
+}
+
+static const size_t g_lens[] = { 1, 16, 17, 24, 40, 200, 256 };
+#define NLENS (sizeof g_lens / sizeof g_lens[0])
+
+static void test_keys_cost_their_length(void **state)
+{
+    (void)state;
+    const char *name;
+    wq *q = t_track(t_create("len", T_OPTS(.capacity = 20000), &name));
+    struct wq_shm *s = wq__shm(q);
+    assert_int_equal(wq_max_key_len(q), 256);
+    assert_int_equal(s->g.entry_size, 64);
+    assert_int_equal(s->g.key_classes, 33);
+    assert_int_equal(s->g.key_max, 2u * 20000 * 32);
+    char k[300];
+    uint32_t want = 0;
+    for (size_t l = 0; l < NLENS; l++)
+        for (int i = 0; i < 10; i++) {
+            assert_int_equal(wq_add(q, k, mkkey(k, i, g_lens[l])), 0);
+            want += g_lens[l] > WQ_KEY_INLINE ? grains(g_lens[l]) : 0;
+        }
+    assert_int_equal(want, 10 * (3 + 3 + 5 + 25 + 32));
+    assert_int_equal(s->hdr->k_top, want);
+    t_check_clean(q, __func__);
+    for (size_t l = 0; l < NLENS; l++)
+        for (int i = 0; i < 10; i++) {
+            T_EXPECT_GETN(q, k, mkkey(k, i, g_lens[l]));
+            assert_int_equal(wq_done(q, k, g_lens[l]), 0);
+        }
+    /* Every block listed by its size, the top unmoved. */
+    assert_int_equal(s->hdr->k_top, want);
+    assert_int_equal(listed(q, 3), 20);
+    assert_int_equal(listed(q, 5), 10);
+    assert_int_equal(listed(q, 25), 10);
+    assert_int_equal(listed(q, 32), 10);
+    t_check_clean(q, __func__);
+    /* Churn: the same lengths again take the listed blocks. */
+    for (int round = 0; round < 3; round++) {
+        for (size_t l = 0; l < NLENS; l++)
+            for (int i = 0; i < 10; i++)
+                assert_int_equal(wq_add(q, k, mkkey(k, i, g_lens[l])), 0);
+        assert_int_equal(s->hdr->k_top, want);
+        assert_int_equal(listed(q, 5), 0);
+        for (size_t l = 0; l < NLENS; l++)
+            for (int i = 0; i < 10; i++) {
+                T_EXPECT_GETN(q, k, mkkey(k, i, g_lens[l]));
+                assert_int_equal(wq_done(q, k, g_lens[l]), 0);
+            }
+    }
+    t_check_clean(q, __func__);
+
+    /* What the region takes per key: 10,000 keys of 40 bytes. Before the
+       arena an entry held max_key_len bytes: 304 + index, ring, heap. */
+    uint64_t before = shm_used(name);
+    for (int i = 0; i < 10000; i++)
+        assert_int_equal(wq_add(q, k, mkkey(k, i, 40)), 0);
+    double per = (double)(shm_used(name) - before) / 10000;
+    printf("10,000 keys of 40 bytes: %.1f bytes of /dev/shm each\n", per);
+    /* 64 entry + 40 key + 16..32 index + 4 ring + 4 heap, and growth
+       steps of an eighth. */
+    assert_true(per >= 128 && per < 180);
+    t_check_clean(q, __func__);
+    for (int i = 0; i < 10000; i++) {
+        T_EXPECT_GETN(q, k, mkkey(k, i, 40));
+        assert_int_equal(wq_done(q, k, 40), 0);
+    }
+    t_close(q);
+}
+
+/* capacity 4, max_key_len 64: an arena of 2 x 4 x 8 = 64 granules. */
+static void test_arena_full_compacts(void **state)
+{
+    (void)state;
+    wq *q = t_track(t_create("full", T_OPTS(.capacity = 4, .max_key_len = 64), NULL));
+    struct wq_shm *s = wq__shm(q);
+    assert_int_equal(s->g.key_max, 64);
+    char k[80];
+    /* Four keys of each length from 3 to 8 granules, taken and done in
+       turn: 132 granules asked of 64. */
+    for (size_t len = 24; len <= 64; len += 8) {
+        for (int i = 0; i < 4; i++)
+            assert_int_equal(wq_add(q, k, mkkey(k, i, len)), 0);
+        assert_true(s->hdr->k_top <= 64);
+        for (int i = 0; i < 4; i++) {
+            T_EXPECT_GETN(q, k, mkkey(k, i, len));
+            assert_int_equal(wq_done(q, k, len), 0);
+        }
+        t_check_clean(q, __func__);
+    }
+    /* Full: capacity, not the arena, is the limit. */
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(wq_add(q, k, mkkey(k, 10 + i, 64)), 0);
+    assert_int_equal(wq_add(q, k, mkkey(k, 14, 20)), -ENOSPC);
+    assert_non_null(strstr(wq_last_error(), "full: it holds its capacity of 4 live keys"));
+    assert_true(s->hdr->k_top <= 64);
+    t_check_clean(q, __func__);
+    for (int i = 10; i < 14; i++) {
+        T_EXPECT_GETN(q, k, mkkey(k, i, 64));
+        assert_int_equal(wq_done(q, k, 64), 0);
+    }
+    /* Lengths that shift every round, two keys live at a time, one of
+       them kept across rounds: holes between live blocks. The top must
+       have come down (a rebuild) and never passed the end. */
+    uint32_t lowered = 0, last = s->hdr->k_top;
+    int kept = 99;
+    size_t kept_len = 17;
+    assert_int_equal(wq_add(q, k, mkkey(k, kept, kept_len)), 0);
+    for (int round = 0; round < 40; round++) {
+        size_t a = 17 + (size_t)(round * 7) % 48, b = 64 - (size_t)(round * 5) % 40;
+        assert_int_equal(wq_add(q, k, mkkey(k, round, a)), 0);
+        assert_int_equal(wq_add(q, k, mkkey(k, 50 + round, b)), 0);
+        T_EXPECT_GETN(q, k, mkkey(k, kept, kept_len));
+        assert_int_equal(wq_done(q, k, kept_len), 0);
+        T_EXPECT_GETN(q, k, mkkey(k, round, a));
+        assert_int_equal(wq_done(q, k, a), 0);
+        kept = 50 + round;   /* stays queued into the next round */
+        kept_len = b;
+        lowered += s->hdr->k_top < last;
+        last = s->hdr->k_top;
+        assert_true(last <= 64);
+    }
+    printf("the arena's top came down %u times in 40 rounds\n", lowered);
+    assert_true(lowered >= 1);
+    T_EXPECT_GETN(q, k, mkkey(k, kept, kept_len));
+    assert_int_equal(wq_done(q, k, kept_len), 0);
+    t_check_clean(q, __func__);
+    t_close(q);
+}
+
+static void test_key_growth_refused(void **state)
+{
+    (void)state;
+    wq *q = t_track(t_create("grow", T_OPTS(.capacity = 100), NULL));
+    struct wq_shm *s = wq__shm(q);
+    assert_int_equal(wq_add(q, KS("short")), 0);   /* entries, index, ring grown */
+    assert_int_equal(s->hdr->grown_keys, 0);
+    const char *lk = "a-key-longer-than-its-entry-holds";
+    wq_fault_arm("region.grow", 1, WQ_FAULT_FAIL_ON);
+    assert_int_equal(wq_add(q, KS(lk)), -ENOSPC);
+    char want[160];
+    snprintf(want, sizeof want, "queue '%s': no room in /dev/shm to grow its region to ",
+             wq_name(q));
+    assert_non_null(strstr(wq_last_error(), want));
+    assert_non_null(strstr(wq_last_error(), " key arena granules ("));
+    wq_fault_arm(NULL, 0, 0);
+    assert_int_equal(t_key_state(q, lk), 0);
+    assert_int_equal(wq_len(q), 1);
+    assert_int_equal(s->hdr->k_top, 0);
+    t_check_clean(q, __func__);
+    /* The entry went back: the next add reuses it. */
+    uint32_t fresh = s->hdr->e_fresh;
+    assert_int_equal(wq_add(q, KS(lk)), 0);
+    assert_int_equal(s->hdr->e_fresh, fresh);
+    assert_true(s->hdr->grown_keys >= grains(strlen(lk)));
+    T_EXPECT_GET(q, "short");
+    T_EXPECT_DONE(q, "short");
+    T_EXPECT_GET(q, lk);
+    T_EXPECT_DONE(q, lk);
+    t_check_clean(q, __func__);
+    t_close(q);
+}
+
+#define LA "a/the-first-long-key-of-this-test"
+#define LB "b/the-second-long-key-of-this-one"
+#define LC "c/the-third-long-key-of-this-test"
+
+static wq *three_long(const char *tag)
+{
+    wq *q = t_track(t_create(tag, T_OPTS(.capacity = 100), NULL));
+    assert_int_equal(wq_add(q, KS("short")), 0);
+    assert_int_equal(wq_add(q, KS(LA)), 0);
+    assert_int_equal(wq_add(q, KS(LB)), 0);
+    assert_int_equal(wq_add(q, KS(LC)), 0);
+    return q;
+}
+
+static void expect_queue(wq *q, const char *const *keys, int n)
+{
+    for (int i = 0; i < n; i++) {
+        T_EXPECT_GET(q, keys[i]);
+        T_EXPECT_DONE(q, keys[i]);
+    }
+    T_EXPECT_GET_RC(q, -EAGAIN);
+}
+
+static void test_damaged_block_outside(void **state)
+{
+    (void)state;
+    wq *q = three_long("outside");
+    struct wq_shm *s = wq__shm(q);
+    entry_of(q, KS(LB))->k.block = s->g.key_max + 5;
+    int found = check_lines(q);
+    print_lines();
+    assert_true(found >= 1);
+    char want[160];
+    snprintf(want, sizeof want, "key block %u of %zu bytes outside the key arena's %u granules",
+             s->g.key_max + 5, strlen(LB), 3 * grains(strlen(LB)));
+    assert_true(reported(want));
+    assert_true(wq_check(q, WQ_CHECK_REPAIR) > 0);
+    t_check_clean(q, __func__);
+    assert_int_equal(t_key_state(q, LB), 0);   /* the damaged key alone is gone */
+    /* Its granules are free again: LB comes back without growing the top. */
+    uint32_t top = s->hdr->k_top;
+    assert_int_equal(wq_add(q, KS(LB)), 0);
+    assert_int_equal(s->hdr->k_top, top);
+    static const char *const order[] = { "short", LA, LC, LB };
+    expect_queue(q, order, 4);
+    t_check_clean(q, __func__);
+    t_close(q);
+}
+
+static void test_damaged_blocks_shared(void **state)
+{
+    (void)state;
+    wq *q = three_long("shared");
+    struct wq_shm *s = wq__shm(q);
+    uint32_t a = entry_of(q, KS(LA))->k.block;
+    entry_of(q, KS(LC))->k.block = a;
+    int found = check_lines(q);
+    print_lines();
+    assert_true(found >= 1);
+    char want[160];
+    snprintf(want, sizeof want, "key block %u shares bytes with another key's, dropped", a);
+    assert_true(reported(want));
+    assert_true(wq_check(q, WQ_CHECK_REPAIR) > 0);
+    t_check_clean(q, __func__);
+    /* LC's own block, the last one, is unowned now: the top comes down
+       over it. LA keeps its bytes. */
+    assert_int_equal(listed(q, grains(strlen(LC))), 0);
+    assert_int_equal(s->hdr->k_top, 2 * grains(strlen(LB)));
+    static const char *const order[] = { "short", LA, LB };
+    expect_queue(q, order, 3);
+    t_check_clean(q, __func__);
+    t_close(q);
+}
+
+static void test_damaged_free_list(void **state)
+{
+    (void)state;
+    wq *q = three_long("list");
+    struct wq_shm *s = wq__shm(q);
+    T_EXPECT_GET(q, "short");
+    T_EXPECT_DONE(q, "short");
+    T_EXPECT_GET(q, LA);
+    T_EXPECT_DONE(q, LA);   /* its block: the only one listed */
+    uint32_t n = grains(strlen(LA));
+    assert_int_equal(listed(q, n), 1);
+    t_check_clean(q, __func__);
+
+    /* The head past the top: named; an add meeting it is refused, the
+       region flagged, and the repair rebuilds the list. */
+    s->kfree[n] = s->hdr->k_top + 100;
+    assert_int_equal(check_lines(q), 2);
+    char want[160];
+    snprintf(want, sizeof want, "key arena: list %u: block %u of %u granules past the top %u",
+             n, s->hdr->k_top + 99, n, s->hdr->k_top);
+    print_lines();
+    assert_true(reported(want));
+    snprintf(want, sizeof want, "key arena: %u of %u granules neither a key nor free", n,
+             s->hdr->k_top);
+    assert_true(reported(want));
+    assert_int_equal(wq_add(q, KS(LA)), -EBADMSG);
+    assert_int_equal(wq_add(q, KS(LA)), 0);   /* the next locker repaired */
+    t_check_clean(q, __func__);
+    assert_int_equal(s->hdr->k_top, 3 * n);
+
+    /* A listed block that is a live key's: named, and nothing handed out
+       twice after the repair. */
+    T_EXPECT_GET(q, LB);
+    T_EXPECT_DONE(q, LB);
+    s->kfree[n] = entry_of(q, KS(LC))->k.block + 1;
+    assert_true(check_lines(q) >= 1);
+    snprintf(want, sizeof want, "key arena: list %u: block %u overlaps a key or another "
+             "free block", n, entry_of(q, KS(LC))->k.block);
+    print_lines();
+    assert_true(reported(want));
+    assert_true(wq_check(q, WQ_CHECK_REPAIR) > 0);
+    t_check_clean(q, __func__);
+    assert_int_equal(wq_add(q, KS(LB)), 0);
+    static const char *const order[] = { LC, LA, LB };
+    expect_queue(q, order, 3);
+    t_check_clean(q, __func__);
+    t_close(q);
+}
+
+int main(void)
+{
+    static const struct CMUnitTest tests[] = {
+        T_TEST(test_keys_cost_their_length),
+        T_TEST(test_arena_full_compacts),
+        T_TEST(test_key_growth_refused),
+        T_TEST(test_damaged_block_outside),
+        T_TEST(test_damaged_blocks_shared),
+        T_TEST(test_damaged_free_list),
+        T_NO_LEFTOVERS,
+    };
+    static const struct t_guard g = {
+        .prog = "test-arena",
+        .deadline_s = 120,
+        T_GUARD_TESTS(tests),
+    };
+    return t_guard_main(&g);
+}
