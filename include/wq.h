@@ -197,8 +197,8 @@
  *
  * MEMORY
  *   A queue's shm object has the size of its whole layout (wq_stats
- *   region_bytes: about 632 bytes per unit of capacity with the default
- *   max_key_len and result_capacity, 41 MB for a default queue), but it
+ *   region_bytes: about 908 bytes per unit of capacity with the default
+ *   max_key_len and result_capacity, 60 MB for a default queue), but it
  *   is a sparse file: it takes memory (pages of /dev/shm, counted against
  *   the tmpfs size limit and the memory cgroup) only for what is used
  *   (wq_stats region_used):
@@ -207,13 +207,21 @@
  *       store adds 4 bytes per unit of capacity, fair mode its tenant
  *       table, up to 512 KiB): 32 KiB for a default queue, whatever its
  *       capacity, which is a bound, not an allocation;
- *     - then, as keys arrive, one entry per key held at once (48 +
- *       max_key_len bytes, 8-aligned, and 4 for the delay heap; 32 more
- *       in fair mode), and one slot of 288 bytes per result kept. Each
- *       grows in steps of an eighth of what it has (at least 64 KiB),
- *       under the lock. Entries freed by done keys are reused before new
- *       pages are taken, and pages are not given back while the queue
- *       exists: the most keys (and results) held at once set the figure;
+ *     - then, as keys arrive, one entry per key held at once (64 bytes,
+ *       which hold a key of up to 16 bytes, and 4 for the delay heap; 32
+ *       more in fair mode); a longer key's own bytes, rounded up to 8, in
+ *       the key arena (never max_key_len: a 40-byte key costs 40); and
+ *       one slot of 288 bytes per result kept. Each grows in steps of an
+ *       eighth of what it has (at least 64 KiB), under the lock. Entries
+ *       and key bytes freed by done keys are reused before new pages are
+ *       taken (a freed key's bytes by the next key of the same length in
+ *       8-byte steps), and pages are not given back while the queue
+ *       exists: the most keys (and results) held at once set the figure.
+ *       When key lengths shift over time, bytes of the old lengths stay
+ *       set aside; when the arena reaches its end (room for twice
+ *       capacity keys of max_key_len, virtual), the add that meets it
+ *       merges the free bytes under the lock, one pass over the entries,
+ *       and goes on: a queue with room never refuses a key for this;
  *     - and the hash index and the ring: 8-byte index slots, a power of
  *       two of them and at least twice the entries ever used (16 to 32
  *       bytes per key; a full queue's is 2 x capacity + 1 slots), and a
