@@ -10,7 +10,9 @@
  *     while the queue has room, and a hole between live keys is used;
  *   - a growth the system refuses is -ENOSPC naming the queue and the
  *     arena, losing nothing;
- *   - damage: a key block outside the arena, two keys sharing bytes,
+ *   - result messages too cost their own length: one replaced gives its
+ *     block back, one of 12 bytes or less stays in its slot;
+ *   - damage: a key block or a message block outside the arena, two keys sharing bytes,
  *     a free list pointing past the top or into a key: wq_check names
  *     each, repair drops only the damaged key and rebuilds the lists.
  * Crash points inside the arena are swept by test-crash (L1, L2, W2).
@@ -121,7 +123,7 @@ static void test_keys_cost_their_length(void **state)
     assert_int_equal(wq_max_key_len(q), 256);
     assert_int_equal(s->g.entry_size, 64);
     assert_int_equal(s->g.key_classes, 33);
-    assert_int_equal(s->g.key_max, 2u * 20000 * 32);
+    assert_int_equal(s->g.key_max, 2u * (20000 * 32 + 20000 * 32));   /* keys, messages */
     char k[300];
     uint32_t want = 0;
     for (size_t l = 0; l < NLENS; l++)
@@ -177,20 +179,22 @@ static void test_keys_cost_their_length(void **state)
     t_close(q);
 }
 
-/* capacity 4, max_key_len 64: an arena of 2 x 4 x 8 = 64 granules. */
+/* capacity 4, max_key_len 64, one result: an arena of 2 x (4 x 8 + 32)
+   = 128 granules. */
 static void test_arena_full_compacts(void **state)
 {
     (void)state;
-    wq *q = t_track(t_create("full", T_OPTS(.capacity = 4, .max_key_len = 64), NULL));
+    wq *q = t_track(t_create("full", T_OPTS(.capacity = 4, .max_key_len = 64,
+                                            .result_capacity = 1), NULL));
     struct wq_shm *s = wq__shm(q);
-    assert_int_equal(s->g.key_max, 64);
+    assert_int_equal(s->g.key_max, 128);
     char k[80];
     /* Four keys of each length from 3 to 8 granules, taken and done in
-       turn: 132 granules asked of 64. */
+       turn: 132 granules asked of 128. */
     for (size_t len = 24; len <= 64; len += 8) {
         for (int i = 0; i < 4; i++)
             assert_int_equal(wq_add(q, k, mkkey(k, i, len)), 0);
-        assert_true(s->hdr->k_top <= 64);
+        assert_true(s->hdr->k_top <= 128);
         for (int i = 0; i < 4; i++) {
             T_EXPECT_GETN(q, k, mkkey(k, i, len));
             assert_int_equal(wq_done(q, k, len), 0);
@@ -202,7 +206,7 @@ static void test_arena_full_compacts(void **state)
         assert_int_equal(wq_add(q, k, mkkey(k, 10 + i, 64)), 0);
     assert_int_equal(wq_add(q, k, mkkey(k, 14, 20)), -ENOSPC);
     assert_non_null(strstr(wq_last_error(), "full: it holds its capacity of 4 live keys"));
-    assert_true(s->hdr->k_top <= 64);
+    assert_true(s->hdr->k_top <= 128);
     t_check_clean(q, __func__);
     for (int i = 10; i < 14; i++) {
         T_EXPECT_GETN(q, k, mkkey(k, i, 64));
@@ -227,7 +231,7 @@ static void test_arena_full_compacts(void **state)
         kept_len = b;
         lowered += s->hdr->k_top < last;
         last = s->hdr->k_top;
-        assert_true(last <= 64);
+        assert_true(last <= 128);
     }
     printf("the arena's top came down %u times in 40 rounds\n", lowered);
     assert_true(lowered >= 1);
@@ -393,6 +397,76 @@ static void test_damaged_free_list(void **state)
     t_close(q);
 }
 
+static void test_result_messages(void **state)
+{
+    (void)state;
+    wq *q = t_track(t_create("msg", T_OPTS(.capacity = 100), NULL));
+    struct wq_shm *s = wq__shm(q);
+    char m100[101], m20[21], got[256];
+    mkkey(m100, 1, 100);
+    mkkey(m20, 2, 20);
+    struct wq_result r;
+    assert_int_equal(wq_add(q, KS("k")), 0);
+    T_EXPECT_GET(q, "k");
+    assert_int_equal(wq_finish(q, KS("k"), 3, m100), 0);
+    assert_int_equal(s->hdr->k_top, grains(100));
+    assert_int_equal(wq_result(q, KS("k"), &r), 0);
+    assert_int_equal(r.code, 3);
+    assert_string_equal(r.message, m100);
+    /* Replaced: the new block taken, the old one listed. */
+    assert_int_equal(wq_add(q, KS("k")), 0);
+    T_EXPECT_GET(q, "k");
+    assert_int_equal(wq_finish(q, KS("k"), 4, m20), 0);
+    assert_int_equal(s->hdr->k_top, grains(100) + grains(20));
+    assert_int_equal(listed(q, grains(100)), 1);
+    assert_int_equal(wq_result(q, KS("k"), &r), 0);
+    assert_string_equal(r.message, m20);
+    /* A short one stays in the slot; a 255-byte one is the longest. */
+    assert_int_equal(wq_add(q, KS("k")), 0);
+    T_EXPECT_GET(q, "k");
+    assert_int_equal(wq_finish(q, KS("k"), 5, "short msg"), 0);
+    assert_int_equal(listed(q, grains(20)), 1);
+    memset(got, 'x', 300 > sizeof got ? sizeof got : 300);
+    got[sizeof got - 1] = 0;   /* 255 bytes: the longest message */
+    assert_int_equal(wq_add(q, KS("k2")), 0);
+    T_EXPECT_GET(q, "k2");
+    assert_int_equal(wq_finish(q, KS("k2"), 6, got), 0);
+    assert_int_equal(wq_result(q, KS("k2"), &r), 0);
+    assert_int_equal(strlen(r.message), 255);
+    t_check_clean(q, __func__);
+    /* Forgetting k2's result (a done of an idle key is not possible:
+       wq_remove) gives its block back. */
+    uint32_t top = s->hdr->k_top;
+    assert_int_equal(wq_remove(q, KS("k2")), 0);
+    assert_int_equal(listed(q, 32), 1);
+    assert_int_equal(s->hdr->k_top, top);
+    t_check_clean(q, __func__);
+
+    /* A damaged message block: named, emptied by the repair, the code
+       kept. */
+    assert_int_equal(wq_add(q, KS("k3")), 0);
+    T_EXPECT_GET(q, "k3");
+    assert_int_equal(wq_finish(q, KS("k3"), 7, m100), 0);
+    struct wq_rslot *rs = &s->rslots[entry_of(q, KS("k3"))->rslot];
+    uint32_t slot = (uint32_t)(rs - s->rslots);
+    rs->m.block = s->g.key_max + 1;
+    assert_int_equal(check_lines(q), 2);
+    print_lines();
+    char want[200];
+    snprintf(want, sizeof want, "result slot %u: message of 100 bytes at granule %u outside "
+             "the key arena or sharing bytes, emptied", slot, s->g.key_max + 1);
+    assert_true(reported(want));
+    assert_true(reported("granules neither a key nor free"));
+    assert_true(wq_check(q, WQ_CHECK_REPAIR) > 0);
+    t_check_clean(q, __func__);
+    assert_int_equal(wq_result(q, KS("k3"), &r), 0);
+    assert_int_equal(r.code, 7);
+    assert_string_equal(r.message, "");
+    assert_int_equal(wq_result(q, KS("k"), &r), 0);
+    assert_string_equal(r.message, "short msg");
+    t_close(q);
+}
+
 int main(void)
 {
     static const struct CMUnitTest tests[] = {
@@ -402,6 +476,7 @@ int main(void)
         T_TEST(test_damaged_block_outside),
         T_TEST(test_damaged_blocks_shared),
         T_TEST(test_damaged_free_list),
+        T_TEST(test_result_messages),
         T_NO_LEFTOVERS,
     };
     static const struct t_guard g = {

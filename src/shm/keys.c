@@ -1,10 +1,12 @@
 /*
- * keys.c - the key arena: where keys longer than an entry holds live.
+ * keys.c - the key arena: where keys longer than an entry holds, and
+ * result messages longer than a result slot holds, live.
  *
- * A key of up to WQ_KEY_INLINE bytes is stored in its entry (layout.h).
- * A longer one takes a block of whole granules (WQ_KEY_GRAIN bytes) in
- * the arena, so a key costs its own length rounded up to 8, not
- * max_key_len. A block comes from the free list of its size (kfree[n],
+ * A key of up to WQ_KEY_INLINE bytes is stored in its entry, a message of
+ * up to WQ_MSG_INLINE in its result slot (layout.h). A longer one takes a
+ * block of whole granules (WQ_KEY_GRAIN bytes) in the arena, so a key
+ * costs its own length rounded up to 8, not max_key_len, and a message
+ * its own, not 255 bytes. A block comes from the free list of its size (kfree[n],
  * n granules; LIFO through the block's first word, granule + 1, 0 ending
  * it, so the block freed last, still in cache, is reused first), else
  * from the top of the arena (k_top), whose pages grow in steps
@@ -15,18 +17,20 @@
  * the top reaches the end of the arena, the lists are rebuilt from the
  * entries (compact below), which merges neighbouring free granules, and
  * the first listed block at least as large is split. The arena is
- * virtual room for twice `capacity` keys of max_key_len, which makes that
- * enough: after a rebuild every gap lies between two live blocks and is
- * shorter than the key, so live blocks and gaps take less than
- * 2 x (capacity - 1) x the longest key, and the rest is free at the top.
- * Only an arena clamped to 2^32 granules (32 GiB of keys) can be full.
+ * virtual room for twice `capacity` keys of max_key_len and
+ * `result_capacity` messages of 255 bytes, which makes that enough: after
+ * a rebuild every gap lies between two live blocks and is shorter than
+ * the block asked for, so live blocks and gaps take less than twice the
+ * longest possible live blocks, and the rest is free at the top. Only an
+ * arena clamped to 2^32 granules (32 GiB) can be full.
  *
- * Crash protocol (mutate.h): the entries are the truth. An entry that is
- * not free owns the block its key names, and nothing else owns it;
- * every other granule below k_top is free. A block taken and not yet
+ * Crash protocol (mutate.h): the entries and result slots are the truth.
+ * An entry that is not free owns the block its key names, a used result
+ * slot the block its message names, and nothing else owns them; every
+ * other granule below k_top is free. A block taken and not yet
  * named by a committed entry, or given back and not yet listed, is only
  * lost until the next repair, which rebuilds every list from the
- * entries the same way (wq__keys_rebuild). A granule number read from
+ * entries and slots the same way (wq__keys_rebuild). A granule number read from
  * the region is checked against the arena's bounds before it is used;
  * one that fails flags the region for repair.
  */
@@ -77,27 +81,22 @@ static int pop(shmq *q, uint32_t n, uint32_t *out)
     return 1;
 }
 
-/* Mark e's block in map (bits per granule below top): 0, or -1 when a
-   granule is marked already (two keys share bytes). */
-int wq__keys_mark(const shmq *q, uint64_t *map, const struct wq_entry *e)
+int wq__keys_mark(const shmq *q, uint64_t *map, uint32_t block, uint32_t len)
 {
-    if (e->keylen <= WQ_KEY_INLINE)
-        return 0;
-    uint32_t b = e->k.block, end = b + grains(e->keylen);
-    for (uint32_t i = b; i < end; i++)
+    uint64_t end = (uint64_t)block + grains(len);
+    if (end > top_of(q))
+        return -1;
+    for (uint32_t i = block; i < (uint32_t)end; i++)
         if (map[i / 64] >> (i % 64) & 1)
             return -1;
-    for (uint32_t i = b; i < end; i++)
+    for (uint32_t i = block; i < (uint32_t)end; i++)
         map[i / 64] |= 1ull << (i % 64);
-    (void)q;
     return 0;
 }
 
-void wq__keys_unmark(uint64_t *map, const struct wq_entry *e)
+void wq__keys_unmark(uint64_t *map, uint32_t block, uint32_t len)
 {
-    if (e->keylen <= WQ_KEY_INLINE)
-        return;
-    for (uint32_t i = e->k.block, end = i + grains(e->keylen); i < end; i++)
+    for (uint32_t i = block, end = i + grains(len); i < end; i++)
         map[i / 64] &= ~(1ull << (i % 64));
 }
 
@@ -201,8 +200,8 @@ void wq__keys_verify(const shmq *q, uint64_t *map, void (*bad)(void *c, const ch
 }
 
 /* Lock and busy held, the top at the end of the arena: list its free
-   granules merged (see the design note). -EBADMSG when two keys share
-   bytes (flagged: repair drops one), -ENOMEM. */
+   granules merged (see the design note). -EBADMSG when a block is not
+   sound (flagged: repair drops it), -ENOMEM. */
 static int compact(shmq *q)
 {
     uint64_t *map = wq__keys_map(q);
@@ -211,12 +210,12 @@ static int compact(shmq *q)
     int rc = 0;
     for (uint32_t idx = 0, used = wq__entries_used(q); idx < used && rc == 0; idx++) {
         const struct wq_entry *e = wq__entry(q, idx);
-        if (e->state == 0)
-            continue;
-        if (!wq__key(q, e) || e->k.block + grains(e->keylen) > top_of(q) ||
-            wq__keys_mark(q, map, e) < 0)
+        if (e->state != 0 && e->keylen > WQ_KEY_INLINE &&
+            (!wq__key(q, e) || wq__keys_mark(q, map, e->k.block, e->keylen) < 0))
             rc = wq__region_mark_corrupt(q);
     }
+    if (rc == 0 && wq__results_mark(q, map, false, NULL, NULL) > 0)
+        rc = wq__region_mark_corrupt(q);
     if (rc == 0)
         wq__keys_rebuild(q, map);
     free(map);
@@ -260,6 +259,21 @@ static int take(shmq *q, uint32_t n, uint32_t *out)
     return 0;
 }
 
+int wq__keys_take(shmq *q, uint32_t len, uint32_t *block)
+{
+    WQ_ASSERT_MUTATING(q);
+    return take(q, grains(len), block);
+}
+
+void wq__keys_give(shmq *q, uint32_t block, uint32_t len)
+{
+    WQ_ASSERT_MUTATING(q);
+    if (WQ_LIKELY(wq__keys_at(q, block, len) && block + grains(len) <= q->hdr->k_top))
+        push(q, block, grains(len));
+    else
+        wq__region_mark_corrupt(q);
+}
+
 int wq__keys_put(shmq *q, struct wq_entry *e, const void *key, uint32_t len)
 {
     WQ_ASSERT_MUTATING(q);
@@ -280,10 +294,9 @@ int wq__keys_put(shmq *q, struct wq_entry *e, const void *key, uint32_t len)
 
 void wq__keys_drop(shmq *q, struct wq_entry *e)
 {
-    WQ_ASSERT_MUTATING(q);
     if (e->keylen > WQ_KEY_INLINE) {
-        if (WQ_LIKELY(wq__key(q, e) && e->k.block + grains(e->keylen) <= q->hdr->k_top))
-            push(q, e->k.block, grains(e->keylen));
+        if (WQ_LIKELY(wq__key(q, e)))
+            wq__keys_give(q, e->k.block, e->keylen);
         else
             wq__region_mark_corrupt(q);
     }

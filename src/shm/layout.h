@@ -109,8 +109,9 @@ struct wq_geom {
     int32_t tenant_sep;       /* -1: no tenants */
     uint32_t ftag_slots;      /* tenant tag counters (power of two) */
     uint32_t key_max;         /* granules of the key arena (keys.c): room
-                                 for `capacity` keys of max_key_len; 0 when
-                                 every key fits in its entry */
+                                 for twice `capacity` keys of max_key_len
+                                 (0 when keys fit in their entries) and
+                                 result_capacity messages of 255 bytes */
     uint64_t total_size;      /* the shm object's size */
     uint32_t mode;            /* creation mode, informative */
     uint32_t reserved0;
@@ -122,8 +123,9 @@ struct wq_geom {
     double   rl_qps;
     uint64_t rl_fast_delay_ns, rl_slow_delay_ns;
     uint32_t rl_max_fast_attempts;
-    uint32_t key_classes;     /* key free lists: one per block size in
-                                 granules, 0 .. max_key_len / 8 rounded up */
+    uint32_t key_classes;     /* arena free lists: one per block size in
+                                 granules, 0 .. the longest key's or
+                                 message's, in granules */
     uint64_t off_kfree, off_keys;
     uint64_t checksum;        /* FNV-1a 64 of all bytes above */
 };
@@ -388,16 +390,25 @@ _Static_assert(sizeof(struct wq_fx) == 24, "fair data is 24 bytes");
  *             store that sets it commits a new result.
  *   prev/next the update-order list (used) or the free list (next only).
  *   seq       update sequence: repair rebuilds the list by sorting on it.
+ *   msglen/m  the message (0..255 bytes, no NUL): in the slot up to
+ *             WQ_MSG_INLINE bytes, else a block of the key arena (keys.c)
+ *             that the slot owns while its owner is set.
  */
+#define WQ_MSG_INLINE 12u
+#define WQ_MSG_MAX    255u
 struct wq_rslot {
     uint32_t owner;
     int32_t code;
     uint32_t prev, next;
     uint64_t seq;
     uint64_t updated_ns;      /* CLOCK_REALTIME of the wq_finish */
-    char message[256];
+    uint32_t msglen;
+    union {
+        char in[WQ_MSG_INLINE];
+        uint32_t block;
+    } m;
 };
-_Static_assert(sizeof(struct wq_rslot) == 288, "result slot is 288 bytes");
+_Static_assert(sizeof(struct wq_rslot) == 48, "result slot is 48 bytes");
 _Static_assert(sizeof(struct wq_islot) == 8, "index slot is 8 bytes");
 _Static_assert(offsetof(struct wq_hdr, lock) % WQ_ALIGN == 0, "lock on its own line");
 _Static_assert(offsetof(struct wq_hdr, wake_seq) % 4 == 0, "futex word aligned");

@@ -400,7 +400,7 @@ static int done_locked(shmq *q, const void *key, size_t len, uint32_t hash, uint
     if (!(wq__st(wq__entry(q, idx)) & WQ_ST_PROCESSING))
         return -ENOENT;
     int rc;
-    if (o && o->record && (rc = wq__result_room(q, idx)) < 0)
+    if (o && o->record && (rc = wq__result_room(q, idx, o->message)) < 0)
         return rc;   /* still processing: the caller may try again */
     wq__mut_begin(q);
     WQ_STEP("done.busy");

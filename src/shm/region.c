@@ -87,14 +87,16 @@ int wq__geometry(struct wq_geom *g, const struct wq_conf *c)
     g->max_key_len = max_key_len;
     g->max_procs = max_procs;
     g->entry_size = sizeof(struct wq_entry);
-    /* Keys longer than an entry holds go to the arena (keys.c), which is
-       virtual room for twice `capacity` of the longest (keys.c says why);
-       its block addresses are 32-bit granule numbers. */
-    uint64_t kmax = max_key_len > WQ_KEY_INLINE
-                  ? 2ull * capacity * ((max_key_len + WQ_KEY_GRAIN - 1) / WQ_KEY_GRAIN) : 0;
+    /* Keys longer than an entry holds and result messages longer than a
+       slot holds go to the arena (keys.c), which is virtual room for
+       twice `capacity` of the longest keys and `result_capacity` of the
+       longest messages (keys.c says why); its block addresses are 32-bit
+       granule numbers. */
+    uint32_t kg = max_key_len > WQ_KEY_INLINE ? (max_key_len + WQ_KEY_GRAIN - 1) / WQ_KEY_GRAIN : 0;
+    uint32_t mg = (WQ_MSG_MAX + WQ_KEY_GRAIN - 1) / WQ_KEY_GRAIN;
+    uint64_t kmax = 2ull * ((uint64_t)capacity * kg + (uint64_t)result_capacity * mg);
     g->key_max = kmax < UINT32_MAX ? (uint32_t)kmax : UINT32_MAX - 1;
-    g->key_classes = max_key_len > WQ_KEY_INLINE
-                   ? (max_key_len + WQ_KEY_GRAIN - 1) / WQ_KEY_GRAIN + 1 : 0;
+    g->key_classes = (kg > mg ? kg : mg) + 1;
     /* Load factor at most 0.5 when full keeps linear probing short (at
        0.8 a queue of 1e7 keys rotated 27% slower); +1 so a full table
        always has an empty slot to end probes. Two areas of that size,

@@ -240,7 +240,8 @@ static void check_entries(struct ctx *c)
             q->hdr->crash_requeues_total++;
         e->state = want;
     hash:
-        if (want && wq__keys_mark(q, c->kmap, e) < 0) {
+        if (want && e->keylen > WQ_KEY_INLINE &&
+            wq__keys_mark(q, c->kmap, e->k.block, e->keylen) < 0) {
             violation(c, "entry %u: key block %u shares bytes with another key's, "
                       "dropped", idx, e->k.block);
             if (c->apply)
@@ -273,7 +274,9 @@ static void dup_key(void *cv, uint32_t idx, uint32_t other)
 {
     struct ctx *c = cv;
     violation(c, "entry %u: same key as entry %u, dropped", idx, other);
-    wq__keys_unmark(c->kmap, wq__entry(c->q, idx));
+    struct wq_entry *e = wq__entry(c->q, idx);
+    if (e->keylen > WQ_KEY_INLINE)
+        wq__keys_unmark(c->kmap, e->k.block, e->keylen);
 }
 
 /* Check only: every index slot names a live entry with its hash, is
@@ -610,15 +613,12 @@ int wq__repair(shmq *q, bool apply, bool thorough, wq_report_fn report, void *ar
         verify_sq(&c);
     }
     finish(&c, queued);
-    if (apply)
-        wq__keys_rebuild(q, c.kmap);
-    else
-        wq__keys_verify(q, c.kmap, report_cb, &c);
-    free(c.kmap);
     if (apply) {
         int rc = wq__fair_rebuild(q);
-        if (rc < 0)
+        if (rc < 0) {
+            free(c.kmap);
             return rc;
+        }
     } else {
         wq__fair_verify(q, report_cb, &c);
     }
@@ -626,6 +626,13 @@ int wq__repair(shmq *q, bool apply, bool thorough, wq_report_fn report, void *ar
         wq__results_verify(q, report_cb, &c);
     else if (thorough || wq__results_damaged(q))
         wq__results_rebuild(q);
+    /* The arena last: what it holds is decided above. */
+    wq__results_mark(q, c.kmap, apply, report_cb, &c);
+    if (apply)
+        wq__keys_rebuild(q, c.kmap);
+    else
+        wq__keys_verify(q, c.kmap, report_cb, &c);
+    free(c.kmap);
     if (apply) {
         WQ_STEP("repair.done");
         q->hdr->busy = 0;

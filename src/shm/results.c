@@ -20,6 +20,13 @@
  * sequence, O(r log r) for r results). An update in
  * place may leave a torn message if its writer dies mid-copy; the
  * structure stays sound.
+ *
+ * Messages: up to WQ_MSG_INLINE bytes in the slot, longer ones in a block
+ * of the key arena (keys.c) that the slot owns while its owner is set. A
+ * replaced message's block is given back after the new one is in place;
+ * a slot freed gives its block back. Repair marks the blocks of the slots
+ * it keeps (wq__results_mark), and the arena is rebuilt from those and
+ * the keys'; a message whose block is not sound is emptied.
  */
 #include <stdlib.h>
 
@@ -57,6 +64,32 @@ static void append_slot(shmq *q, uint32_t s)
     h->r_tail = s;
 }
 
+static inline uint32_t msg_grains(uint32_t len)
+{
+    return (len + WQ_KEY_GRAIN - 1) / WQ_KEY_GRAIN;
+}
+
+/* The message's bytes (msglen of them), or NULL when damaged. */
+static const char *msg_at(const shmq *q, const struct wq_rslot *r)
+{
+    if (r->msglen <= WQ_MSG_INLINE)
+        return r->m.in;
+    if (r->msglen > WQ_MSG_MAX)
+        return NULL;
+    return (const char *)wq__keys_at(q, r->m.block, r->msglen);
+}
+
+/* Lock held: copy slot r's message with its NUL into buf (256 bytes);
+   its length (0 for a damaged one). */
+uint32_t wq__result_message(const shmq *q, const struct wq_rslot *r, char *buf)
+{
+    const char *m = msg_at(q, r);
+    uint32_t n = m ? r->msglen : 0;
+    memcpy(buf, m ? m : "", n);
+    buf[n] = 0;
+    return n;
+}
+
 /* Lock and busy held: the entry loses its result (if it has one). */
 void wq__result_drop(shmq *q, uint32_t idx)
 {
@@ -70,6 +103,11 @@ void wq__result_drop(shmq *q, uint32_t idx)
     WQ_STEP("result.detach");
     slot(q, s)->owner = 0;   /* commit: the result is gone */
     WQ_STEP("result.free");
+    struct wq_rslot *r = slot(q, s);
+    if (r->msglen > WQ_MSG_INLINE && r->msglen <= WQ_MSG_MAX)
+        wq__keys_give(q, r->m.block, r->msglen);
+    r->msglen = 0;
+    WQ_STEP("result.msgfree");
     unlink_slot(q, s);
     slot(q, s)->next = h->r_free;
     h->r_free = s;
@@ -78,12 +116,31 @@ void wq__result_drop(shmq *q, uint32_t idx)
     h->r_busy = 0;
 }
 
-static void fill(shmq *q, struct wq_rslot *r, int code, const char *message)
+/* Write an outcome into slot r; `own`: r is the entry's already, and a
+   long message it has is given back once the new one is in. 0, or the
+   arena's error (nothing changed). */
+static int fill(shmq *q, struct wq_rslot *r, int code, const char *message, bool own)
 {
+    uint32_t len = message ? (uint32_t)strnlen(message, WQ_MSG_MAX) : 0, b = 0;
+    uint32_t oldlen = own ? r->msglen : 0, oldb = r->m.block;
+    if (len > WQ_MSG_INLINE) {
+        int rc = wq__keys_take(q, len, &b);
+        if (rc < 0)
+            return rc;
+        memcpy(q->karena + (uint64_t)b * WQ_KEY_GRAIN, message, len);
+    }
     r->code = code;
     r->updated_ns = wq__now_real();
     r->seq = q->hdr->r_seq++;
-    snprintf(r->message, sizeof r->message, "%s", message ? message : "");
+    if (len > WQ_MSG_INLINE)
+        r->m.block = b;
+    else
+        memcpy(r->m.in, message ? message : "", len);
+    r->msglen = len;
+    WQ_STEP("result.msg");
+    if (oldlen > WQ_MSG_INLINE && oldlen <= WQ_MSG_MAX)
+        wq__keys_give(q, oldb, oldlen);
+    return 0;
 }
 
 /*
@@ -91,9 +148,18 @@ static void fill(shmq *q, struct wq_rslot *r, int code, const char *message)
  * sure a slot can be had without growing the region inside it. 0, or
  * -ENOSPC when the region cannot grow (nothing changed).
  */
-int wq__result_room(shmq *q, uint32_t idx)
+int wq__result_room(shmq *q, uint32_t idx, const char *message)
 {
     const struct wq_hdr *h = q->hdr;
+    uint32_t len = message ? (uint32_t)strnlen(message, WQ_MSG_MAX) : 0;
+    if (len > WQ_MSG_INLINE) {   /* the message's block: listed, or pages */
+        uint32_t n = msg_grains(len), top = h->k_top;
+        if (q->kfree[n] == 0 && top <= q->g.key_max - n) {
+            int rc = wq__region_grow_keys(q, top + n);
+            if (rc < 0)
+                return rc;
+        }
+    }
     if (wq__entry(q, idx)->rslot < q->nres || h->r_free < q->nres ||
         h->r_fresh >= q->result_capacity)
         return 0;   /* its own slot, a free one, or the oldest to evict */
@@ -108,7 +174,9 @@ int wq__result_record(shmq *q, uint32_t idx, int code, const char *message)
     uint32_t s = e->rslot;
     if (s < q->nres) {   /* replace in place, move to the tail */
         h->r_busy = 1;
-        fill(q, slot(q, s), code, message);
+        int rc = fill(q, slot(q, s), code, message, true);
+        if (rc < 0)
+            return rc;   /* r_busy stays: repair looks at the table */
         WQ_STEP("result.update");
         unlink_slot(q, s);
         append_slot(q, s);
@@ -142,7 +210,9 @@ int wq__result_record(shmq *q, uint32_t idx, int code, const char *message)
         return h->r_fresh < q->result_capacity ? -ENOSPC : -EBADMSG;
     }
     struct wq_rslot *r = slot(q, s);
-    fill(q, r, code, message);
+    int rc = fill(q, r, code, message, false);
+    if (rc < 0)
+        return rc;   /* the slot is free still (owner 0); r_busy stays */
     WQ_STEP("result.fill");
     r->owner = idx + 1;   /* commit */
     WQ_STEP("result.owner");
@@ -205,6 +275,7 @@ void wq__results_rebuild(shmq *q)
             continue;
         }
         r->owner = 0;
+        r->msglen = 0;   /* its block is the arena's again (keys.c) */
         r->next = h->r_free;
         h->r_free = s;
     }
@@ -296,6 +367,31 @@ int wq__results_verify(shmq *q, void (*violation)(void *c, const char *what), vo
     return found;
 }
 
+int wq__results_mark(shmq *q, uint64_t *map, bool apply,
+                     void (*bad)(void *c, const char *what), void *c)
+{
+    char what[160];
+    int found = 0;
+    for (uint32_t s = 0, fresh = used_part(q); s < fresh; s++) {
+        struct wq_rslot *r = slot(q, s);
+        if (r->owner == 0 || r->msglen <= WQ_MSG_INLINE)
+            continue;
+        if (r->msglen <= WQ_MSG_MAX && msg_at(q, r) &&
+            wq__keys_mark(q, map, r->m.block, r->msglen) == 0)
+            continue;
+        found++;
+        if (bad) {
+            snprintf(what, sizeof what, "result slot %u: message of %u bytes at granule %u "
+                     "outside the key arena or sharing bytes, emptied", s, r->msglen,
+                     r->m.block);
+            bad(c, what);
+        }
+        if (apply)
+            r->msglen = 0;
+    }
+    return found;
+}
+
 /* Lock held: what wq_result and wq_dump report for an entry. */
 void wq__result_read(const shmq *q, const struct wq_entry *e, struct wq_result *out)
 {
@@ -306,8 +402,7 @@ void wq__result_read(const shmq *q, const struct wq_entry *e, struct wq_result *
         out->state = r->code == 0 ? WQ_STATE_SUCCEEDED : WQ_STATE_FAILED;
         out->code = r->code;
         out->updated_ns = r->updated_ns;
-        memcpy(out->message, r->message, sizeof out->message);
-        out->message[sizeof out->message - 1] = 0;
+        wq__result_message(q, r, out->message);
     }
     if (e->state & WQ_ST_PROCESSING)
         out->state = WQ_STATE_RUNNING;

@@ -401,19 +401,30 @@ void wq__drop_waiting(shmq *q);
 uint64_t wq__limiter_when(shmq *q, struct wq_entry *e, uint64_t now);
 void wq__limiter_init(struct wq_hdr *h);
 
-/* keys.c: the key arena */
+/* keys.c: the key arena, for keys and result messages */
+/* The len bytes of the arena block at granule `block`, or NULL when they
+   lie past its reserved pages (region data is never trusted). */
+static inline const unsigned char *wq__keys_at(const shmq *q, uint32_t block, uint32_t len)
+{
+    uint64_t end = (uint64_t)block + (len + WQ_KEY_GRAIN - 1) / WQ_KEY_GRAIN;
+    return WQ_LIKELY(end <= q->nkeys) ? q->karena + (uint64_t)block * WQ_KEY_GRAIN : NULL;
+}
 /* The bytes of e's key (keylen of them), or NULL when its length or its
-   block is damaged: both are region data, never trusted. */
+   block is damaged. */
 static inline const unsigned char *wq__key(const shmq *q, const struct wq_entry *e)
 {
     uint32_t len = e->keylen;
     if (WQ_LIKELY(len - 1u < WQ_KEY_INLINE))
         return len <= q->max_key_len ? e->k.in : NULL;
-    uint64_t end = (uint64_t)e->k.block + (len + WQ_KEY_GRAIN - 1) / WQ_KEY_GRAIN;
-    if (WQ_UNLIKELY(len == 0 || len > q->max_key_len || end > q->nkeys))
+    if (WQ_UNLIKELY(len == 0 || len > q->max_key_len))
         return NULL;
-    return q->karena + (uint64_t)e->k.block * WQ_KEY_GRAIN;
+    return wq__keys_at(q, e->k.block, len);
 }
+/* Lock and busy held: a block for len bytes (0, -ENOSPC with the message
+   set, -EBADMSG with the region flagged, -ENOMEM), and one given back
+   (a block that is not sound flags the region instead). */
+int wq__keys_take(shmq *q, uint32_t len, uint32_t *block);
+void wq__keys_give(shmq *q, uint32_t block, uint32_t len);
 /* Lock and busy held: store a new entry's key (in the entry or a block of
    the arena) and its length: 0, -ENOSPC (message set), -EBADMSG (the
    region is flagged), -ENOMEM. Drop gives the block back as the entry
@@ -421,18 +432,26 @@ static inline const unsigned char *wq__key(const shmq *q, const struct wq_entry 
 int wq__keys_put(shmq *q, struct wq_entry *e, const void *key, uint32_t len);
 void wq__keys_drop(shmq *q, struct wq_entry *e);
 /* Check and repair: a bitmap of the arena's granules (calloc'ed; NULL if
-   out of memory); mark a live entry's block in it (-1: some granule is
-   marked already) or unmark it; rebuild the free lists and top from it
-   (lock and busy held); verify the lists against it (check only). */
+   out of memory); mark the block of len bytes at `block` in it (-1, and
+   nothing marked: it passes the top or some granule is marked already)
+   or unmark it; rebuild the free lists and top from it (lock and busy
+   held); verify the lists against it (check only). */
 uint64_t *wq__keys_map(const shmq *q);
-int wq__keys_mark(const shmq *q, uint64_t *map, const struct wq_entry *e);
-void wq__keys_unmark(uint64_t *map, const struct wq_entry *e);
+int wq__keys_mark(const shmq *q, uint64_t *map, uint32_t block, uint32_t len);
+void wq__keys_unmark(uint64_t *map, uint32_t block, uint32_t len);
 void wq__keys_rebuild(shmq *q, const uint64_t *map);
 void wq__keys_verify(const shmq *q, uint64_t *map, void (*bad)(void *c, const char *what),
                      void *c);
 
 /* results.c */
-int wq__result_room(shmq *q, uint32_t idx);
+/* Mark the message blocks of the used result slots in an arena map: the
+   number of slots whose block is not sound (outside the arena, or
+   sharing bytes). With apply, such a message is emptied; with bad, each
+   is reported. */
+int wq__results_mark(shmq *q, uint64_t *map, bool apply,
+                     void (*bad)(void *c, const char *what), void *c);
+int wq__result_room(shmq *q, uint32_t idx, const char *message);
+uint32_t wq__result_message(const shmq *q, const struct wq_rslot *r, char *buf);
 int wq__result_record(shmq *q, uint32_t idx, int code, const char *message);
 void wq__result_drop(shmq *q, uint32_t idx);
 void wq__results_rebuild(shmq *q);

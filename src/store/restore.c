@@ -397,7 +397,7 @@ static int restore_one(shmq *view, const struct wq_srec *l, uint64_t mono, uint6
         char msg[256];
         memcpy(msg, l->msg, l->r.msglen);
         msg[l->r.msglen] = 0;
-        if ((rc = wq__result_room(view, idx)) < 0 ||
+        if ((rc = wq__result_room(view, idx, msg)) < 0 ||
             (rc = wq__result_record(view, idx, l->r.code, msg)) < 0)
             return rc;
         view->rslots[en->rslot].updated_ns = l->r.updated_ns;

@@ -254,9 +254,7 @@ static void snapshot_entry(shmq *q, uint32_t idx, struct wq_item *it, unsigned c
         it->r.has_result = 1;
         it->r.code = r->code;
         it->r.updated_ns = r->updated_ns;
-        size_t n = strnlen(r->message, sizeof r->message - 1);
-        memcpy(mbuf, r->message, n);
-        it->r.msglen = (uint16_t)n;
+        it->r.msglen = (uint16_t)wq__result_message(q, r, mbuf);
     }
 }
 
