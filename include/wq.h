@@ -197,8 +197,8 @@
  *
  * MEMORY
  *   A queue's shm object has the size of its whole layout (wq_stats
- *   region_bytes: about 908 bytes per unit of capacity with the default
- *   max_key_len and result_capacity, 60 MB for a default queue), but it
+ *   region_bytes: about 1180 bytes per unit of capacity with the default
+ *   max_key_len and result_capacity, 77 MB for a default queue), but it
  *   is a sparse file: it takes memory (pages of /dev/shm, counted against
  *   the tmpfs size limit and the memory cgroup) only for what is used
  *   (wq_stats region_used):
@@ -211,7 +211,9 @@
  *       which hold a key of up to 16 bytes, and 4 for the delay heap; 32
  *       more in fair mode); a longer key's own bytes, rounded up to 8, in
  *       the key arena (never max_key_len: a 40-byte key costs 40); and
- *       one slot of 288 bytes per result kept. Each grows in steps of an
+ *       per result kept, a 48-byte slot, which holds a message of up to
+ *       12 bytes, and a longer message's own bytes rounded up to 8 in
+ *       the same arena. Each grows in steps of an
  *       eighth of what it has (at least 64 KiB), under the lock. Entries
  *       and key bytes freed by done keys are reused before new pages are
  *       taken (a freed key's bytes by the next key of the same length in
@@ -738,7 +740,9 @@ struct wq_result {
  * wq_done (-ENOENT if the key is not processing: nothing is recorded).
  *
  * Where results live: in a table of `result_capacity` slots in the region
- * (wq_options; 0 -> capacity), whose pages are taken as results arrive:
+ * (wq_options; 0 -> capacity) of 48 bytes each, a message longer than 12
+ * bytes taking its own length beside them ("Memory"), whose pages are
+ * taken as results arrive:
  * when the system refuses them, wq_finish is -ENOSPC and the key stays
  * processing (finish it again, or wq_done it). A result is kept while its key is idle,
  * until wq_remove, until result_capacity newer results push it out (least

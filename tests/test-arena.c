@@ -297,21 +297,29 @@ static void expect_queue(wq *q, const char *const *keys, int n)
     T_EXPECT_GET_RC(q, -EAGAIN);
 }
 
+/* wq_check names the damage (among what follows from it), and a repair
+   leaves the queue clean. */
+static void expect_named_and_repaired(wq *q, const char *want)
+{
+    int found = check_lines(q);
+    print_lines();
+    assert_true(found >= 1);
+    if (!reported(want))
+        fail_msg("wq_check did not report \"%s\"", want);
+    assert_true(wq_check(q, WQ_CHECK_REPAIR) > 0);
+    t_check_clean(q, __func__);
+}
+
 static void test_damaged_block_outside(void **state)
 {
     (void)state;
     wq *q = three_long("outside");
     struct wq_shm *s = wq__shm(q);
     entry_of(q, KS(LB))->k.block = s->g.key_max + 5;
-    int found = check_lines(q);
-    print_lines();
-    assert_true(found >= 1);
     char want[160];
     snprintf(want, sizeof want, "key block %u of %zu bytes outside the key arena's %u granules",
              s->g.key_max + 5, strlen(LB), 3 * grains(strlen(LB)));
-    assert_true(reported(want));
-    assert_true(wq_check(q, WQ_CHECK_REPAIR) > 0);
-    t_check_clean(q, __func__);
+    expect_named_and_repaired(q, want);
     assert_int_equal(t_key_state(q, LB), 0);   /* the damaged key alone is gone */
     /* Its granules are free again: LB comes back without growing the top. */
     uint32_t top = s->hdr->k_top;
@@ -330,14 +338,9 @@ static void test_damaged_blocks_shared(void **state)
     struct wq_shm *s = wq__shm(q);
     uint32_t a = entry_of(q, KS(LA))->k.block;
     entry_of(q, KS(LC))->k.block = a;
-    int found = check_lines(q);
-    print_lines();
-    assert_true(found >= 1);
     char want[160];
     snprintf(want, sizeof want, "key block %u shares bytes with another key's, dropped", a);
-    assert_true(reported(want));
-    assert_true(wq_check(q, WQ_CHECK_REPAIR) > 0);
-    t_check_clean(q, __func__);
+    expect_named_and_repaired(q, want);
     /* LC's own block, the last one, is unowned now: the top comes down
        over it. LA keeps its bytes. */
     assert_int_equal(listed(q, grains(strlen(LC))), 0);
@@ -383,13 +386,9 @@ static void test_damaged_free_list(void **state)
     T_EXPECT_GET(q, LB);
     T_EXPECT_DONE(q, LB);
     s->kfree[n] = entry_of(q, KS(LC))->k.block + 1;
-    assert_true(check_lines(q) >= 1);
     snprintf(want, sizeof want, "key arena: list %u: block %u overlaps a key or another "
              "free block", n, entry_of(q, KS(LC))->k.block);
-    print_lines();
-    assert_true(reported(want));
-    assert_true(wq_check(q, WQ_CHECK_REPAIR) > 0);
-    t_check_clean(q, __func__);
+    expect_named_and_repaired(q, want);
     assert_int_equal(wq_add(q, KS(LB)), 0);
     static const char *const order[] = { LC, LA, LB };
     expect_queue(q, order, 3);
