@@ -33,7 +33,8 @@
  *           must never be requeued;
  *   keys include one with NUL bytes and one of exactly max_key_len bytes;
  *   a key waiting an hour, one idle for its failure count (RETAINED), one
- *   rate limited with 12 failures (waiting).
+ *   rate limited with 12 failures (waiting); two idle with results, one
+ *   whose message lives in the key arena.
  * The fair image (WQ_FAIR, fair_share 8, tenant_sep '/') has the same
  * three slots and kinds of keys, and real fair state besides: keys of five
  * tenants ("ns-a/x0", "ns-b/y1", ...) and of none ("solo", the NUL key),
@@ -446,6 +447,14 @@ static void populate_default(wq *p, const char *seedname, struct image *im)
     n = get_key(im->live_holder, buf);                /* key-06 */
     add_key(im->live_holder, buf, (size_t)n);         /* dirty + processing */
     add_key(p, "late-1", 6);
+    /* Results: key-07 failed with a message in the key arena, key-08
+       succeeded with one in its slot; both idle (RETAINED). */
+    n = get_key(p, buf);
+    if (wq_finish(p, buf, (size_t)n, 2, "failed: a message long enough for the arena") != 0)
+        die("wq_finish(%.*s)", n, buf);
+    n = get_key(p, buf);
+    if (wq_finish(p, buf, (size_t)n, 0, "ok") != 0)
+        die("wq_finish(%.*s)", n, buf);
     delays(p, "delayed-1", "ret-1", "limited-1");
 }
 
@@ -786,6 +795,18 @@ static void common_seeds(const char *dir, const struct image *im)
     SEED(NAME("late-entry-owner"), fb,
          sb_rec(&s, ent + 6 * esz + offsetof(struct wq_entry, owner), 0, ESZ(owner), seven,
                 ESZ(owner), true));
+    if (!im->fair) {   /* the key arena: key-07's result message is in block 0 */
+        const size_t r0 = im->g.off_results, kf = im->g.off_kfree;
+        SEED("msg-block-far", 0, sb_u32(&s, r0 + offsetof(struct wq_rslot, m), 0xfffffff0u, false));
+        SEED("msg-len-max", 0, sb_u32(&s, r0 + offsetof(struct wq_rslot, msglen), 0xffffu, false));
+        SEED("msg-len-late", 0, sb_u32(&s, r0 + offsetof(struct wq_rslot, msglen), 200, true));
+        SEED("kfree-head-far", 0, sb_u32(&s, kf + 4 * 6, 0x7fffffffu, false));
+        SEED("kfree-head-live", 0, sb_u32(&s, kf + 4 * 6, 1, false));
+        SEED("key-top-zero", FLAG_DEADLOCK,
+             (sb_u32(&s, offsetof(struct wq_hdr, k_top), 0, false),
+              sb_rec(&s, busy, 0, 4, one, 4, false)));
+        SEED("key-top-far", 0, sb_u32(&s, offsetof(struct wq_hdr, k_top), 0xfffffff0u, false));
+    }
 #undef NAME
 }
 
@@ -1022,6 +1043,8 @@ static void describe(const struct image *im, size_t off, int op, size_t len, boo
         { "fheap_p", g->off_fheap_p, 4, im->fair ? g->capacity : 0 },
         { "fheap_a", g->off_fheap_a, 4, im->fair ? g->capacity : 0 },
         { "ftags", g->off_ftags, 8, g->ftag_slots },
+        { "kfree", g->off_kfree, 4, g->key_classes },
+        { "keys", g->off_keys, WQ_KEY_GRAIN, g->key_max },
     };
     static const char *const ops[] = { "write", "xor", "fill", "add" };
     size_t span = op == 2 ? len * 8 : op == 3 ? 4 : len;
@@ -1474,7 +1497,8 @@ static size_t gen_input(const struct image *im, uint8_t *buf, size_t cap)
     const struct wq_geom *g = &im->g;
     const size_t hdr_lo = offsetof(struct wq_hdr, busy);
     /* Sections, by weight below: geometry, mutable header, procs,
-       entries, index, ring + delay heap, results, fair sections. */
+       entries, index, ring + delay heap, results, fair sections, the key
+       arena's free lists and its first blocks. */
     const struct span sec[] = {
         { 0, sizeof(struct wq_geom) },
         { hdr_lo, sizeof(struct wq_hdr) - hdr_lo },
@@ -1485,9 +1509,11 @@ static size_t gen_input(const struct image *im, uint8_t *buf, size_t cap)
         { g->off_results, (size_t)g->result_capacity * sizeof(struct wq_rslot) },
         { g->off_fx, g->off_ftags + (size_t)g->ftag_slots * 8 - g->off_fx },
         { offsetof(struct wq_hdr, fq_count), 16 },   /* fq_count, ticks, vtime */
+        { g->off_kfree, (size_t)g->key_classes * 4 },
+        { g->off_keys, 512 },   /* the blocks the image's messages took */
     };
-    static const unsigned weight_default[] = { 4, 24, 10, 32, 8, 16, 6, 0, 0 };
-    static const unsigned weight_fair[] = { 4, 14, 8, 24, 5, 8, 4, 25, 8 };
+    static const unsigned weight_default[] = { 4, 24, 10, 32, 8, 16, 6, 0, 0, 3, 4 };
+    static const unsigned weight_fair[] = { 4, 14, 8, 24, 5, 8, 4, 25, 8, 1, 1 };
     const unsigned *w = im->fair ? weight_fair : weight_default;
     unsigned total = 0;
     for (size_t i = 0; i < sizeof sec / sizeof sec[0]; i++)
@@ -1519,7 +1545,7 @@ static size_t gen_input(const struct image *im, uint8_t *buf, size_t cap)
             size_t base = fx ? g->off_fx : g->off_entries;
             size_t esz = fx ? sizeof(struct wq_fx) : g->entry_size;
             size_t field = (size_t)below(fx ? (uint32_t)sizeof(struct wq_fx) :
-                                              (uint32_t)offsetof(struct wq_entry, key)) & ~(size_t)3;
+                                              (uint32_t)offsetof(struct wq_entry, k)) & ~(size_t)3;
             bool late = below(5) == 0;
             for (unsigned k = 2 + below(3); k > 0 && n + 7 <= cap; k--) {
                 size_t off = base + below(g->capacity) * esz + field;

@@ -466,6 +466,38 @@ static void test_result_messages(void **state)
     t_close(q);
 }
 
+/* Found by fuzz-region once its image held results: a count of result
+   slots in use (r_fresh) damaged low. The repair kept an idle key for a
+   result it then dropped (slots past the count are taken as never used),
+   leaving an idle key with nothing, and every later check found it. Now
+   the key is kept only for a result the repair keeps. */
+static void test_result_count_damaged(void **state)
+{
+    (void)state;
+    wq *q = t_track(t_create("rfresh", T_OPTS(.capacity = 100), NULL));
+    struct wq_shm *s = wq__shm(q);
+    static const char *const keys[] = { "k0", "k1" };
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(wq_add(q, KS(keys[i])), 0);
+        T_EXPECT_GET(q, keys[i]);
+        assert_int_equal(wq_finish(q, KS(keys[i]), 0, "a message for the arena"), 0);
+    }
+    assert_int_equal(s->hdr->r_fresh, 2);
+    s->hdr->r_fresh = 1;
+    assert_true(check_lines(q) >= 1);
+    print_lines();
+    assert_true(wq_check(q, WQ_CHECK_REPAIR) > 0);
+    t_check_clean(q, __func__);
+    struct wq_result r;
+    assert_int_equal(wq_result(q, KS("k0"), &r), 0);
+    assert_int_equal(r.state, WQ_STATE_SUCCEEDED);
+    assert_string_equal(r.message, "a message for the arena");
+    assert_int_equal(wq_result(q, KS("k1"), &r), 0);
+    assert_int_equal(r.state, WQ_STATE_NONE);   /* its slot was past the count */
+    assert_int_equal(t_key_state(q, "k1"), 0);
+    t_close(q);
+}
+
 int main(void)
 {
     static const struct CMUnitTest tests[] = {
@@ -476,6 +508,7 @@ int main(void)
         T_TEST(test_damaged_blocks_shared),
         T_TEST(test_damaged_free_list),
         T_TEST(test_result_messages),
+        T_TEST(test_result_count_damaged),
         T_NO_LEFTOVERS,
     };
     static const struct t_guard g = {

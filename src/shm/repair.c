@@ -124,8 +124,7 @@ static uint16_t norm_queue_state(const shmq *q, uint32_t idx, uint16_t st)
         return 0;
     if (st & WQ_ST_RETAINED) {
         st &= (uint16_t)~WQ_ST_RETAINED;
-        bool result = e->rslot < q->nres &&
-                      q->rslots[e->rslot].owner == idx + 1;
+        bool result = wq__result_kept(q, idx);
         if (st == 0)
             return e->failures || result ? WQ_ST_RETAINED : 0;
     }

@@ -244,6 +244,14 @@ static uint32_t used_part(const shmq *q)
     return f <= q->nres ? f : q->nres;
 }
 
+/* Repair: entry idx has a result that wq__results_rebuild keeps (the
+   test it applies to an entry that points at its slot). */
+bool wq__result_kept(const shmq *q, uint32_t idx)
+{
+    uint32_t s = wq__entry(q, idx)->rslot;
+    return s < used_part(q) && slot(q, s)->owner == idx + 1;
+}
+
 void wq__results_rebuild(shmq *q)
 {
     struct wq_hdr *h = q->hdr;

@@ -455,6 +455,7 @@ uint32_t wq__result_message(const shmq *q, const struct wq_rslot *r, char *buf);
 int wq__result_record(shmq *q, uint32_t idx, int code, const char *message);
 void wq__result_drop(shmq *q, uint32_t idx);
 void wq__results_rebuild(shmq *q);
+bool wq__result_kept(const shmq *q, uint32_t idx);
 bool wq__results_damaged(shmq *q);
 int wq__results_verify(shmq *q, void (*violation)(void *c, const char *what), void *c);
 void wq__result_read(const shmq *q, const struct wq_entry *e, struct wq_result *out);
