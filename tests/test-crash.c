@@ -275,7 +275,8 @@ static bool before_commit(const char *p, const struct step *s, struct model *m)
                                             ".fields", "heap.remove", "result.fill",
                                             "fair.tag", "region.grow.entries",
                                             "region.grow.results", "region.grow.keys",
-                                            "keys.bump", "keys.pop", "result.msg" };
+                                            "keys.bump", "keys.pop", "result.msg",
+                                            "result.msgset" };
     size_t n = strlen(p);
     for (size_t i = 0; i < sizeof suffixes / sizeof suffixes[0]; i++) {
         size_t len = strlen(suffixes[i]);
@@ -474,7 +475,8 @@ static void trial(struct shared *sh, const char *point, unsigned nth, int how)
     const struct step *fatal = &script[died_in];
     if (fatal->op == OP_FINISH && (strncmp(point, "result.", 7) == 0 &&
                                    strcmp(point, "result.fill") != 0 &&
-                                   strcmp(point, "result.msg") != 0))
+                                   strcmp(point, "result.msg") != 0 &&
+                                   strcmp(point, "result.msgset") != 0))
         m_result(&m, fatal->key, fatal->code);   /* outcome kept, not done */
     else if (!before_commit(point, fatal, &m))
         m_step(&m, fatal);
@@ -619,7 +621,7 @@ static void test_every_point(void **state)
         "delay.busy", "delay.counted", "delay.heap", "heap.push", "heap.remove",
         "mark.ring", "wait.ready", "wait.state", "result.fill", "result.owner",
         "result.linked", "region.grow.keys", "keys.bump", "keys.link", "keys.pop",
-        "result.msg",
+        "result.msg", "result.msgset",
     };
     for (size_t r = 0; r < sizeof required / sizeof required[0]; r++) {
         int i;

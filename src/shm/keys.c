@@ -128,7 +128,7 @@ void wq__keys_rebuild(shmq *q, const uint64_t *map)
         return;
     uint32_t top = top_of(q), maxn = q->g.key_classes - 1, end = 0;
     memset(q->kfree, 0, (size_t)q->g.key_classes * sizeof *q->kfree);
-    for (uint32_t w = (top + 63) / 64; w-- > 0;) {
+    for (uint32_t w = (uint32_t)(((uint64_t)top + 63) / 64); w-- > 0;) {
         uint64_t bits = map[w];
         if (w == top / 64)
             bits &= (1ull << (top % 64)) - 1;
@@ -208,9 +208,12 @@ static int compact(shmq *q)
     if (!map)
         return -ENOMEM;
     int rc = 0;
+    /* Every entry with a long key, free or not: a free entry has none
+       (keylen 0), except a new key's between taking its block and its
+       commit (restore records its result in between). */
     for (uint32_t idx = 0, used = wq__entries_used(q); idx < used && rc == 0; idx++) {
         const struct wq_entry *e = wq__entry(q, idx);
-        if (e->state != 0 && e->keylen > WQ_KEY_INLINE &&
+        if (e->keylen > WQ_KEY_INLINE &&
             (!wq__key(q, e) || wq__keys_mark(q, map, e->k.block, e->keylen) < 0))
             rc = wq__region_mark_corrupt(q);
     }
@@ -257,6 +260,30 @@ static int take(shmq *q, uint32_t n, uint32_t *out)
     WQ_STEP("keys.bump");
     *out = top;
     return 0;
+}
+
+int wq__keys_room(shmq *q, uint32_t len, uint64_t need)
+{
+    struct wq_hdr *h = q->hdr;
+    uint32_t n = grains(len);
+    if (len > 0 && n < q->g.key_classes && q->kfree[n] != 0)
+        return 0;   /* one block, listed */
+    if (h->k_top > q->nkeys)
+        return wq__region_mark_corrupt(q);
+    if (q->g.key_max - h->k_top < need) {
+        /* Merge the free granules now, in a mutation of its own, so the
+           one that takes the blocks does not have to. */
+        wq__mut_begin(q);
+        int rc = compact(q);
+        if (rc == -EBADMSG)
+            return rc;   /* busy stays: the next locker repairs */
+        wq__mut_end(q, 0);   /* done, or -ENOMEM with nothing changed */
+        if (rc < 0)
+            return rc;
+        if (q->g.key_max - h->k_top < need)
+            return 0;   /* the lists and splits must serve, as in take */
+    }
+    return wq__region_grow_keys(q, (uint32_t)(h->k_top + need));
 }
 
 int wq__keys_take(shmq *q, uint32_t len, uint32_t *block)

@@ -268,6 +268,14 @@ static int batch_room(shmq *q, const struct iovec *keys, const uint32_t *hashes,
     size_t listed = h->e_fresh > held ? h->e_fresh - (uint32_t)held : 0;
     size_t fresh = n;
     int grown = 0;
+    /* And room in the key arena for every long key (at most the batch's
+       coalesced ones too many), for the same reason. */
+    uint64_t kneed = 0;
+    for (size_t i = 0; i < n; i++)
+        if (keys[i].iov_len > WQ_KEY_INLINE)
+            kneed += (keys[i].iov_len + WQ_KEY_GRAIN - 1) / WQ_KEY_GRAIN;
+    if (kneed > 0 && (grown = wq__keys_room(q, 0, kneed)) < 0)
+        return grown;
     if (n > listed) {
         uint64_t want = (uint64_t)h->e_fresh + (n - listed);
         grown = wq__entry_room(q, want < q->capacity ? (uint32_t)want : q->capacity);

@@ -559,7 +559,8 @@ void wq__region_bounds_load(shmq *q)
         /* Which count is wrong is unknown: reserve (again: a no-op for
            pages that are) what either says, within the capacities. If
            the system refuses, keep what the fresh count says, which the
-           growth that raised it reserved first. Repair takes these. */
+           growth that raised it reserved first (unless the count is the
+           damaged one). Repair takes these. */
         h->corrupt = 1;
         uint32_t fe = h->e_fresh < q->capacity ? h->e_fresh : q->capacity;
         uint32_t fr = h->r_fresh < q->result_capacity ? h->r_fresh : q->result_capacity;
@@ -568,9 +569,12 @@ void wq__region_bounds_load(shmq *q)
         uint32_t wr = gr > fr ? (gr < q->result_capacity ? gr : q->result_capacity) : fr;
         uint32_t wk = gk > fk ? (gk < q->g.key_max ? gk : q->g.key_max) : fk;
         uint64_t unit;
-        ge = reserve_entries(q, 0, we, &unit) == 0 ? we : fe;
-        gr = reserve_results(q, 0, wr) == 0 ? wr : fr;
-        gk = reserve_keys(q, 0, wk) == 0 ? wk : fk;
+        /* Refused: the fresh count, if its pages are there (reserving
+           them again is a no-op), else what this handle knew was. */
+        ge = reserve_entries(q, 0, we, &unit) == 0 ? we
+           : reserve_entries(q, 0, fe, &unit) == 0 ? fe : q->nent;
+        gr = reserve_results(q, 0, wr) == 0 ? wr : reserve_results(q, 0, fr) == 0 ? fr : q->nres;
+        gk = reserve_keys(q, 0, wk) == 0 ? wk : reserve_keys(q, 0, fk) == 0 ? fk : q->nkeys;
     }
     q->nent = ge;
     q->nres = gr;

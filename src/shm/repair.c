@@ -233,8 +233,11 @@ static void check_entries(struct ctx *c)
                       e->owner, e->owner_gen);
         else
             violation(c, "entry %u: illegal state 0x%x", idx, st);
-        if (!c->apply)
+        if (!c->apply) {   /* its block is its own still: mark it */
+            if (want && e->keylen > WQ_KEY_INLINE)
+                (void)wq__keys_mark(q, c->kmap, e->k.block, e->keylen);
             continue;
+        }
         if ((st & WQ_ST_PROCESSING) && want == (WQ_ST_DIRTY | WQ_ST_QUEUED))
             q->hdr->crash_requeues_total++;
         e->state = want;

@@ -132,12 +132,16 @@ static int fill(shmq *q, struct wq_rslot *r, int code, const char *message, bool
     r->code = code;
     r->updated_ns = wq__now_real();
     r->seq = q->hdr->r_seq++;
+    /* Empty while the message changes: a holder killed in between leaves
+       an empty message, never the new bytes read with the old length. */
+    r->msglen = 0;
+    WQ_STEP("result.msg");
     if (len > WQ_MSG_INLINE)
         r->m.block = b;
     else
         memcpy(r->m.in, message ? message : "", len);
+    WQ_STEP("result.msgset");
     r->msglen = len;
-    WQ_STEP("result.msg");
     if (oldlen > WQ_MSG_INLINE && oldlen <= WQ_MSG_MAX)
         wq__keys_give(q, oldb, oldlen);
     return 0;
@@ -152,13 +156,10 @@ int wq__result_room(shmq *q, uint32_t idx, const char *message)
 {
     const struct wq_hdr *h = q->hdr;
     uint32_t len = message ? (uint32_t)strnlen(message, WQ_MSG_MAX) : 0;
-    if (len > WQ_MSG_INLINE) {   /* the message's block: listed, or pages */
-        uint32_t n = msg_grains(len), top = h->k_top;
-        if (q->kfree[n] == 0 && top <= q->g.key_max - n) {
-            int rc = wq__region_grow_keys(q, top + n);
-            if (rc < 0)
-                return rc;
-        }
+    if (len > WQ_MSG_INLINE) {   /* the message's block: listed, or room */
+        int rc = wq__keys_room(q, len, msg_grains(len));
+        if (rc < 0)
+            return rc;
     }
     if (wq__entry(q, idx)->rslot < q->nres || h->r_free < q->nres ||
         h->r_fresh >= q->result_capacity)

@@ -424,6 +424,11 @@ static inline const unsigned char *wq__key(const shmq *q, const struct wq_entry 
    set, -EBADMSG with the region flagged, -ENOMEM), and one given back
    (a block that is not sound flags the region instead). */
 int wq__keys_take(shmq *q, uint32_t len, uint32_t *block);
+/* Lock held, outside a mutation: make room so that the next mutation can
+   take a block for len bytes (listed, or from the top) or `need`
+   granules from the top without growing or merging: 0, -ENOSPC with the
+   message set (pages refused), -ENOMEM, -EBADMSG. */
+int wq__keys_room(shmq *q, uint32_t len, uint64_t need);
 void wq__keys_give(shmq *q, uint32_t block, uint32_t len);
 /* Lock and busy held: store a new entry's key (in the entry or a block of
    the arena) and its length: 0, -ENOSPC (message set), -EBADMSG (the
