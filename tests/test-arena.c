@@ -295,13 +295,16 @@ static wq *three_long(const char *tag)
     return q;
 }
 
-static void expect_queue(wq *q, const char *const *keys, int n)
+/* The queue holds exactly keys, in this order; then clean, and closed. */
+static void expect_queue_close(wq *q, const char *const *keys, int n)
 {
     for (int i = 0; i < n; i++) {
         T_EXPECT_GET(q, keys[i]);
         T_EXPECT_DONE(q, keys[i]);
     }
     T_EXPECT_GET_RC(q, -EAGAIN);
+    t_check_clean(q, __func__);
+    t_close(q);
 }
 
 /* wq_check names the damage (among what follows from it), and a repair
@@ -333,9 +336,7 @@ static void test_damaged_block_outside(void **state)
     assert_int_equal(wq_add(q, KS(LB)), 0);
     assert_int_equal(s->hdr->k_top, top);
     static const char *const order[] = { "short", LA, LC, LB };
-    expect_queue(q, order, 4);
-    t_check_clean(q, __func__);
-    t_close(q);
+    expect_queue_close(q, order, 4);
 }
 
 static void test_damaged_blocks_shared(void **state)
@@ -353,9 +354,7 @@ static void test_damaged_blocks_shared(void **state)
     assert_int_equal(listed(q, grains(strlen(LC))), 0);
     assert_int_equal(s->hdr->k_top, 2 * grains(strlen(LB)));
     static const char *const order[] = { "short", LA, LB };
-    expect_queue(q, order, 3);
-    t_check_clean(q, __func__);
-    t_close(q);
+    expect_queue_close(q, order, 3);
 }
 
 static void test_damaged_free_list(void **state)
@@ -398,9 +397,7 @@ static void test_damaged_free_list(void **state)
     expect_named_and_repaired(q, want);
     assert_int_equal(wq_add(q, KS(LB)), 0);
     static const char *const order[] = { LC, LA, LB };
-    expect_queue(q, order, 3);
-    t_check_clean(q, __func__);
-    t_close(q);
+    expect_queue_close(q, order, 3);
 }
 
 static void test_result_messages(void **state)
