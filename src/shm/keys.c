@@ -38,11 +38,6 @@
 
 #include "shm.h"
 
-static inline uint32_t grains(uint32_t len)
-{
-    return (len + WQ_KEY_GRAIN - 1) / WQ_KEY_GRAIN;
-}
-
 static inline uint32_t *link_at(const shmq *q, uint32_t b)
 {
     return (uint32_t *)(q->karena + (uint64_t)b * WQ_KEY_GRAIN);
@@ -83,7 +78,7 @@ static int pop(shmq *q, uint32_t n, uint32_t *out)
 
 int wq__keys_mark(const shmq *q, uint64_t *map, uint32_t block, uint32_t len)
 {
-    uint64_t end = (uint64_t)block + grains(len);
+    uint64_t end = (uint64_t)block + WQ_GRAINS(len);
     if (end > top_of(q))
         return -1;
     for (uint32_t i = block; i < (uint32_t)end; i++)
@@ -96,7 +91,7 @@ int wq__keys_mark(const shmq *q, uint64_t *map, uint32_t block, uint32_t len)
 
 void wq__keys_unmark(uint64_t *map, uint32_t block, uint32_t len)
 {
-    for (uint32_t i = block, end = i + grains(len); i < end; i++)
+    for (uint32_t i = block, end = i + WQ_GRAINS(len); i < end; i++)
         map[i / 64] &= ~(1ull << (i % 64));
 }
 
@@ -265,7 +260,7 @@ static int take(shmq *q, uint32_t n, uint32_t *out)
 int wq__keys_room(shmq *q, uint32_t len, uint64_t need)
 {
     struct wq_hdr *h = q->hdr;
-    uint32_t n = grains(len);
+    uint32_t n = WQ_GRAINS(len);
     if (len > 0 && n < q->g.key_classes && q->kfree[n] != 0)
         return 0;   /* one block, listed */
     if (h->k_top > q->nkeys)
@@ -289,14 +284,16 @@ int wq__keys_room(shmq *q, uint32_t len, uint64_t need)
 int wq__keys_take(shmq *q, uint32_t len, uint32_t *block)
 {
     WQ_ASSERT_MUTATING(q);
-    return take(q, grains(len), block);
+    return take(q, WQ_GRAINS(len), block);
 }
 
 void wq__keys_give(shmq *q, uint32_t block, uint32_t len)
 {
     WQ_ASSERT_MUTATING(q);
-    if (WQ_LIKELY(wq__keys_at(q, block, len) && block + grains(len) <= q->hdr->k_top))
-        push(q, block, grains(len));
+    uint32_t n = WQ_GRAINS(len);
+    if (WQ_LIKELY(n < q->g.key_classes && wq__keys_at(q, block, len) &&
+                  block + n <= q->hdr->k_top))
+        push(q, block, n);
     else
         wq__region_mark_corrupt(q);
 }
@@ -310,7 +307,7 @@ int wq__keys_put(shmq *q, struct wq_entry *e, const void *key, uint32_t len)
         return 0;
     }
     uint32_t b;
-    int rc = take(q, grains(len), &b);
+    int rc = take(q, WQ_GRAINS(len), &b);
     if (rc < 0)
         return rc;
     memcpy(q->karena + (uint64_t)b * WQ_KEY_GRAIN, key, len);
@@ -321,11 +318,7 @@ int wq__keys_put(shmq *q, struct wq_entry *e, const void *key, uint32_t len)
 
 void wq__keys_drop(shmq *q, struct wq_entry *e)
 {
-    if (e->keylen > WQ_KEY_INLINE) {
-        if (WQ_LIKELY(wq__key(q, e)))
-            wq__keys_give(q, e->k.block, e->keylen);
-        else
-            wq__region_mark_corrupt(q);
-    }
+    if (e->keylen > WQ_KEY_INLINE)
+        wq__keys_give(q, e->k.block, e->keylen);   /* checks the block */
     e->keylen = 0;
 }

@@ -336,6 +336,8 @@ struct wq_proc {
  */
 #define WQ_KEY_INLINE 16u
 #define WQ_KEY_GRAIN  8u
+/* Granules of the key arena (keys.c) that len bytes take. */
+#define WQ_GRAINS(len) (((uint64_t)(len) + WQ_KEY_GRAIN - 1) / WQ_KEY_GRAIN)
 struct wq_entry {
     uint64_t t_start;
     uint64_t t_b;

@@ -273,7 +273,7 @@ static int batch_room(shmq *q, const struct iovec *keys, const uint32_t *hashes,
     uint64_t kneed = 0;
     for (size_t i = 0; i < n; i++)
         if (keys[i].iov_len > WQ_KEY_INLINE)
-            kneed += (keys[i].iov_len + WQ_KEY_GRAIN - 1) / WQ_KEY_GRAIN;
+            kneed += WQ_GRAINS(keys[i].iov_len);
     if (kneed > 0 && (grown = wq__keys_room(q, 0, kneed)) < 0)
         return grown;
     if (n > listed) {

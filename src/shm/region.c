@@ -92,8 +92,8 @@ int wq__geometry(struct wq_geom *g, const struct wq_conf *c)
        twice `capacity` of the longest keys and `result_capacity` of the
        longest messages (keys.c says why); its block addresses are 32-bit
        granule numbers. */
-    uint32_t kg = max_key_len > WQ_KEY_INLINE ? (max_key_len + WQ_KEY_GRAIN - 1) / WQ_KEY_GRAIN : 0;
-    uint32_t mg = (WQ_MSG_MAX + WQ_KEY_GRAIN - 1) / WQ_KEY_GRAIN;
+    uint32_t kg = max_key_len > WQ_KEY_INLINE ? WQ_GRAINS(max_key_len) : 0;
+    uint32_t mg = WQ_GRAINS(WQ_MSG_MAX);
     uint64_t kmax = 2ull * ((uint64_t)capacity * kg + (uint64_t)result_capacity * mg);
     g->key_max = kmax < UINT32_MAX ? (uint32_t)kmax : UINT32_MAX - 1;
     g->key_classes = (kg > mg ? kg : mg) + 1;

@@ -94,8 +94,7 @@ static uint16_t norm_queue_state(const shmq *q, uint32_t idx, uint16_t st);
 static bool key_sound(const shmq *q, const struct wq_entry *e)
 {
     return wq__key(q, e) && (e->keylen <= WQ_KEY_INLINE ||
-                             (uint64_t)e->k.block + (e->keylen + WQ_KEY_GRAIN - 1) /
-                             WQ_KEY_GRAIN <= q->hdr->k_top);
+                             e->k.block + WQ_GRAINS(e->keylen) <= q->hdr->k_top);
 }
 
 static uint16_t norm_state(const shmq *q, uint32_t idx)

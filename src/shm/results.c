@@ -64,11 +64,6 @@ static void append_slot(shmq *q, uint32_t s)
     h->r_tail = s;
 }
 
-static inline uint32_t msg_grains(uint32_t len)
-{
-    return (len + WQ_KEY_GRAIN - 1) / WQ_KEY_GRAIN;
-}
-
 /* The message's bytes (msglen of them), or NULL when damaged. */
 static const char *msg_at(const shmq *q, const struct wq_rslot *r)
 {
@@ -104,8 +99,8 @@ void wq__result_drop(shmq *q, uint32_t idx)
     slot(q, s)->owner = 0;   /* commit: the result is gone */
     WQ_STEP("result.free");
     struct wq_rslot *r = slot(q, s);
-    if (r->msglen > WQ_MSG_INLINE && r->msglen <= WQ_MSG_MAX)
-        wq__keys_give(q, r->m.block, r->msglen);
+    if (r->msglen > WQ_MSG_INLINE)
+        wq__keys_give(q, r->m.block, r->msglen);   /* checks the block */
     r->msglen = 0;
     WQ_STEP("result.msgfree");
     unlink_slot(q, s);
@@ -142,7 +137,7 @@ static int fill(shmq *q, struct wq_rslot *r, int code, const char *message, bool
         memcpy(r->m.in, message ? message : "", len);
     WQ_STEP("result.msgset");
     r->msglen = len;
-    if (oldlen > WQ_MSG_INLINE && oldlen <= WQ_MSG_MAX)
+    if (oldlen > WQ_MSG_INLINE)
         wq__keys_give(q, oldb, oldlen);
     return 0;
 }
@@ -157,7 +152,7 @@ int wq__result_room(shmq *q, uint32_t idx, const char *message)
     const struct wq_hdr *h = q->hdr;
     uint32_t len = message ? (uint32_t)strnlen(message, WQ_MSG_MAX) : 0;
     if (len > WQ_MSG_INLINE) {   /* the message's block: listed, or room */
-        int rc = wq__keys_room(q, len, msg_grains(len));
+        int rc = wq__keys_room(q, len, WQ_GRAINS(len));
         if (rc < 0)
             return rc;
     }

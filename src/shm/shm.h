@@ -406,7 +406,7 @@ void wq__limiter_init(struct wq_hdr *h);
    lie past its reserved pages (region data is never trusted). */
 static inline const unsigned char *wq__keys_at(const shmq *q, uint32_t block, uint32_t len)
 {
-    uint64_t end = (uint64_t)block + (len + WQ_KEY_GRAIN - 1) / WQ_KEY_GRAIN;
+    uint64_t end = (uint64_t)block + WQ_GRAINS(len);
     return WQ_LIKELY(end <= q->nkeys) ? q->karena + (uint64_t)block * WQ_KEY_GRAIN : NULL;
 }
 /* The bytes of e's key (keylen of them), or NULL when its length or its
