@@ -461,6 +461,15 @@ WQ_API int wq_unlink(const char *name);
  * (see "Persistence"; the add is then undone). Blocks only for the region
  * lock, and with a WQ_DURABLE_PROCESS or WQ_DURABLE_FSYNC store until the
  * key is committed to it (and, FSYNC, on disk). Wakes one blocked wq_get.
+ *
+ * What the caller wrote to memory shared with the worker before wq_add
+ * (the state the key stands for) is seen by the worker after the wq_get
+ * that hands the key out next, in any process. An add that coalesces
+ * (returns 1) into a key that is queued, or processing and already added
+ * again, usually takes no lock at all: on a queue without a store and
+ * not WQ_FAIR, a handle remembers where it last found each key and checks
+ * that entry without the lock, so a producer re-adding hot keys does not
+ * contend with the workers. Such adds count in coalesced_total like any.
  */
 WQ_API int wq_add(wq *q, const void *key, size_t len);
 

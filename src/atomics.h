@@ -28,6 +28,16 @@
 #define wq_add_relaxed(p, n)    wq_store_relaxed((p), wq_load_relaxed(p) + (n))
 #define wq_sub_relaxed(p, n)    wq_store_relaxed((p), wq_load_relaxed(p) - (n))
 
+/* The lock-free coalesced add (queue.c) and the hand-out it races with:
+   a full fence between each side's store and its later loads (the
+   caller's own state, written before wq_add, against the entry's state
+   read after it; the hand-out's state against what its caller reads
+   next), and the store and load orders of an entry's incarnation number
+   (entry.c, wq__entry_renew). */
+#define wq_fence_full()         __atomic_thread_fence(__ATOMIC_SEQ_CST)
+#define wq_fence_stores()       __atomic_thread_fence(__ATOMIC_RELEASE)
+#define wq_fence_loads()        __atomic_thread_fence(__ATOMIC_ACQUIRE)
+
 /* Orders the stores of a critical section for a holder killed at any
    instruction (a compiler barrier: the dying holder's own stores are all
    in its memory, what matters is their program order). */

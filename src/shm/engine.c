@@ -46,6 +46,7 @@ static void free_handle(shmq *q)
     free(q->scratch);
     free(q->held);
     free(q->rscratch);
+    free(q->hints);
     free(q);
 }
 
@@ -104,6 +105,8 @@ int wq__shm_open(const char *name, const struct wq_options *opts, wq **out)
         rc = -ENOMEM;
         goto fail;
     }
+    if (!q->fair && !q->g.has_store)   /* the coalesced add's (queue.c); optional */
+        q->hints = calloc(WQ_HINTS, sizeof *q->hints);
     rc = wq__lock(q);   /* registers this process (see procs.c) */
     if (rc < 0)
         goto fail;

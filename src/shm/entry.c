@@ -52,9 +52,28 @@ static void broken(shmq *q, int rc)
         q->hdr->corrupt = 1;
 }
 
+/* A release store: what the transition wrote before (a new key's bytes
+   above all) is visible before the state that publishes it, to the
+   lock-free coalesced add (queue.c) as to the lock holders. */
 static inline void set_state(struct wq_entry *e, uint16_t st)
 {
-    e->state = (uint16_t)(st | (e->state & WQ_ST_SDIRTY));   /* keeps the store bit */
+    __atomic_store_n(&e->state, (uint16_t)(st | (e->state & WQ_ST_SDIRTY)),   /* keeps the store bit */
+                     __ATOMIC_RELEASE);
+}
+
+/*
+ * Lock and busy held: e's key is about to be written (a new key) or
+ * given back (a free entry). The entry's seq takes a new number first.
+ * This is what lets queue.c's coalesced add read an entry without the
+ * lock: a reader that finds the same seq before and after reading the
+ * key read the key of one incarnation. A state that leaves the key
+ * (0, or a zombie's) is stored before this, and the key bytes after.
+ */
+void wq__entry_renew(shmq *q, struct wq_entry *e)
+{
+    wq_fence_stores();
+    wq_store_relaxed(&e->seq, q->hdr->seq_next++);
+    wq_fence_stores();
 }
 
 /* ------------------------------------------------------------------ */
@@ -126,6 +145,7 @@ static void held_dec(shmq *q, const struct wq_entry *e)
 static void free_push(shmq *q, uint32_t idx)
 {
     struct wq_entry *e = wq__entry(q, idx);
+    wq__entry_renew(q, e);
     wq__keys_drop(q, e);
     e->link = q->hdr->free_head;
     WQ_STEP("table.free.link");
@@ -160,6 +180,7 @@ static uint32_t evict_retained(shmq *q)
         if (wq__table_remove(q, i, e->hash) < 0)
             return WQ_CORRUPT;
         WQ_STEP("evict.index");
+        wq__entry_renew(q, e);
         wq__keys_drop(q, e);
         unretain(q, e);
         return i;
@@ -267,13 +288,13 @@ uint32_t wq__entry_new(shmq *q, const void *key, size_t len, uint32_t hash, int 
     e->owner = WQ_OWNER_NONE;
     e->failures = 0;
     e->rslot = WQ_NIL;
+    wq__entry_renew(q, e);   /* also the add order */
     int rc = wq__keys_put(q, e, key, (uint32_t)len);
     if (rc < 0) {   /* no room for the key: the entry goes back, unused */
         free_push(q, idx);
         *err = rc;
         return WQ_NIL;
     }
-    e->seq = q->hdr->seq_next++;
     if (q->fair)
         q->fx[idx].prio = 0;
     WQ_STEP("add.key");

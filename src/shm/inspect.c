@@ -44,7 +44,7 @@ int wq__shm_stats(wq *pub, struct wq_stats *out)
     for (uint32_t i = 0; i < q->max_procs; i++)   /* live handles only */
         s.processes += q->procs[i].state == WQ_PROC_LIVE && wq__lease_alive(&q->procs[i]);
     s.adds_total = h->adds_total;
-    s.coalesced_total = h->coalesced_total;
+    s.coalesced_total = wq__procs_coalesced(q);
     s.retries_total = h->retries_total;
     s.crash_requeues_total = h->crash_requeues_total;
     s.max_key_len = q->max_key_len;

@@ -44,7 +44,7 @@
 #include <stdint.h>
 
 #define WQ_MAGIC        0x31515762696c0a57ull /* "W\nlibWQ1" little-endian */
-#define WQ_LAYOUT_VER   10u
+#define WQ_LAYOUT_VER   11u
 #define WQ_ALIGN        64u
 #define WQ_NIL          0xffffffffu          /* "no entry" */
 
@@ -311,6 +311,11 @@ struct wq_proc {
     uint32_t sync_mark;       /* hdr->sync_seq of this slot's last add that
                                  needed an fsync (store.c); a hint */
     uint64_t since_ns;        /* CLOCK_REALTIME of registration, informative */
+    /* Adds this slot's holder coalesced without the lock (queue.c):
+       written by the holder alone (relaxed atomics), read under the lock
+       by wq_stats and wq_metrics, which add it to hdr->coalesced_total;
+       folded into that when the slot is given up (procs.c). */
+    uint64_t coalesced;
 };
 
 /*
@@ -324,7 +329,12 @@ struct wq_proc {
  *             (a free entry is never waiting).
  *   failures  rate limiter failure count; survives wq_done (RETAINED).
  *   seq       add order (wraps; compared as a signed difference): ties of
- *             ready time in the heap go in add order.
+ *             ready time in the heap go in add order. Also the entry's
+ *             incarnation: it takes a new number before the key is
+ *             written or given back (entry.c, wq__entry_renew), so the
+ *             coalesced add can read a key without the lock (queue.c).
+ *             state and seq are written under the lock and read without
+ *             it by that add only (atomics.h).
  *   t_start   PROCESSING: CLOCK_MONOTONIC of the get (work duration).
  *   t_b       DIRTY: time of the add (queue duration); WAITING: ready time.
  *             DIRTY and WAITING never coexist, so one field serves both.

@@ -54,7 +54,7 @@ int wq__shm_metrics(wq *pub, struct wq_metrics *out)
     read_hist(&h->wdur, &m.work_duration);
     read_hist(&h->rldelay, &m.rate_limit_delay);
     m.retries_total = h->retries_total;
-    m.coalesced_total = h->coalesced_total;
+    m.coalesced_total = wq__procs_coalesced(q);
     m.crash_requeues_total = h->crash_requeues_total;
     m.waiting = h->heap_count;
     m.processing = h->processing;

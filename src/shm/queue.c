@@ -29,6 +29,66 @@
 
 #include "shm.h"
 
+/* Lock held: remember where the key of `hash` lives, for add_fast. */
+static inline void hint_put(shmq *q, uint32_t idx, uint32_t hash)
+{
+    if (q->hints)
+        wq_store_relaxed(&q->hints[hash % WQ_HINTS], (uint64_t)hash << 32 | idx);
+}
+
+/*
+ * The coalesced add, without the lock. A plain add of a key that is
+ * already dirty (queued, or processing and added again) changes nothing
+ * but a counter. In a controller that is the common add: an object that
+ * changes again before its key is handed out. So this add finds the
+ * key's entry through the handle's hint (where the handle last found or
+ * put it), reads it without the lock, and counts itself in its own
+ * process slot. It takes effect at its read of the entry's state:
+ *  - The entry held this key at that moment. Its incarnation number
+ *    (seq) is the same before the state and after the key bytes, and
+ *    entry.c orders its stores for that: a new key's bytes after a new
+ *    number and before the state store that publishes them, and a key
+ *    given back only after its state has left and a new number is
+ *    stored (wq__entry_renew).
+ *  - What the caller wrote before wq_add is seen by whoever gets the key
+ *    after that moment: both sides have a full fence between their store
+ *    and their later loads (get_wait's follows the hand-out).
+ * Anything else goes the locked way, which refreshes the hint: no hint
+ * or another key's, a state without DIRTY, a queue shut down, a handle
+ * this process has not registered (a forked child's copy). Fair mode
+ * (a priority may rise) and a store (the add's epilogue flushes) have
+ * no hints. 1 coalesced, 0 not.
+ */
+static int add_fast(shmq *q, const void *key, size_t len, uint32_t hash)
+{
+    uint64_t hint = wq_load_relaxed(&q->hints[hash % WQ_HINTS]);
+    uint32_t idx = (uint32_t)hint, slot = wq_load_relaxed(&q->slot);
+    if ((uint32_t)(hint >> 32) != hash || idx >= wq_load_relaxed(&q->nent) ||
+        slot >= q->max_procs || wq_load_relaxed(&q->forkgen) != wq_load_relaxed(&wq__fork_gen))
+        return 0;
+    const struct wq_entry *e = wq__entry(q, idx);
+    wq_fence_full();
+    uint32_t seq = wq_load_acquire(&e->seq);
+    uint16_t st = wq_load_acquire(&e->state);
+    if (!(st & WQ_ST_DIRTY) || wq_load_relaxed(&e->keylen) != len ||
+        wq_load_relaxed(&e->hash) != hash)
+        return 0;
+    const unsigned char *k = e->k.in;
+    if (len > WQ_KEY_INLINE) {   /* in the arena: within its reserved pages */
+        uint64_t block = wq_load_relaxed(&e->k.block);
+        if (block + WQ_GRAINS(len) > wq_load_relaxed(&q->nkeys))
+            return 0;
+        k = q->karena + block * WQ_KEY_GRAIN;
+    }
+    if (memcmp(k, key, len) != 0)
+        return 0;
+    wq_fence_loads();
+    if (wq_load_relaxed(&e->seq) != seq || wq_load_relaxed(&q->hdr->shutdown))
+        return 0;
+    __atomic_fetch_add(&q->procs[slot].coalesced, 1, __ATOMIC_RELAXED);
+    return 1;
+}
+
 /*
  * Lock held: one add. 0 new or marked, 1 coalesced (into a dirty key, a
  * wait, or a new key not stored yet). *wake when a sleeper should look
@@ -45,6 +105,8 @@ static int add_locked(shmq *q, const struct wq_add_req *r, uint32_t hash, uint64
         return -EBADMSG;
     int rc;
     bool fresh = idx == WQ_NIL;
+    if (!fresh)
+        hint_put(q, idx, hash);
     /* The common case first: a plain add of a key that is already dirty
        changes nothing but a counter (and, in fair mode, a priority). */
     if (!fresh && !r->delayed &&
@@ -76,6 +138,8 @@ static int add_locked(shmq *q, const struct wq_add_req *r, uint32_t hash, uint64
             wq__mut_end(q, 0);
         return rc;
     }
+    if (fresh)
+        hint_put(q, idx, hash);
     struct wq_entry *e = wq__entry(q, idx);
     uint16_t st = fresh ? 0 : wq__st(e);
     uint64_t delay = r->after_ns;
@@ -144,6 +208,8 @@ static int add_call(shmq *q, const struct wq_add_req *r)
     uint32_t hash = wq__hash(q->seed, r->key, r->len);
     /* The index slot is a likely cache miss: start it while we lock. */
     wq__table_prefetch(q, hash);
+    if (q->hints && !r->delayed && add_fast(q, r->key, r->len, hash))
+        return 1;
     uint64_t now = r->delayed ? wq__now_mono() : wq__metrics_now(q);
     int rc;
     for (int tries = 0;; tries++) {
@@ -439,6 +505,7 @@ static int get_wait(shmq *q, char *buf, size_t size, struct iovec *keys, size_t 
             if (wq__queued(q) > 0)
                 wq__wake_getters(q, 1);   /* pass it on */
             wq__unlock(q);
+            wq_fence_full();   /* the hand-out before the caller's reads: add_fast */
             return (int)i;
         }
         if (got == -EAGAIN && h->shutdown)

@@ -276,6 +276,7 @@ static void dup_key(void *cv, uint32_t idx, uint32_t other)
     struct ctx *c = cv;
     violation(c, "entry %u: same key as entry %u, dropped", idx, other);
     struct wq_entry *e = wq__entry(c->q, idx);
+    wq__entry_renew(c->q, e);   /* its state is 0 now; its block goes back */
     if (e->keylen > WQ_KEY_INLINE)
         wq__keys_unmark(c->kmap, e->k.block, e->keylen);
 }
@@ -459,7 +460,10 @@ static void finish(struct ctx *c, uint32_t queued)
         uint16_t st = norm_state(q, idx);
         if (st == 0) {
             if (c->apply) {
+                bool owned = e->state != 0 || e->keylen != 0;
                 e->state = 0;
+                if (owned)
+                    wq__entry_renew(q, e);
                 e->keylen = 0;   /* owns no block */
                 if (free_last == WQ_NIL)
                     free_first = idx;

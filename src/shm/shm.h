@@ -30,6 +30,10 @@
 /* Lock acquisitions between two time checks for the periodic reap. */
 #define WQ_REAP_TICKS 1024u
 
+/* Per-handle hints of where keys live, for the coalesced add (queue.c):
+   32 KiB; at 1,000 hot keys about 4 in 5 find their own hint. */
+#define WQ_HINTS 4096u
+
 /* Lookups and allocations return an entry index, or one of these. */
 #define WQ_CORRUPT  0xfffffffeu   /* an out-of-range index was found */
 #define WQ_EVICTING 0xfffffffdu   /* made room that the store must free first */
@@ -91,6 +95,11 @@ typedef struct wq_shm {
     uint64_t ring_seen;
     uint32_t pf_ahead;             /* keys behind the front whose index slots
                                       we prefetched (queue.c); region lock */
+    /* Where this handle last found or put each key (queue.c): hash << 32 |
+       entry, by hash modulo WQ_HINTS; 0 is "none". Written under the
+       region lock, read without it (relaxed atomics); a hint, checked
+       against the entry on every use. NULL if calloc failed. */
+    uint64_t *hints;
 
     /* Registration: written under the region lock. */
     uint32_t slot;                 /* our process table slot */
@@ -339,6 +348,9 @@ static inline uint16_t wq__gen16(uint32_t gen)
     return (uint16_t)gen;
 }
 uint32_t wq__entry_new(shmq *q, const void *key, size_t len, uint32_t hash, int *err);
+/* Lock and busy held: a new incarnation number (entry->seq) before e's
+   key is written or given back (the lock-free coalesced add's check). */
+void wq__entry_renew(shmq *q, struct wq_entry *e);
 /* Pages for entries [0, need) and their index and ring slots: 0, or -ENOSPC
    (nothing changed but pages reserved, message set), or -EBADMSG (a
    damaged index or ring; the region is flagged). Lock held. */
@@ -487,6 +499,7 @@ void wq__fair_verify(shmq *q, void (*violation)(void *c, const char *what), void
 int wq__procs_register(shmq *q);
 bool wq__procs_unregister(shmq *q);
 unsigned wq__procs_reap(shmq *q);
+uint64_t wq__procs_coalesced(const shmq *q);
 void wq__procs_maybe_reap(shmq *q);
 int wq__procs_release_pid(shmq *q, pid_t pid);
 bool wq__lease_alive(struct wq_proc *p);
