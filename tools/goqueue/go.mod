@@ -1,0 +1,3 @@
+module libwq/tools/goqueue
+
+go 1.19
