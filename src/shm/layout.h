@@ -148,11 +148,17 @@ struct wq_hdr {
     struct wq_geom g;
     char pad0[WQ_ALIGN - (sizeof(struct wq_geom) % WQ_ALIGN)];
 
+    /* Read-mostly, on a line of its own: written under the lock on rare
+       events, read without it on hot paths, where a read of the lock's
+       line would pull that line away from whoever locks next. */
+    uint32_t shutdown;                    /* lock to write; read without it by
+                                             wq_shutting_down (relaxed: a hint)
+                                             and the coalesced add (queue.c) */
+    char pad_rm[WQ_ALIGN - sizeof(uint32_t)];
+
     pthread_mutex_t lock;                 /* robust, process-shared */
     uint32_t busy;                        /* lock; 1 while a mutation runs
                                              (mutate.h) */
-    uint32_t shutdown;                    /* lock to write; read without it by
-                                             wq_shutting_down (relaxed: a hint) */
     uint32_t free_head;                   /* lock; free-entry list, WQ_NIL = empty */
     uint32_t live;                        /* lock; queued+processing+waiting */
     uint32_t processing;                  /* lock */
@@ -311,10 +317,11 @@ struct wq_proc {
     uint32_t sync_mark;       /* hdr->sync_seq of this slot's last add that
                                  needed an fsync (store.c); a hint */
     uint64_t since_ns;        /* CLOCK_REALTIME of registration, informative */
-    /* Adds this slot's holder coalesced without the lock (queue.c):
-       written by the holder alone (relaxed atomics), read under the lock
-       by wq_stats and wq_metrics, which add it to hdr->coalesced_total;
-       folded into that when the slot is given up (procs.c). */
+    /* Adds coalesced without the lock (queue.c) by the holders this slot
+       has had: written by the holder alone (relaxed atomics), read under
+       the lock by wq_stats and wq_metrics, which add every slot's to
+       hdr->coalesced_total. Never reset while the region lives, so a
+       slot given up, repaired or reused loses nothing of it. */
     uint64_t coalesced;
 };
 

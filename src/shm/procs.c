@@ -243,7 +243,6 @@ int wq__procs_register(shmq *q)
     p->held = 0;
     p->waiting = 0;
     p->sync_mark = q->hdr->sync_prev;   /* in no fsync group (store.c) */
-    p->coalesced = 0;   /* a count a killed holder left unfolded is lost */
     p->since_ns = wq__now_real();
     WQ_STEP("procs.register.fields");
     p->state = WQ_PROC_LIVE;
@@ -302,10 +301,6 @@ static int slot_free(shmq *q, uint32_t i, bool crash)
         q->hdr->wake_pending = 0;   /* it may have held a wake: wake afresh */
     p->waiting = 0;
     WQ_STEP("reap.waiters");
-    /* The holder's lock-free coalesced adds count on (a holder killed
-       between these two stores counts them twice: a metric, not a key). */
-    q->hdr->coalesced_total += wq_load_relaxed(&p->coalesced);
-    wq_store_relaxed(&p->coalesced, 0);
     p->state = WQ_PROC_FREE;
     return n;
 }
@@ -345,13 +340,12 @@ bool wq__procs_unregister(shmq *q)
 }
 
 /* Lock held: every coalesced add, those counted under the lock and those
-   the slots still hold (a slot not LIVE holds none: slot_free folded it). */
+   counted in the slots (layout.h: a slot's count is never reset). */
 uint64_t wq__procs_coalesced(const shmq *q)
 {
     uint64_t n = q->hdr->coalesced_total;
     for (uint32_t i = 0; i < q->max_procs; i++)
-        if (q->procs[i].state == WQ_PROC_LIVE)
-            n += wq_load_relaxed(&q->procs[i].coalesced);
+        n += wq_load_relaxed(&q->procs[i].coalesced);
     return n;
 }
 

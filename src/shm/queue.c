@@ -206,10 +206,10 @@ static int add_locked(shmq *q, const struct wq_add_req *r, uint32_t hash, uint64
 static int add_call(shmq *q, const struct wq_add_req *r)
 {
     uint32_t hash = wq__hash(q->seed, r->key, r->len);
-    /* The index slot is a likely cache miss: start it while we lock. */
-    wq__table_prefetch(q, hash);
     if (q->hints && !r->delayed && add_fast(q, r->key, r->len, hash))
         return 1;
+    /* The index slot is a likely cache miss: start it while we lock. */
+    wq__table_prefetch(q, hash);
     uint64_t now = r->delayed ? wq__now_mono() : wq__metrics_now(q);
     int rc;
     for (int tries = 0;; tries++) {
