@@ -17,6 +17,9 @@
 #define wq_load_relaxed(p)      __atomic_load_n((p), __ATOMIC_RELAXED)
 /* A word written under the lock that others read without it. */
 #define wq_store_relaxed(p, v)  __atomic_store_n((p), (v), __ATOMIC_RELAXED)
+/* An entry's state (entry.c): what the holder wrote before it is
+   visible before it, to the coalesced add that reads it without the lock. */
+#define wq_store_release(p, v)  __atomic_store_n((p), (v), __ATOMIC_RELEASE)
 /* Futex sequence words: the bump publishes what the locker changed. */
 #define wq_load_acquire(p)      __atomic_load_n((p), __ATOMIC_ACQUIRE)
 #define wq_bump_release(p)      ((void)__atomic_fetch_add((p), 1, __ATOMIC_RELEASE))

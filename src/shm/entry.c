@@ -57,8 +57,7 @@ static void broken(shmq *q, int rc)
    lock-free coalesced add (queue.c) as to the lock holders. */
 static inline void set_state(struct wq_entry *e, uint16_t st)
 {
-    __atomic_store_n(&e->state, (uint16_t)(st | (e->state & WQ_ST_SDIRTY)),   /* keeps the store bit */
-                     __ATOMIC_RELEASE);
+    wq_store_release(&e->state, (uint16_t)(st | (e->state & WQ_ST_SDIRTY)));   /* keeps the store bit */
 }
 
 /*
@@ -175,7 +174,7 @@ static uint32_t evict_retained(shmq *q)
             return rc < 0 ? WQ_CORRUPT : WQ_EVICTING;
         }
         wq__result_drop(q, i);
-        e->state = 0;   /* commit: its failure count is gone */
+        wq_store_release(&e->state, 0);   /* commit: its failure count is gone */
         WQ_STEP("evict.state");
         if (wq__table_remove(q, i, e->hash) < 0)
             return WQ_CORRUPT;
@@ -349,7 +348,7 @@ int wq__entry_restore_idle(shmq *q, uint32_t idx)
 {
     WQ_ASSERT(q->restoring);
     struct wq_entry *e = wq__entry(q, idx);
-    e->state = WQ_ST_RETAINED;
+    wq_store_release(&e->state, WQ_ST_RETAINED);
     int rc = wq__table_insert(q, idx, e->hash);
     if (rc == 0)
         retain(q, e);
@@ -406,7 +405,7 @@ int wq__entry_mark_dirty(shmq *q, uint32_t idx, uint64_t now, bool *queued)
         h->live++;
     } else {
         if (!q->fair)
-            e->seq = h->seq_next++;
+            wq_store_relaxed(&e->seq, h->seq_next++);
         set_state(e, WQ_ST_DIRTY | WQ_ST_QUEUED);   /* commit */
         WQ_STEP("add.mark");
         e->t_b = now;
@@ -456,7 +455,7 @@ int wq__entry_delay(shmq *q, uint32_t idx, uint64_t ready)
     }
     wq__store_mark(q, idx);
     e->t_b = ready;
-    e->seq = h->seq_next++;
+    wq_store_relaxed(&e->seq, h->seq_next++);
     WQ_STEP("wait.ready");
     bool idle = st == WQ_ST_RETAINED || st == 0;   /* idle, or a zombie */
     if (idle) {
@@ -533,7 +532,7 @@ int wq__entry_done(shmq *q, uint32_t idx, uint64_t now, const struct wq_outcome 
     }
     if (st & WQ_ST_DIRTY) {
         if (!q->fair)
-            e->seq = h->seq_next++;   /* client-go: the back of the queue */
+            wq_store_relaxed(&e->seq, h->seq_next++);   /* client-go: the back of the queue */
         set_state(e, WQ_ST_DIRTY | WQ_ST_QUEUED);   /* commit */
         WQ_STEP("done.state");
         broken(q, enqueue(q, idx));
@@ -593,7 +592,7 @@ int wq__entry_requeue(shmq *q, uint32_t idx, bool crash, uint64_t now, bool *que
         bool waiting = st & WQ_ST_WAITING;
         if (!waiting) {
             e->t_b = ready;
-            e->seq = h->seq_next++;
+            wq_store_relaxed(&e->seq, h->seq_next++);
         } else if (ready < e->t_b) {
             e->t_b = ready;
         }
@@ -605,7 +604,7 @@ int wq__entry_requeue(shmq *q, uint32_t idx, bool crash, uint64_t now, bool *que
         if ((st & WQ_ST_WAITING) && (rc = delay_remove(q, idx)) < 0)
             return rc;
         e->t_b = now;
-        e->seq = h->seq_next++;
+        wq_store_relaxed(&e->seq, h->seq_next++);
         if (!(st & WQ_ST_DIRTY))
             wq__fair_dirty(q, idx);   /* a re-added key keeps its place */
         set_state(e, WQ_ST_DIRTY | WQ_ST_QUEUED);   /* commit */
@@ -684,13 +683,13 @@ int wq__entry_release(shmq *q, uint32_t idx, bool stored)
     if (q->g.has_store && stored) {
         e->failures = 0;
         wq__store_mark(q, idx);   /* listed before the commit, as every mark */
-        e->state = WQ_ST_SDIRTY;  /* commit: a zombie */
+        wq_store_release(&e->state, WQ_ST_SDIRTY);  /* commit: a zombie */
         WQ_STEP("release.state");
         if (st != 0)
             h->zombies++;
         return 0;
     }
-    e->state = 0;   /* commit: forgotten */
+    wq_store_release(&e->state, 0);   /* commit: forgotten */
     WQ_STEP("release.state");
     int rc = wq__table_remove(q, idx, e->hash);
     if (rc < 0) {
@@ -781,13 +780,13 @@ int wq__entry_stored(shmq *q, uint32_t idx, uint64_t now, bool *queued)
     struct wq_entry *e = wq__entry(q, idx);
     if (e->state == WQ_ST_STORING) {
         if (e->t_b > now) {
-            e->state = WQ_ST_WAITING;   /* commit */
+            wq_store_release(&e->state, WQ_ST_WAITING);   /* commit */
             WQ_STEP("store.visible");
             broken(q, delay_push(q, idx));
         } else {
             e->t_b = now;
             wq__fair_dirty(q, idx);
-            e->state = WQ_ST_DIRTY | WQ_ST_QUEUED;   /* commit */
+            wq_store_release(&e->state, WQ_ST_DIRTY | WQ_ST_QUEUED);   /* commit */
             WQ_STEP("store.visible");
             broken(q, enqueue(q, idx));
             *queued = true;
@@ -818,7 +817,7 @@ void wq__entry_unstore(shmq *q, uint32_t idx)
     if (e->t_b == 0 && h->adds_total > 0)
         h->adds_total--;   /* it was counted as an add */
     wq__store_mark(q, idx);
-    e->state = WQ_ST_SDIRTY;   /* commit: a zombie */
+    wq_store_release(&e->state, WQ_ST_SDIRTY);   /* commit: a zombie */
     WQ_STEP("store.zombie");
     h->live--;
     h->zombies++;

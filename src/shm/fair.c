@@ -68,7 +68,7 @@ void wq__fair_dirty(shmq *q, uint32_t idx)
     struct wq_hdr *h = q->hdr;
     struct wq_entry *e = wq__entry(q, idx);
     struct wq_fx *f = &q->fx[idx];
-    e->seq = h->seq_next++;
+    wq_store_relaxed(&e->seq, h->seq_next++);
     uint32_t tl = wq__fair_tenant_len(q, e);
     uint64_t *last = last_tag(q, e, tl, f->prio);
     uint64_t v = *vtime(q, f->prio);

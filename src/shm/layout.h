@@ -154,7 +154,13 @@ struct wq_hdr {
     uint32_t shutdown;                    /* lock to write; read without it by
                                              wq_shutting_down (relaxed: a hint)
                                              and the coalesced add (queue.c) */
-    char pad_rm[WQ_ALIGN - sizeof(uint32_t)];
+    uint32_t corrupt;                     /* lock to write; set by whoever finds
+                                             a structure inconsistent; the next
+                                             locker repairs (like busy); read
+                                             without it by the coalesced add,
+                                             which then leaves the add to that
+                                             locker */
+    char pad_rm[WQ_ALIGN - 2 * sizeof(uint32_t)];
 
     pthread_mutex_t lock;                 /* robust, process-shared */
     uint32_t busy;                        /* lock; 1 while a mutation runs
@@ -240,9 +246,6 @@ struct wq_hdr {
     uint32_t fq_count;
     uint32_t fair_ticks;
     uint64_t fair_vtime;
-    uint32_t corrupt;                     /* lock; set by whoever finds a
-                                             structure inconsistent; the next
-                                             locker repairs (like busy) */
     uint32_t wake_pending;                /* lock; wakes issued to getters that
                                              have not locked again yet (wait.c);
                                              0 in regions of earlier builds */
@@ -326,7 +329,9 @@ struct wq_proc {
 };
 
 /*
- * A key slot: 64 bytes, one cache line. All fields: lock.
+ * A key slot: 64 bytes, one cache line. All fields: lock to write; state,
+ * seq, keylen, hash and k are also read without it by the coalesced add
+ * (queue.c), so state and seq are stored through atomics.h.
  *   state     a single 16-bit store moves it between states (WQ_ST_*).
  *   keylen    1..max_key_len while live; 0 in a free entry.
  *   hash      32-bit key hash, also kept in the index slot.

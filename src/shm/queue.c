@@ -54,8 +54,10 @@ static inline void hint_put(shmq *q, uint32_t idx, uint32_t hash)
  *    after that moment: both sides have a full fence between their store
  *    and their later loads (get_wait's follows the hand-out).
  * Anything else goes the locked way, which refreshes the hint: no hint
- * or another key's, a state without DIRTY, a queue shut down, a handle
- * this process has not registered (a forked child's copy). Fair mode
+ * or another key's, a state without DIRTY, a queue shut down, a region
+ * found damaged (whose repair may drop the entry: the locked add repairs
+ * first), a handle this process has not registered (a forked child's
+ * copy). Fair mode
  * (a priority may rise) and a store (the add's epilogue flushes) have
  * no hints. 1 coalesced, 0 not.
  */
@@ -83,7 +85,8 @@ static int add_fast(shmq *q, const void *key, size_t len, uint32_t hash)
     if (memcmp(k, key, len) != 0)
         return 0;
     wq_fence_loads();
-    if (wq_load_relaxed(&e->seq) != seq || wq_load_relaxed(&q->hdr->shutdown))
+    if (wq_load_relaxed(&e->seq) != seq || wq_load_relaxed(&q->hdr->shutdown) ||
+        wq_load_relaxed(&q->hdr->corrupt))
         return 0;
     __atomic_fetch_add(&q->procs[slot].coalesced, 1, __ATOMIC_RELAXED);
     return 1;

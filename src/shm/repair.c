@@ -239,14 +239,14 @@ static void check_entries(struct ctx *c)
         }
         if ((st & WQ_ST_PROCESSING) && want == (WQ_ST_DIRTY | WQ_ST_QUEUED))
             q->hdr->crash_requeues_total++;
-        e->state = want;
+        wq_store_release(&e->state, want);
     hash:
         if (want && e->keylen > WQ_KEY_INLINE &&
             wq__keys_mark(q, c->kmap, e->k.block, e->keylen) < 0) {
             violation(c, "entry %u: key block %u shares bytes with another key's, "
                       "dropped", idx, e->k.block);
             if (c->apply)
-                e->state = want = 0;
+                wq_store_release(&e->state, want = 0);
             continue;
         }
         if (c->thorough && want) {
@@ -266,7 +266,7 @@ static void check_entries(struct ctx *c)
             violation(c, "entry %u: add order %u outside the window below %u", idx, e->seq,
                       q->hdr->seq_next);
             if (c->apply)
-                e->seq = q->hdr->seq_next++;
+                wq_store_relaxed(&e->seq, q->hdr->seq_next++);
         }
     }
 }
@@ -461,7 +461,7 @@ static void finish(struct ctx *c, uint32_t queued)
         if (st == 0) {
             if (c->apply) {
                 bool owned = e->state != 0 || e->keylen != 0;
-                e->state = 0;
+                wq_store_release(&e->state, 0);
                 if (owned)
                     wq__entry_renew(q, e);
                 e->keylen = 0;   /* owns no block */

@@ -76,8 +76,9 @@ typedef struct wq_shm {
     int fd;                        /* the shm object, for growing it; -1 if none */
     /* Bounds for indices read from shared memory: entries and result
        slots whose pages are reserved (hdr->grown_*, clamped). Refreshed
-       at every lock acquisition and by our own growth, so only the lock
-       holder uses them; region lock. */
+       at every lock acquisition and by our own growth; region lock, but
+       nent and nkeys are also read (relaxed) by the coalesced add of any
+       thread of this process: pages below them are never given back. */
     uint32_t nent, nres, nkeys;
     /* The index in use (table.c), refreshed like nent when hdr->index_at
        differs from index_seen (the word last accepted; after a refused

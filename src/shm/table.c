@@ -169,7 +169,7 @@ int wq__table_rebuild(shmq *q, void (*dup)(void *c, uint32_t idx, uint32_t other
         const unsigned char *k = wq__key(q, e);
         uint32_t other = k ? wq__table_lookup(q, k, e->keylen, e->hash) : WQ_CORRUPT;
         if (other != WQ_NIL) {
-            e->state = 0;
+            wq_store_release(&e->state, 0);
             dup(c, idx, other);
             continue;
         }
