@@ -38,6 +38,16 @@
    next), and the store and load orders of an entry's incarnation number
    (entry.c, wq__entry_renew). */
 #define wq_fence_full()         __atomic_thread_fence(__ATOMIC_SEQ_CST)
+/* The same, right after the region lock's release. Releasing a futex
+   lock must learn atomically whether anyone waits, so the unlock is a
+   read-modify-write, and on x86 every such (locked) instruction is a
+   full barrier already: there only the compiler must not move loads
+   above it. A fence costs 5% of a one-process cycle on the 2-vCPU VM. */
+#if defined(__x86_64__) || defined(__i386__)
+#define wq_fence_after_unlock() __atomic_signal_fence(__ATOMIC_SEQ_CST)
+#else
+#define wq_fence_after_unlock() wq_fence_full()
+#endif
 #define wq_fence_stores()       __atomic_thread_fence(__ATOMIC_RELEASE)
 #define wq_fence_loads()        __atomic_thread_fence(__ATOMIC_ACQUIRE)
 

@@ -508,7 +508,7 @@ static int get_wait(shmq *q, char *buf, size_t size, struct iovec *keys, size_t 
             if (wq__queued(q) > 0)
                 wq__wake_getters(q, 1);   /* pass it on */
             wq__unlock(q);
-            wq_fence_full();   /* the hand-out before the caller's reads: add_fast */
+            wq_fence_after_unlock();   /* the hand-out before the caller's reads: add_fast */
             return (int)i;
         }
         if (got == -EAGAIN && h->shutdown)
