@@ -335,18 +335,17 @@ static void test_fork_child(void **state)
 }
 
 /*
- * No lost update. One producer bumps version[k] and then adds k, over
- * HOT keys; two workers get a key, read its version, and record the
- * highest they processed, then wq_done. At the end every key's processed
- * version is its last version: an add that returned was followed by a
- * get that saw what was written before it. Most adds coalesce, and most
- * of those take the lock-free way (asserted).
+ * The witness of the two tests below, outside the library: a shared
+ * mapping of versions. The producer writes a key's version, then adds
+ * the key; a worker gets a key, reads its version, records the highest
+ * it processed, then wq_done. Versions are written and read with plain
+ * (relaxed) atomics, so that no locked instruction of the test's own
+ * orders them: only the library's fences do.
  */
-enum { HOT = 64, WORKERS = 2 };
+enum { HOT = 64, RKEYS = 16, WORKERS = 2 };
 struct witness {
-    atomic_ullong version[HOT];
+    unsigned long long version[HOT];
     atomic_ullong processed[HOT];
-    atomic_int stop;
     atomic_int ready;
     atomic_ullong fast, adds;
 };
@@ -371,7 +370,7 @@ static void worker(const char *name, struct witness *w)
         int k = key_of(buf, len);
         if (k < 0 || k >= HOT)
             _exit(11);
-        unsigned long long v = atomic_load(&w->version[k]);
+        unsigned long long v = __atomic_load_n(&w->version[k], __ATOMIC_RELAXED);
         /* a short piece of work, so keys stay queued while adds arrive */
         for (volatile int spin = 0; spin < 200; spin++)
             ;
@@ -382,31 +381,71 @@ static void worker(const char *name, struct witness *w)
     _exit(len == -ESHUTDOWN ? 0 : 13);
 }
 
+/* A queue, its witness and WORKERS workers waiting for keys. */
+static wq *witness_start(const char *tag, const char **name, struct witness **w, pid_t *pids)
+{
+    wq *q = t_track(t_create(tag, NULL, name));
+    *w = t_shared_alloc(sizeof **w);
+    for (int i = 0; i < WORKERS; i++)
+        if ((pids[i] = t_fork(120)) == 0)
+            worker(*name, *w);
+    assert_int_equal(t_wait_count(&(*w)->ready, WORKERS, 20000), 0);
+    return q;
+}
+
+/* The producer `prod` ended well; drain, stop the workers, and check
+   that every key was processed at its last version. */
+static void witness_end(wq *q, struct witness *w, pid_t *pids, pid_t prod, int keys)
+{
+    assert_int_equal(t_wait(prod, 120000), 0);
+    assert_int_equal(wq_shutdown_drain(q, 30 * SEC), 0);
+    for (int i = 0; i < WORKERS; i++)
+        assert_int_equal(t_wait(pids[i], 30000), 0);
+    int lost = 0;
+    for (int k = 0; k < keys; k++)
+        if (w->processed[k] != w->version[k]) {
+            printf("key k%d: version %llu, processed %llu\n", k, w->version[k],
+                   (unsigned long long)w->processed[k]);
+            lost++;
+        }
+    assert_int_equal(lost, 0);
+    T_EXPECT_STATS(q, 0, 0, 0, 0, __func__);
+    t_check_clean(q, __func__);
+}
+
+/* A producer's handle on the witness's queue, and its slot's count. */
+static wq *producer_open(const char *name, uint64_t *before)
+{
+    wq *p;
+    if (wq_open(name, NULL, &p) != 0)
+        _exit(10);
+    *before = slot_count(p);
+    return p;
+}
+
+/*
+ * No lost update, flat out: one producer bumps version[k] and adds k,
+ * over HOT keys, for 1.5 s. Most adds coalesce, and most of those take
+ * the lock-free way (asserted).
+ */
 static void test_no_lost_update(void **state)
 {
     (void)state;
     const char *name;
-    wq *q = t_track(t_create("witness", NULL, &name));
-    struct witness *w = t_shared_alloc(sizeof *w);
+    struct witness *w;
     pid_t pids[WORKERS];
-    for (int i = 0; i < WORKERS; i++)
-        if ((pids[i] = t_fork(120)) == 0)
-            worker(name, w);
-    assert_int_equal(t_wait_count(&w->ready, WORKERS, 20000), 0);
+    wq *q = witness_start("witness", &name, &w, pids);
     pid_t prod = t_fork(120);
     if (prod == 0) {
-        wq *p;
-        if (wq_open(name, NULL, &p) != 0)
-            _exit(10);
-        uint64_t x = 88172645463325252ull, n = 0, end = t_now_ns() + 1500 * MS;
-        uint64_t before = slot_count(p);
+        uint64_t before, x = 88172645463325252ull, n = 0, end = t_now_ns() + 1500 * MS;
+        wq *p = producer_open(name, &before);
         while (t_now_ns() < end) {
             for (int i = 0; i < 1000; i++, n++) {
                 x ^= x << 13, x ^= x >> 7, x ^= x << 17;
                 int k = (int)(x % HOT);
                 char key[8];
                 int len = snprintf(key, sizeof key, "k%d", k);
-                atomic_fetch_add(&w->version[k], 1);
+                __atomic_store_n(&w->version[k], w->version[k] + 1, __ATOMIC_RELAXED);
                 if (wq_add(p, key, (size_t)len) < 0)
                     _exit(11);
             }
@@ -416,88 +455,38 @@ static void test_no_lost_update(void **state)
         wq_close(p);
         _exit(0);
     }
-    assert_int_equal(t_wait(prod, 60000), 0);
-    assert_int_equal(wq_shutdown_drain(q, 30 * SEC), 0);
-    for (int i = 0; i < WORKERS; i++)
-        assert_int_equal(t_wait(pids[i], 30000), 0);
-    int lost = 0;
-    for (int k = 0; k < HOT; k++)
-        if (w->processed[k] != w->version[k]) {
-            printf("key k%d: version %llu, processed %llu\n", k,
-                   (unsigned long long)w->version[k], (unsigned long long)w->processed[k]);
-            lost++;
-        }
+    witness_end(q, w, pids, prod, HOT);
     struct wq_stats st = t_stats(q);
     printf("%llu adds, %llu coalesced, %llu of them without the lock\n",
            (unsigned long long)w->adds, (unsigned long long)st.coalesced_total,
            (unsigned long long)w->fast);
-    assert_int_equal(lost, 0);
     assert_int_equal(st.adds_total + st.coalesced_total, w->adds);
     assert_true(w->fast > 0 && w->fast * 2 > st.coalesced_total);
-    T_EXPECT_STATS(q, 0, 0, 0, 0, __func__);
-    t_check_clean(q, __func__);
     t_shared_free(w, sizeof *w);
     t_close(q);
 }
 
 /*
  * The same promise, checked add by add. Each round the producer stores
- * the round number as every key's version, with a plain (relaxed) store,
- * so that no locked instruction of the test's own orders it, and adds
- * every key twice. The second add of a key that is still queued takes
- * the lock-free way. It then waits until the workers have processed
- * every key at that version: an add that coalesced into a key a worker
- * had already taken, without that worker seeing the version, leaves the
- * key behind, and the round times out naming it. Only the library's
- * fences order the producer's version store against its read of the
- * entry, and the worker's hand-out against its read of the version.
+ * the round number as the version of each of RKEYS keys and adds every
+ * key twice (the second add of a key still queued takes the lock-free
+ * way), then waits until the workers have processed every key at that
+ * version. An add that coalesced into a key a worker had already taken,
+ * without that worker seeing the version, leaves the key behind, and the
+ * round times out naming it.
  */
-enum { RKEYS = 16 };
-struct rounds {
-    unsigned long long version[RKEYS];
-    atomic_ullong seen[RKEYS];
-    atomic_int ready;
-    atomic_ullong fast, checked;
-};
-
-static void round_worker(const char *name, struct rounds *w)
-{
-    wq *q;
-    if (wq_open(name, NULL, &q) != 0)
-        _exit(10);
-    atomic_fetch_add(&w->ready, 1);
-    char buf[T_KEYBUF];
-    int len;
-    while ((len = wq_get(q, buf, sizeof buf, -1)) > 0) {
-        int k = key_of(buf, len);
-        if (k < 0 || k >= RKEYS)
-            _exit(11);
-        unsigned long long v = __atomic_load_n(&w->version[k], __ATOMIC_RELAXED);
-        t_atomic_max(&w->seen[k], v);
-        if (wq_done(q, buf, (size_t)len) != 0)
-            _exit(12);
-    }
-    _exit(len == -ESHUTDOWN ? 0 : 13);
-}
-
 static void test_rounds_no_lost_update(void **state)
 {
     (void)state;
     const char *name;
-    wq *q = t_track(t_create("rounds", NULL, &name));
-    struct rounds *w = t_shared_alloc(sizeof *w);
+    struct witness *w;
     pid_t pids[WORKERS];
-    for (int i = 0; i < WORKERS; i++)
-        if ((pids[i] = t_fork(120)) == 0)
-            round_worker(name, w);
-    assert_int_equal(t_wait_count(&w->ready, WORKERS, 20000), 0);
+    wq *q = witness_start("rounds", &name, &w, pids);
     int rounds = getenv("WQ_TEST_VALGRIND") ? 50 : 3000;
     pid_t prod = t_fork(120);
     if (prod == 0) {
-        wq *p;
-        if (wq_open(name, NULL, &p) != 0)
-            _exit(10);
-        uint64_t before = slot_count(p);
+        uint64_t before;
+        wq *p = producer_open(name, &before);
         char key[8];
         for (int r = 1; r <= rounds; r++) {
             for (int k = 0; k < RKEYS; k++) {
@@ -509,29 +498,24 @@ static void test_rounds_no_lost_update(void **state)
             }
             uint64_t end = t_now_ns() + 10 * SEC;
             for (int k = 0; k < RKEYS; k++)
-                while (atomic_load(&w->seen[k]) < (unsigned long long)r) {
+                while (atomic_load(&w->processed[k]) < (unsigned long long)r) {
                     if (t_now_ns() > end) {
                         printf("round %d: key k%d processed at version %llu only\n", r, k,
-                               (unsigned long long)atomic_load(&w->seen[k]));
+                               (unsigned long long)atomic_load(&w->processed[k]));
                         _exit(20);
                     }
                     sched_yield();
                 }
         }
         atomic_store(&w->fast, slot_count(p) - before);
-        atomic_store(&w->checked, (unsigned long long)rounds * RKEYS * 2);
+        atomic_store(&w->adds, (unsigned long long)rounds * RKEYS * 2);
         wq_close(p);
         _exit(0);
     }
-    assert_int_equal(t_wait(prod, 120000), 0);
-    assert_int_equal(wq_shutdown_drain(q, 30 * SEC), 0);
-    for (int i = 0; i < WORKERS; i++)
-        assert_int_equal(t_wait(pids[i], 30000), 0);
+    witness_end(q, w, pids, prod, RKEYS);
     printf("%llu adds checked one by one, %llu of them without the lock\n",
-           (unsigned long long)w->checked, (unsigned long long)w->fast);
+           (unsigned long long)w->adds, (unsigned long long)w->fast);
     assert_true(w->fast > 0);
-    T_EXPECT_STATS(q, 0, 0, 0, 0, __func__);
-    t_check_clean(q, __func__);
     t_shared_free(w, sizeof *w);
     t_close(q);
 }
