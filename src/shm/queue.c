@@ -57,9 +57,8 @@ static inline void hint_put(shmq *q, uint32_t idx, uint32_t hash)
  * or another key's, a state without DIRTY, a queue shut down, a region
  * found damaged (whose repair may drop the entry: the locked add repairs
  * first), a handle this process has not registered (a forked child's
- * copy). Fair mode
- * (a priority may rise) and a store (the add's epilogue flushes) have
- * no hints. 1 coalesced, 0 not.
+ * copy). Fair mode (a priority may rise) and a store (the add's epilogue
+ * flushes) have no hints. 1 coalesced, 0 not.
  */
 static int add_fast(shmq *q, const void *key, size_t len, uint32_t hash)
 {
