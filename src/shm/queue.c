@@ -74,14 +74,10 @@ static int add_fast(shmq *q, const void *key, size_t len, uint32_t hash)
     if (!(st & WQ_ST_DIRTY) || wq_load_relaxed(&e->keylen) != len ||
         wq_load_relaxed(&e->hash) != hash)
         return 0;
-    const unsigned char *k = e->k.in;
-    if (len > WQ_KEY_INLINE) {   /* in the arena: within its reserved pages */
-        uint64_t block = wq_load_relaxed(&e->k.block);
-        if (block + WQ_GRAINS(len) > wq_load_relaxed(&q->nkeys))
-            return 0;
-        k = q->karena + block * WQ_KEY_GRAIN;
-    }
-    if (memcmp(k, key, len) != 0)
+    const unsigned char *k = len <= WQ_KEY_INLINE
+                                 ? e->k.in
+                                 : wq__keys_at(q, wq_load_relaxed(&e->k.block), (uint32_t)len);
+    if (!k || memcmp(k, key, len) != 0)
         return 0;
     wq_fence_loads();
     if (wq_load_relaxed(&e->seq) != seq || wq_load_relaxed(&q->hdr->shutdown) ||

@@ -97,9 +97,10 @@ typedef struct wq_shm {
     uint32_t pf_ahead;             /* keys behind the front whose index slots
                                       we prefetched (queue.c); region lock */
     /* Where this handle last found or put each key (queue.c): hash << 32 |
-       entry, by hash modulo WQ_HINTS; 0 is "none". Written under the
-       region lock, read without it (relaxed atomics); a hint, checked
-       against the entry on every use. NULL if calloc failed. */
+       entry, by hash modulo WQ_HINTS (zero at first, a hint like any
+       other). Written under the region lock, read without it (relaxed
+       atomics); checked against the entry on every use. NULL if calloc
+       failed. */
     uint64_t *hints;
 
     /* Registration: written under the region lock. */
@@ -416,11 +417,14 @@ void wq__limiter_init(struct wq_hdr *h);
 
 /* keys.c: the key arena, for keys and result messages */
 /* The len bytes of the arena block at granule `block`, or NULL when they
-   lie past its reserved pages (region data is never trusted). */
+   lie past its reserved pages (region data is never trusted). Also
+   called without the lock by the coalesced add (queue.c): nkeys is read
+   relaxed. */
 static inline const unsigned char *wq__keys_at(const shmq *q, uint32_t block, uint32_t len)
 {
     uint64_t end = (uint64_t)block + WQ_GRAINS(len);
-    return WQ_LIKELY(end <= q->nkeys) ? q->karena + (uint64_t)block * WQ_KEY_GRAIN : NULL;
+    return WQ_LIKELY(end <= wq_load_relaxed(&q->nkeys))
+               ? q->karena + (uint64_t)block * WQ_KEY_GRAIN : NULL;
 }
 /* The bytes of e's key (keylen of them), or NULL when its length or its
    block is damaged. */
