@@ -335,8 +335,8 @@ typedef void (*wq_report_fn)(const char *what, void *arg);
  *             4096, max_procs above 4096; mode bits outside 0777.
  *   store     durability other than the WQ_DURABLE_* values; durability
  *             or snapshot_interval_ms without store_path;
- *             snapshot_interval_ms without WQ_DURABLE_NONE; an empty
- *             store_path.
+ *             snapshot_interval_ms without WQ_DURABLE_NONE or _FSYNC; an
+ *             empty store_path.
  *   limiter   unknown rl_limiters bits; a negative, NaN or infinite
  *             rl_qps; rl_base_delay_ns above rl_max_delay_ns (or above
  *             the default maximum when rl_max_delay_ns is 0);
@@ -358,7 +358,7 @@ struct wq_options {
     uint32_t max_key_len;   /* 0 -> 256; at most 4096 */
     const char *store_path; /* LMDB directory for persistence; NULL -> memory only */
     int durability;         /* 0 (not given) | WQ_DURABLE_PROCESS | _FSYNC | _NONE */
-    uint32_t snapshot_interval_ms; /* WQ_DURABLE_NONE only; 0 -> 1000 */
+    uint32_t snapshot_interval_ms; /* WQ_DURABLE_NONE, _FSYNC; 0 -> 1000 */
     uint32_t result_capacity;      /* finished results kept; 0 -> capacity */
     mode_t mode;            /* permissions of the shm object and store; 0 -> 0600 */
     unsigned flags;         /* WQ_CREATE | WQ_EXCL | WQ_FAIR ... */
@@ -887,12 +887,20 @@ WQ_API int wq_run_workers_opts(wq *q, unsigned workers, wq_reconcile_fn fn, void
  * store did not have yet):
  *   WQ_DURABLE_PROCESS  when the call returns the key is committed to LMDB
  *                       (without fsync): killing every process and
- *                       removing the region loses nothing.
- *   WQ_DURABLE_FSYNC    ... and fsync'ed: survives power loss too.
- *                       Concurrent adders, in any process, share fsyncs
- *                       (group commit through LMDB's writer lock). Only
- *                       commits that carry new keys are synced: a cycle
- *                       costs one fsync, at its add. Processes that keep
+ *                       removing the region loses nothing. A power
+ *                       failure may lose the last commits, or leave the
+ *                       store damaged (LMDB's pages reach the disk in any
+ *                       order without fsync): a restore then fails with
+ *                       -EUCLEAN, and wq_store_salvage keeps every record
+ *                       that verifies.
+ *   WQ_DURABLE_FSYNC    ... and fsync'ed: survives power loss too, and
+ *                       every commit is fsync'ed, so a power failure
+ *                       never damages the store. Concurrent adders, in
+ *                       any process, share fsyncs (group commit through
+ *                       LMDB's writer lock). Changes that need no fsync
+ *                       wait for a commit that carries a new key (see
+ *                       removals below): a cycle costs one fsync, at its
+ *                       add. Processes that keep
  *                       adding are gathered: a new key's add first waits
  *                       for the processes that were in the previous fsync
  *                       and have not added since (at most twice this
@@ -907,16 +915,21 @@ WQ_API int wq_run_workers_opts(wq *q, unsigned workers, wq_reconcile_fn fn, void
  *                       holds the lock when it is due) and by wq_snapshot.
  * Until a new key is in the store (PROCESS, FSYNC) it is invisible: no
  * wq_get hands it out, so a key is never processed without being stored.
- * Removals (wq_done of a clean key, wq_forget) are written before the call
- * returns in PROCESS and FSYNC mode (not fsync'ed: a removal lost to power
- * failure only means the key is processed once more). One exception, in
- * FSYNC mode: a removal (or another change that is not fsync'ed) made
- * while an add of another process waits for its fsync group is left to
- * that add's flush, right after the call returns, so that it does not
- * take the waiting key into an fsync of its own; if that process is
- * killed first, the next call that writes the store writes it, and a
- * removal lost with every process means, again, a key processed once
- * more.
+ * Removals (wq_done of a clean key, wq_forget) and the other changes that
+ * need no fsync (results, failure counts, a waiting key's time):
+ *   PROCESS  written before the call returns.
+ *   FSYNC    deferred, so that they cost no fsync of their own: they stay
+ *            listed in the region (wq_stats.store_unsynced) and are
+ *            written by the next commit of a new key (any process's), by
+ *            the first call that finds snapshot_interval_ms (default 1 s)
+ *            passed since such a write or 1024 of them listed, and by
+ *            wq_snapshot, wq_unlink and the last process's wq_close. A
+ *            process crash loses none (the region keeps them); lost with
+ *            the region (power failure, a reboot without that last
+ *            close), a removal only means the key is processed once
+ *            more, as a removal lost to a power failure always did. A
+ *            failure to write them is returned by the call that writes
+ *            them, or, when that is another key's add, retried later.
  *
  * Restore: wq_open with WQ_CREATE on a missing region and a store that
  * holds keys builds the new region from the store before anyone can see

@@ -71,7 +71,8 @@ int wq__options_check(const struct wq_options *o)
         return -EINVAL;
     if (!o->store_path && (o->durability || o->snapshot_interval_ms))
         return -EINVAL;
-    if (o->snapshot_interval_ms && o->durability != WQ_DURABLE_NONE)
+    if (o->snapshot_interval_ms && o->durability != WQ_DURABLE_NONE &&
+        o->durability != WQ_DURABLE_FSYNC)
         return -EINVAL;
     if (o->store_path && !o->store_path[0])
         return -EINVAL;

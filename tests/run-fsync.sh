@@ -1,9 +1,13 @@
 #!/bin/sh
 # What WQ_DURABLE_FSYNC pays for, seen from outside the library: strace
-# counts the sync system calls of each wqctl process. An add syncs once
-# (its commit); the done of a clean key (wqctl get: get and done) syncs
-# nothing (wq.h: removals are not fsync'ed); wq_snapshot (wqctl snapshot)
-# syncs what the commits did not; durability process never syncs.
+# counts the sync system calls of each wqctl process, `wqctl stat` the
+# changes the store does not have yet. An add syncs once (its commit). The
+# done of a clean key (wqctl get: get and done) syncs nothing and commits
+# nothing while another process has the queue open: the removal is
+# deferred to the next commit that syncs anyway (the next add's), or to
+# the last process's close (one sync). wq_snapshot (wqctl snapshot) writes
+# and syncs what is deferred, and nothing when nothing is (every commit
+# of an FSYNC store is synced). Durability process never syncs.
 # Without strace: skipped (77), except in CI (CI=true), where that fails.
 set -u
 WQCTL="${top_builddir:-.}/tools/wqctl"
@@ -48,14 +52,48 @@ syncs() {
     PASS=$((PASS + 1))
 }
 
-"$WQCTL" create "$F" --store "$DIR/f" --durability fsync >/dev/null || fail "create $F"
+# An hour: no removal is due by time during the test, however slow.
+"$WQCTL" create "$F" --store "$DIR/f" --durability fsync --snapshot-interval 1h \
+    >/dev/null || fail "create $F"
 "$WQCTL" create "$P" --store "$DIR/p" --durability process >/dev/null || fail "create $P"
 
+# unsynced N: the queue F lists N changes its store does not have yet.
+unsynced() {
+    got=$("$WQCTL" stat "$F" | awk '$1 == "store_unsynced" { print $2 }')
+    [ "$got" = "$1" ] || fail "store_unsynced is '$got', want $1"
+    PASS=$((PASS + 1))
+}
+
+# A holder: wqctl add reading keys from a fifo that stays empty keeps F
+# open, so the wqctl processes below are not the last to close it.
+mkfifo "$DIR/fifo" || fail "mkfifo"
+"$WQCTL" add "$F" - <"$DIR/fifo" >"$DIR/holder.out" 2>&1 &
+HOLDER=$!
+exec 3>"$DIR/fifo"
+i=0
+until "$WQCTL" stat "$F" | grep -q "^processes  *2$"; do
+    i=$((i + 1))
+    [ $i -lt 200 ] || fail "the holder did not attach in 10 s"
+    sleep 0.05
+done
+
 syncs 1 "added 1, coalesced 0" "$WQCTL" add "$F" k1
-syncs 0 "k1" "$WQCTL" get "$F"                        # get, done: a removal
-syncs 1 "added 2, coalesced 0" "$WQCTL" add "$F" k2 k3  # one commit, one sync
+syncs 0 "k1" "$WQCTL" get "$F"                        # get, done: a removal, deferred
+unsynced 1
+syncs 1 "added 2, coalesced 0" "$WQCTL" add "$F" k2 k3  # one commit, one sync, k1's removal in it
+unsynced 0
 syncs 0 "k2" "$WQCTL" get "$F"
-syncs 1 "wrote 0 records" "$WQCTL" snapshot "$F"       # k2's removal reaches disk
+unsynced 1
+syncs 1 "wrote 1 record" "$WQCTL" snapshot "$F"        # k2's removal reaches disk
+syncs 0 "wrote 0 records" "$WQCTL" snapshot "$F"       # every commit was synced
+syncs 0 "k3" "$WQCTL" get "$F"
+unsynced 1
+exec 3>&-                                             # the holder reads EOF, closes last
+wait "$HOLDER" || fail "the holder exited $?: $(cat "$DIR/holder.out")"
+unsynced 0                                            # its close wrote k3's removal
+syncs 1 "added 1, coalesced 0" "$WQCTL" add "$F" k4
+syncs 1 "k4" "$WQCTL" get "$F"                        # the last to close writes the removal
+unsynced 0
 syncs 0 "added 1, coalesced 0" "$WQCTL" add "$P" k1
 syncs 0 "k1" "$WQCTL" get "$P"
 

@@ -98,8 +98,8 @@ wq *t_open_(const char *name, const struct wq_options *o, int line)
     int rc = wq_open(name, o, &q);
 
     if (rc != 0)
-        fail_msg("line %d: wq_open(%s) = %d (%s)", line, name, rc,
-                 wq_strerror(rc));
+        fail_msg("line %d: wq_open(%s) = %d (%s): %s", line, name, rc,
+                 wq_strerror(rc), wq_last_error());
     assert_non_null(q);
     return q;
 }

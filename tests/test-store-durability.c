@@ -12,6 +12,9 @@
  *     add joins its commit (LMDB's transaction count, read by a child, is
  *     the witness); a removal made meanwhile is left to the waiter; the
  *     wait ends at its deadline when nobody comes.
+ *   - FSYNC deferred changes: a removal is not committed on its own but
+ *     with the next new key, at 1024 listed, by wq_snapshot or once the
+ *     interval passed; a killed process's is kept by the region.
  *
  * Store directories live under one mkdtemp directory in /tmp. main()
  * runs the cmocka group in a child and removes that directory (and any
@@ -29,6 +32,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <lmdb.h>
@@ -443,6 +447,34 @@ static uint64_t store_txnid(const char *dir)
     return v;
 }
 
+/* Is data.mdb shorter than the last page LMDB counts? (A commit that
+   frees many pages leaves the last ones unwritten: they are free.) Read
+   by a child, as store_txnid. */
+static bool store_file_short(const char *dir)
+{
+    int *out = t_shared_alloc(sizeof *out);
+    pid_t c = t_fork(20);
+    if (c == 0) {
+        MDB_env *env;
+        MDB_envinfo info;
+        MDB_stat st;
+        struct stat sb;
+        char file[300];
+        snprintf(file, sizeof file, "%s/data.mdb", dir);
+        if (mdb_env_create(&env) != 0 ||
+            mdb_env_open(env, dir, MDB_RDONLY | MDB_NOLOCK, 0600) != 0 ||
+            mdb_env_info(env, &info) != 0 || mdb_env_stat(env, &st) != 0 ||
+            stat(file, &sb) != 0)
+            _exit(1);
+        *out = (uint64_t)(info.me_last_pgno + 1) * st.ms_psize > (uint64_t)sb.st_size;
+        _exit(0);
+    }
+    assert_int_equal(t_wait(c, 10000), 0);
+    int v = *out;
+    t_shared_free(out, sizeof *out);
+    return v != 0;
+}
+
 struct group_board {
     atomic_int stage;
 };
@@ -671,6 +703,188 @@ static void test_fsync_group_kill(void **state)
 }
 
 /* ------------------------------------------------------------------ */
+/* FSYNC: changes that need no fsync wait for one                      */
+/* ------------------------------------------------------------------ */
+
+/* get and done the key at the front, which must be k */
+static void cycle_out(wq *q, const char *k)
+{
+    T_EXPECT_GET(q, k);
+    T_EXPECT_DONE(q, k);
+}
+
+/* The queue's region removed (as at a reboot) and rebuilt from the store
+   alone: it holds exactly `keys`, in this order. */
+static wq *from_store(wq *q, const char *name, const struct wq_options *o,
+                      const char *const *keys, size_t n)
+{
+    t_close(q);
+    char path[300];
+    t_shm_path(name, path, sizeof path);
+    assert_int_equal(unlink(path), 0);
+    q = t_track(T_OPEN(name, o));
+    assert_int_equal(wq_len(q), n);
+    for (size_t i = 0; i < n; i++)
+        cycle_out(q, keys[i]);
+    return q;
+}
+
+/* In a child: take key k, done it, then wait to be killed. */
+static int deferred_child(const char *name, const char *k, struct group_board *b)
+{
+    wq *q = NULL;
+    char buf[T_KEYBUF];
+    T_CHECK_EQ(wq_open(name, NULL, &q), 0);
+    T_CHECK_EQ(wq_get(q, buf, sizeof buf, 0), (int)strlen(k));
+    T_CHECK_EQ(memcmp(buf, k, strlen(k)), 0);
+    T_CHECK_EQ(wq_done(q, KS(k)), 0);
+    atomic_store(&b->stage, 1);
+    for (;;)
+        pause();
+}
+
+/* Every commit of an FSYNC store is synced (an unsynced one can leave the
+   store damaged by a power failure), so a removal is not committed on its
+   own: it waits for the next new key's commit, DEFER_MAX (1024) listed,
+   wq_snapshot, or the interval (60 s here: never). The witnesses: LMDB's
+   transaction count read by a child, and the store read alone. */
+static void test_fsync_deferred(void **state)
+{
+    (void)state;
+    const char *store = t_mkstore(), *name = t_qname("fsyncdef");
+    struct wq_options o = t_store_opts(store, WQ_DURABLE_FSYNC);
+    o.snapshot_interval_ms = 60000;
+    o.capacity = 4096;
+    wq *q = t_track(T_OPEN(name, &o));
+    uint64_t t0 = store_txnid(store);
+    assert_int_equal(wq_add(q, KS("a")), 0);
+    assert_int_equal(wq_add(q, KS("b")), 0);
+    assert_int_equal(wq_add(q, KS("c")), 0);
+    assert_int_equal(store_txnid(store) - t0, 3);   /* an add: a commit */
+    cycle_out(q, "a");
+    cycle_out(q, "b");
+    assert_int_equal(store_txnid(store) - t0, 3);   /* a done: none */
+    assert_int_equal(t_stats(q).store_unsynced, 2);
+    assert_int_equal(wq_add(q, KS("d")), 0);   /* one commit: d, a and b gone */
+    assert_int_equal(store_txnid(store) - t0, 4);
+    assert_int_equal(t_stats(q).store_unsynced, 0);
+    cycle_out(q, "c");
+    assert_int_equal(wq_snapshot(q), 1);   /* c's removal, synced */
+    assert_int_equal(store_txnid(store) - t0, 5);
+    assert_int_equal(wq_snapshot(q), 0);   /* nothing left: no commit */
+    assert_int_equal(store_txnid(store) - t0, 5);
+
+    /* 1030 keys in one call; the 1024th listed removal is written at once. */
+    enum { N = 1030 };
+    static char kb[N][8];
+    struct iovec keys[N];
+    for (int i = 0; i < N; i++) {
+        snprintf(kb[i], sizeof kb[i], "k%d", i);
+        keys[i] = (struct iovec){ kb[i], strlen(kb[i]) };
+    }
+    assert_int_equal(wq_add_many(q, keys, N), 0);   /* none coalesced */
+    uint64_t t1 = store_txnid(store);
+    cycle_out(q, "d");
+    for (int i = 0; i < 1022; i++)
+        cycle_out(q, kb[i]);
+    assert_int_equal(t_stats(q).store_unsynced, 1023);
+    assert_int_equal(store_txnid(store), t1);
+    cycle_out(q, kb[1022]);   /* the 1024th */
+    assert_int_equal(t_stats(q).store_unsynced, 0);
+    assert_int_equal(store_txnid(store) - t1, 1);
+    /* That commit freed pages it had allocated, and LMDB does not write
+       those: data.mdb now ends before LMDB's last page. Such a store is
+       sound: the child opening it below and the restore at the end must
+       not call it damaged (they did, before 2026-11-26). */
+    assert_true(store_file_short(store));
+
+    /* A process that made a deferred removal and was killed: the region
+       keeps it, the next add writes it. */
+    struct group_board *b = t_shared_alloc(sizeof *b);
+    pid_t c = t_fork(60);
+    if (c == 0)
+        _exit(deferred_child(name, kb[1023], b));
+    assert_int_equal(t_wait_count(&b->stage, 1, 20000), 0);
+    assert_int_equal(kill(c, SIGKILL), 0);
+    assert_int_equal(t_wait(c, 10000), 128 + SIGKILL);
+    t_shared_free(b, sizeof *b);
+    assert_int_equal(t_stats(q).store_unsynced, 1);
+    assert_int_equal(store_txnid(store) - t1, 1);
+    assert_int_equal(wq_add(q, KS("e")), 0);
+    assert_int_equal(store_txnid(store) - t1, 2);
+    assert_int_equal(t_stats(q).store_unsynced, 0);
+    assert_int_equal(wq_check(q, 0), 0);
+    const char *left[] = { kb[1024], kb[1025], kb[1026], kb[1027], kb[1028], kb[1029], "e" };
+    q = from_store(q, name, &o, left, sizeof left / sizeof *left);
+    t_close(q);
+}
+
+/* The interval: a deferred removal is written by the first call that
+   finds it passed since the last such write (2 s here: the steps between
+   two sleeps take far less, even under valgrind). The count listed is
+   read from the header: wq_stats would write what is due. */
+static void test_fsync_deferred_interval(void **state)
+{
+    (void)state;
+    const char *store = t_mkstore(), *name = t_qname("fsyncivl");
+    struct wq_options o = t_store_opts(store, WQ_DURABLE_FSYNC);
+    o.snapshot_interval_ms = 2000;
+    wq *q = t_track(T_OPEN(name, &o));
+    const struct wq_hdr *h = wq__shm(q)->hdr;
+    assert_int_equal(wq_add(q, KS("x")), 0);
+    assert_int_equal(wq_add(q, KS("y")), 0);
+    assert_int_equal(wq_add(q, KS("z")), 0);
+    t_sleep_ms(2100);
+    uint64_t t0 = store_txnid(store);
+    cycle_out(q, "x");   /* due: written by the done itself */
+    assert_int_equal(h->sq_count, 0);
+    assert_int_equal(store_txnid(store) - t0, 1);
+    cycle_out(q, "y");   /* not due: deferred */
+    assert_int_equal(h->sq_count, 1);
+    assert_int_equal(store_txnid(store) - t0, 1);
+    t_sleep_ms(2100);
+    T_EXPECT_GET(q, "z");   /* due: y's removal written by the get */
+    assert_int_equal(h->sq_count, 0);
+    assert_int_equal(store_txnid(store) - t0, 2);
+    T_EXPECT_DONE(q, "z");   /* deferred; the last close writes it */
+    assert_int_equal(h->sq_count, 1);
+    q = from_store(q, name, &o, NULL, 0);
+    t_close(q);
+}
+
+/* A full queue whose room is held by deferred removals: an add makes
+   room by writing them (synced), and loses nothing. */
+static void test_fsync_deferred_full(void **state)
+{
+    (void)state;
+    const char *store = t_mkstore(), *name = t_qname("fsyncfull");
+    struct wq_options o = t_store_opts(store, WQ_DURABLE_FSYNC);   /* capacity 64 */
+    o.snapshot_interval_ms = 60000;
+    wq *q = t_track(T_OPEN(name, &o));
+    static char kb[74][8];
+    struct iovec keys[74];
+    for (int i = 0; i < 74; i++) {
+        snprintf(kb[i], sizeof kb[i], "f%d", i);
+        keys[i] = (struct iovec){ kb[i], strlen(kb[i]) };
+    }
+    assert_int_equal(wq_add_many(q, keys, 64), 0);
+    assert_int_equal(wq_add(q, KS("over")), -ENOSPC);
+    for (int i = 0; i < 10; i++)
+        cycle_out(q, kb[i]);
+    assert_int_equal(t_stats(q).store_unsynced, 10);
+    uint64_t t0 = store_txnid(store);
+    assert_int_equal(wq_add_many(q, keys + 64, 10), 0);
+    assert_int_equal(t_stats(q).store_unsynced, 0);
+    assert_true(store_txnid(store) - t0 >= 1);
+    assert_int_equal(wq_len(q), 64);
+    const char *left[64];
+    for (int i = 0; i < 64; i++)
+        left[i] = kb[10 + i];
+    q = from_store(q, name, &o, left, 64);
+    t_close(q);
+}
+
+/* ------------------------------------------------------------------ */
 /* main: the group in a child, then every store removed                */
 /* ------------------------------------------------------------------ */
 
@@ -685,6 +899,9 @@ int main(void)
         T_STORE_TEST(test_fsync_group),
         T_STORE_TEST(test_fsync_group_coalesce),
         T_STORE_TEST(test_fsync_group_kill),
+        T_STORE_TEST(test_fsync_deferred),
+        T_STORE_TEST(test_fsync_deferred_interval),
+        T_STORE_TEST(test_fsync_deferred_full),
         T_NO_LEFTOVERS,
     };
     static const struct t_guard g = {

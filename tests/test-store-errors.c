@@ -781,8 +781,6 @@ static void test_options(void **state)
     o.durability = WQ_DURABLE_PROCESS;
     o.snapshot_interval_ms = 100;
     expect_einval(&o, "interval with PROCESS");
-    o.durability = WQ_DURABLE_FSYNC;
-    expect_einval(&o, "interval with FSYNC");
     o.snapshot_interval_ms = 0;
     o.durability = WQ_DURABLE_NONE + 1;   /* no such level */
     expect_einval(&o, "durability 4");
@@ -800,6 +798,13 @@ static void test_options(void **state)
     st = t_stats(q);
     assert_int_equal(st.has_store, 1);
     assert_int_equal(st.durability, WQ_DURABLE_NONE);
+    t_close(q);
+    /* And FSYNC with one (how long a removal may wait for a flush). */
+    o.store_path = t_mkstore();
+    o.durability = WQ_DURABLE_FSYNC;
+    q = t_track(T_OPEN(t_qname("okfsync"), &o));
+    st = t_stats(q);
+    assert_int_equal(st.durability, WQ_DURABLE_FSYNC);
     t_close(q);
 
     /* Store files: 0600 by default, else exactly `mode`, umask or not. */

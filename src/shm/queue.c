@@ -635,7 +635,7 @@ int wq__shm_done_get(wq *pub, const void *key, size_t len, void *buf, uint64_t d
     struct iovec k;
     rc = one_key(get_wait(q, buf, q->max_key_len, &k, 1, deadline, now), &k);
     if (WQ_UNLIKELY(q->g.has_store)) {
-        int st = wq__store_after(q);   /* the done's removal, before we return */
+        int st = wq__store_after(q);   /* the done's removal (deferred, FSYNC) */
         if (st < 0 && rc >= 0)
             rc = st;   /* the key is still ours: the caller sees the error */
     }

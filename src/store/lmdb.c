@@ -7,9 +7,10 @@
  * and using one across fork(), so each process keeps a registry of open
  * environments keyed by path and pid; a child opens its own, lazily.
  * Opening checks that the environment is a libwq store: LMDB verifies
- * nothing on its pages, so a data file shorter than LMDB's own idea of it,
- * or a main database holding anything but our two named databases, is
- * refused before it is used.
+ * nothing on its pages, so a data file shorter than LMDB's own idea of it
+ * (unless only free pages are missing: tail_free), or a main database
+ * holding anything but our two named databases, is refused before it is
+ * used.
  *
  * Errors: LMDB's codes map to libwq's (wq__lmdb_err): a damaged or
  * foreign store is -EUCLEAN, a full map -ENOSPC (grown by the caller), a
@@ -22,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -56,6 +58,54 @@ static size_t max_map(void)
     return (size_t)1 << 40;
 }
 
+/* In a child (a page LMDB faults on kills it, not the caller): are all
+   the pages past data.mdb's end free? A commit does not write the pages
+   it allocated and freed again (LMDB's loose pages), so a commit that
+   removed many records can leave the file shorter than its last page;
+   a page in use past the end means a truncated file. */
+static int tail_free(const char *path)
+{
+    pid_t pid = fork();
+    if (pid < 0)
+        return -errno;
+    if (pid == 0) {
+        MDB_env *env;
+        MDB_txn *txn;
+        MDB_cursor *c;
+        MDB_envinfo info;
+        MDB_stat st;
+        MDB_val k, v;
+        char file[1100];
+        struct stat sb;
+        snprintf(file, sizeof file, "%s/data.mdb", path);
+        if (mdb_env_create(&env) || mdb_env_set_maxdbs(env, 4) ||
+            mdb_env_open(env, path, MDB_RDONLY | MDB_NOTLS, 0600) ||
+            mdb_txn_begin(env, NULL, MDB_RDONLY, &txn) || mdb_env_info(env, &info) ||
+            mdb_env_stat(env, &st) || stat(file, &sb) < 0 || st.ms_psize == 0 ||
+            mdb_cursor_open(txn, 0, &c))
+            _exit(2);
+        uint64_t have = (uint64_t)sb.st_size / st.ms_psize, need = info.me_last_pgno + 1;
+        uint64_t beyond = need > have ? need - have : 0, free_beyond = 0;
+        while (mdb_cursor_get(c, &k, &v, MDB_NEXT) == 0) {
+            const size_t *ids = v.mv_data;
+            size_t n = v.mv_size >= sizeof *ids ? ids[0] : 0;
+            if (n > v.mv_size / sizeof *ids - 1)
+                _exit(1);
+            for (size_t i = 1; i <= n; i++)
+                free_beyond += ids[i] >= have && ids[i] < need;
+        }
+        mdb_cursor_close(c);
+        mdb_txn_abort(txn);
+        mdb_env_close(env);
+        _exit(free_beyond == beyond ? 0 : 1);
+    }
+    int status;
+    while (waitpid(pid, &status, 0) < 0)
+        if (errno != EINTR)
+            return -errno;
+    return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : -EUCLEAN;
+}
+
 /* A truncated data file would make LMDB fault on a page past its end. */
 static int check_size(MDB_env *env, const char *path)
 {
@@ -69,7 +119,7 @@ static int check_size(MDB_env *env, const char *path)
     if (stat(file, &sb) < 0)
         return -EIO;
     if ((uint64_t)(info.me_last_pgno + 1) * st.ms_psize > (uint64_t)sb.st_size)
-        return -EUCLEAN;
+        return tail_free(path);   /* rare: only after such a commit */
     return 0;
 }
 

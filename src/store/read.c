@@ -108,17 +108,55 @@ static void fail(struct out *o, const char *what, int rc)
     flush_out(o);
 }
 
-/* A truncated data file would make LMDB fault on a page past its end. */
-static bool size_ok(MDB_env *env, const char *dir)
+/* The pages data.mdb has, and how many more the meta page counts. Those
+   are legal only as free pages: a commit does not write the pages it
+   allocated and freed again (LMDB's loose pages), so a commit that
+   removed many records can leave the file shorter than its last page. */
+static bool file_pages(MDB_env *env, const char *dir, uint64_t *have, uint64_t *beyond)
 {
     MDB_envinfo info;
     MDB_stat st;
     char file[4200];
     struct stat sb;
     snprintf(file, sizeof file, "%s/data.mdb", dir);
-    return mdb_env_info(env, &info) == 0 && mdb_env_stat(env, &st) == 0 &&
-           stat(file, &sb) == 0 &&
-           (uint64_t)(info.me_last_pgno + 1) * st.ms_psize <= (uint64_t)sb.st_size;
+    if (mdb_env_info(env, &info) != 0 || mdb_env_stat(env, &st) != 0 ||
+        stat(file, &sb) != 0 || st.ms_psize == 0)
+        return false;
+    uint64_t need = (uint64_t)info.me_last_pgno + 1;
+    *have = (uint64_t)sb.st_size / st.ms_psize;
+    *beyond = need > *have ? need - *have : 0;
+    return true;
+}
+
+/* While the free-page list of a file shorter than its last page is
+   walked, a bus error means a page in use past the end (a truncated
+   file): say so, in a frame made beforehand (a handler may only write). */
+static char bus_msg[300];
+static size_t bus_len;
+static int bus_fd = -1;
+
+static void on_bus(int sig)
+{
+    (void)sig;
+    put_bytes(bus_fd, bus_msg, bus_len);
+    _exit(2);
+}
+
+static void bus_arm(struct out *o)
+{
+    char msg[256];
+    int32_t code = MDB_CORRUPTED;
+    int n = snprintf(msg, sizeof msg, "data.mdb is shorter than the environment says: %s",
+                     mdb_strerror(MDB_CORRUPTED));
+    uint32_t len = 4 + (uint32_t)n;
+    bus_msg[0] = F_FAIL;
+    memcpy(bus_msg + 1, &len, 4);
+    memcpy(bus_msg + 5, &code, 4);
+    memcpy(bus_msg + 9, msg, (size_t)n);
+    bus_len = 9 + (size_t)n;
+    bus_fd = o->fd;
+    flush_out(o);   /* the frame follows whatever was sent */
+    signal(SIGBUS, on_bus);
 }
 
 /*
@@ -156,10 +194,13 @@ static void child_walk(const char *dir, int fd, const unsigned char *from)
             fail(o, "opening the environment", rc);
         _exit(2);
     }
-    if (!size_ok(env, dir)) {
-        fail(o, "data.mdb is shorter than the environment says", MDB_CORRUPTED);
+    uint64_t have, beyond;
+    if (!file_pages(env, dir, &have, &beyond)) {
+        fail(o, "data.mdb: its size", MDB_CORRUPTED);
         _exit(2);
     }
+    if (beyond > 0 && !from)
+        bus_arm(o);   /* until the free-page list says the pages are free */
     if ((rc = mdb_txn_begin(env, NULL, MDB_RDONLY, &txn))) {
         fail(o, "reading", rc);
         _exit(2);
@@ -196,14 +237,17 @@ static void child_walk(const char *dir, int fd, const unsigned char *from)
            a later commit writes past the map (SIGBUS). */
         MDB_envinfo info;
         mdb_env_info(env, &info);
+        uint64_t free_beyond = 0;   /* free pages the file does not have */
         while ((rc = mdb_cursor_get(c, &k, &v, MDB_NEXT)) == 0) {
             const size_t *ids = v.mv_data;
             size_t n = v.mv_size >= sizeof *ids ? ids[0] : 0;
             bool ok = v.mv_size >= sizeof *ids && v.mv_size % sizeof *ids == 0 &&
                       n == v.mv_size / sizeof *ids - 1;
-            for (size_t i = 1; ok && i <= n; i++)
+            for (size_t i = 1; ok && i <= n; i++) {
                 ok = ids[i] >= 2 && ids[i] <= info.me_last_pgno &&
                      (i == 1 || ids[i] < ids[i - 1]);
+                free_beyond += ids[i] >= have;
+            }
             if (!ok) {
                 fail(o, "the free-page list: an entry names pages the file does not have",
                      MDB_CORRUPTED);
@@ -215,6 +259,15 @@ static void child_walk(const char *dir, int fd, const unsigned char *from)
             fail(o, "the free-page list", rc);
             _exit(2);
         }
+        /* Every page past the file's end must be free (file_pages): a
+           page in use there means a truncated data.mdb. (A walk that
+           resumes, from != NULL, follows one that checked this.) */
+        if (free_beyond != beyond) {
+            fail(o, "data.mdb is shorter than the environment says", MDB_CORRUPTED);
+            _exit(2);
+        }
+        if (beyond > 0)
+            signal(SIGBUS, SIG_DFL);
         mdb_cursor_close(c);
         frame(o, F_FREE, &pages, sizeof pages, NULL, 0, NULL, 0);
     }

@@ -332,6 +332,10 @@ int wq__store_init_meta(const struct wq_geom *g, const struct wq_store_img *img)
             rc = upgrade(txn, e, img, &m);
         if (rc == 0)
             rc = wq__lmdb_meta_put(txn, e, &m);
+        /* An FSYNC store's commits are all synced (store.c, "Deferred
+           changes"); the flag is set under LMDB's writer lock, as there. */
+        if (rc == 0)
+            mdb_env_set_flags(e->env, MDB_NOSYNC, g->durability != WQ_DURABLE_FSYNC);
         if (rc == 0)
             rc = wq__lmdb_err(mdb_txn_commit(txn));
         else

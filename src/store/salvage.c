@@ -139,10 +139,16 @@ static int write_store(const char *dir, mode_t mode, struct wq_store_img *img,
             m->next_order = next;
         if (rc == 0)
             rc = wq__lmdb_meta_put(txn, e, m);
-        if (rc == 0)
+        /* Synced (pages before the meta page that points to them): the
+           marker written next vouches for this store after a power
+           failure too. */
+        if (rc == 0) {
+            mdb_env_set_flags(e->env, MDB_NOSYNC, 0);
             rc = wq__lmdb_err(mdb_txn_commit(txn));
-        else
+            mdb_env_set_flags(e->env, MDB_NOSYNC, 1);
+        } else {
             mdb_txn_abort(txn);
+        }
         if (rc == -ENOSPC && wq__lmdb_grow(e) == 0)
             continue;
         return rc;

@@ -41,6 +41,28 @@
 #define BATCH_MAX 4096u
 #define BATCH_BYTES (4u << 20)
 #define SYNC_WAIT_MAX_US 2000u   /* the longest an adder waits for others */
+#define DEFER_MAX 1024u          /* FSYNC: deferred changes written at once */
+
+/*
+ * Deferred changes (FSYNC). An LMDB commit writes its new pages, then the
+ * meta page that points to them. A synced commit flushes the pages before
+ * it writes the meta page (O_DSYNC); an unsynced one leaves both to the
+ * kernel, which may write the meta page first, and a power failure then
+ * leaves a meta page pointing at pages that never reached the disk: a
+ * damaged store (LMDB's own warning for MDB_NOSYNC). Unsynced removals
+ * between synced adds made an FSYNC store exactly that fragile. So every
+ * commit of an FSYNC store is synced, and so that this does not cost an
+ * fsync per wq_done, changes that need none (removals, results, failure
+ * counts, a waiting key's time) are not committed on their own: they stay
+ * listed in the store queue, which the region keeps across any process
+ * crash, and go with the next commit that syncs anyway (a new key's), or
+ * with the first call that finds the snapshot interval (1 s) passed since
+ * the last such write or DEFER_MAX listed, and with wq_snapshot,
+ * wq_unlink and the last wq_close. A cycle (add, get, done) is then one
+ * synced commit, where it was a synced and an unsynced one. Lost with the
+ * region (power failure, reboot), a deferred removal means a key processed
+ * once more, which is what a power failure always meant for a removal.
+ */
 
 /* ------------------------------------------------------------------ */
 /* Fsync groups                                                        */
@@ -58,14 +80,11 @@
  * (layout.h: sync_*): a wrong guess costs a smaller group, or one wait of
  * at most SYNC_WAIT_MAX_US or twice our recent fsync time.
  *
- * While an adder waits, a removal or other unsynced change by another
- * process is not written by that process (wq__store_after): otherwise it
- * would take the waiting adder's key into an fsync of its own and break
- * the group up. The waiter reads the store queue after its wait, so it
- * writes such a change, after the call that made it returned (wq.h: in
- * FSYNC mode only, and only while adders in several processes wait for
- * each other; a change lost with that waiter means a key processed once
- * more, as after a power failure).
+ * While an adder waits, even a deferred change that is due is not
+ * written by another process (wq__store_after): it would take the
+ * waiting adder's key into an fsync of its own and break the group up.
+ * The waiter reads the store queue after its wait, so it writes such a
+ * change.
  */
 static inline bool fsync_groups(const shmq *q)
 {
@@ -326,6 +345,16 @@ static int flush_round(shmq *q, struct wq_env *e, int *written, const struct iov
         rc = 0;
         goto abort;
     }
+    bool done = mine != NULL;   /* our keys are stored: others' adds are theirs */
+    for (size_t i = 0; i < nmine && done; i++)
+        done = storing(q, &mine[i]) == WQ_NIL;
+    if (done && fsync_groups(q)) {
+        /* Nothing of ours left to store: what is listed waits for a
+           commit that syncs anyway ("Deferred changes"). */
+        wq__unlock(q);
+        rc = 0;
+        goto abort;
+    }
     size_t per = (size_t)q->max_key_len + 256;
     if (count > BATCH_BYTES / per)
         count = (uint32_t)(BATCH_BYTES / per) ? (uint32_t)(BATCH_BYTES / per) : 1;
@@ -338,9 +367,6 @@ static int flush_round(shmq *q, struct wq_env *e, int *written, const struct iov
     }
     uint64_t mono = wq__now_mono(), real = wq__now_real();
     bool adds = false;   /* a new key waits for this commit to be visible */
-    bool done = mine != NULL;   /* our keys are stored: others' adds are theirs */
-    for (size_t i = 0; i < nmine && done; i++)
-        done = storing(q, &mine[i]) == WQ_NIL;
     for (uint32_t i = 0, p = h->sq_head; i < count; i++, p = p + 1 == q->capacity ? 0 : p + 1) {
         uint32_t idx = q->sq[p];
         if (idx >= q->nent || !wq__key(q, wq__entry(q, idx))) {
@@ -381,15 +407,15 @@ static int flush_round(shmq *q, struct wq_env *e, int *written, const struct iov
     }
     if (rc == 0)
         rc = wq__lmdb_meta_put(txn, e, &m);
-    /* FSYNC syncs the commits that carry new keys (wq.h: removals and
-       other changes are not fsync'ed), inside the commit, while LMDB still
-       holds its writer lock: adders blocked on that lock then find their
-       records committed AND on disk, so one fsync serves the whole group
-       (a sync after the commit would let the next writer commit meanwhile
-       and need its own). The flag is the environment's, and only the
-       holder of the writer lock (us) commits, so setting it here is safe. */
+    /* FSYNC syncs every commit ("Deferred changes" says why that costs
+       nothing), inside the commit, while LMDB still holds its writer lock:
+       adders blocked on that lock then find their records committed AND
+       on disk, so one fsync serves the whole group (a sync after the
+       commit would let the next writer commit meanwhile and need its
+       own). The flag is the environment's, and only the holder of the
+       writer lock (us) commits, so setting it here is safe. */
     if (rc == 0 && q->g.durability == WQ_DURABLE_FSYNC)
-        mdb_env_set_flags(e->env, MDB_NOSYNC, sync ? 0 : 1);
+        mdb_env_set_flags(e->env, MDB_NOSYNC, 0);
     if (rc < 0)
         goto abort;
     /* The commit releases LMDB's writer lock; the next flusher must still
@@ -482,13 +508,18 @@ int wq__store_after(shmq *q)
     if (!q->g.has_store)
         return 0;
     struct wq_hdr *h = q->hdr;
-    if (wq_load_relaxed(&h->sq_count) == 0)
+    uint32_t listed = wq_load_relaxed(&h->sq_count);
+    if (listed == 0)
         return 0;
     if (fsync_groups(q) && group_waiting(h))
         return 0;   /* the waiting adder writes it (see "Fsync groups") */
-    if (q->g.durability == WQ_DURABLE_NONE) {
+    /* NONE: a snapshot every interval. FSYNC: deferred changes, written
+       by the next new key's commit, or here once the interval passed or
+       DEFER_MAX are listed ("Deferred changes"). */
+    if (q->g.durability != WQ_DURABLE_PROCESS) {
         uint64_t now = wq__now_mono();
-        if (now < wq_load_relaxed(&h->next_snapshot_ns))
+        if (now < wq_load_relaxed(&h->next_snapshot_ns) &&
+            !(fsync_groups(q) && listed >= DEFER_MAX))
             return 0;
         wq_store_relaxed(&h->next_snapshot_ns, now + (uint64_t)q->g.snapshot_ms * 1000000ull);
         int rc = wq__store_flush(q, true);
@@ -547,7 +578,11 @@ int wq__store_finish_add(shmq *q, const struct iovec *all, size_t nall,
             group_wait(q);
         if (wq_load_relaxed(&q->hdr->sq_count) != 0)
             st = flush(q, false, all, nall);
+        /* Our keys are stored (or failed): deferred changes that are
+           due are written now, and their failure is not this add's. */
         st = st < 0 ? st : 0;
+        if (st == 0)
+            (void)wq__store_after(q);
     } else {
         st = wq__store_after(q);
     }
@@ -561,13 +596,6 @@ int wq__shm_snapshot(wq *pub)
     shmq *q = wq__shm(pub);
     if (!q->g.has_store)
         return -ENOENT;
-    int n = wq__store_flush(q, true);
-    if (n < 0 || q->g.durability != WQ_DURABLE_FSYNC)
-        return n;
-    /* FSYNC: the removals and changes the commits did not sync, too. */
-    struct wq_env *e;
-    int rc = wq__lmdb_env(q->g.store_path, (mode_t)q->g.mode, false, &e);
-    if (rc == 0)
-        rc = wq__lmdb_err(mdb_env_sync(e->env, 1));
-    return rc < 0 ? rc : n;
+    /* FSYNC: every commit is synced, the deferred changes' too. */
+    return wq__store_flush(q, true);
 }

@@ -143,8 +143,8 @@ const char *durability_name(uint64_t d)
 /*
  * --store, --durability and --snapshot-interval into o. The library
  * rejects a durability or an interval without a store, and an interval
- * without WQ_DURABLE_NONE, with -EINVAL; here they are usage errors that
- * say which option is missing.
+ * without WQ_DURABLE_NONE or _FSYNC, with -EINVAL; here they are usage
+ * errors that say which option is missing.
  */
 static int create_store(const struct args *a, struct wq_options *o)
 {
@@ -171,9 +171,9 @@ static int create_store(const struct args *a, struct wq_options *o)
         o->durability = durability_names[i].value;
     }
     if (a->val[O_SNAPSHOT_INTERVAL]) {
-        if (o->durability != WQ_DURABLE_NONE)
+        if (o->durability != WQ_DURABLE_NONE && o->durability != WQ_DURABLE_FSYNC)
             return usage_error(a->cmd, "--snapshot-interval needs "
-                               "--durability none");
+                               "--durability none or fsync");
         if (!opt_duration(a, O_SNAPSHOT_INTERVAL, false, 0, &iv))
             return EXIT_USAGE;
         if (iv % 1000000 != 0 || iv / 1000000 > UINT32_MAX)
