@@ -981,7 +981,9 @@ WQ_API int wq_store_salvage(const char *store_path, const struct wq_options *opt
  * wq_snapshot - write every change the store does not have yet, now
  * (with WQ_DURABLE_FSYNC, and fsync it: removals included).
  * Returns the number of records written or removed (>= 0), or -EIO,
- * -ENOSPC; -ENOENT when the queue has no store.
+ * -ENOSPC; -ENOENT when the queue has no store; -EBADMSG when the
+ * region's list of changes was damaged and its repair failed (a repair
+ * that works is counted in repairs_total and the snapshot goes on).
  */
 WQ_API int wq_snapshot(wq *q);
 
@@ -1134,7 +1136,8 @@ struct wq_stats {
     uint64_t max_procs;     /* 0: no process table (Redis) */
     uint64_t region_bytes;  /* size of the shared-memory object: the address
                                space every process maps (a sparse file) */
-    uint64_t repairs_total; /* times the region was repaired after a dead lock holder */
+    uint64_t repairs_total; /* times the region was repaired: after a dead lock
+                               holder, or damage a call found (-EBADMSG) */
     uint64_t shutting_down; /* 1 from a shutdown until wq_resume */
     uint64_t failing;       /* idle keys kept because their failure count
                                is not zero (keys kept only for a result are

@@ -868,6 +868,34 @@ static void test_fsync_deferred_interval(void **state)
     t_close(q);
 }
 
+/* A store queue damaged under a pending removal (its head out of range):
+   the flush that meets it flags the region, the lock after rebuilds the
+   queue from the entries' marks, and the flush goes on: the removal is
+   written, not dropped with a success (it returned 0 before). */
+static void test_store_queue_damaged(void **state)
+{
+    (void)state;
+    const char *store = t_mkstore(), *name = t_qname("sqbad");
+    struct wq_options o = t_store_opts(store, WQ_DURABLE_FSYNC);
+    o.snapshot_interval_ms = 60000;
+    wq *q = t_track(T_OPEN(name, &o));
+    struct wq_hdr *h = wq__shm(q)->hdr;
+    assert_int_equal(wq_add(q, KS("a")), 0);
+    assert_int_equal(wq_add(q, KS("b")), 0);
+    cycle_out(q, "a");   /* deferred */
+    assert_int_equal(h->sq_count, 1);
+    uint64_t repairs = t_stats(q).repairs_total, t0 = store_txnid(store);
+    h->sq_head = wq__shm(q)->capacity + 7;
+    assert_int_equal(wq_snapshot(q), 1);
+    assert_int_equal(t_stats(q).repairs_total, repairs + 1);
+    assert_int_equal(store_txnid(store) - t0, 1);
+    assert_int_equal(h->sq_count, 0);
+    assert_int_equal(wq_check(q, 0), 0);
+    const char *left[] = { "b" };
+    q = from_store(q, name, &o, left, 1);
+    t_close(q);
+}
+
 /* A full queue whose room is held by deferred removals: an add makes
    room by writing them (synced), and loses nothing. */
 static void test_fsync_deferred_full(void **state)
@@ -918,6 +946,7 @@ int main(void)
         T_STORE_TEST(test_fsync_deferred),
         T_STORE_TEST(test_fsync_deferred_interval),
         T_STORE_TEST(test_fsync_deferred_full),
+        T_STORE_TEST(test_store_queue_damaged),
         T_NO_LEFTOVERS,
     };
     static const struct t_guard g = {

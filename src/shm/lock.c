@@ -74,6 +74,15 @@ static int recover(shmq *q)
     return rc < 0 ? rc : 0;
 }
 
+/* A mutation left half done, or a structure a holder found damaged:
+   repaired, and counted as recover()'s repairs are (wq_stats). */
+static int damage(shmq *q)
+{
+    int rc = wq__repair(q, true, q->hdr->corrupt != 0, NULL, NULL);
+    q->hdr->repairs_total++;
+    return rc;
+}
+
 static void release(shmq *q)
 {
     HOLDER_CLEAR(q);
@@ -121,7 +130,7 @@ int wq__lock(shmq *q)
         if (rc == 0)
             wq__procs_reap(q);
     } else if (WQ_UNLIKELY(q->hdr->busy || q->hdr->corrupt)) {
-        rc = wq__repair(q, true, q->hdr->corrupt != 0, NULL, NULL);
+        rc = damage(q);
     }
     if (WQ_UNLIKELY(rc < 0)) {
         release(q);
@@ -161,7 +170,7 @@ int wq__lock_try(shmq *q)
     if (WQ_UNLIKELY(rc == EOWNERDEAD))
         rc = recover(q);
     else if (WQ_UNLIKELY(q->hdr->busy || q->hdr->corrupt))
-        rc = wq__repair(q, true, q->hdr->corrupt != 0, NULL, NULL);
+        rc = damage(q);
     if (WQ_UNLIKELY(rc < 0)) {
         release(q);
         return rc;

@@ -323,7 +323,8 @@ static uint32_t storing(shmq *q, const struct iovec *key)
  * STORING it writes no other adder's key, since that one's adder flushes
  * it (in the next group, with the keys of those it waits for), and stops
  * there. Returns 1 when it wrote something or must look again, 0 when
- * nothing was left, or -errno.
+ * nothing was left, or -errno: -EBADMSG when the store queue is damaged
+ * (flagged: the next lock rebuilds it).
  */
 static int flush_round(shmq *q, struct wq_env *e, int *written, const struct iovec *mine,
                        size_t nmine)
@@ -340,7 +341,13 @@ static int flush_round(shmq *q, struct wq_env *e, int *written, const struct iov
         goto abort;
     epoch = h->sq_epoch;
     uint32_t count = h->sq_count < BATCH_MAX ? h->sq_count : BATCH_MAX;
-    if (count == 0 || h->sq_head >= q->capacity || h->sq_count > q->capacity) {
+    if (h->sq_head >= q->capacity || h->sq_count > q->capacity) {
+        h->corrupt = 1;   /* the next locker rebuilds the store queue from the SDIRTY bits */
+        wq__unlock(q);
+        rc = -EBADMSG;
+        goto abort;
+    }
+    if (count == 0) {
         wq__unlock(q);
         rc = 0;
         goto abort;
@@ -367,11 +374,13 @@ static int flush_round(shmq *q, struct wq_env *e, int *written, const struct iov
     }
     uint64_t mono = wq__now_mono(), real = wq__now_real();
     bool adds = false;   /* a new key waits for this commit to be visible */
+    bool broke = false;
     for (uint32_t i = 0, p = h->sq_head; i < count; i++, p = p + 1 == q->capacity ? 0 : p + 1) {
         uint32_t idx = q->sq[p];
         if (idx >= q->nent || !wq__key(q, wq__entry(q, idx))) {
             h->corrupt = 1;   /* the next locker rebuilds the store queue,
                                  or frees the damaged key */
+            broke = true;
             break;
         }
         bool add = (wq__entry(q, idx)->state & WQ_ST_STORING) != 0;
@@ -382,9 +391,9 @@ static int flush_round(shmq *q, struct wq_env *e, int *written, const struct iov
                        (char *)buf + (size_t)n * per + q->max_key_len, mono, real);
         n++;
     }
-    if (n == 0) {   /* only another adder's keys are left */
+    if (n == 0) {   /* only another adder's keys are left, or damage */
         wq__unlock(q);
-        rc = 0;
+        rc = broke ? -EBADMSG : 0;
         goto abort;
     }
     bool sync = adds && q->g.durability == WQ_DURABLE_FSYNC;
@@ -482,12 +491,17 @@ static int flush(shmq *q, bool all, const struct iovec *mine, size_t nmine)
         pthread_mutex_consistent(&q->hdr->flush_lock);
     else if (lr != 0)
         return -lr;
+    bool repaired = false;
     for (int rounds = 0; rounds < 1000000; rounds++) {
         rc = flush_round(q, e, &written, mine, nmine);
         if (rc == -ENOSPC) {
             if ((rc = wq__lmdb_grow(e)) < 0)
                 break;
             continue;
+        }
+        if (rc == -EBADMSG && !repaired) {
+            repaired = true;   /* the store queue was damaged: the next */
+            continue;          /* round's lock rebuilds it, then we go on */
         }
         if (rc <= 0)
             break;   /* an error, or nothing was left */
