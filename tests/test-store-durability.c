@@ -424,35 +424,19 @@ static void test_none_clean_exit_keeps(void **state)
 /* FSYNC groups: adders in two processes share one commit              */
 /* ------------------------------------------------------------------ */
 
-/* The store's last transaction id (one per commit), read by a child
-   with an LMDB environment of its own: the witness outside the library
-   (which keeps ours open; LMDB allows one per process). */
-static uint64_t store_txnid(const char *dir)
-{
-    uint64_t *out = t_shared_alloc(sizeof *out);
-    pid_t c = t_fork(20);
-    if (c == 0) {
-        MDB_env *env;
-        MDB_envinfo info;
-        if (mdb_env_create(&env) != 0 ||
-            mdb_env_open(env, dir, MDB_RDONLY | MDB_NOLOCK, 0600) != 0 ||
-            mdb_env_info(env, &info) != 0)
-            _exit(1);
-        *out = info.me_last_txnid;
-        _exit(0);
-    }
-    assert_int_equal(t_wait(c, 10000), 0);
-    uint64_t v = *out;
-    t_shared_free(out, sizeof *out);
-    return v;
-}
+/* What a child with an LMDB environment of its own sees of the store:
+   the witness outside the library (which keeps ours open; LMDB allows
+   one per process). txnid: the last transaction id (one per commit);
+   short_file: data.mdb ends before the last page LMDB counts (a commit
+   that freed many pages leaves the last ones unwritten: they are free). */
+struct store_peek {
+    uint64_t txnid;
+    int short_file;
+};
 
-/* Is data.mdb shorter than the last page LMDB counts? (A commit that
-   frees many pages leaves the last ones unwritten: they are free.) Read
-   by a child, as store_txnid. */
-static bool store_file_short(const char *dir)
+static struct store_peek store_peek(const char *dir)
 {
-    int *out = t_shared_alloc(sizeof *out);
+    struct store_peek *out = t_shared_alloc(sizeof *out);
     pid_t c = t_fork(20);
     if (c == 0) {
         MDB_env *env;
@@ -466,13 +450,19 @@ static bool store_file_short(const char *dir)
             mdb_env_info(env, &info) != 0 || mdb_env_stat(env, &st) != 0 ||
             stat(file, &sb) != 0)
             _exit(1);
-        *out = (uint64_t)(info.me_last_pgno + 1) * st.ms_psize > (uint64_t)sb.st_size;
+        out->txnid = info.me_last_txnid;
+        out->short_file = (uint64_t)(info.me_last_pgno + 1) * st.ms_psize > (uint64_t)sb.st_size;
         _exit(0);
     }
     assert_int_equal(t_wait(c, 10000), 0);
-    int v = *out;
+    struct store_peek v = *out;
     t_shared_free(out, sizeof *out);
-    return v != 0;
+    return v;
+}
+
+static uint64_t store_txnid(const char *dir)
+{
+    return store_peek(dir).txnid;
 }
 
 struct group_board {
@@ -806,7 +796,7 @@ static void test_fsync_deferred(void **state)
        those: data.mdb now ends before LMDB's last page. Such a store is
        sound: the child opening it below and the restore at the end must
        not call it damaged (they did, before 2026-11-26). */
-    assert_true(store_file_short(store));
+    assert_true(store_peek(store).short_file);
     pid_t s1 = t_fork(60);   /* a process opening the store afresh: its add works */
     if (s1 == 0)
         _exit(add_child(name, "s1"));
