@@ -1146,7 +1146,8 @@ struct wq_stats {
     uint64_t result_capacity;
     uint64_t durability;    /* WQ_DURABLE_*, when store_unsynced is meaningful */
     uint64_t has_store;     /* 1 when the queue has a store */
-    uint64_t store_unsynced;/* keys whose store record is not up to date */
+    uint64_t store_unsynced;/* keys whose store record is not up to date
+                               (FSYNC: deferred removals included) */
     uint64_t fair;          /* 1 for a WQ_FAIR queue */
     uint64_t next_ready_ns; /* CLOCK_MONOTONIC time the first waiting key is
                                ready; 0 when none waits */
