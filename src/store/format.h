@@ -127,6 +127,13 @@ int wq__store_mkdir(const char *path, mode_t mode);
 int wq__lmdb_env(const char *path, mode_t mode, bool create, struct wq_env **out);
 int wq__lmdb_txn(struct wq_env *e, unsigned flags, MDB_txn **txn);
 int wq__lmdb_grow(struct wq_env *e);
+/* A read transaction on the newest snapshot, with that snapshot's info
+   (mdb_env_info alone may describe a later commit): LMDB's rc. */
+int wq__lmdb_snapshot(MDB_env *env, MDB_txn **txn, MDB_envinfo *info);
+/* *sound: every page the snapshot counts past data.mdb's end is on its
+   free list (a commit leaves the pages it allocated and freed again
+   unwritten), each once; false means a truncated file. LMDB's rc. */
+int wq__lmdb_tail(MDB_txn *txn, const MDB_envinfo *info, const char *dir, bool *sound);
 /* Decode and verify a record (k: its LMDB key, for the checksum and the
    key hash): 0, or -EUCLEAN with *why saying what is wrong. Version 1
    records decode with v1 set (no checksum to verify). */

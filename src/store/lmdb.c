@@ -18,7 +18,9 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,52 +60,141 @@ static size_t max_map(void)
     return (size_t)1 << 40;
 }
 
-/* In a child (a page LMDB faults on kills it, not the caller): are all
-   the pages past data.mdb's end free? A commit does not write the pages
-   it allocated and freed again (LMDB's loose pages), so a commit that
-   removed many records can leave the file shorter than its last page;
-   a page in use past the end means a truncated file. */
+int wq__lmdb_snapshot(MDB_env *env, MDB_txn **txn, MDB_envinfo *info)
+{
+    for (int tries = 0; tries < 100; tries++) {
+        int rc = mdb_env_info(env, info);
+        if (rc == 0)
+            rc = mdb_txn_begin(env, NULL, MDB_RDONLY, txn);
+        if (rc != 0)
+            return rc;
+        if (mdb_txn_id(*txn) == info->me_last_txnid)
+            return 0;
+        mdb_txn_abort(*txn);   /* a commit came between: again */
+    }
+    return MDB_BAD_TXN;
+}
+
+int wq__lmdb_tail(MDB_txn *txn, const MDB_envinfo *info, const char *dir, bool *sound)
+{
+    MDB_stat st;
+    struct stat sb;
+    char file[4200];
+    snprintf(file, sizeof file, "%s/data.mdb", dir);
+    int rc = mdb_env_stat(mdb_txn_env(txn), &st);
+    if (rc != 0)
+        return rc;
+    if (stat(file, &sb) < 0 || st.ms_psize == 0)
+        return MDB_CORRUPTED;
+    uint64_t have = (uint64_t)sb.st_size / st.ms_psize, need = info->me_last_pgno + 1;
+    *sound = need <= have;
+    if (*sound)
+        return 0;
+    uint64_t beyond = need - have, seen = 0;
+    if (beyond > (1u << 24))
+        return 0;   /* 64 GiB past the end: no commit frees that much */
+    unsigned char *bit = calloc((size_t)(beyond + 7) / 8, 1);
+    MDB_cursor *c;
+    MDB_val k, v;
+    if (!bit)
+        return ENOMEM;
+    if ((rc = mdb_cursor_open(txn, 0, &c)) != 0) {   /* the free-page list */
+        free(bit);
+        return rc;
+    }
+    while ((rc = mdb_cursor_get(c, &k, &v, MDB_NEXT)) == 0) {
+        const size_t *ids = v.mv_data;
+        size_t n = v.mv_size >= sizeof *ids ? ids[0] : 0;
+        if (v.mv_size < sizeof *ids || n > v.mv_size / sizeof *ids - 1) {
+            rc = MDB_CORRUPTED;
+            break;
+        }
+        for (size_t i = 1; i <= n; i++) {
+            if (ids[i] < have || ids[i] >= need)
+                continue;
+            uint64_t j = ids[i] - have;
+            seen += !(bit[j / 8] & (1u << (j % 8)));
+            bit[j / 8] |= (unsigned char)(1u << (j % 8));
+        }
+    }
+    mdb_cursor_close(c);
+    free(bit);
+    if (rc != MDB_NOTFOUND)
+        return rc;
+    *sound = seen == beyond;
+    return 0;
+}
+
+/* The child of tail_free: its verdict, one byte. */
+static char tail_child(const char *path)
+{
+    MDB_env *env;
+    MDB_txn *txn;
+    MDB_envinfo info;
+    bool sound = false;
+    int rc = mdb_env_create(&env);
+    if (rc == 0 && (rc = mdb_env_set_maxdbs(env, 4)) == 0 &&
+        (rc = mdb_env_open(env, path, MDB_RDONLY | MDB_NOTLS, 0600)) == 0 &&
+        (rc = wq__lmdb_snapshot(env, &txn, &info)) == 0) {
+        rc = wq__lmdb_tail(txn, &info, path, &sound);
+        mdb_txn_abort(txn);
+    }
+    return rc == 0 ? (sound ? 'Y' : 'N')
+         : rc == MDB_READERS_FULL ? 'U'
+         : rc == ENOMEM ? 'M'
+         : wq__lmdb_err(rc) == -EUCLEAN ? 'N' : 'E';
+}
+
+/*
+ * Are all the pages past data.mdb's end free? A commit does not write
+ * the pages it allocated and freed again (LMDB's loose pages), so one
+ * that removed many records can leave the file shorter than its last
+ * page; a page in use there means a truncated file. Asked in a child: a
+ * page LMDB faults on, or a free list it loops on (10 s), kills the
+ * child, not the caller. The verdict comes through a pipe, not the exit
+ * status, which a caller ignoring SIGCHLD never sees.
+ */
+#define TAIL_WAIT_MS 10000
 static int tail_free(const char *path)
 {
-    pid_t pid = fork();
-    if (pid < 0)
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) < 0)
         return -errno;
-    if (pid == 0) {
-        MDB_env *env;
-        MDB_txn *txn;
-        MDB_cursor *c;
-        MDB_envinfo info;
-        MDB_stat st;
-        MDB_val k, v;
-        char file[1100];
-        struct stat sb;
-        snprintf(file, sizeof file, "%s/data.mdb", path);
-        if (mdb_env_create(&env) || mdb_env_set_maxdbs(env, 4) ||
-            mdb_env_open(env, path, MDB_RDONLY | MDB_NOTLS, 0600) ||
-            mdb_txn_begin(env, NULL, MDB_RDONLY, &txn) || mdb_env_info(env, &info) ||
-            mdb_env_stat(env, &st) || stat(file, &sb) < 0 || st.ms_psize == 0 ||
-            mdb_cursor_open(txn, 0, &c))
-            _exit(2);
-        uint64_t have = (uint64_t)sb.st_size / st.ms_psize, need = info.me_last_pgno + 1;
-        uint64_t beyond = need > have ? need - have : 0, free_beyond = 0;
-        while (mdb_cursor_get(c, &k, &v, MDB_NEXT) == 0) {
-            const size_t *ids = v.mv_data;
-            size_t n = v.mv_size >= sizeof *ids ? ids[0] : 0;
-            if (n > v.mv_size / sizeof *ids - 1)
-                _exit(1);
-            for (size_t i = 1; i <= n; i++)
-                free_beyond += ids[i] >= have && ids[i] < need;
-        }
-        mdb_cursor_close(c);
-        mdb_txn_abort(txn);
-        mdb_env_close(env);
-        _exit(free_beyond == beyond ? 0 : 1);
+    pid_t pid = fork();
+    if (pid < 0) {
+        int err = errno;
+        close(fds[0]);
+        close(fds[1]);
+        return -err;
     }
+    if (pid == 0) {
+        close(fds[0]);
+        int null = open("/dev/null", O_WRONLY);   /* LMDB's asserts print */
+        if (null >= 0)
+            dup2(null, 2);
+        char v = tail_child(path);
+        _exit(write(fds[1], &v, 1) == 1 ? 0 : 1);
+    }
+    close(fds[1]);
+    char v = 0;   /* none: the child died reading the store */
+    struct pollfd p = { .fd = fds[0], .events = POLLIN };
+    uint64_t end = wq__now_mono() + TAIL_WAIT_MS * 1000000ull;
+    for (;;) {
+        uint64_t now = wq__now_mono();
+        int r = now >= end ? 0 : poll(&p, 1, (int)((end - now) / 1000000u) + 1);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r > 0 && read(fds[0], &v, 1) < 0 && errno == EINTR)
+            continue;
+        if (r == 0)
+            kill(pid, SIGKILL);   /* looping on a damaged free list */
+        break;
+    }
+    close(fds[0]);
     int status;
-    while (waitpid(pid, &status, 0) < 0)
-        if (errno != EINTR)
-            return -errno;
-    return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : -EUCLEAN;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+        ;
+    return v == 'Y' ? 0 : v == 'U' ? -EUSERS : v == 'M' ? -ENOMEM : v == 'E' ? -EIO : -EUCLEAN;
 }
 
 /* A truncated data file would make LMDB fault on a page past its end. */

@@ -108,23 +108,19 @@ static void fail(struct out *o, const char *what, int rc)
     flush_out(o);
 }
 
-/* The pages data.mdb has, and how many more the meta page counts. Those
-   are legal only as free pages: a commit does not write the pages it
-   allocated and freed again (LMDB's loose pages), so a commit that
-   removed many records can leave the file shorter than its last page. */
-static bool file_pages(MDB_env *env, const char *dir, uint64_t *have, uint64_t *beyond)
+/* How many pages more than data.mdb has the snapshot counts. Those are
+   legal only as free pages (wq__lmdb_tail). */
+static bool file_pages(MDB_env *env, const MDB_envinfo *info, const char *dir,
+                       uint64_t *beyond)
 {
-    MDB_envinfo info;
     MDB_stat st;
     char file[4200];
     struct stat sb;
     snprintf(file, sizeof file, "%s/data.mdb", dir);
-    if (mdb_env_info(env, &info) != 0 || mdb_env_stat(env, &st) != 0 ||
-        stat(file, &sb) != 0 || st.ms_psize == 0)
+    if (mdb_env_stat(env, &st) != 0 || stat(file, &sb) != 0 || st.ms_psize == 0)
         return false;
-    uint64_t need = (uint64_t)info.me_last_pgno + 1;
-    *have = (uint64_t)sb.st_size / st.ms_psize;
-    *beyond = need > *have ? need - *have : 0;
+    uint64_t need = (uint64_t)info->me_last_pgno + 1, have = (uint64_t)sb.st_size / st.ms_psize;
+    *beyond = need > have ? need - have : 0;
     return true;
 }
 
@@ -194,17 +190,18 @@ static void child_walk(const char *dir, int fd, const unsigned char *from)
             fail(o, "opening the environment", rc);
         _exit(2);
     }
-    uint64_t have, beyond;
-    if (!file_pages(env, dir, &have, &beyond)) {
+    MDB_envinfo info;   /* the snapshot's own, not a later commit's */
+    if ((rc = wq__lmdb_snapshot(env, &txn, &info))) {
+        fail(o, "reading", rc);
+        _exit(2);
+    }
+    uint64_t beyond;
+    if (!file_pages(env, &info, dir, &beyond)) {
         fail(o, "data.mdb: its size", MDB_CORRUPTED);
         _exit(2);
     }
     if (beyond > 0 && !from)
         bus_arm(o);   /* until the free-page list says the pages are free */
-    if ((rc = mdb_txn_begin(env, NULL, MDB_RDONLY, &txn))) {
-        fail(o, "reading", rc);
-        _exit(2);
-    }
     if (!from) {
         /* Named databases are keys of the main one: anything else there
            means somebody else's environment. */
@@ -235,19 +232,14 @@ static void child_walk(const char *dir, int fd, const unsigned char *from)
            descending, of pages past the two meta pages and within the
            file. LMDB reuses them without a look: one bad number there and
            a later commit writes past the map (SIGBUS). */
-        MDB_envinfo info;
-        mdb_env_info(env, &info);
-        uint64_t free_beyond = 0;   /* free pages the file does not have */
         while ((rc = mdb_cursor_get(c, &k, &v, MDB_NEXT)) == 0) {
             const size_t *ids = v.mv_data;
             size_t n = v.mv_size >= sizeof *ids ? ids[0] : 0;
             bool ok = v.mv_size >= sizeof *ids && v.mv_size % sizeof *ids == 0 &&
                       n == v.mv_size / sizeof *ids - 1;
-            for (size_t i = 1; ok && i <= n; i++) {
+            for (size_t i = 1; ok && i <= n; i++)
                 ok = ids[i] >= 2 && ids[i] <= info.me_last_pgno &&
                      (i == 1 || ids[i] < ids[i - 1]);
-                free_beyond += ids[i] >= have;
-            }
             if (!ok) {
                 fail(o, "the free-page list: an entry names pages the file does not have",
                      MDB_CORRUPTED);
@@ -259,16 +251,19 @@ static void child_walk(const char *dir, int fd, const unsigned char *from)
             fail(o, "the free-page list", rc);
             _exit(2);
         }
-        /* Every page past the file's end must be free (file_pages): a
-           page in use there means a truncated data.mdb. (A walk that
-           resumes, from != NULL, follows one that checked this.) */
-        if (free_beyond != beyond) {
-            fail(o, "data.mdb is shorter than the environment says", MDB_CORRUPTED);
-            _exit(2);
-        }
-        if (beyond > 0)
-            signal(SIGBUS, SIG_DFL);
         mdb_cursor_close(c);
+        /* Every page past the file's end must be free: a page in use
+           there means a truncated data.mdb. (A walk that resumes, from !=
+           NULL, follows one that checked this.) */
+        if (beyond > 0) {
+            bool sound = false;
+            rc = wq__lmdb_tail(txn, &info, dir, &sound);
+            if (rc || !sound) {
+                fail(o, "data.mdb is shorter than the environment says", MDB_CORRUPTED);
+                _exit(2);
+            }
+            signal(SIGBUS, SIG_DFL);
+        }
         frame(o, F_FREE, &pages, sizeof pages, NULL, 0, NULL, 0);
     }
     rc = mdb_dbi_open(txn, "meta", 0, &meta);
@@ -355,6 +350,10 @@ static int run_child(const char *dir, int fd, const unsigned char *from, char *w
         pid_t w = waitpid(pid, &st, WNOHANG);
         if (w == pid)
             break;
+        if (w < 0 && errno == ECHILD) {
+            st = 0;   /* SIGCHLD ignored: reaped by the system; the frames tell */
+            break;
+        }
         if (w < 0 && errno != EINTR) {
             snprintf(why, wn, "waiting for the reader: %s", strerror(errno));
             return -EIO;
