@@ -920,6 +920,18 @@ static void test_fsync_deferred_full(void **state)
     for (int i = 0; i < 64; i++)
         left[i] = kb[10 + i];
     q = from_store(q, name, &o, left, 64);
+    /* Restored with only the store's path, the queue is the same one: the
+       interval too (it came back as 1 s, and the full options then met
+       -EEXIST). */
+    t_close(q);
+    char path[300];
+    t_shm_path(name, path, sizeof path);
+    assert_int_equal(unlink(path), 0);
+    struct wq_options only = { .flags = WQ_CREATE, .store_path = store };
+    q = t_track(T_OPEN(name, &only));
+    t_close(q);
+    o.flags &= ~(unsigned)WQ_EXCL;   /* it exists: the same settings, asked again */
+    q = t_track(T_OPEN(name, &o));
     t_close(q);
 }
 

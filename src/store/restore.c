@@ -66,7 +66,8 @@ static void options_from_meta(struct wq_options *eff, const struct wq_meta *m)
         eff->result_capacity = m->result_capacity;
     if (!eff->durability)
         eff->durability = (int)m->durability;
-    if (!eff->snapshot_interval_ms && eff->durability == WQ_DURABLE_NONE)
+    if (!eff->snapshot_interval_ms &&
+        (eff->durability == WQ_DURABLE_NONE || eff->durability == WQ_DURABLE_FSYNC))
         eff->snapshot_interval_ms = m->snapshot_ms;
     if (!(eff->flags & WQ_FAIR) && (m->flags & WQ_FAIR)) {
         eff->flags |= WQ_FAIR;
