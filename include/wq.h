@@ -927,9 +927,11 @@ WQ_API int wq_run_workers_opts(wq *q, unsigned workers, wq_reconcile_fn fn, void
  *            process crash loses none (the region keeps them); lost with
  *            the region (power failure, a reboot without that last
  *            close), a removal only means the key is processed once
- *            more, as a removal lost to a power failure always did. A
- *            failure to write them is returned by the call that writes
- *            them, or, when that is another key's add, retried later.
+ *            more, as a removal lost to a power failure always did. They
+ *            are written by calls: on a queue nobody calls they wait (in
+ *            the region). A failure to write them leaves them listed, to
+ *            be retried; wq_done_get and wq_snapshot return it, wq_get,
+ *            wq_done, wq_stats and another key's add do not.
  *
  * Restore: wq_open with WQ_CREATE on a missing region and a store that
  * holds keys builds the new region from the store before anyone can see
@@ -1137,7 +1139,8 @@ struct wq_stats {
     uint64_t region_bytes;  /* size of the shared-memory object: the address
                                space every process maps (a sparse file) */
     uint64_t repairs_total; /* times the region was repaired: after a dead lock
-                               holder, or damage a call found (-EBADMSG) */
+                               holder, a mutation left half done, or damage
+                               a call found (-EBADMSG) */
     uint64_t shutting_down; /* 1 from a shutdown until wq_resume */
     uint64_t failing;       /* idle keys kept because their failure count
                                is not zero (keys kept only for a result are

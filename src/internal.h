@@ -57,7 +57,7 @@ struct wq_conf {
     uint32_t mode;            /* permission bits */
     bool has_store;
     uint32_t durability;      /* WQ_DURABLE_*, with a store */
-    uint32_t snapshot_ms;     /* WQ_DURABLE_NONE */
+    uint32_t snapshot_ms;     /* WQ_DURABLE_NONE, _FSYNC (store.c) */
     uint32_t fair_share;      /* WQ_FAIR */
     int32_t tenant_sep;       /* WQ_FAIR; -1: no tenants */
     uint32_t rl_limiters, rl_burst, rl_max_fast_attempts;

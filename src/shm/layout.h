@@ -101,7 +101,7 @@ struct wq_geom {
     uint32_t durability;      /* WQ_DURABLE_*; meaningful with a store */
     uint64_t off_sq;          /* store queue: capacity entry indices */
     uint32_t has_store;
-    uint32_t snapshot_ms;     /* WQ_DURABLE_NONE: snapshot interval */
+    uint32_t snapshot_ms;     /* NONE: snapshot interval; FSYNC: deferred changes' */
     char store_path[1024];    /* absolute path of the LMDB directory */
     /* Fair mode (fair.c); sections are empty without WQ_FAIR. */
     uint64_t off_fx, off_fheap_p, off_fheap_a, off_ftags;

@@ -75,11 +75,13 @@ static int recover(shmq *q)
 }
 
 /* A mutation left half done, or a structure a holder found damaged:
-   repaired, and counted as recover()'s repairs are (wq_stats). */
+   repaired, and counted as recover()'s repairs are (wq_stats). A repair
+   that failed is not counted: the next locker tries again. */
 static int damage(shmq *q)
 {
     int rc = wq__repair(q, true, q->hdr->corrupt != 0, NULL, NULL);
-    q->hdr->repairs_total++;
+    if (rc == 0)
+        q->hdr->repairs_total++;
     return rc;
 }
 

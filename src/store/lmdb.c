@@ -260,8 +260,8 @@ int wq__lmdb_env(const char *path, mode_t mode, bool create, struct wq_env **out
     mdb_env_set_maxdbs(e->env, 4);
     mdb_env_set_maxreaders(e->env, 1024);
     mdb_env_set_mapsize(e->env, e->mapsize);
-    /* NOSYNC: commits reach the page cache (PROCESS durability); FSYNC
-       callers sync explicitly after their group commit. NOTLS: one handle
+    /* NOSYNC: commits reach the page cache (PROCESS durability); an FSYNC
+       store's writers clear it before each commit (store.c). NOTLS: one handle
        serves every thread of the process. */
     rc = mdb_env_open(e->env, path, MDB_NOSYNC | MDB_NOTLS | MDB_NORDAHEAD, mode & 0777);
     if (rc) {

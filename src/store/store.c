@@ -27,9 +27,10 @@
  *     flusher killed anywhere leaves the queue as it was, and LMDB's own
  *     robust writer mutex releases its transaction.
  *   - Group commit: a caller that needs durability flushes everything
- *     queued so far. Callers blocked behind it find their changes already
- *     written (often with nothing left to do), so concurrent adders share
- *     commits and fsyncs.
+ *     queued so far (with FSYNC, up to its own keys: "Fsync groups").
+ *     Callers blocked behind it find their changes already written (often
+ *     with nothing left to do), so concurrent adders share commits and
+ *     fsyncs.
  */
 #include <limits.h>
 #include <stdlib.h>
@@ -315,6 +316,20 @@ static uint32_t storing(shmq *q, const struct iovec *key)
     return idx < q->nent && wq__st(wq__entry(q, idx)) == WQ_ST_STORING ? idx : WQ_NIL;
 }
 
+/* Is a key of the call still waiting for its commit (ours, or another
+   process's that we coalesced into)? True when the lock cannot be had:
+   the flush then finds out. */
+static bool any_storing(shmq *q, const struct iovec *keys, size_t n)
+{
+    if (wq__lock(q) < 0)
+        return true;
+    bool any = false;
+    for (size_t i = 0; i < n && !any; i++)
+        any = storing(q, &keys[i]) != WQ_NIL;
+    wq__unlock(q);
+    return any;
+}
+
 /*
  * One flush: read the front of the store queue, write it in one LMDB
  * transaction, settle it. An FSYNC adder passes every key of its call
@@ -590,7 +605,10 @@ int wq__store_finish_add(shmq *q, const struct iovec *all, size_t nall,
         group_arrive(q);
         if (n > 0)
             group_wait(q);
-        if (wq_load_relaxed(&q->hdr->sq_count) != 0)
+        /* A coalesced add into stored keys has nothing to wait for: with
+           deferred changes listed, the flush would only take the flush
+           lock and a write transaction to find that out. */
+        if (wq_load_relaxed(&q->hdr->sq_count) != 0 && (n > 0 || any_storing(q, all, nall)))
             st = flush(q, false, all, nall);
         /* Our keys are stored (or failed): deferred changes that are
            due are written now, and their failure is not this add's. */
