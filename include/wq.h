@@ -458,7 +458,9 @@ WQ_API int wq_unlink(const char *name);
  * `capacity` keys are live or the region cannot grow for a new key
  * ("Memory"; nothing changes either way), -EINVAL on an empty key or
  * NULL, -EMSGSIZE when longer than max_key_len; with a store, its errors
- * (see "Persistence"; the add is then undone). Blocks only for the region
+ * (see "Persistence"; the add is then undone), and -EBADMSG when a repair
+ * of damage in the region dropped the new key while the add waited for
+ * its commit (it may not be stored: add it again). Blocks only for the region
  * lock, and with a WQ_DURABLE_PROCESS or WQ_DURABLE_FSYNC store until the
  * key is committed to it (and, FSYNC, on disk). Wakes one blocked wq_get.
  *
@@ -563,6 +565,8 @@ WQ_API int wq_done_get(wq *q, const void *done_key, size_t done_len,
  * validated first: an invalid key (-EINVAL, -EMSGSIZE) adds none.
  * Returns how many were coalesced (>= 0), or -ESHUTDOWN, or -ENOSPC when
  * the keys that would need a new slot do not all fit (none added then).
+ * With a store, its errors and -EBADMSG as for wq_add; after -EBADMSG
+ * the keys that were stored stay, and adding the batch again is safe.
  */
 WQ_API int wq_add_many(wq *q, const struct iovec *keys, size_t n);
 

@@ -595,8 +595,38 @@ static size_t rollback(shmq *q, const struct iovec *keys, size_t n)
     return undone;
 }
 
+/*
+ * Did a repair drop a key of ours while it waited for its commit? A
+ * thorough repair drops an entry whose key is unsound, STORING or not,
+ * and the add's later look ("not STORING") cannot tell that from a key
+ * stored and then done. A key still in the index was stored (or is a
+ * zombie whose removal is pending: stored too). One that is gone while
+ * the store queue's epoch moved (only a repair moves it) may never have
+ * been: the add must not claim it, so it fails; adding again is safe
+ * (a stored key coalesces). No repair in between: gone means done.
+ */
+static bool lost(shmq *q, const struct iovec *keys, size_t n, uint32_t epoch)
+{
+    if (wq__lock(q) < 0)
+        return false;   /* the flush's verdict stands */
+    bool gone = false;
+    if (q->hdr->sq_epoch != epoch) {
+        for (size_t i = 0; i < n && !gone; i++) {
+            const struct iovec *k = &keys[i];
+            uint32_t hash = wq__hash(q->seed, k->iov_base, k->iov_len);
+            gone = wq__table_lookup(q, k->iov_base, k->iov_len, hash) == WQ_NIL;
+        }
+    }
+    wq__unlock(q);
+    if (gone)
+        wq__errf("queue '%s': the region was repaired while this add waited for its store "
+                 "commit, and a key it added is gone: it may not be stored; add it again",
+                 q->pub.name);
+    return gone;
+}
+
 int wq__store_finish_add(shmq *q, const struct iovec *all, size_t nall,
-                         const struct iovec *keys, size_t n, int rc)
+                         const struct iovec *keys, size_t n, uint32_t epoch, int rc)
 {
     if (rc < 0 || !q->g.has_store)
         return rc;
@@ -620,6 +650,8 @@ int wq__store_finish_add(shmq *q, const struct iovec *all, size_t nall,
     }
     if (st < 0 && n > 0 && rollback(q, keys, n) > 0)
         return st;   /* not stored: not added, now or later */
+    if (n > 0 && q->g.durability != WQ_DURABLE_NONE && lost(q, keys, n, epoch))
+        return st < 0 ? st : -EBADMSG;
     return rc;       /* stored, by us or by a flush of another process */
 }
 

@@ -39,10 +39,12 @@ int wq__store_after(struct wq_shm *q);
 /* The add epilogue (queue.c's one add path): an add met -WQ_EFLUSH, make
    room (0: try again, or -errno); an add is done with the region (rc):
    make it durable (all: every key of the call), or undo it (keys: the
-   ones it added) if the store refuses. */
+   ones it added) if the store refuses. epoch: the store queue's sq_epoch
+   read under the lock that added them (a repair since may have dropped
+   one: -EBADMSG). */
 int wq__store_make_room(struct wq_shm *q, int tries);
 int wq__store_finish_add(struct wq_shm *q, const struct iovec *all, size_t nall,
-                         const struct iovec *keys, size_t n, int rc);
+                         const struct iovec *keys, size_t n, uint32_t epoch, int rc);
 
 /* restore.c. wq_open with a store_path, before the region is built:
    resolve the path into abs; an existing store is read and verified into
