@@ -130,6 +130,11 @@ int wq__lmdb_grow(struct wq_env *e);
 /* A read transaction on the newest snapshot, with that snapshot's info
    (mdb_env_info alone may describe a later commit): LMDB's rc. */
 int wq__lmdb_snapshot(MDB_env *env, MDB_txn **txn, MDB_envinfo *info);
+/* data.mdb's pages in dir (*have), and how many more the snapshot
+   described by info counts (*beyond: legal only as free pages, see
+   wq__lmdb_tail). LMDB's rc, or the errno of data.mdb's stat. */
+int wq__lmdb_beyond(MDB_env *env, const MDB_envinfo *info, const char *dir, uint64_t *have,
+                    uint64_t *beyond);
 /* *sound: every page the snapshot counts past data.mdb's end is on its
    free list (a commit leaves the pages it allocated and freed again
    unwritten), each once; false means a truncated file. LMDB's rc. */

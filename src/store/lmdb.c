@@ -75,22 +75,35 @@ int wq__lmdb_snapshot(MDB_env *env, MDB_txn **txn, MDB_envinfo *info)
     return MDB_BAD_TXN;
 }
 
-int wq__lmdb_tail(MDB_txn *txn, const MDB_envinfo *info, const char *dir, bool *sound)
+int wq__lmdb_beyond(MDB_env *env, const MDB_envinfo *info, const char *dir, uint64_t *have,
+                    uint64_t *beyond)
 {
     MDB_stat st;
     struct stat sb;
     char file[4200];
     snprintf(file, sizeof file, "%s/data.mdb", dir);
-    int rc = mdb_env_stat(mdb_txn_env(txn), &st);
+    int rc = mdb_env_stat(env, &st);
     if (rc != 0)
         return rc;
-    if (stat(file, &sb) < 0 || st.ms_psize == 0)
+    if (stat(file, &sb) < 0)
+        return errno;
+    if (st.ms_psize == 0)
         return MDB_CORRUPTED;
-    uint64_t have = (uint64_t)sb.st_size / st.ms_psize, need = info->me_last_pgno + 1;
-    *sound = need <= have;
+    uint64_t need = (uint64_t)info->me_last_pgno + 1;
+    *have = (uint64_t)sb.st_size / st.ms_psize;
+    *beyond = need > *have ? need - *have : 0;
+    return 0;
+}
+
+int wq__lmdb_tail(MDB_txn *txn, const MDB_envinfo *info, const char *dir, bool *sound)
+{
+    uint64_t have, beyond, seen = 0, need = (uint64_t)info->me_last_pgno + 1;
+    int rc = wq__lmdb_beyond(mdb_txn_env(txn), info, dir, &have, &beyond);
+    if (rc != 0)
+        return rc > 0 ? MDB_CORRUPTED : rc;   /* data.mdb gone or unreadable */
+    *sound = beyond == 0;
     if (*sound)
         return 0;
-    uint64_t beyond = need - have, seen = 0;
     if (beyond > (1u << 24))
         return 0;   /* 64 GiB past the end: no commit frees that much */
     unsigned char *bit = calloc((size_t)(beyond + 7) / 8, 1);
@@ -201,17 +214,13 @@ static int tail_free(const char *path)
 static int check_size(MDB_env *env, const char *path)
 {
     MDB_envinfo info;
-    MDB_stat st;
-    char file[1100];
-    struct stat sb;
-    if (mdb_env_info(env, &info) || mdb_env_stat(env, &st))
+    uint64_t have, beyond;
+    if (mdb_env_info(env, &info))
         return -EUCLEAN;
-    snprintf(file, sizeof file, "%s/data.mdb", path);
-    if (stat(file, &sb) < 0)
-        return -EIO;
-    if ((uint64_t)(info.me_last_pgno + 1) * st.ms_psize > (uint64_t)sb.st_size)
-        return tail_free(path);   /* rare: only after such a commit */
-    return 0;
+    int rc = wq__lmdb_beyond(env, &info, path, &have, &beyond);
+    if (rc != 0)
+        return rc > 0 ? -EIO : -EUCLEAN;   /* data.mdb unreadable; LMDB's own error */
+    return beyond > 0 ? tail_free(path) : 0;   /* rare: only after such a commit */
 }
 
 /*

@@ -108,22 +108,6 @@ static void fail(struct out *o, const char *what, int rc)
     flush_out(o);
 }
 
-/* How many pages more than data.mdb has the snapshot counts. Those are
-   legal only as free pages (wq__lmdb_tail). */
-static bool file_pages(MDB_env *env, const MDB_envinfo *info, const char *dir,
-                       uint64_t *beyond)
-{
-    MDB_stat st;
-    char file[4200];
-    struct stat sb;
-    snprintf(file, sizeof file, "%s/data.mdb", dir);
-    if (mdb_env_stat(env, &st) != 0 || stat(file, &sb) != 0 || st.ms_psize == 0)
-        return false;
-    uint64_t need = (uint64_t)info->me_last_pgno + 1, have = (uint64_t)sb.st_size / st.ms_psize;
-    *beyond = need > have ? need - have : 0;
-    return true;
-}
-
 /* While the free-page list of a file shorter than its last page is
    walked, a bus error means a page in use past the end (a truncated
    file): say so, in a frame made beforehand (a handler may only write). */
@@ -195,8 +179,8 @@ static void child_walk(const char *dir, int fd, const unsigned char *from)
         fail(o, "reading", rc);
         _exit(2);
     }
-    uint64_t beyond;
-    if (!file_pages(env, &info, dir, &beyond)) {
+    uint64_t have, beyond;
+    if (wq__lmdb_beyond(env, &info, dir, &have, &beyond) != 0) {
         fail(o, "data.mdb: its size", MDB_CORRUPTED);
         _exit(2);
     }

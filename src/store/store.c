@@ -316,16 +316,23 @@ static uint32_t storing(shmq *q, const struct iovec *key)
     return idx < q->nent && wq__st(wq__entry(q, idx)) == WQ_ST_STORING ? idx : WQ_NIL;
 }
 
-/* Is a key of the call still waiting for its commit (ours, or another
-   process's that we coalesced into)? True when the lock cannot be had:
-   the flush then finds out. */
+/* Lock held: is a key of the call still waiting for its commit (ours,
+   or another process's that we coalesced into)? */
+static bool storing_any(shmq *q, const struct iovec *keys, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (storing(q, &keys[i]) != WQ_NIL)
+            return true;
+    return false;
+}
+
+/* storing_any, locking; true when the lock cannot be had: the flush then
+   finds out. */
 static bool any_storing(shmq *q, const struct iovec *keys, size_t n)
 {
     if (wq__lock(q) < 0)
         return true;
-    bool any = false;
-    for (size_t i = 0; i < n && !any; i++)
-        any = storing(q, &keys[i]) != WQ_NIL;
+    bool any = storing_any(q, keys, n);
     wq__unlock(q);
     return any;
 }
@@ -367,9 +374,8 @@ static int flush_round(shmq *q, struct wq_env *e, int *written, const struct iov
         rc = 0;
         goto abort;
     }
-    bool done = mine != NULL;   /* our keys are stored: others' adds are theirs */
-    for (size_t i = 0; i < nmine && done; i++)
-        done = storing(q, &mine[i]) == WQ_NIL;
+    /* Our keys are stored: others' adds are theirs. */
+    bool done = mine != NULL && !storing_any(q, mine, nmine);
     if (done && fsync_groups(q)) {
         /* Nothing of ours left to store: what is listed waits for a
            commit that syncs anyway ("Deferred changes"). */
