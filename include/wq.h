@@ -143,7 +143,10 @@
  *   Each handle registers in the region's process table and holds a lease:
  *   a robust mutex locked by a small thread that libwq starts for the
  *   handle and that lives exactly as long as the handle. The lease is how
- *   other processes tell that this handle's process is dead.
+ *   other processes tell that this handle's process is dead. Every 250 ms
+ *   that thread also reclaims a dead process's keys and writes what a
+ *   store is due when no call does (see "Persistence"); it never waits
+ *   for the region lock.
  *   After fork(), a handle inherited by the child transparently registers
  *   the child as a new process on its first use (with its own lease); the
  *   child is never taken for its parent, and keys the parent holds stay
@@ -916,7 +919,9 @@ WQ_API int wq_run_workers_opts(wq *q, unsigned workers, wq_reconcile_fn fn, void
  *                       that key is stored.
  *   WQ_DURABLE_NONE     memory speed; the region is written to the store
  *                       every snapshot_interval_ms (by whichever process
- *                       holds the lock when it is due) and by wq_snapshot.
+ *                       holds the lock when it is due, or else by an
+ *                       attached process's background thread, below)
+ *                       and by wq_snapshot.
  * Until a new key is in the store (PROCESS, FSYNC) it is invisible: no
  * wq_get hands it out, so a key is never processed without being stored.
  * Removals (wq_done of a clean key, wq_forget) and the other changes that
@@ -931,11 +936,17 @@ WQ_API int wq_run_workers_opts(wq *q, unsigned workers, wq_reconcile_fn fn, void
  *            process crash loses none (the region keeps them); lost with
  *            the region (power failure, a reboot without that last
  *            close), a removal only means the key is processed once
- *            more, as a removal lost to a power failure always did. They
- *            are written by calls: on a queue nobody calls they wait (in
- *            the region). A failure to write them leaves them listed, to
+ *            more, as a removal lost to a power failure always did. A
+ *            failure to write them leaves them listed, to
  *            be retried; wq_done_get and wq_snapshot return it, wq_get,
  *            wq_done, wq_stats and another key's add do not.
+ * On a queue nobody calls, what is due (the above, a NONE snapshot, and
+ * the changes of a process killed before it wrote them, such as the new
+ * key of an adder killed before its commit, which until then nobody can
+ * get) is written within about 250 ms by a background thread of any
+ * process that has the queue open (the one that also reclaims a dead
+ * process's keys, wq_open). It never waits for a lock: when a call holds
+ * one, that call, or the next tick, writes.
  *
  * Restore: wq_open with WQ_CREATE on a missing region and a store that
  * holds keys builds the new region from the store before anyone can see

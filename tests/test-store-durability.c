@@ -988,6 +988,156 @@ static void test_store_add_dropped(void **state)
     t_close(q);
 }
 
+/* ------------------------------------------------------------------ */
+/* The lease thread's writes (idle queues)                             */
+/* ------------------------------------------------------------------ */
+
+/* Wait (at most 10 s, times t_scale) until the store queue is empty: a
+   relaxed read of the header, which takes no lock and writes nothing. */
+static bool until_written(wq *q)
+{
+    const struct wq_hdr *h = wq__shm(q)->hdr;
+    uint64_t end = t_now_ns() + 10000000000ull * t_scale();
+    while (__atomic_load_n(&h->sq_count, __ATOMIC_RELAXED) != 0) {
+        if (t_now_ns() > end)
+            return false;
+        t_sleep_ms(5);
+    }
+    return true;
+}
+
+/* A queue nobody calls: what the store is due is written by the lease
+   thread of a process that merely has it open. FSYNC: a deferred removal
+   once the interval passed, and the new key of an adder killed before
+   its commit (invisible until then: a later add of anything used to be
+   the only way it became visible). NONE: the periodic snapshot. */
+static void test_idle_writes(void **state)
+{
+    (void)state;
+    const char *store = t_mkstore(), *name = t_qname("idlefs");
+    struct wq_options o = t_store_opts(store, WQ_DURABLE_FSYNC);
+    o.snapshot_interval_ms = 300;
+    wq *q = t_track(T_OPEN(name, &o));
+    const struct wq_hdr *h = wq__shm(q)->hdr;
+    assert_int_equal(wq_add(q, KS("a")), 0);
+    assert_int_equal(wq_add(q, KS("b")), 0);
+    t_sleep_ms(400);
+    cycle_out(q, "a");   /* due: written by the done itself */
+    cycle_out(q, "b");   /* deferred */
+    assert_int_equal(h->sq_count, 1);
+    uint64_t t0 = store_txnid(store);
+    assert_true(until_written(q));
+    assert_int_equal(store_txnid(store) - t0, 1);
+
+    pid_t c = t_fork(60);   /* killed at its commit: "late" is STORING */
+    if (c == 0) {
+        wq *cq = NULL;
+        if (wq_open(name, NULL, &cq) < 0)
+            _exit(1);
+        wq_fault_arm("store.commit", 1, WQ_FAULT_KILL);
+        wq_add(cq, KS("late"));
+        _exit(2);
+    }
+    assert_int_equal(t_wait(c, 20000), 128 + SIGKILL);
+    t0 = store_txnid(store);
+    assert_true(until_written(q));
+    assert_int_equal(store_txnid(store) - t0, 1);
+    assert_int_equal(wq_len(q), 1);
+    const char *left[] = { "late" };
+    q = from_store(q, name, &o, left, 1);
+    t_close(q);
+
+    store = t_mkstore();
+    name = t_qname("idlenone");
+    o = t_store_opts(store, WQ_DURABLE_NONE);
+    o.snapshot_interval_ms = 300;
+    q = t_track(T_OPEN(name, &o));
+    t_sleep_ms(400);
+    t0 = store_txnid(store);
+    assert_int_equal(wq_add(q, KS("n1")), 0);   /* due: this add writes it */
+    assert_int_equal(wq_add(q, KS("n2")), 0);   /* not due */
+    assert_int_equal(wq__shm(q)->hdr->sq_count, 1);
+    assert_true(until_written(q));
+    assert_int_equal(store_txnid(store) - t0, 2);
+    const char *both[] = { "n1", "n2" };
+    q = from_store(q, name, &o, both, 2);
+    t_close(q);
+}
+
+struct closer {
+    wq *q;
+    atomic_int done;
+};
+
+static void *closer_main(void *arg)
+{
+    struct closer *c = arg;
+    t_close(c->q);
+    atomic_store(&c->done, 1);
+    return NULL;
+}
+
+/*
+ * wq_close holds the region lock while it stops its lease thread. That
+ * thread used to write a reaped key's failure count with a flush that
+ * blocks on the flush lock and then the region lock: held up at the flush
+ * lock (taken here, as a flusher of another process would) until the
+ * close began, it then waited for the region lock the close held, and the
+ * close waited for it forever. The lease thread's writes now never wait
+ * for either lock.
+ */
+static void test_idle_close(void **state)
+{
+    (void)state;
+    const char *store = t_mkstore(), *name = t_qname("idleclose");
+    struct wq_options o = t_store_opts(store, WQ_DURABLE_PROCESS);
+    wq *q = t_track(T_OPEN(name, &o));
+    struct wq_hdr *h = wq__shm(q)->hdr;
+    assert_int_equal(wq_add(q, KS("k")), 0);
+    pid_t c = t_fork(60);   /* gets k and dies holding it */
+    if (c == 0) {
+        wq *cq = NULL;
+        char buf[T_KEYBUF];
+        if (wq_open(name, NULL, &cq) < 0 || wq_get(cq, buf, sizeof buf, 0) != 1)
+            _exit(1);
+        raise(SIGKILL);
+        _exit(2);
+    }
+    assert_int_equal(t_wait(c, 20000), 128 + SIGKILL);
+    assert_int_equal(pthread_mutex_lock(&h->flush_lock), 0);
+    /* Our lease thread reaps k (back with a failure count, listed for
+       the store) within about a second, then tries to write it. */
+    uint64_t end = t_now_ns() + 10000000000ull * t_scale();
+    while (__atomic_load_n(&h->processing, __ATOMIC_RELAXED) != 0 && t_now_ns() < end)
+        t_sleep_ms(5);
+    bool reaped = __atomic_load_n(&h->processing, __ATOMIC_RELAXED) == 0;
+    t_sleep_ms(300);   /* its write reaches the flush lock */
+    struct closer cl = { .q = q };
+    pthread_t t;
+    int e = pthread_create(&t, NULL, closer_main, &cl);
+    if (e == 0)
+        t_sleep_ms(300);   /* the close holds the region lock, joining */
+    assert_int_equal(pthread_mutex_unlock(&h->flush_lock), 0);
+    assert_int_equal(e, 0);
+    end = t_now_ns() + 10000000000ull * t_scale();
+    while (!atomic_load(&cl.done) && t_now_ns() < end)
+        t_sleep_ms(5);
+    if (!atomic_load(&cl.done))
+        t_fatal("wq_close and its lease thread are deadlocked");
+    pthread_join(t, NULL);
+    assert_true(reaped);
+    /* The last close wrote the failure count: k comes back with it,
+       waiting out its backoff (2 h: t_store_opts). */
+    char path[300];
+    t_shm_path(name, path, sizeof path);
+    assert_int_equal(unlink(path), 0);
+    q = t_track(T_OPEN(name, &o));
+    assert_int_equal(wq_len(q), 0);
+    assert_int_equal(t_stats(q).waiting, 1);
+    assert_int_equal(wq_num_requeues(q, KS("k")), 1);
+    t_close(q);
+}
+
 /* A full queue whose room is held by deferred removals: an add makes
    room by writing them (synced), and loses nothing. */
 static void test_fsync_deferred_full(void **state)
@@ -1052,6 +1202,8 @@ int main(void)
         T_STORE_TEST(test_fsync_deferred_full),
         T_STORE_TEST(test_store_queue_damaged),
         T_STORE_TEST(test_store_add_dropped),
+        T_STORE_TEST(test_idle_writes),
+        T_STORE_TEST(test_idle_close),
         T_NO_LEFTOVERS,
     };
     static const struct t_guard g = {

@@ -60,7 +60,11 @@ struct wq_lease {
  * looks now and then: if keys are processing and nobody reaped for
  * IDLE_REAP_NS, it takes the region lock, without waiting for it (its own
  * handle may hold it while stopping this very thread), and reaps. A dead
- * holder's key is back within about a second of its death.
+ * holder's key is back within about a second of its death. The same tick
+ * writes what the store is due (wq__store_idle: deferred changes, a NONE
+ * snapshot, a dead process's marks), which on a queue nobody calls would
+ * otherwise wait in the region for the next call; it never waits for the
+ * region lock either.
  */
 static void idle_reap(shmq *q)
 {
@@ -70,10 +74,8 @@ static void idle_reap(shmq *q)
         return;
     if (wq__lock_try(q) < 0)
         return;   /* busy: its holder reaps, or we look again soon */
-    unsigned n = wq__procs_reap(q);
+    wq__procs_reap(q);   /* the requeues' failure counts: written below */
     wq__unlock(q);
-    if (n > 0 && q->g.has_store)
-        wq__store_after(q);   /* the crash requeues' failure counts */
 }
 
 static void *lease_main(void *arg)
@@ -103,6 +105,7 @@ static void *lease_main(void *arg)
             shmq *q = l->q;
             pthread_mutex_unlock(&l->mu);
             idle_reap(q);
+            wq__store_idle(q);
             pthread_mutex_lock(&l->mu);
         }
     }

@@ -210,13 +210,13 @@ static int add_call(shmq *q, const struct wq_add_req *r)
     wq__table_prefetch(q, hash);
     uint64_t now = r->delayed ? wq__now_mono() : wq__metrics_now(q);
     int rc;
-    uint32_t epoch;
+    uint32_t drops;
     for (int tries = 0;; tries++) {
         if ((rc = wq__lock(q)) < 0)
             return rc;
         bool wake = false;
         rc = add_locked(q, r, hash, now, &wake);
-        epoch = q->hdr->sq_epoch;
+        drops = q->hdr->storing_drops;
         if (wake)
             wq__wake_getters(q, 1);
         wq__unlock(q);
@@ -229,7 +229,7 @@ static int add_call(shmq *q, const struct wq_add_req *r)
     /* A coalesced add made nothing new: nothing of ours to undo, and the
        key's own adder makes it durable. */
     struct iovec key = { (void *)r->key, r->len };
-    return wq__store_finish_add(q, &key, 1, &key, rc == 0 ? 1 : 0, epoch, rc);
+    return wq__store_finish_add(q, &key, 1, &key, rc == 0 ? 1 : 0, drops, rc);
 }
 
 int wq__shm_add(wq *pub, const struct wq_add_req *r)
@@ -377,7 +377,7 @@ int wq__shm_add_many(wq *pub, const struct iovec *keys, size_t n)
     uint32_t stack_h[64], *hashes = stack_h;
     struct iovec stack_m[64], *mine = stack_m;   /* the keys this batch added */
     size_t nmine = 0;
-    uint32_t epoch = 0;
+    uint32_t drops = 0;
     int rc;
     if (n == 0)
         return 0;
@@ -412,7 +412,7 @@ int wq__shm_add_many(wq *pub, const struct iovec *keys, size_t n)
                 rc = coalesced;
             wq__wake_getters(q, queued_n);
         }
-        epoch = q->hdr->sq_epoch;
+        drops = q->hdr->storing_drops;
         wq__unlock(q);
         if (rc != -WQ_EFLUSH)
             break;
@@ -422,7 +422,7 @@ int wq__shm_add_many(wq *pub, const struct iovec *keys, size_t n)
             goto out;
         }
     }
-    rc = wq__store_finish_add(q, keys, n, mine, nmine, epoch, rc);
+    rc = wq__store_finish_add(q, keys, n, mine, nmine, drops, rc);
 out:
     if (hashes != stack_h)
         free(hashes);

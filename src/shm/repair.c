@@ -210,6 +210,16 @@ static void check_procs(struct ctx *c)
 }
 
 /* Pass over the entries: normalise states. */
+/* Apply: an entry in state st is dropped. A new key awaiting its store
+   commit is counted for its adder, which would otherwise take "no longer
+   STORING" for "stored" (store.c, lost()); the release orders the count
+   before the store queue's rebuild that follows. */
+static void dropped(struct ctx *c, uint16_t st)
+{
+    if (c->apply && (st & WQ_ST_STORING))
+        __atomic_fetch_add(&c->q->hdr->storing_drops, 1, __ATOMIC_RELEASE);
+}
+
 static void check_entries(struct ctx *c)
 {
     shmq *q = c->q;
@@ -239,14 +249,18 @@ static void check_entries(struct ctx *c)
         }
         if ((st & WQ_ST_PROCESSING) && want == (WQ_ST_DIRTY | WQ_ST_QUEUED))
             q->hdr->crash_requeues_total++;
+        if (want == 0)
+            dropped(c, st);
         wq_store_release(&e->state, want);
     hash:
         if (want && e->keylen > WQ_KEY_INLINE &&
             wq__keys_mark(q, c->kmap, e->k.block, e->keylen) < 0) {
             violation(c, "entry %u: key block %u shares bytes with another key's, "
                       "dropped", idx, e->k.block);
-            if (c->apply)
+            if (c->apply) {
+                dropped(c, want);
                 wq_store_release(&e->state, want = 0);
+            }
             continue;
         }
         if (c->thorough && want) {
@@ -276,7 +290,8 @@ static void dup_key(void *cv, uint32_t idx, uint32_t other)
     struct ctx *c = cv;
     violation(c, "entry %u: same key as entry %u, dropped", idx, other);
     struct wq_entry *e = wq__entry(c->q, idx);
-    wq__entry_renew(c->q, e);   /* its state is 0 now; its block goes back */
+    dropped(c, e->state);
+    wq__entry_renew(c->q, e);   /* its state goes to 0 next; its block back */
     if (e->keylen > WQ_KEY_INLINE)
         wq__keys_unmark(c->kmap, e->k.block, e->keylen);
 }

@@ -169,8 +169,8 @@ int wq__table_rebuild(shmq *q, void (*dup)(void *c, uint32_t idx, uint32_t other
         const unsigned char *k = wq__key(q, e);
         uint32_t other = k ? wq__table_lookup(q, k, e->keylen, e->hash) : WQ_CORRUPT;
         if (other != WQ_NIL) {
+            dup(c, idx, other);   /* sees the state it had */
             wq_store_release(&e->state, 0);
-            dup(c, idx, other);
             continue;
         }
         if ((rc = put(q->index, slots, idx, e->hash)) < 0)

@@ -35,6 +35,7 @@
 #include <limits.h>
 #include <stdlib.h>
 #include <sys/uio.h>
+#include <time.h>
 
 #include "shm/shm.h"
 #include "format.h"
@@ -348,8 +349,29 @@ static bool any_storing(shmq *q, const struct iovec *keys, size_t n)
  * nothing was left, or -errno: -EBADMSG when the store queue is damaged
  * (flagged: the next lock rebuilds it).
  */
+/* How long a background flush (wq__store_idle) tries for the region
+   lock after its commit before it leaves its records listed. */
+#define BG_SETTLE_NS (20ull * 1000 * 1000)
+
+/* The region lock for a flush. A background one never waits for it: the
+   lease thread runs it, and its handle's thread holds the region lock
+   while it stops that thread (procs.c). `until`: keep trying until then
+   (a monotonic time), 0: try once. */
+static int region_lock(shmq *q, bool bg, uint64_t until)
+{
+    if (!bg)
+        return wq__lock(q);
+    for (;;) {
+        int rc = wq__lock_try(q);
+        if (rc != -EBUSY || wq__now_mono() >= until)
+            return rc;
+        struct timespec ts = { 0, 200 * 1000 };
+        nanosleep(&ts, NULL);
+    }
+}
+
 static int flush_round(shmq *q, struct wq_env *e, int *written, const struct iovec *mine,
-                       size_t nmine)
+                       size_t nmine, bool bg)
 {
     struct wq_hdr *h = q->hdr;
     MDB_txn *txn;
@@ -359,7 +381,7 @@ static int flush_round(shmq *q, struct wq_env *e, int *written, const struct iov
     struct wq_item *items = NULL;
     unsigned char *buf = NULL;
     uint32_t n = 0, epoch;
-    if ((rc = wq__lock(q)) < 0)
+    if ((rc = region_lock(q, bg, 0)) < 0)
         goto abort;
     epoch = h->sq_epoch;
     uint32_t count = h->sq_count < BATCH_MAX ? h->sq_count : BATCH_MAX;
@@ -465,7 +487,9 @@ static int flush_round(shmq *q, struct wq_env *e, int *written, const struct iov
         wq_store_relaxed(&q->sync_ns, old ? (old * 7 + d) / 8 : d);
     }
     txn = NULL;
-    if ((rc = wq__lock(q)) < 0)
+    /* Not settled (the lock refused): the records stay listed, and the
+       next flush writes them again, as after a flusher killed here. */
+    if ((rc = region_lock(q, bg, wq__now_mono() + BG_SETTLE_NS)) < 0)
         goto out;
     bool queued = false;
     /* A settle that finds the region corrupt leaves it for the next
@@ -497,7 +521,7 @@ out:
  * of records written or a negative errno. Never called with the region
  * lock held.
  */
-static int flush(shmq *q, bool all, const struct iovec *mine, size_t nmine)
+static int flush(shmq *q, bool all, const struct iovec *mine, size_t nmine, bool bg)
 {
     if (!q->g.has_store)
         return 0;
@@ -507,14 +531,15 @@ static int flush(shmq *q, bool all, const struct iovec *mine, size_t nmine)
         return rc;
     int written = 0;
     /* Order: flush lock, LMDB's writer lock, region lock. */
-    int lr = pthread_mutex_lock(&q->hdr->flush_lock);
+    int lr = bg ? pthread_mutex_trylock(&q->hdr->flush_lock)
+                : pthread_mutex_lock(&q->hdr->flush_lock);
     if (lr == EOWNERDEAD)   /* a flusher died: nothing to repair here */
         pthread_mutex_consistent(&q->hdr->flush_lock);
     else if (lr != 0)
-        return -lr;
+        return -lr;   /* EBUSY: a background flush leaves it to that flusher */
     bool repaired = false;
     for (int rounds = 0; rounds < 1000000; rounds++) {
-        rc = flush_round(q, e, &written, mine, nmine);
+        rc = flush_round(q, e, &written, mine, nmine, bg);
         if (rc == -ENOSPC) {
             if ((rc = wq__lmdb_grow(e)) < 0)
                 break;
@@ -535,33 +560,54 @@ static int flush(shmq *q, bool all, const struct iovec *mine, size_t nmine)
 
 int wq__store_flush(shmq *q, bool all)
 {
-    return flush(q, all, NULL, 0);
+    return flush(q, all, NULL, 0, false);
+}
+
+/* Is what the store queue lists due to be written now? "Deferred
+   changes" and the durability levels say when. *interval: the write is
+   a periodic one (NONE, FSYNC), whose writer sets the next time. */
+static bool due(shmq *q, bool *interval)
+{
+    struct wq_hdr *h = q->hdr;
+    uint32_t listed = wq_load_relaxed(&h->sq_count);
+    *interval = q->g.durability != WQ_DURABLE_PROCESS;
+    if (listed == 0)
+        return false;
+    if (fsync_groups(q) && group_waiting(h))
+        return false;   /* the waiting adder writes it (see "Fsync groups") */
+    /* PROCESS: at once. NONE: a snapshot every interval. FSYNC: deferred
+       changes, written by the next new key's commit, or once the
+       interval passed or DEFER_MAX are listed. */
+    return !*interval || wq__now_mono() >= wq_load_relaxed(&h->next_snapshot_ns) ||
+           (fsync_groups(q) && listed >= DEFER_MAX);
+}
+
+static void next_due(shmq *q)
+{
+    uint64_t next = wq__now_mono() + (uint64_t)q->g.snapshot_ms * 1000000ull;
+    wq_store_relaxed(&q->hdr->next_snapshot_ns, next);
 }
 
 int wq__store_after(shmq *q)
 {
-    if (!q->g.has_store)
+    bool interval;
+    if (!q->g.has_store || !due(q, &interval))
         return 0;
-    struct wq_hdr *h = q->hdr;
-    uint32_t listed = wq_load_relaxed(&h->sq_count);
-    if (listed == 0)
-        return 0;
-    if (fsync_groups(q) && group_waiting(h))
-        return 0;   /* the waiting adder writes it (see "Fsync groups") */
-    /* NONE: a snapshot every interval. FSYNC: deferred changes, written
-       by the next new key's commit, or here once the interval passed or
-       DEFER_MAX are listed ("Deferred changes"). */
-    if (q->g.durability != WQ_DURABLE_PROCESS) {
-        uint64_t now = wq__now_mono();
-        if (now < wq_load_relaxed(&h->next_snapshot_ns) &&
-            !(fsync_groups(q) && listed >= DEFER_MAX))
-            return 0;
-        wq_store_relaxed(&h->next_snapshot_ns, now + (uint64_t)q->g.snapshot_ms * 1000000ull);
-        int rc = wq__store_flush(q, true);
-        return rc < 0 ? rc : 0;
-    }
-    int rc = wq__store_flush(q, false);
+    if (interval)
+        next_due(q);   /* before the write: other processes' calls skip it */
+    int rc = wq__store_flush(q, interval);
     return rc < 0 ? rc : 0;
+}
+
+void wq__store_idle(shmq *q)
+{
+    bool interval;
+    if (!q->g.has_store || !due(q, &interval))
+        return;
+    /* A busy flusher or region: nothing written, due again at the next
+       tick (the time is not moved). */
+    if (flush(q, true, NULL, 0, true) != -EBUSY && interval)
+        next_due(q);
 }
 
 /* ------------------------------------------------------------------ */
@@ -602,26 +648,26 @@ static size_t rollback(shmq *q, const struct iovec *keys, size_t n)
 }
 
 /*
- * Did a repair drop a key of ours while it waited for its commit? A
+ * Did a repair drop a new key of ours while it waited for its commit? A
  * thorough repair drops an entry whose key is unsound, STORING or not,
- * and the add's later look ("not STORING") cannot tell that from a key
- * stored and then done. A key still in the index was stored (or is a
- * zombie whose removal is pending: stored too). One that is gone while
- * the store queue's epoch moved (only a repair moves it) may never have
- * been: the add must not claim it, so it fails; adding again is safe
- * (a stored key coalesces). No repair in between: gone means done.
+ * and the later look ("not STORING") cannot tell that from a key stored
+ * and since done. Such drops are counted (storing_drops, repair.c); when
+ * one happened since our add and a key of ours is not in the index, it
+ * may never have been stored: the add must not claim it, so it fails
+ * (adding again is safe: a stored key coalesces). A key still in the
+ * index was stored, or is being stored by another adder, who waits.
  */
-static bool lost(shmq *q, const struct iovec *keys, size_t n, uint32_t epoch)
+static bool lost(shmq *q, const struct iovec *keys, size_t n, uint32_t drops)
 {
+    if (__atomic_load_n(&q->hdr->storing_drops, __ATOMIC_ACQUIRE) == drops)
+        return false;   /* the common case: no lock */
     if (wq__lock(q) < 0)
         return false;   /* the flush's verdict stands */
     bool gone = false;
-    if (q->hdr->sq_epoch != epoch) {
-        for (size_t i = 0; i < n && !gone; i++) {
-            const struct iovec *k = &keys[i];
-            uint32_t hash = wq__hash(q->seed, k->iov_base, k->iov_len);
-            gone = wq__table_lookup(q, k->iov_base, k->iov_len, hash) == WQ_NIL;
-        }
+    for (size_t i = 0; i < n && !gone; i++) {
+        const struct iovec *k = &keys[i];
+        uint32_t hash = wq__hash(q->seed, k->iov_base, k->iov_len);
+        gone = wq__table_lookup(q, k->iov_base, k->iov_len, hash) == WQ_NIL;
     }
     wq__unlock(q);
     if (gone)
@@ -632,7 +678,7 @@ static bool lost(shmq *q, const struct iovec *keys, size_t n, uint32_t epoch)
 }
 
 int wq__store_finish_add(shmq *q, const struct iovec *all, size_t nall,
-                         const struct iovec *keys, size_t n, uint32_t epoch, int rc)
+                         const struct iovec *keys, size_t n, uint32_t drops, int rc)
 {
     if (rc < 0 || !q->g.has_store)
         return rc;
@@ -645,7 +691,7 @@ int wq__store_finish_add(shmq *q, const struct iovec *all, size_t nall,
            deferred changes listed, the flush would only take the flush
            lock and a write transaction to find that out. */
         if (wq_load_relaxed(&q->hdr->sq_count) != 0 && (n > 0 || any_storing(q, all, nall)))
-            st = flush(q, false, all, nall);
+            st = flush(q, false, all, nall, false);
         /* Our keys are stored (or failed): deferred changes that are
            due are written now, and their failure is not this add's. */
         st = st < 0 ? st : 0;
@@ -656,7 +702,7 @@ int wq__store_finish_add(shmq *q, const struct iovec *all, size_t nall,
     }
     if (st < 0 && n > 0 && rollback(q, keys, n) > 0)
         return st;   /* not stored: not added, now or later */
-    if (n > 0 && q->g.durability != WQ_DURABLE_NONE && lost(q, keys, n, epoch))
+    if (n > 0 && q->g.durability != WQ_DURABLE_NONE && lost(q, keys, n, drops))
         return st < 0 ? st : -EBADMSG;
     return rc;       /* stored, by us or by a flush of another process */
 }

@@ -36,15 +36,20 @@ int wq__store_flush(struct wq_shm *q, bool all);
 /* After an operation that marked entries: as durable as the queue's
    durability asks. Lock not held. */
 int wq__store_after(struct wq_shm *q);
+/* The same from a lease thread (procs.c), which no call may be waiting
+   for: what is due is written unless a flusher or the region lock is busy
+   (then the next call or tick writes it). Never blocks on the region
+   lock or the flush lock. */
+void wq__store_idle(struct wq_shm *q);
 /* The add epilogue (queue.c's one add path): an add met -WQ_EFLUSH, make
    room (0: try again, or -errno); an add is done with the region (rc):
    make it durable (all: every key of the call), or undo it (keys: the
-   ones it added) if the store refuses. epoch: the store queue's sq_epoch
+   ones it added) if the store refuses. drops: the header's storing_drops
    read under the lock that added them (a repair since may have dropped
    one: -EBADMSG). */
 int wq__store_make_room(struct wq_shm *q, int tries);
 int wq__store_finish_add(struct wq_shm *q, const struct iovec *all, size_t nall,
-                         const struct iovec *keys, size_t n, uint32_t epoch, int rc);
+                         const struct iovec *keys, size_t n, uint32_t drops, int rc);
 
 /* restore.c. wq_open with a store_path, before the region is built:
    resolve the path into abs; an existing store is read and verified into
