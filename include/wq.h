@@ -919,8 +919,8 @@ WQ_API int wq_run_workers_opts(wq *q, unsigned workers, wq_reconcile_fn fn, void
  *                       that key is stored.
  *   WQ_DURABLE_NONE     memory speed; the region is written to the store
  *                       every snapshot_interval_ms (by whichever process
- *                       holds the lock when it is due, or else by an
- *                       attached process's background thread, below)
+ *                       holds the lock when it is due, or else by a
+ *                       background thread, below)
  *                       and by wq_snapshot.
  * Until a new key is in the store (PROCESS, FSYNC) it is invisible: no
  * wq_get hands it out, so a key is never processed without being stored.
@@ -944,9 +944,10 @@ WQ_API int wq_run_workers_opts(wq *q, unsigned workers, wq_reconcile_fn fn, void
  * the changes of a process killed before it wrote them, such as the new
  * key of an adder killed before its commit, which until then nobody can
  * get) is written within about 250 ms by a background thread of any
- * process that has the queue open (the one that also reclaims a dead
- * process's keys, wq_open). It never waits for a lock: when a call holds
- * one, that call, or the next tick, writes.
+ * process that has the queue open and has written to its store before
+ * (the thread that also reclaims a dead process's keys, see PROCESSES).
+ * It never waits for a lock: when a call holds one, that call, or the
+ * next tick, writes.
  *
  * Restore: wq_open with WQ_CREATE on a missing region and a store that
  * holds keys builds the new region from the store before anyone can see

@@ -160,13 +160,13 @@ struct wq_hdr {
                                              without it by the coalesced add,
                                              which then leaves the add to that
                                              locker */
-    uint32_t storing_drops;               /* lock to write (repair.c); entries
+    uint32_t storing_drops;               /* lock (repair.c, store.c): entries
                                              a repair dropped while their new
                                              key awaited its store commit
-                                             (STORING): read without it by
-                                             that key's adder (store.c). Zero
-                                             in regions of earlier builds of
-                                             this layout, which never count */
+                                             (STORING). Rarely written: a line
+                                             of read-mostly fields suits it.
+                                             Zero in regions of earlier builds
+                                             of this layout, which never count */
     char pad_rm[WQ_ALIGN - 3 * sizeof(uint32_t)];
 
     pthread_mutex_t lock;                 /* robust, process-shared */

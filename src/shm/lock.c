@@ -76,13 +76,15 @@ static int recover(shmq *q)
 
 /* A mutation left half done, or a structure a holder found damaged:
    repaired, and counted as recover()'s repairs are (wq_stats). A repair
-   that failed is not counted: the next locker tries again. */
+   that failed is not counted: the next locker tries again. (wq__repair
+   returns the violations it found and fixed, often more than 0.) */
 static int damage(shmq *q)
 {
     int rc = wq__repair(q, true, q->hdr->corrupt != 0, NULL, NULL);
-    if (rc == 0)
-        q->hdr->repairs_total++;
-    return rc;
+    if (rc < 0)
+        return rc;
+    q->hdr->repairs_total++;
+    return 0;
 }
 
 static void release(shmq *q)

@@ -44,6 +44,8 @@ struct wq_lease {
     pthread_cond_t cv;          /* CLOCK_MONOTONIC */
     pthread_mutex_t *target;
     int state;
+    int stop;                   /* set (atomically) before the join: an idle
+                                   write waiting for the region lock gives up */
     int err;
     shmq *q;                    /* set once registered: the idle reaper's */
 };
@@ -105,7 +107,7 @@ static void *lease_main(void *arg)
             shmq *q = l->q;
             pthread_mutex_unlock(&l->mu);
             idle_reap(q);
-            wq__store_idle(q);
+            wq__store_idle(q, &l->stop);
             pthread_mutex_lock(&l->mu);
         }
     }
@@ -118,6 +120,7 @@ static void *lease_main(void *arg)
 static void lease_stop(struct wq_lease *l)
 {
     pthread_mutex_lock(&l->mu);
+    __atomic_store_n(&l->stop, 1, __ATOMIC_RELEASE);
     l->state = LEASE_STOP;
     pthread_cond_broadcast(&l->cv);
     pthread_mutex_unlock(&l->mu);

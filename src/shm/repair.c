@@ -212,12 +212,12 @@ static void check_procs(struct ctx *c)
 /* Pass over the entries: normalise states. */
 /* Apply: an entry in state st is dropped. A new key awaiting its store
    commit is counted for its adder, which would otherwise take "no longer
-   STORING" for "stored" (store.c, lost()); the release orders the count
-   before the store queue's rebuild that follows. */
+   STORING" for "stored" (store.c, lost(), which reads the count under
+   the lock, as we write it). */
 static void dropped(struct ctx *c, uint16_t st)
 {
     if (c->apply && (st & WQ_ST_STORING))
-        __atomic_fetch_add(&c->q->hdr->storing_drops, 1, __ATOMIC_RELEASE);
+        c->q->hdr->storing_drops++;
 }
 
 static void check_entries(struct ctx *c)
@@ -285,13 +285,13 @@ static void check_entries(struct ctx *c)
     }
 }
 
-static void dup_key(void *cv, uint32_t idx, uint32_t other)
+static void dup_key(void *cv, uint32_t idx, uint32_t other, uint16_t st)
 {
     struct ctx *c = cv;
     violation(c, "entry %u: same key as entry %u, dropped", idx, other);
     struct wq_entry *e = wq__entry(c->q, idx);
-    dropped(c, e->state);
-    wq__entry_renew(c->q, e);   /* its state goes to 0 next; its block back */
+    dropped(c, st);
+    wq__entry_renew(c->q, e);   /* its state is 0 now; its block goes back */
     if (e->keylen > WQ_KEY_INLINE)
         wq__keys_unmark(c->kmap, e->k.block, e->keylen);
 }

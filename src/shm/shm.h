@@ -207,7 +207,7 @@ int wq__lock_lookup(shmq *q, const void *key, size_t len, uint32_t *idx);
 int wq__table_grow(shmq *q, uint32_t need);
 /* Repair: build the index afresh from the entries, sized for those
    used; -ENOSPC if its pages are refused. */
-int wq__table_rebuild(shmq *q, void (*dup)(void *c, uint32_t idx, uint32_t other),
+int wq__table_rebuild(shmq *q, void (*dup)(void *c, uint32_t idx, uint32_t other, uint16_t st),
                       void *c);
 
 /* Sizes of a table that doubles (the index, the ring): powers of two

@@ -145,7 +145,8 @@ int wq__table_grow(shmq *q, uint32_t need)
     return 0;
 }
 
-int wq__table_rebuild(shmq *q, void (*dup)(void *c, uint32_t idx, uint32_t other), void *c)
+int wq__table_rebuild(shmq *q, void (*dup)(void *c, uint32_t idx, uint32_t other, uint16_t st),
+                      void *c)
 {
     WQ_ASSERT_LOCKED(q);
     enum { AHEAD = 16 };
@@ -169,8 +170,9 @@ int wq__table_rebuild(shmq *q, void (*dup)(void *c, uint32_t idx, uint32_t other
         const unsigned char *k = wq__key(q, e);
         uint32_t other = k ? wq__table_lookup(q, k, e->keylen, e->hash) : WQ_CORRUPT;
         if (other != WQ_NIL) {
-            dup(c, idx, other);   /* sees the state it had */
+            uint16_t st = e->state;
             wq_store_release(&e->state, 0);
+            dup(c, idx, other, st);
             continue;
         }
         if ((rc = put(q->index, slots, idx, e->hash)) < 0)

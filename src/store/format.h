@@ -125,6 +125,10 @@ struct wq_item {
 int wq__lmdb_err(int rc);
 int wq__store_mkdir(const char *path, mode_t mode);
 int wq__lmdb_env(const char *path, mode_t mode, bool create, struct wq_env **out);
+/* The environment this process already opened for path, or -ENOENT:
+   never opens one (an open verifies the store, with LMDB's writer lock
+   and perhaps a child process: too much for a lease thread). */
+int wq__lmdb_env_cached(const char *path, struct wq_env **out);
 int wq__lmdb_txn(struct wq_env *e, unsigned flags, MDB_txn **txn);
 int wq__lmdb_grow(struct wq_env *e);
 /* A read transaction on the newest snapshot, with that snapshot's info

@@ -36,6 +36,40 @@
 static pthread_mutex_t envs_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct wq_env *envs;
 
+/* A fork while another thread (a lease thread's write, say) holds envs_mu
+   would leave the child's copy locked for good: the child starts with a
+   fresh one. (Not held across the fork: the env open below forks while
+   holding it, tail_free.) The list stays readable: it changes by single
+   pointer stores, and the child uses only the environments it opens. */
+static void envs_child(void)
+{
+    pthread_mutex_init(&envs_mu, NULL);
+}
+
+static void envs_fork_setup(void)
+{
+    pthread_atfork(NULL, NULL, envs_child);
+}
+
+static void envs_init(void)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, envs_fork_setup);
+}
+
+int wq__lmdb_env_cached(const char *path, struct wq_env **out)
+{
+    pid_t me = getpid();
+    envs_init();
+    pthread_mutex_lock(&envs_mu);
+    struct wq_env *e = envs;
+    while (e && !(e->pid == me && strcmp(e->path, path) == 0))
+        e = e->next;
+    pthread_mutex_unlock(&envs_mu);
+    *out = e;
+    return e ? 0 : -ENOENT;
+}
+
 int wq__lmdb_err(int rc)
 {
     switch (rc) {
@@ -243,6 +277,7 @@ int wq__store_mkdir(const char *path, mode_t mode)
 int wq__lmdb_env(const char *path, mode_t mode, bool create, struct wq_env **out)
 {
     pid_t me = getpid();
+    envs_init();
     pthread_mutex_lock(&envs_mu);
     for (struct wq_env *e = envs; e; e = e->next) {
         if (e->pid == me && strcmp(e->path, path) == 0) {

@@ -349,21 +349,21 @@ static bool any_storing(shmq *q, const struct iovec *keys, size_t n)
  * nothing was left, or -errno: -EBADMSG when the store queue is damaged
  * (flagged: the next lock rebuilds it).
  */
-/* How long a background flush (wq__store_idle) tries for the region
-   lock after its commit before it leaves its records listed. */
-#define BG_SETTLE_NS (20ull * 1000 * 1000)
-
-/* The region lock for a flush. A background one never waits for it: the
-   lease thread runs it, and its handle's thread holds the region lock
-   while it stops that thread (procs.c). `until`: keep trying until then
-   (a monotonic time), 0: try once. */
-static int region_lock(shmq *q, bool bg, uint64_t until)
+/* The region lock for a flush. A background one (stop: not NULL, see
+   wq__store_idle) never blocks on it: the lease thread runs it, and its
+   handle's thread holds the region lock while it stops that thread
+   (procs.c). Before its commit it tries once (-EBUSY: nothing done);
+   after (retry), it tries until it has it or *stop is set: settling
+   late is fine, giving up leaves committed records listed, which the
+   next flush writes again (as after a flusher killed there), and meanwhile
+   a key whose add then failed could come back from the store. */
+static int region_lock(shmq *q, const int *stop, bool retry)
 {
-    if (!bg)
+    if (!stop)
         return wq__lock(q);
     for (;;) {
         int rc = wq__lock_try(q);
-        if (rc != -EBUSY || wq__now_mono() >= until)
+        if (rc != -EBUSY || !retry || __atomic_load_n(stop, __ATOMIC_ACQUIRE))
             return rc;
         struct timespec ts = { 0, 200 * 1000 };
         nanosleep(&ts, NULL);
@@ -371,7 +371,7 @@ static int region_lock(shmq *q, bool bg, uint64_t until)
 }
 
 static int flush_round(shmq *q, struct wq_env *e, int *written, const struct iovec *mine,
-                       size_t nmine, bool bg)
+                       size_t nmine, const int *stop)
 {
     struct wq_hdr *h = q->hdr;
     MDB_txn *txn;
@@ -381,7 +381,7 @@ static int flush_round(shmq *q, struct wq_env *e, int *written, const struct iov
     struct wq_item *items = NULL;
     unsigned char *buf = NULL;
     uint32_t n = 0, epoch;
-    if ((rc = region_lock(q, bg, 0)) < 0)
+    if ((rc = region_lock(q, stop, false)) < 0)
         goto abort;
     epoch = h->sq_epoch;
     uint32_t count = h->sq_count < BATCH_MAX ? h->sq_count : BATCH_MAX;
@@ -487,9 +487,7 @@ static int flush_round(shmq *q, struct wq_env *e, int *written, const struct iov
         wq_store_relaxed(&q->sync_ns, old ? (old * 7 + d) / 8 : d);
     }
     txn = NULL;
-    /* Not settled (the lock refused): the records stay listed, and the
-       next flush writes them again, as after a flusher killed here. */
-    if ((rc = region_lock(q, bg, wq__now_mono() + BG_SETTLE_NS)) < 0)
+    if ((rc = region_lock(q, stop, true)) < 0)
         goto out;
     bool queued = false;
     /* A settle that finds the region corrupt leaves it for the next
@@ -521,25 +519,36 @@ out:
  * of records written or a negative errno. Never called with the region
  * lock held.
  */
-static int flush(shmq *q, bool all, const struct iovec *mine, size_t nmine, bool bg)
+static int flush(shmq *q, bool all, const struct iovec *mine, size_t nmine, const int *stop)
 {
     if (!q->g.has_store)
         return 0;
     struct wq_env *e;
-    int rc = wq__lmdb_env(q->g.store_path, (mode_t)q->g.mode, false, &e);
-    if (rc < 0)
-        return rc;
-    int written = 0;
-    /* Order: flush lock, LMDB's writer lock, region lock. */
-    int lr = bg ? pthread_mutex_trylock(&q->hdr->flush_lock)
-                : pthread_mutex_lock(&q->hdr->flush_lock);
+    int rc, written = 0;
+    /* Order: flush lock, LMDB's writer lock, region lock. A background
+       flush takes the flush lock first, and only then LMDB's writer lock:
+       every other holder of that lock then finishes without the region
+       lock. It writes only through an environment this process has open
+       (opening one takes LMDB's writer lock, held by whoever pleases). */
+    int lr;
+    if (stop) {
+        lr = pthread_mutex_trylock(&q->hdr->flush_lock);
+    } else {
+        if ((rc = wq__lmdb_env(q->g.store_path, (mode_t)q->g.mode, false, &e)) < 0)
+            return rc;
+        lr = pthread_mutex_lock(&q->hdr->flush_lock);
+    }
     if (lr == EOWNERDEAD)   /* a flusher died: nothing to repair here */
         pthread_mutex_consistent(&q->hdr->flush_lock);
     else if (lr != 0)
         return -lr;   /* EBUSY: a background flush leaves it to that flusher */
+    if (stop && (rc = wq__lmdb_env_cached(q->g.store_path, &e)) < 0) {
+        pthread_mutex_unlock(&q->hdr->flush_lock);
+        return -EBUSY;   /* this process has not written: one that has will */
+    }
     bool repaired = false;
     for (int rounds = 0; rounds < 1000000; rounds++) {
-        rc = flush_round(q, e, &written, mine, nmine, bg);
+        rc = flush_round(q, e, &written, mine, nmine, stop);
         if (rc == -ENOSPC) {
             if ((rc = wq__lmdb_grow(e)) < 0)
                 break;
@@ -560,7 +569,7 @@ static int flush(shmq *q, bool all, const struct iovec *mine, size_t nmine, bool
 
 int wq__store_flush(shmq *q, bool all)
 {
-    return flush(q, all, NULL, 0, false);
+    return flush(q, all, NULL, 0, NULL);
 }
 
 /* Is what the store queue lists due to be written now? "Deferred
@@ -599,14 +608,14 @@ int wq__store_after(shmq *q)
     return rc < 0 ? rc : 0;
 }
 
-void wq__store_idle(shmq *q)
+void wq__store_idle(shmq *q, const int *stop)
 {
     bool interval;
     if (!q->g.has_store || !due(q, &interval))
         return;
     /* A busy flusher or region: nothing written, due again at the next
        tick (the time is not moved). */
-    if (flush(q, true, NULL, 0, true) != -EBUSY && interval)
+    if (flush(q, true, NULL, 0, stop) != -EBUSY && interval)
         next_due(q);
 }
 
@@ -648,26 +657,30 @@ static size_t rollback(shmq *q, const struct iovec *keys, size_t n)
 }
 
 /*
- * Did a repair drop a new key of ours while it waited for its commit? A
+ * Did a repair drop a key of the call while it waited for its commit? A
  * thorough repair drops an entry whose key is unsound, STORING or not,
  * and the later look ("not STORING") cannot tell that from a key stored
  * and since done. Such drops are counted (storing_drops, repair.c); when
- * one happened since our add and a key of ours is not in the index, it
- * may never have been stored: the add must not claim it, so it fails
- * (adding again is safe: a stored key coalesces). A key still in the
- * index was stored, or is being stored by another adder, who waits.
+ * one happened since our add, a key of the call (ours, or another
+ * adder's we coalesced into) that is not live in the index (gone, or
+ * only a zombie or an idle entry of an earlier add) may never have been
+ * stored: the add must not claim it, so it fails (adding again is safe:
+ * a stored key coalesces). Read under the lock, as repair writes it.
  */
 static bool lost(shmq *q, const struct iovec *keys, size_t n, uint32_t drops)
 {
-    if (__atomic_load_n(&q->hdr->storing_drops, __ATOMIC_ACQUIRE) == drops)
-        return false;   /* the common case: no lock */
     if (wq__lock(q) < 0)
         return false;   /* the flush's verdict stands */
     bool gone = false;
-    for (size_t i = 0; i < n && !gone; i++) {
-        const struct iovec *k = &keys[i];
-        uint32_t hash = wq__hash(q->seed, k->iov_base, k->iov_len);
-        gone = wq__table_lookup(q, k->iov_base, k->iov_len, hash) == WQ_NIL;
+    if (q->hdr->storing_drops != drops) {
+        for (size_t i = 0; i < n && !gone; i++) {
+            const struct iovec *k = &keys[i];
+            uint32_t hash = wq__hash(q->seed, k->iov_base, k->iov_len);
+            uint32_t idx = wq__table_lookup(q, k->iov_base, k->iov_len, hash);
+            gone = idx >= q->nent ||
+                   !(wq__st(wq__entry(q, idx)) & (WQ_ST_DIRTY | WQ_ST_QUEUED | WQ_ST_PROCESSING |
+                                                  WQ_ST_WAITING | WQ_ST_STORING));
+        }
     }
     wq__unlock(q);
     if (gone)
@@ -691,7 +704,7 @@ int wq__store_finish_add(shmq *q, const struct iovec *all, size_t nall,
            deferred changes listed, the flush would only take the flush
            lock and a write transaction to find that out. */
         if (wq_load_relaxed(&q->hdr->sq_count) != 0 && (n > 0 || any_storing(q, all, nall)))
-            st = flush(q, false, all, nall, false);
+            st = flush(q, false, all, nall, NULL);
         /* Our keys are stored (or failed): deferred changes that are
            due are written now, and their failure is not this add's. */
         st = st < 0 ? st : 0;
@@ -702,7 +715,7 @@ int wq__store_finish_add(shmq *q, const struct iovec *all, size_t nall,
     }
     if (st < 0 && n > 0 && rollback(q, keys, n) > 0)
         return st;   /* not stored: not added, now or later */
-    if (n > 0 && q->g.durability != WQ_DURABLE_NONE && lost(q, keys, n, drops))
+    if (q->g.durability != WQ_DURABLE_NONE && lost(q, all, nall, drops))
         return st < 0 ? st : -EBADMSG;
     return rc;       /* stored, by us or by a flush of another process */
 }

@@ -38,9 +38,10 @@ int wq__store_flush(struct wq_shm *q, bool all);
 int wq__store_after(struct wq_shm *q);
 /* The same from a lease thread (procs.c), which no call may be waiting
    for: what is due is written unless a flusher or the region lock is busy
-   (then the next call or tick writes it). Never blocks on the region
-   lock or the flush lock. */
-void wq__store_idle(struct wq_shm *q);
+   or this process never opened the store (then a call or a later tick
+   writes it). Never blocks on the region lock or the flush lock; gives up
+   waiting for the region lock once *stop (read atomically) is set. */
+void wq__store_idle(struct wq_shm *q, const int *stop);
 /* The add epilogue (queue.c's one add path): an add met -WQ_EFLUSH, make
    room (0: try again, or -errno); an add is done with the region (rc):
    make it durable (all: every key of the call), or undo it (keys: the
