@@ -978,8 +978,14 @@ static void test_store_add_dropped(void **state)
     int fixed = -1;
     bool gone = false;
     if (e && coalesced) {
+        uint64_t repairs = s->hdr->repairs_total;
         e->keylen = 0xffff;   /* damage: the repair drops the entry */
-        fixed = wq_check(q, WQ_CHECK_REPAIR);   /* violations found, then repaired */
+        /* Violations found, then repaired; or none left, when a locker
+           (a lease thread's tick) met the damage first and repaired it
+           (CI's valgrind run saw 0 here). */
+        fixed = wq_check(q, WQ_CHECK_REPAIR);
+        if (fixed == 0 && s->hdr->repairs_total > repairs)
+            fixed = 1;
         gone = entry_of(q, "victim") == NULL;
     }
     assert_int_equal(pthread_mutex_unlock(&s->hdr->flush_lock), 0);
