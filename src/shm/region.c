@@ -382,6 +382,28 @@ static int grow_fail(shmq *q, int rc, const char *what, uint32_t to, uint64_t by
     return rc;
 }
 
+/* Map the pages of [off, off + len) of the region in one call: the
+   caller writes them all at once, and a fault per page is slow in a VM
+   (doubling the index at 1M keys, to 4M slots, took 42 ms instead of
+   139 on the 2-vCPU VM). Only an optimisation: kernels before 5.14 lack
+   it, and the faults happen then. */
+static void populate(const shmq *q, uint64_t off, uint64_t len)
+{
+    uint64_t start = off & ~(uint64_t)4095;
+    (void)madvise(q->base + start, (size_t)align_up(off + len - start, 4096),
+                  MADV_POPULATE_WRITE);
+}
+
+/* reserve(), in q's region; a restore then writes every page it reserves
+   at once, so they are mapped too. */
+static int reserve_in(const shmq *q, uint64_t off, uint64_t len)
+{
+    int rc = reserve(q->fd, off, len);
+    if (rc == 0 && len > 0 && q->restoring)
+        populate(q, off, len);
+    return rc;
+}
+
 /* Reserve entries [from, to) with their heap and fair slots; the bytes
    per entry in *unit. */
 static int reserve_entries(const shmq *q, uint32_t from, uint32_t to, uint64_t *unit)
@@ -399,7 +421,7 @@ static int reserve_entries(const shmq *q, uint32_t from, uint32_t to, uint64_t *
     for (int i = 0; i < 5; i++) {
         *unit += part[i].size;
         if (rc == 0 && to > from)
-            rc = reserve(q->fd, part[i].off + from * part[i].size, (to - from) * part[i].size);
+            rc = reserve_in(q, part[i].off + from * part[i].size, (to - from) * part[i].size);
     }
     return rc;
 }
@@ -407,13 +429,13 @@ static int reserve_entries(const shmq *q, uint32_t from, uint32_t to, uint64_t *
 static int reserve_results(const shmq *q, uint32_t from, uint32_t to)
 {
     uint64_t unit = sizeof(struct wq_rslot);
-    return to > from ? reserve(q->fd, q->g.off_results + from * unit, (to - from) * unit) : 0;
+    return to > from ? reserve_in(q, q->g.off_results + from * unit, (to - from) * unit) : 0;
 }
 
 static int reserve_keys(const shmq *q, uint32_t from, uint32_t to)
 {
-    return to > from ? reserve(q->fd, q->g.off_keys + (uint64_t)from * WQ_KEY_GRAIN,
-                               (uint64_t)(to - from) * WQ_KEY_GRAIN) : 0;
+    return to > from ? reserve_in(q, q->g.off_keys + (uint64_t)from * WQ_KEY_GRAIN,
+                                  (uint64_t)(to - from) * WQ_KEY_GRAIN) : 0;
 }
 
 enum sect { S_ENT, S_RES, S_KEY };
@@ -470,11 +492,7 @@ int wq__region_reserve_area(shmq *q, bool ring, unsigned area, uint32_t slots)
            : reserve(q->fd, off, bytes);
     if (rc < 0)
         return grow_fail(q, rc, ring ? "ring slots" : "index slots", slots, bytes);
-    /* The caller writes there now: mapping the pages in one call
-       instead of taking a fault per page (slow in a VM) made the doubling
-       at 1M keys (to 4M slots) 42 ms instead of 139 on the 2-vCPU VM.
-       Kernels before 5.14 lack it: the faults happen then. */
-    (void)madvise(q->base + off, (size_t)align_up(bytes, 4096), MADV_POPULATE_WRITE);
+    populate(q, off, bytes);   /* the caller writes there now */
     return 0;
 }
 

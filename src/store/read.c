@@ -394,6 +394,15 @@ static void describe(char *out, size_t cap, const unsigned char *key, size_t len
     snprintf(out + n, cap - n, "%s'", len > 40 ? "..." : "");
 }
 
+/* Map the pages of a buffer about to be filled, in one call: a fault per
+   page is slow in a VM (a million records are 100 MB). Kernels before
+   5.14 lack it: the faults happen then. */
+static void populate(void *p, size_t len)
+{
+    uintptr_t a = (uintptr_t)p & ~(uintptr_t)4095;
+    (void)madvise((void *)a, (uintptr_t)p + len - a, MADV_POPULATE_WRITE);
+}
+
 /* Decode the frames of fd's content [start, end): records appended to
    img->recs. Returns F_END, F_FAIL (with why) or 0 (cut short: the child
    died), and the key of the last record read in *last. */
@@ -402,6 +411,8 @@ static int parse(struct wq_store_img *img, const unsigned char *p, size_t start,
 {
     size_t off = start;
     while (off + 5 <= end) {
+        /* Ahead of the walk: the prefetchers stop at each page's end. */
+        __builtin_prefetch(p + off + 1024);
         char type = (char)p[off];
         uint32_t len;
         memcpy(&len, p + off + 1, 4);
@@ -419,11 +430,15 @@ static int parse(struct wq_store_img *img, const unsigned char *p, size_t start,
                    a million records by doubling copies them twice over. */
                 if (img->meta.version >= WQ_STORE_VERSION && img->cap == 0 &&
                     img->meta.records < (1u << 31)) {
-                    size_t nc = (size_t)img->meta.records + 16;
+                    /* No more than the frames read could hold: the
+                       buffer is mapped in at once. */
+                    size_t most = (end - off) / (5 + 4 + 10 + WQ_REC1_SIZE + 1);
+                    size_t nc = (size_t)(img->meta.records < most ? img->meta.records : most) + 16;
                     struct wq_srec *nr = malloc(nc * sizeof *nr);
                     if (nr) {
                         img->recs = nr;
                         img->cap = nc;
+                        populate(nr, nc * sizeof *nr);
                     }
                 }
             } else {
@@ -469,8 +484,8 @@ static int parse(struct wq_store_img *img, const unsigned char *p, size_t start,
                 break;
             }
             memcpy(r->lkey, d + 4, 10);
-            r->key_off = (size_t)(key - p);   /* the map moves: offsets */
-            r->msg_off = (size_t)((const unsigned char *)msg - p);
+            r->key = key;
+            r->msg = msg;
             img->v1 |= r->v1;
             img->n++;
             break;
@@ -504,6 +519,26 @@ static bool advance(unsigned char k[10], unsigned bits)
     return carry == 0;
 }
 
+/* Map fd's content, now size bytes, as img->map: the records read so far
+   point into the old map (a salvage's walk restarts and appends). */
+static int remap(struct wq_store_img *img, int fd, size_t size)
+{
+    /* Populated: a fault per page is slow in a VM. */
+    unsigned char *m = mmap(NULL, size, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
+    if (m == MAP_FAILED)
+        return -errno;
+    if (img->map) {
+        for (size_t i = 0; i < img->n; i++) {
+            img->recs[i].key = m + (img->recs[i].key - img->map);
+            img->recs[i].msg = (const char *)m + (img->recs[i].msg - (const char *)img->map);
+        }
+        munmap(img->map, img->map_len);
+    }
+    img->map = m;
+    img->map_len = size;
+    return 0;
+}
+
 int wq__store_read(const char *dir, struct wq_store_img *img, char *why, size_t wn)
 {
     why[0] = 0;
@@ -526,14 +561,10 @@ int wq__store_read(const char *dir, struct wq_store_img *img, char *why, size_t 
         }
         size_t size = (size_t)sb.st_size;
         int end = 0;
+        if (size > parsed && (rc = remap(img, fd, size)) < 0)
+            break;
         if (size > parsed) {
-            unsigned char *m = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
-            if (m == MAP_FAILED) {
-                rc = -errno;
-                break;
-            }
-            end = parse(img, m, parsed, size, why, wn, last, &have_last);
-            munmap(m, size);
+            end = parse(img, img->map, parsed, size, why, wn, last, &have_last);
             parsed = size;
         }
         if (end == F_END && rc == 0) {
@@ -560,11 +591,15 @@ int wq__store_read(const char *dir, struct wq_store_img *img, char *why, size_t 
             why[0] = 0;
             continue;
         } else {
-            bits = bits == 0 ? 16 : bits + 8;
+            /* Ever larger skips, up to 1/256 of the key space; then
+               that step again until the walk is past the damage (a
+               leaf of a big store spans more than 1/256 of it: stopping
+               there lost every record behind it). */
+            bits = bits == 0 ? 16 : bits < 72 ? bits + 8 : 72;
         }
         have_from = true;
-        if (bits > 72 || !advance(from, bits))
-            break;
+        if (!advance(from, bits))
+            break;   /* past the end of the key space */
         why[0] = 0;
     }
     if (!done && !img->salvage) {
@@ -572,20 +607,6 @@ int wq__store_read(const char *dir, struct wq_store_img *img, char *why, size_t 
         return rc < 0 ? rc : -EUCLEAN;
     }
     img->complete = done;
-    struct stat sb;
-    if (fstat(fd, &sb) == 0 && sb.st_size > 0) {
-        img->map_len = (size_t)sb.st_size;
-        img->map = mmap(NULL, img->map_len, PROT_READ, MAP_PRIVATE, fd, 0);
-        if (img->map == MAP_FAILED) {
-            img->map = NULL;
-            close(fd);
-            return -errno;
-        }
-        for (size_t i = 0; i < img->n; i++) {
-            img->recs[i].key = img->map + img->recs[i].key_off;
-            img->recs[i].msg = (const char *)img->map + img->recs[i].msg_off;
-        }
-    }
     close(fd);
     return 0;
 }

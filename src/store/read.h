@@ -16,8 +16,7 @@ struct wq_srec {
     struct wq_rec r;
     unsigned char lkey[10];
     bool v1;                       /* a version 1 record (no checksum) */
-    size_t key_off, msg_off;       /* into the map (it moves while reading) */
-    const unsigned char *key;
+    const unsigned char *key;      /* into the map */
     const char *msg;
 };
 

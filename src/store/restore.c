@@ -363,49 +363,61 @@ static int by_order(const void *a, const void *b)
     return x->order < y->order ? -1 : x->order > y->order;
 }
 
-/* One verified record into the (unpublished) region. */
-static int restore_one(shmq *view, const struct wq_srec *l, uint64_t mono, uint64_t real)
+/* A verified record where the reader left it (read.c's map): its header
+   (a version 1 header is the same but for the checksum, last), key and
+   message are contiguous. */
+static const unsigned char *raw(const struct wq_srec *sr)
 {
-    if (l->r.cls == WQ_CLS_IDLE && !l->r.failures && !l->r.has_result)
+    return sr->key - (sr->v1 ? WQ_REC1_SIZE : sizeof(struct wq_rec));
+}
+
+/* One verified record (raw) into the (unpublished) region; hash: its key's. */
+static int restore_one(shmq *view, const unsigned char *rec, uint32_t hash, uint64_t mono,
+                       uint64_t real)
+{
+    struct wq_rec r;
+    memcpy(&r, rec, WQ_REC1_SIZE);   /* every field but the checksum */
+    const unsigned char *key = rec + (r.magic == WQ_REC_MAGIC1 ? WQ_REC1_SIZE : sizeof r);
+    const char *msg = (const char *)key + r.keylen;
+    if (r.cls == WQ_CLS_IDLE && !r.failures && !r.has_result)
         return 0;   /* nothing to keep (never written so; takes no entry) */
-    if (l->r.keylen > view->max_key_len)
+    if (r.keylen > view->max_key_len)
         return store_err(-EUCLEAN, view->g.store_path, "holds a key of %u bytes, longer "
-                         "than the queue's max_key_len %u", l->r.keylen, view->max_key_len);
-    uint32_t hash = wq__hash(view->seed, l->key, l->r.keylen);
-    if (wq__table_lookup(view, l->key, l->r.keylen, hash) != WQ_NIL)
+                         "than the queue's max_key_len %u", r.keylen, view->max_key_len);
+    if (wq__table_lookup(view, key, r.keylen, hash) != WQ_NIL)
         return store_err(-EUCLEAN, view->g.store_path, "holds one key twice");
     int rc = 0;
-    uint32_t idx = wq__entry_new(view, l->key, l->r.keylen, hash, &rc);
+    uint32_t idx = wq__entry_new(view, key, r.keylen, hash, &rc);
     if (rc == -WQ_EFLUSH)   /* every entry taken, some by idle keys */
         rc = -ENOSPC;
     if (idx == WQ_NIL)   /* full, or no room in /dev/shm (said by region.c) */
         return rc == -ENOSPC && view->hdr->e_fresh >= view->capacity ? store_err(rc, view->g.store_path, "holds more keys than the "
                                          "queue's capacity %u", view->capacity) : rc;
     struct wq_entry *en = wq__entry(view, idx);
-    en->failures = l->r.failures;
+    en->failures = r.failures;
     if (view->fair)
-        view->fx[idx].prio = l->r.prio;
+        view->fx[idx].prio = r.prio;
     uint16_t state;
-    if (l->r.cls == WQ_CLS_PENDING) {
+    if (r.cls == WQ_CLS_PENDING) {
         en->t_b = mono;
         state = WQ_ST_DIRTY | WQ_ST_QUEUED;
-    } else if (l->r.cls == WQ_CLS_WAITING && l->r.ready_wall_ns > real) {
-        en->t_b = mono + (l->r.ready_wall_ns - real);
+    } else if (r.cls == WQ_CLS_WAITING && r.ready_wall_ns > real) {
+        en->t_b = mono + (r.ready_wall_ns - real);
         state = WQ_ST_WAITING;
-    } else if (l->r.cls == WQ_CLS_WAITING) {
+    } else if (r.cls == WQ_CLS_WAITING) {
         en->t_b = mono;   /* its delay ran out while we were away */
         state = WQ_ST_DIRTY | WQ_ST_QUEUED;
     } else {
         state = WQ_ST_RETAINED;
     }
-    if (l->r.has_result) {
-        char msg[256];
-        memcpy(msg, l->msg, l->r.msglen);
-        msg[l->r.msglen] = 0;
-        if ((rc = wq__result_room(view, idx, msg)) < 0 ||
-            (rc = wq__result_record(view, idx, l->r.code, msg)) < 0)
+    if (r.has_result) {
+        char m[256];
+        memcpy(m, msg, r.msglen);
+        m[r.msglen] = 0;
+        if ((rc = wq__result_room(view, idx, m)) < 0 ||
+            (rc = wq__result_record(view, idx, r.code, m)) < 0)
             return rc;
-        view->rslots[en->rslot].updated_ns = l->r.updated_ns;
+        view->rslots[en->rslot].updated_ns = r.updated_ns;
     }
     if (state == WQ_ST_RETAINED)
         return wq__entry_restore_idle(view, idx);
@@ -414,15 +426,19 @@ static int restore_one(shmq *view, const struct wq_srec *l, uint64_t mono, uint6
 }
 
 /*
- * The records' indices in first-add order. Orders are handed out by a
+ * The records (raw) in first-add order. Orders are handed out by a
  * counter, so they are nearly dense: when their range is small, each
- * index goes straight to its slot (O(n)); otherwise they are sorted.
+ * record goes straight to its slot (O(n), reading the records in the
+ * order read.c filed them); otherwise they are sorted. The restore then
+ * never reads img->recs again: a million records visited in add order
+ * are a random walk through 90 MB, and in a VM each page walk of it
+ * costs as much as a cache miss.
  */
-static struct rank *in_order(const struct wq_store_img *img)
+static const unsigned char **in_order(const struct wq_store_img *img)
 {
     size_t n = img->n;
-    struct rank *rank = malloc((n ? n : 1) * sizeof *rank);
-    if (!rank)
+    const unsigned char **seq = malloc((n ? n : 1) * sizeof *seq);
+    if (!seq)
         return NULL;
     uint64_t lo = UINT64_MAX, hi = 0;
     for (size_t i = 0; i < n; i++) {
@@ -430,55 +446,88 @@ static struct rank *in_order(const struct wq_store_img *img)
         lo = o < lo ? o : lo;
         hi = o > hi ? o : hi;
     }
-    uint32_t *slot = NULL;
+    const unsigned char **slot = NULL;
     if (n > 0 && hi - lo < 4 * (uint64_t)n + 1024)
-        slot = malloc((size_t)(hi - lo + 1) * sizeof *slot);
+        slot = calloc((size_t)(hi - lo + 1), sizeof *slot);
     if (slot) {
-        memset(slot, 0xff, (size_t)(hi - lo + 1) * sizeof *slot);
         bool dup = false;
         for (size_t i = 0; i < n; i++) {
-            uint32_t *s = &slot[img->recs[i].r.order - lo];
-            dup |= *s != UINT32_MAX;
-            *s = (uint32_t)i;
+            const unsigned char **s = &slot[img->recs[i].r.order - lo];
+            dup |= *s != NULL;
+            *s = raw(&img->recs[i]);
         }
         size_t k = 0;
         for (uint64_t o = 0; o <= hi - lo && !dup; o++)
-            if (slot[o] != UINT32_MAX) {
-                rank[k].order = lo + o;
-                rank[k++].idx = slot[o];
-            }
+            if (slot[o])
+                seq[k++] = slot[o];
         free(slot);
         if (!dup)
-            return rank;   /* else (two records, one order) sort them all */
+            return seq;   /* else (two records, one order) sort them all */
+    }
+    struct rank *rank = malloc((n ? n : 1) * sizeof *rank);
+    if (!rank) {
+        free(seq);
+        return NULL;
     }
     for (size_t i = 0; i < n; i++) {
         rank[i].order = img->recs[i].r.order;
         rank[i].idx = (uint32_t)i;
     }
     qsort(rank, n, sizeof *rank, by_order);
-    return rank;
+    for (size_t i = 0; i < n; i++)
+        seq[i] = raw(&img->recs[rank[i].idx]);
+    free(rank);
+    return seq;
+}
+
+/* The hash of a raw record's key. */
+static uint32_t raw_hash(const shmq *view, const unsigned char *rec)
+{
+    struct wq_rec r;
+    memcpy(&r, rec, WQ_REC1_SIZE);
+    size_t hdr = r.magic == WQ_REC_MAGIC1 ? WQ_REC1_SIZE : sizeof r;
+    return wq__hash(view->seed, rec + hdr, r.keylen);
 }
 
 int wq__store_restore(shmq *view, struct wq_store_img *img)
 {
-    struct rank *rank = in_order(img);
-    if (!rank)
+    const unsigned char **seq = in_order(img);
+    if (!seq)
         return -ENOMEM;
     uint64_t mono = wq__now_mono(), real = wq__now_real();
     /* Room for every key at once: the index is then built at its final
        size, not copied at each doubling. */
     int rc = wq__entry_room(view, img->n < view->capacity ? (uint32_t)img->n : view->capacity);
     if (rc < 0) {
-        free(rank);
+        free(seq);
         return rc;
     }
     wq__mut_begin(view);
-    for (size_t i = 0; i < img->n && rc >= 0; i++) {
-        if (i + 8 < img->n)   /* the key bytes of a record a little ahead */
-            __builtin_prefetch(img->recs[rank[i + 8].idx].key);
-        rc = restore_one(view, &img->recs[rank[i].idx], mono, real);
+    /* Each record visited misses twice, at random: its bytes and its
+       key's index slot. So the bytes are fetched AHEAD records ahead,
+       and the slot (from the key's hash, kept until used) SLOT ahead. */
+    enum { AHEAD = 16, SLOT = 8 };
+    uint32_t hashes[SLOT];
+    size_t n = img->n;
+    for (size_t i = 0; i < n && i < SLOT; i++)
+        hashes[i] = raw_hash(view, seq[i]);
+    for (size_t i = 0; i < n && rc >= 0; i++) {
+        if (i + AHEAD < n) {
+            __builtin_prefetch(seq[i + AHEAD]);
+            __builtin_prefetch(seq[i + AHEAD] + 64);
+        }
+        /* New keys take entries in turn: the one SLOT ahead, for writing. */
+        if (view->hdr->e_fresh + SLOT < view->nent)
+            __builtin_prefetch(wq__entry(view, view->hdr->e_fresh + SLOT), 1);
+        uint32_t hash = hashes[i % SLOT];
+        if (i + SLOT < n) {
+            uint32_t h = raw_hash(view, seq[i + SLOT]);
+            hashes[i % SLOT] = h;
+            wq__table_prefetch(view, h);
+        }
+        rc = restore_one(view, seq[i], hash, mono, real);
     }
-    free(rank);
+    free(seq);
     if (rc < 0)
         return rc;
     wq__mut_end(view, 0);
