@@ -306,17 +306,36 @@ static uint64_t now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* What the parent has read of the children's output so far. */
+struct feed {
+    struct wq_store_img *img;
+    size_t pos;                    /* the next frame */
+    size_t mapped;                 /* bytes of the file in img->map */
+    int end;                       /* this walk's F_END or F_FAIL, once read */
+    unsigned char last[10];        /* the key of the last record read */
+    bool have_last;
+    char *why;
+    size_t wn;
+};
+static int feed(struct feed *f, int fd, off_t *size);
+
 /*
- * Run one walk in a child; append its output to fd. Returns 0 when the
- * child ended normally (its frames say how the walk went), or -EUCLEAN
- * with *why set when it was killed by a signal or hung.
+ * Run one walk in a child; append its output to fd, which the parent
+ * reads as it grows (feed): the walk and the checks run side by side.
+ * Returns 0 when the child ended normally (its frames say how the walk
+ * went), -EUCLEAN with why set when it was killed by a signal or hung, or
+ * -errno when reading its output failed.
  */
-static int run_child(const char *dir, int fd, const unsigned char *from, char *why, size_t wn)
+static int run_child(const char *dir, int fd, const unsigned char *from, struct feed *f)
 {
-    /* Block what the child must not run the caller's handlers for. */
+    char *why = f->why;
+    size_t wn = f->wn;
     pid_t pid = fork();
-    if (pid < 0)
-        return -errno;
+    if (pid < 0) {
+        int err = errno;
+        snprintf(why, wn, "cannot start its reader: %s", strerror(err));
+        return -err;
+    }
     if (pid == 0) {
         /* LMDB's assertions print before they abort: the library never
            prints, so neither does its reader. */
@@ -326,10 +345,9 @@ static int run_child(const char *dir, int fd, const unsigned char *from, char *w
         signal(SIGPIPE, SIG_DFL);
         child_walk(dir, fd, from);
     }
-    struct stat sb;
-    off_t last = -1;
+    off_t size, last = -1;
     uint64_t since = now_ns();
-    int st;
+    int st, rc;
     for (unsigned spin = 0;; spin++) {
         pid_t w = waitpid(pid, &st, WNOHANG);
         if (w == pid)
@@ -340,11 +358,20 @@ static int run_child(const char *dir, int fd, const unsigned char *from, char *w
         }
         if (w < 0 && errno != EINTR) {
             snprintf(why, wn, "waiting for the reader: %s", strerror(errno));
+            kill(pid, SIGKILL);
+            waitpid(pid, &st, 0);
             return -EIO;
         }
-        if (fstat(fd, &sb) == 0 && sb.st_size != last) {
-            last = sb.st_size;
+        if ((rc = feed(f, fd, &size)) < 0) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &st, 0);
+            snprintf(why, wn, "reading its reader's output: %s", strerror(-rc));
+            return rc;
+        }
+        if (size != last) {
+            last = size;
             since = now_ns();
+            spin = 0;
         } else if (now_ns() - since > STALL_NS) {
             kill(pid, SIGKILL);
             waitpid(pid, &st, 0);
@@ -354,6 +381,10 @@ static int run_child(const char *dir, int fd, const unsigned char *from, char *w
         }
         struct timespec ts = { 0, spin < 100 ? 100000 : 2000000 };
         nanosleep(&ts, NULL);
+    }
+    if ((rc = feed(f, fd, &size)) < 0) {   /* what it wrote last */
+        snprintf(why, wn, "reading its reader's output: %s", strerror(-rc));
+        return rc;
     }
     if (WIFSIGNALED(st)) {
         snprintf(why, wn, "LMDB died reading it (signal %d: %s)", WTERMSIG(st),
@@ -395,29 +426,32 @@ static void describe(char *out, size_t cap, const unsigned char *key, size_t len
 }
 
 /* Map the pages of a buffer about to be filled, in one call: a fault per
-   page is slow in a VM (a million records are 100 MB). Kernels before
-   5.14 lack it: the faults happen then. */
+   page is slow in a VM. Kernels before 5.14 lack it: the faults happen
+   then. */
 static void populate(void *p, size_t len)
 {
     uintptr_t a = (uintptr_t)p & ~(uintptr_t)4095;
     (void)madvise((void *)a, (uintptr_t)p + len - a, MADV_POPULATE_WRITE);
 }
 
-/* Decode the frames of fd's content [start, end): records appended to
-   img->recs. Returns F_END, F_FAIL (with why) or 0 (cut short: the child
-   died), and the key of the last record read in *last. */
-static int parse(struct wq_store_img *img, const unsigned char *p, size_t start, size_t end,
+/* Decode the complete frames of fd's content from *pos to end (*pos:
+   past the last one): records appended to img->recs. Returns F_END,
+   F_FAIL (with why) or 0 (no complete frame left: not written yet, or
+   cut short when the child died), and the key of the last record read
+   in *last. */
+static int parse(struct wq_store_img *img, const unsigned char *p, size_t *pos, size_t end,
                  char *why, size_t wn, unsigned char last[10], bool *have_last)
 {
-    size_t off = start;
-    while (off + 5 <= end) {
+    size_t off = *pos;
+    int rc = 0;
+    for (; off + 5 <= end; *pos = off) {
         /* Ahead of the walk: the prefetchers stop at each page's end. */
         __builtin_prefetch(p + off + 1024);
         char type = (char)p[off];
         uint32_t len;
         memcpy(&len, p + off + 1, 4);
         if (len > end - off - 5)
-            return 0;   /* a frame cut short: the child died mid-write */
+            break;   /* a frame not all written (yet) */
         const unsigned char *d = p + off + 5;
         off += 5 + len;
         switch (type) {
@@ -426,21 +460,6 @@ static int parse(struct wq_store_img *img, const unsigned char *p, size_t start,
         case F_META:
             if (wq__meta_decode(d, len, &img->meta, &img->meta_why) == 0) {
                 img->has_meta = true;
-                /* Room for what it says the store holds, at once: growing
-                   a million records by doubling copies them twice over. */
-                if (img->meta.version >= WQ_STORE_VERSION && img->cap == 0 &&
-                    img->meta.records < (1u << 31)) {
-                    /* No more than the frames read could hold: the
-                       buffer is mapped in at once. */
-                    size_t most = (end - off) / (5 + 4 + 10 + WQ_REC1_SIZE + 1);
-                    size_t nc = (size_t)(img->meta.records < most ? img->meta.records : most) + 16;
-                    struct wq_srec *nr = malloc(nc * sizeof *nr);
-                    if (nr) {
-                        img->recs = nr;
-                        img->cap = nc;
-                        populate(nr, nc * sizeof *nr);
-                    }
-                }
             } else {
                 img->bad_meta = true;
                 snprintf(why, wn, "its meta record: %s", img->meta_why);
@@ -449,7 +468,7 @@ static int parse(struct wq_store_img *img, const unsigned char *p, size_t start,
         case F_REC: {
             uint32_t kl;
             if (len < 4)
-                return 0;
+                return 0;   /* malformed: the rest of this child's output is lost */
             memcpy(&kl, d, 4);
             if (kl > len - 4)
                 return 0;
@@ -461,10 +480,10 @@ static int parse(struct wq_store_img *img, const unsigned char *p, size_t start,
                     snprintf(why, wn, "out of memory");
                     return F_FAIL;
                 }
+                populate(nr + img->cap, (nc - img->cap) * sizeof *nr);
                 img->recs = nr;
                 img->cap = nc;
             }
-            struct wq_srec *r = &img->recs[img->n];
             const char *rwhy;
             if (kl == 10) {
                 memcpy(last, d + 4, 10);
@@ -472,10 +491,12 @@ static int parse(struct wq_store_img *img, const unsigned char *p, size_t start,
             }
             const unsigned char *key = NULL;
             const char *msg;
-            if (wq__rec_decode(&k, &v, &r->r, &key, &msg, &r->v1, &rwhy) < 0) {
+            struct wq_rec r;
+            bool v1;
+            if (wq__rec_decode(&k, &v, &r, &key, &msg, &v1, &rwhy) < 0) {
                 char name[80];
                 img->bad++;
-                describe(name, sizeof name, key, key ? r->r.keylen : 0);
+                describe(name, sizeof name, key, key ? r.keylen : 0);
                 if (!img->first_bad[0])
                     snprintf(img->first_bad, sizeof img->first_bad, "the record of %s: %s",
                              name, rwhy);
@@ -483,11 +504,10 @@ static int parse(struct wq_store_img *img, const unsigned char *p, size_t start,
                     note(img, "dropped the record of %s: %s", name, rwhy);
                 break;
             }
-            memcpy(r->lkey, d + 4, 10);
-            r->key = key;
-            r->msg = msg;
-            img->v1 |= r->v1;
-            img->n++;
+            img->recs[img->n++].raw = v.mv_data;
+            img->v1 |= v1;
+            if (!v1)
+                img->sum += r.check;
             break;
         }
         case F_FAIL:
@@ -495,11 +515,17 @@ static int parse(struct wq_store_img *img, const unsigned char *p, size_t start,
                 return 0;
             memcpy(&img->fail_code, d, 4);
             snprintf(why, wn, "%.*s", (int)len - 4, (const char *)d + 4);
-            return F_FAIL;
+            rc = F_FAIL;
+            break;
         case F_END:
-            return F_END;
+            rc = F_END;
+            break;
         default:
             return 0;
+        }
+        if (rc) {
+            *pos = off;
+            return rc;
         }
     }
     return 0;
@@ -519,24 +545,52 @@ static bool advance(unsigned char k[10], unsigned bits)
     return carry == 0;
 }
 
-/* Map fd's content, now size bytes, as img->map: the records read so far
-   point into the old map (a salvage's walk restarts and appends). */
-static int remap(struct wq_store_img *img, int fd, size_t size)
+/* img->map covers fd's content up to size bytes, mapped in (the child
+   appends to it while the parent reads). It grows by doubling, as one
+   mapping that may move: the records read so far point into it. */
+static int grow_map(struct wq_store_img *img, int fd, size_t *mapped, size_t size)
 {
-    /* Populated: a fault per page is slow in a VM. */
-    unsigned char *m = mmap(NULL, size, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
-    if (m == MAP_FAILED)
-        return -errno;
-    if (img->map) {
-        for (size_t i = 0; i < img->n; i++) {
-            img->recs[i].key = m + (img->recs[i].key - img->map);
-            img->recs[i].msg = (const char *)m + (img->recs[i].msg - (const char *)img->map);
-        }
-        munmap(img->map, img->map_len);
+    if (size > img->map_len) {
+        size_t len = img->map_len ? img->map_len : 1u << 20;
+        while (len < size)
+            len *= 2;
+        unsigned char *m = img->map
+            ? mremap(img->map, img->map_len, len, MREMAP_MAYMOVE)
+            : mmap(NULL, len, PROT_READ, MAP_SHARED, fd, 0);
+        if (m == MAP_FAILED)
+            return -errno;
+        if (img->map && m != img->map)
+            for (size_t i = 0; i < img->n; i++)
+                img->recs[i].raw = m + (img->recs[i].raw - img->map);
+        img->map = m;
+        img->map_len = len;
     }
-    img->map = m;
-    img->map_len = size;
+    if (size > *mapped) {
+        /* In one call: a fault per page is slow in a VM (kernels before
+           5.14 lack it: the faults happen then). Nothing past size: the
+           file ends there for now. */
+        uintptr_t a = ((uintptr_t)img->map + *mapped) & ~(uintptr_t)4095;
+        (void)madvise((void *)a, (uintptr_t)img->map + size - a, MADV_POPULATE_READ);
+        *mapped = size;
+    }
     return 0;
+}
+
+/* Read what the child has written since the last call: its size in
+   *size. */
+static int feed(struct feed *f, int fd, off_t *size)
+{
+    struct stat sb;
+    if (fstat(fd, &sb) < 0)
+        return -errno;
+    *size = sb.st_size;
+    size_t n = (size_t)sb.st_size;
+    if (f->end || n <= f->pos)
+        return 0;
+    int rc = grow_map(f->img, fd, &f->mapped, n);
+    if (rc == 0)
+        f->end = parse(f->img, f->img->map, &f->pos, n, f->why, f->wn, f->last, &f->have_last);
+    return rc;
 }
 
 int wq__store_read(const char *dir, struct wq_store_img *img, char *why, size_t wn)
@@ -545,27 +599,25 @@ int wq__store_read(const char *dir, struct wq_store_img *img, char *why, size_t 
     int fd = memfd_create("wq-store-read", MFD_CLOEXEC);
     if (fd < 0)
         return -errno;
-    unsigned char from[10] = { 0 }, last[10];
-    bool have_from = false, have_last = false, done = false;
+    unsigned char from[10] = { 0 };
+    bool have_from = false, done = false;
     unsigned bits = 0;
-    size_t parsed = 0;
+    struct feed f = { .img = img, .why = why, .wn = wn };
     int rc = 0;
     for (unsigned attempt = 0; attempt <= MAX_RESTARTS && !done; attempt++) {
         size_t before = img->n + img->bad;
-        have_last = false;
-        rc = run_child(dir, fd, have_from ? from : NULL, why, wn);
+        f.have_last = false;
+        f.end = 0;
+        rc = run_child(dir, fd, have_from ? from : NULL, &f);
+        int end = f.end;
+        /* What this child left unread (a frame it died writing, or one
+           malformed) is skipped: the next child appends after it. */
         struct stat sb;
-        if (fstat(fd, &sb) < 0) {
-            rc = -errno;
-            break;
-        }
-        size_t size = (size_t)sb.st_size;
-        int end = 0;
-        if (size > parsed && (rc = remap(img, fd, size)) < 0)
-            break;
-        if (size > parsed) {
-            end = parse(img, img->map, parsed, size, why, wn, last, &have_last);
-            parsed = size;
+        if (fstat(fd, &sb) == 0 && (size_t)sb.st_size > f.pos)
+            f.pos = (size_t)sb.st_size;
+        if (rc < 0 && rc != -EUCLEAN) {   /* the system's error, not the store's */
+            close(fd);
+            return rc;
         }
         if (end == F_END && rc == 0) {
             done = true;
@@ -581,8 +633,8 @@ int wq__store_read(const char *dir, struct wq_store_img *img, char *why, size_t 
            the last record read, or (no progress) ever further on. */
         img->cut++;
         note(img, "walk cut short: %s", why);
-        if (img->n + img->bad > before && have_last) {
-            memcpy(from, last, 10);
+        if (img->n + img->bad > before && f.have_last) {
+            memcpy(from, f.last, 10);
             bits = 0;
         } else if (!have_from) {
             memset(from, 0, sizeof from);   /* the start, skipping the checks */
@@ -617,4 +669,25 @@ void wq__store_img_free(struct wq_store_img *img)
         munmap(img->map, img->map_len);
     free(img->recs);
     memset(img, 0, sizeof *img);
+}
+
+int wq__srec_put(MDB_txn *txn, struct wq_env *e, struct wq_srec s, struct wq_meta *m)
+{
+    struct wq_rec r;
+    const unsigned char *key, *lk;
+    const char *msg;
+    wq__srec_open(s, &r, &key, &msg, &lk);
+    r.magic = WQ_REC_MAGIC;
+    r.check = wq__rec_check(lk, &r, key, msg);
+    MDB_val k = { 10, (void *)lk }, v;
+    v.mv_size = sizeof r + r.keylen + r.msglen;
+    int rc = wq__lmdb_err(mdb_put(txn, e->recs, &k, &v, MDB_RESERVE));
+    if (rc < 0)
+        return rc;
+    memcpy(v.mv_data, &r, sizeof r);
+    memcpy((char *)v.mv_data + sizeof r, key, r.keylen);
+    memcpy((char *)v.mv_data + sizeof r + r.keylen, msg, r.msglen);
+    m->records++;
+    m->sum += r.check;
+    return 0;
 }

@@ -7,18 +7,45 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "format.h"
 
-/* One record as read: decoded and verified; key and msg point into the
-   image's map. */
+/* One record as read, decoded and verified. Its bytes stay where the
+   reader left them, in the image's map: the LMDB key (10 bytes), then
+   the header, the key and the message. 8 bytes a record: a restore of a
+   million records fills this array at once, and in a VM every page of it
+   costs a fault. */
 struct wq_srec {
-    struct wq_rec r;
-    unsigned char lkey[10];
-    bool v1;                       /* a version 1 record (no checksum) */
-    const unsigned char *key;      /* into the map */
-    const char *msg;
+    const unsigned char *raw;      /* its header, in the map */
 };
+
+/* A record's header (check 0 for a version 1 record), key, message and
+   LMDB key; key, msg and lkey may be NULL. For a record of a read image
+   only: it was verified when read. */
+static inline void wq__srec_open(struct wq_srec s, struct wq_rec *r, const unsigned char **key,
+                                 const char **msg, const unsigned char **lkey)
+{
+    memcpy(r, s.raw, WQ_REC1_SIZE);   /* a version 1 header: all but the check */
+    bool v1 = r->magic == WQ_REC_MAGIC1;
+    r->check = 0;
+    if (!v1)
+        memcpy(&r->check, s.raw + WQ_REC1_SIZE, sizeof r->check);
+    const unsigned char *k = s.raw + (v1 ? WQ_REC1_SIZE : sizeof *r);
+    if (key)
+        *key = k;
+    if (msg)
+        *msg = (const char *)k + r->keylen;
+    if (lkey)
+        *lkey = s.raw - 10;
+}
+
+static inline uint64_t wq__srec_order(struct wq_srec s)
+{
+    struct wq_rec r;
+    wq__srec_open(s, &r, NULL, NULL, NULL);
+    return r.order;
+}
 
 struct wq_store_img {
     /* in: */
@@ -30,6 +57,7 @@ struct wq_store_img {
     struct wq_meta meta;
     const char *meta_why;          /* bad_meta: what is wrong with it */
     bool v1;                       /* some records are version 1 */
+    uint64_t sum;                  /* the version 2 records' checksums, added */
     bool complete;                 /* the walk reached the end */
     struct wq_srec *recs;
     size_t n, cap;
@@ -46,5 +74,10 @@ struct wq_store_img {
    -EUCLEAN with why set when the walk failed and img->salvage is off. */
 int wq__store_read(const char *dir, struct wq_store_img *img, char *why, size_t wn);
 void wq__store_img_free(struct wq_store_img *img);
+
+/* Write a read record into txn as a version 2 record (rewriting a
+   version 1 store, or a salvaged one); counted into m's records and sum.
+   0 or -errno. */
+int wq__srec_put(MDB_txn *txn, struct wq_env *e, struct wq_srec s, struct wq_meta *m);
 
 #endif

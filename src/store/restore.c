@@ -141,17 +141,13 @@ static int verify(const char *dir, struct wq_store_img *img)
                                   "not a libwq store") : 0;
     if (img->meta.version < WQ_STORE_VERSION)
         return 0;   /* version 1: no counts to check (rewritten on restore) */
-    uint64_t sum = 0;
-    for (size_t i = 0; i < img->n; i++) {
-        if (img->recs[i].v1)
-            return store_err(-EUCLEAN, dir, "a version 1 record in a version 2 store");
-        sum += img->recs[i].r.check;
-    }
+    if (img->v1)
+        return store_err(-EUCLEAN, dir, "a version 1 record in a version 2 store");
     if (img->n != img->meta.records)
         return store_err(-EUCLEAN, dir, "holds %zu records, its meta record says %llu "
                          "(records lost or added)", img->n,
                          (unsigned long long)img->meta.records);
-    if (sum != img->meta.sum)
+    if (img->sum != img->meta.sum)
         return store_err(-EUCLEAN, dir, "its records do not add up to its meta record's "
                          "checksum (a record was altered or replaced)");
     return 0;
@@ -269,21 +265,8 @@ static int upgrade(MDB_txn *txn, struct wq_env *e, const struct wq_store_img *im
     int rc = wq__lmdb_err(mdb_drop(txn, e->recs, 0));
     m->records = 0;
     m->sum = 0;
-    for (size_t i = 0; i < img->n && rc == 0; i++) {
-        const struct wq_srec *sr = &img->recs[i];
-        struct wq_rec r = sr->r;
-        r.magic = WQ_REC_MAGIC;
-        r.check = wq__rec_check(sr->lkey, &r, sr->key, sr->msg);
-        MDB_val k = { 10, (void *)sr->lkey }, v;
-        v.mv_size = sizeof r + r.keylen + r.msglen;
-        if ((rc = wq__lmdb_err(mdb_put(txn, e->recs, &k, &v, MDB_RESERVE))) < 0)
-            break;
-        memcpy(v.mv_data, &r, sizeof r);
-        memcpy((char *)v.mv_data + sizeof r, sr->key, r.keylen);
-        memcpy((char *)v.mv_data + sizeof r + r.keylen, sr->msg, r.msglen);
-        m->records++;
-        m->sum += r.check;
-    }
+    for (size_t i = 0; i < img->n && rc == 0; i++)
+        rc = wq__srec_put(txn, e, img->recs[i], m);
     return rc;
 }
 
@@ -363,22 +346,14 @@ static int by_order(const void *a, const void *b)
     return x->order < y->order ? -1 : x->order > y->order;
 }
 
-/* A verified record where the reader left it (read.c's map): its header
-   (a version 1 header is the same but for the checksum, last), key and
-   message are contiguous. */
-static const unsigned char *raw(const struct wq_srec *sr)
-{
-    return sr->key - (sr->v1 ? WQ_REC1_SIZE : sizeof(struct wq_rec));
-}
-
-/* One verified record (raw) into the (unpublished) region; hash: its key's. */
-static int restore_one(shmq *view, const unsigned char *rec, uint32_t hash, uint64_t mono,
+/* One verified record into the (unpublished) region; hash: its key's. */
+static int restore_one(shmq *view, struct wq_srec rec, uint32_t hash, uint64_t mono,
                        uint64_t real)
 {
     struct wq_rec r;
-    memcpy(&r, rec, WQ_REC1_SIZE);   /* every field but the checksum */
-    const unsigned char *key = rec + (r.magic == WQ_REC_MAGIC1 ? WQ_REC1_SIZE : sizeof r);
-    const char *msg = (const char *)key + r.keylen;
+    const unsigned char *key;
+    const char *msg;
+    wq__srec_open(rec, &r, &key, &msg, NULL);
     if (r.cls == WQ_CLS_IDLE && !r.failures && !r.has_result)
         return 0;   /* nothing to keep (never written so; takes no entry) */
     if (r.keylen > view->max_key_len)
@@ -426,39 +401,35 @@ static int restore_one(shmq *view, const unsigned char *rec, uint32_t hash, uint
 }
 
 /*
- * The records (raw) in first-add order. Orders are handed out by a
- * counter, so they are nearly dense: when their range is small, each
- * record goes straight to its slot (O(n), reading the records in the
- * order read.c filed them); otherwise they are sorted. The restore then
- * never reads img->recs again: a million records visited in add order
- * are a random walk through 90 MB, and in a VM each page walk of it
- * costs as much as a cache miss.
+ * The records in first-add order, in a new array. Orders are handed out
+ * by a counter, so they are nearly dense: when their range is small, each
+ * record goes straight to its slot (O(n)); otherwise they are sorted.
  */
-static const unsigned char **in_order(const struct wq_store_img *img)
+static struct wq_srec *in_order(const struct wq_store_img *img)
 {
     size_t n = img->n;
-    const unsigned char **seq = malloc((n ? n : 1) * sizeof *seq);
+    struct wq_srec *seq = malloc((n ? n : 1) * sizeof *seq);
     if (!seq)
         return NULL;
     uint64_t lo = UINT64_MAX, hi = 0;
     for (size_t i = 0; i < n; i++) {
-        uint64_t o = img->recs[i].r.order;
+        uint64_t o = wq__srec_order(img->recs[i]);
         lo = o < lo ? o : lo;
         hi = o > hi ? o : hi;
     }
-    const unsigned char **slot = NULL;
+    struct wq_srec *slot = NULL;
     if (n > 0 && hi - lo < 4 * (uint64_t)n + 1024)
         slot = calloc((size_t)(hi - lo + 1), sizeof *slot);
     if (slot) {
         bool dup = false;
         for (size_t i = 0; i < n; i++) {
-            const unsigned char **s = &slot[img->recs[i].r.order - lo];
-            dup |= *s != NULL;
-            *s = raw(&img->recs[i]);
+            struct wq_srec *s = &slot[wq__srec_order(img->recs[i]) - lo];
+            dup |= s->raw != NULL;
+            *s = img->recs[i];
         }
         size_t k = 0;
         for (uint64_t o = 0; o <= hi - lo && !dup; o++)
-            if (slot[o])
+            if (slot[o].raw)
                 seq[k++] = slot[o];
         free(slot);
         if (!dup)
@@ -470,28 +441,28 @@ static const unsigned char **in_order(const struct wq_store_img *img)
         return NULL;
     }
     for (size_t i = 0; i < n; i++) {
-        rank[i].order = img->recs[i].r.order;
+        rank[i].order = wq__srec_order(img->recs[i]);
         rank[i].idx = (uint32_t)i;
     }
     qsort(rank, n, sizeof *rank, by_order);
     for (size_t i = 0; i < n; i++)
-        seq[i] = raw(&img->recs[rank[i].idx]);
+        seq[i] = img->recs[rank[i].idx];
     free(rank);
     return seq;
 }
 
-/* The hash of a raw record's key. */
-static uint32_t raw_hash(const shmq *view, const unsigned char *rec)
+/* The hash of a record's key. */
+static uint32_t key_hash(const shmq *view, struct wq_srec s)
 {
     struct wq_rec r;
-    memcpy(&r, rec, WQ_REC1_SIZE);
-    size_t hdr = r.magic == WQ_REC_MAGIC1 ? WQ_REC1_SIZE : sizeof r;
-    return wq__hash(view->seed, rec + hdr, r.keylen);
+    const unsigned char *key;
+    wq__srec_open(s, &r, &key, NULL, NULL);
+    return wq__hash(view->seed, key, r.keylen);
 }
 
 int wq__store_restore(shmq *view, struct wq_store_img *img)
 {
-    const unsigned char **seq = in_order(img);
+    struct wq_srec *seq = in_order(img);
     if (!seq)
         return -ENOMEM;
     uint64_t mono = wq__now_mono(), real = wq__now_real();
@@ -510,18 +481,18 @@ int wq__store_restore(shmq *view, struct wq_store_img *img)
     uint32_t hashes[SLOT];
     size_t n = img->n;
     for (size_t i = 0; i < n && i < SLOT; i++)
-        hashes[i] = raw_hash(view, seq[i]);
+        hashes[i] = key_hash(view, seq[i]);
     for (size_t i = 0; i < n && rc >= 0; i++) {
         if (i + AHEAD < n) {
-            __builtin_prefetch(seq[i + AHEAD]);
-            __builtin_prefetch(seq[i + AHEAD] + 64);
+            __builtin_prefetch(seq[i + AHEAD].raw);
+            __builtin_prefetch(seq[i + AHEAD].raw + 64);
         }
         /* New keys take entries in turn: the one SLOT ahead, for writing. */
         if (view->hdr->e_fresh + SLOT < view->nent)
             __builtin_prefetch(wq__entry(view, view->hdr->e_fresh + SLOT), 1);
         uint32_t hash = hashes[i % SLOT];
         if (i + SLOT < n) {
-            uint32_t h = raw_hash(view, seq[i + SLOT]);
+            uint32_t h = key_hash(view, seq[i + SLOT]);
             hashes[i % SLOT] = h;
             wq__table_prefetch(view, h);
         }

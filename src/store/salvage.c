@@ -42,20 +42,31 @@ static void say(wq_report_fn report, void *arg, const char *fmt, ...)
         report(line, arg);
 }
 
+/* The fields of a record the sorts compare. */
+static void sort_fields(const struct wq_srec *s, struct wq_rec *r, const unsigned char **key)
+{
+    wq__srec_open(*s, r, key, NULL, NULL);
+}
+
 static int by_key(const void *a, const void *b)
 {
-    const struct wq_srec *x = a, *y = b;
-    size_t n = x->r.keylen < y->r.keylen ? x->r.keylen : y->r.keylen;
-    int c = memcmp(x->key, y->key, n);
-    if (c || x->r.keylen != y->r.keylen)
-        return c ? c : x->r.keylen < y->r.keylen ? -1 : 1;
-    return x->r.order < y->r.order ? -1 : x->r.order > y->r.order;
+    struct wq_rec x, y;
+    const unsigned char *xk, *yk;
+    sort_fields(a, &x, &xk);
+    sort_fields(b, &y, &yk);
+    size_t n = x.keylen < y.keylen ? x.keylen : y.keylen;
+    int c = memcmp(xk, yk, n);
+    if (c || x.keylen != y.keylen)
+        return c ? c : x.keylen < y.keylen ? -1 : 1;
+    return x.order < y.order ? -1 : x.order > y.order;
 }
 
 static int by_order(const void *a, const void *b)
 {
-    const struct wq_srec *x = a, *y = b;
-    return x->r.order < y->r.order ? -1 : x->r.order > y->r.order;
+    struct wq_rec x, y;
+    sort_fields(a, &x, NULL);
+    sort_fields(b, &y, NULL);
+    return x.order < y.order ? -1 : x.order > y.order;
 }
 
 /* The meta for the new store: the old one's settings when it was read,
@@ -119,21 +130,9 @@ static int write_store(const char *dir, mode_t mode, struct wq_store_img *img,
         m->sum = 0;
         uint64_t next = 0;
         for (size_t i = 0; i < img->n && rc == 0; i++) {
-            struct wq_srec *sr = &img->recs[i];
-            struct wq_rec r = sr->r;
-            r.magic = WQ_REC_MAGIC;
-            r.check = wq__rec_check(sr->lkey, &r, sr->key, sr->msg);
-            MDB_val k = { 10, sr->lkey }, v;
-            v.mv_size = sizeof r + r.keylen + r.msglen;
-            if ((rc = wq__lmdb_err(mdb_put(txn, e->recs, &k, &v, MDB_RESERVE))) < 0)
-                break;
-            memcpy(v.mv_data, &r, sizeof r);
-            memcpy((char *)v.mv_data + sizeof r, sr->key, r.keylen);
-            memcpy((char *)v.mv_data + sizeof r + r.keylen, sr->msg, r.msglen);
-            m->records++;
-            m->sum += r.check;
-            if (r.order >= next)
-                next = r.order + 1;
+            uint64_t order = wq__srec_order(img->recs[i]);
+            if ((rc = wq__srec_put(txn, e, img->recs[i], m)) == 0 && order >= next)
+                next = order + 1;
         }
         if (m->next_order < next)
             m->next_order = next;
@@ -200,8 +199,12 @@ int wq__store_salvage(const char *path, const struct wq_options *opts, wq_report
         qsort(img.recs, img.n, sizeof *img.recs, by_key);
     size_t w = 0, dups = 0;
     for (size_t i = 0; i < img.n; i++) {
-        if (w > 0 && img.recs[w - 1].r.keylen == img.recs[i].r.keylen &&
-            memcmp(img.recs[w - 1].key, img.recs[i].key, img.recs[i].r.keylen) == 0) {
+        struct wq_rec a, b;
+        const unsigned char *ak = NULL, *bk;
+        if (w > 0)
+            sort_fields(&img.recs[w - 1], &a, &ak);
+        sort_fields(&img.recs[i], &b, &bk);
+        if (w > 0 && a.keylen == b.keylen && memcmp(ak, bk, b.keylen) == 0) {
             dups++;
             continue;
         }
