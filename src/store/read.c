@@ -11,18 +11,19 @@
  * that follow will not trip over it; the meta record; every record) and
  * writes what it read, raw, into a memfd. If LMDB kills the child, or it
  * stops making progress, the parent reports a damaged store instead of
- * dying with it. The parent then decodes and verifies everything itself
- * (record checksums, the meta's count and checksum sum, keys unique) and
- * uses the records from the memfd; it opens the environment only once
- * the store has passed.
+ * dying with it. The parent decodes and verifies everything itself
+ * (record checksums, the meta's count and checksum sum, keys unique) as
+ * the child writes it, and uses the records where they are, in its map of
+ * the memfd; it opens the environment only once the store has passed.
  *
  * Salvage: records that fail are dropped and reported; a walk that LMDB
  * cuts short (an error, or a crash of the child) restarts in a new child
  * past the damage, skipping ever larger slices of the key hash space, so
  * records behind a damaged page are still found.
  *
- * Cost (1e6 records, see the closing note of the issue): one fork, a
- * sequential copy through the memfd, one 64-bit hash per record.
+ * Cost (1e6 records, tools/PERFORMANCE.md): one fork, a sequential copy
+ * through the memfd, two 64-bit hashes and 8 bytes of memory per record,
+ * the checks beside the walk on another CPU.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
