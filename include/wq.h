@@ -983,14 +983,16 @@ WQ_API int wq_run_workers_opts(wq *q, unsigned workers, wq_reconcile_fn fn, void
  * never overwritten) and a new store is written at store_path with every
  * record that verifies, in first-add order. Records that fail their
  * checksum are dropped, pages LMDB cannot read are walked around (in
- * child processes), and report (may be NULL) gets one line per loss and
+ * child processes: a damaged page loses its records and some near it,
+ * as the walk resumes past it in steps of at most 1/256 of the stored
+ * keys' hash space), and report (may be NULL) gets one line per loss and
  * a summary naming the kept and dropped counts and where the damaged
  * store went. The queue's settings come from the old meta record when it
  * is readable, else from opts (NULL or zero fields: defaults). No region
  * is touched: restore the queue afterwards with wq_open(WQ_CREATE |
  * WQ_RESTORE). Returns the number of records kept (>= 0), -ENODATA when
  * there is no data.mdb to salvage, -EINVAL, or the system's error
- * (renaming, writing); wq_last_error says more.
+ * (starting a reader, renaming, writing); wq_last_error says more.
  */
 WQ_API int wq_store_salvage(const char *store_path, const struct wq_options *opts,
                             wq_report_fn report, void *arg);

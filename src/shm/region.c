@@ -389,8 +389,9 @@ static int grow_fail(shmq *q, int rc, const char *what, uint32_t to, uint64_t by
    it, and the faults happen then. */
 static void populate(const shmq *q, uint64_t off, uint64_t len)
 {
-    uint64_t start = off & ~(uint64_t)4095;
-    (void)madvise(q->base + start, (size_t)align_up(off + len - start, 4096),
+    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+    uint64_t start = off & ~(page - 1);
+    (void)madvise(q->base + start, (size_t)align_up(off + len - start, page),
                   MADV_POPULATE_WRITE);
 }
 

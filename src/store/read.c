@@ -50,6 +50,7 @@ enum { F_META = 'M', F_REC = 'R', F_FAIL = 'X', F_END = 'E', F_FREE = 'F' };
 
 #define STALL_NS (5ull * 1000 * 1000 * 1000)   /* no progress for this long: hung */
 #define MAX_RESTARTS 4096
+#define MAX_STALLS 3                           /* hung walks in a row: give up */
 
 /* ------------------------------------------------------------------ */
 /* The child                                                           */
@@ -312,13 +313,15 @@ struct feed {
     struct wq_store_img *img;
     size_t pos;                    /* the next frame */
     size_t mapped;                 /* bytes of the file in img->map */
+    size_t seen;                   /* the file's size at the last look */
     int end;                       /* this walk's F_END or F_FAIL, once read */
     unsigned char last[10];        /* the key of the last record read */
     bool have_last;
+    bool stalled;                  /* the child made no progress: killed */
     char *why;
     size_t wn;
 };
-static int feed(struct feed *f, int fd, off_t *size);
+static int feed(struct feed *f, int fd, off_t *size, bool final);
 
 /*
  * Run one walk in a child; append its output to fd, which the parent
@@ -343,7 +346,14 @@ static int run_child(const char *dir, int fd, const unsigned char *from, struct 
         int null = open("/dev/null", O_WRONLY | O_CLOEXEC);
         if (null >= 0)
             dup2(null, STDERR_FILENO);
+        /* Damage kills the child, never runs the application's handlers
+           (inherited) in a copy of it. */
         signal(SIGPIPE, SIG_DFL);
+        signal(SIGSEGV, SIG_DFL);
+        signal(SIGBUS, SIG_DFL);
+        signal(SIGABRT, SIG_DFL);
+        signal(SIGFPE, SIG_DFL);
+        signal(SIGILL, SIG_DFL);
         child_walk(dir, fd, from);
     }
     off_t size, last = -1;
@@ -363,7 +373,7 @@ static int run_child(const char *dir, int fd, const unsigned char *from, struct 
             waitpid(pid, &st, 0);
             return -EIO;
         }
-        if ((rc = feed(f, fd, &size)) < 0) {
+        if ((rc = feed(f, fd, &size, false)) < 0) {
             kill(pid, SIGKILL);
             waitpid(pid, &st, 0);
             snprintf(why, wn, "reading its reader's output: %s", strerror(-rc));
@@ -376,6 +386,7 @@ static int run_child(const char *dir, int fd, const unsigned char *from, struct 
         } else if (now_ns() - since > STALL_NS) {
             kill(pid, SIGKILL);
             waitpid(pid, &st, 0);
+            f->stalled = true;
             snprintf(why, wn, "walking it made no progress for %llu s (a cycle of pages?)",
                      (unsigned long long)(STALL_NS / 1000000000ull));
             return -EUCLEAN;
@@ -383,7 +394,7 @@ static int run_child(const char *dir, int fd, const unsigned char *from, struct 
         struct timespec ts = { 0, spin < 100 ? 100000 : 2000000 };
         nanosleep(&ts, NULL);
     }
-    if ((rc = feed(f, fd, &size)) < 0) {   /* what it wrote last */
+    if ((rc = feed(f, fd, &size, true)) < 0) {   /* what it wrote last */
         snprintf(why, wn, "reading its reader's output: %s", strerror(-rc));
         return rc;
     }
@@ -426,20 +437,21 @@ static void describe(char *out, size_t cap, const unsigned char *key, size_t len
     snprintf(out + n, cap - n, "%s'", len > 40 ? "..." : "");
 }
 
-/* Map the pages of a buffer about to be filled, in one call: a fault per
-   page is slow in a VM. Kernels before 5.14 lack it: the faults happen
-   then. */
-static void populate(void *p, size_t len)
+/* Map the pages of [p, p + len) in one call (advice: MADV_POPULATE_READ
+   or _WRITE): a fault per page is slow in a VM. Kernels before 5.14 lack
+   it: the faults happen then. */
+static void populate(const void *p, size_t len, int advice)
 {
-    uintptr_t a = (uintptr_t)p & ~(uintptr_t)4095;
-    (void)madvise((void *)a, (uintptr_t)p + len - a, MADV_POPULATE_WRITE);
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t a = (uintptr_t)p & ~(page - 1);
+    (void)madvise((void *)a, (uintptr_t)p + len - a, advice);
 }
 
 /* Decode the complete frames of fd's content from *pos to end (*pos:
    past the last one): records appended to img->recs. Returns F_END,
-   F_FAIL (with why) or 0 (no complete frame left: not written yet, or
-   cut short when the child died), and the key of the last record read
-   in *last. */
+   F_FAIL (with why), 0 (no complete frame left: not written yet, or cut
+   short when the child died) or -ENOMEM, and the key of the last record
+   read in *last. */
 static int parse(struct wq_store_img *img, const unsigned char *p, size_t *pos, size_t end,
                  char *why, size_t wn, unsigned char last[10], bool *have_last)
 {
@@ -477,11 +489,9 @@ static int parse(struct wq_store_img *img, const unsigned char *p, size_t *pos, 
             if (img->n == img->cap) {
                 size_t nc = img->cap ? img->cap * 2 : 1024;
                 struct wq_srec *nr = realloc(img->recs, nc * sizeof *nr);
-                if (!nr) {
-                    snprintf(why, wn, "out of memory");
-                    return F_FAIL;
-                }
-                populate(nr + img->cap, (nc - img->cap) * sizeof *nr);
+                if (!nr)
+                    return -ENOMEM;   /* the system's trouble, not the store's */
+                populate(nr + img->cap, (nc - img->cap) * sizeof *nr, MADV_POPULATE_WRITE);
                 img->recs = nr;
                 img->cap = nc;
             }
@@ -552,57 +562,75 @@ static bool advance(unsigned char k[10], unsigned bits)
 static int grow_map(struct wq_store_img *img, int fd, size_t *mapped, size_t size)
 {
     if (size > img->map_len) {
+        if (size > SIZE_MAX / 2)
+            return -EFBIG;
         size_t len = img->map_len ? img->map_len : 1u << 20;
         while (len < size)
             len *= 2;
+        uintptr_t old = (uintptr_t)img->map;
         unsigned char *m = img->map
             ? mremap(img->map, img->map_len, len, MREMAP_MAYMOVE)
             : mmap(NULL, len, PROT_READ, MAP_SHARED, fd, 0);
         if (m == MAP_FAILED)
             return -errno;
-        if (img->map && m != img->map)
+        if (old && (uintptr_t)m != old)
             for (size_t i = 0; i < img->n; i++)
-                img->recs[i].raw = m + (img->recs[i].raw - img->map);
+                img->recs[i].raw = m + ((uintptr_t)img->recs[i].raw - old);
         img->map = m;
         img->map_len = len;
     }
-    if (size > *mapped) {
-        /* In one call: a fault per page is slow in a VM (kernels before
-           5.14 lack it: the faults happen then). Nothing past size: the
-           file ends there for now. */
-        uintptr_t a = ((uintptr_t)img->map + *mapped) & ~(uintptr_t)4095;
-        (void)madvise((void *)a, (uintptr_t)img->map + size - a, MADV_POPULATE_READ);
+    if (size > *mapped) {   /* nothing past size: the file ends there for now */
+        populate(img->map + *mapped, size - *mapped, MADV_POPULATE_READ);
         *mapped = size;
     }
     return 0;
 }
 
-/* Read what the child has written since the last call: its size in
-   *size. */
-static int feed(struct feed *f, int fd, off_t *size)
+/*
+ * Read what the child has written: its size so far in *size. While it
+ * runs (final false), only up to the size seen at the previous call: the
+ * kernel sets a file's size after copying the bytes in, with no barrier
+ * between them that a weakly ordered CPU must honour, so bytes just below
+ * a new size may not be visible yet. A poll later (100 us at least) they
+ * are; once the child is reaped (final), everything it wrote is.
+ */
+static int feed(struct feed *f, int fd, off_t *size, bool final)
 {
     struct stat sb;
     if (fstat(fd, &sb) < 0)
         return -errno;
     *size = sb.st_size;
-    size_t n = (size_t)sb.st_size;
-    if (f->end || n <= f->pos)
+    if ((uint64_t)sb.st_size > SIZE_MAX)
+        return -EFBIG;
+    size_t upto = final ? (size_t)sb.st_size : f->seen;
+    f->seen = (size_t)sb.st_size;
+    if (f->end || upto <= f->pos)
         return 0;
-    int rc = grow_map(f->img, fd, &f->mapped, n);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    int rc = grow_map(f->img, fd, &f->mapped, upto);
     if (rc == 0)
-        f->end = parse(f->img, f->img->map, &f->pos, n, f->why, f->wn, f->last, &f->have_last);
-    return rc;
+        rc = parse(f->img, f->img->map, &f->pos, upto, f->why, f->wn, f->last, &f->have_last);
+    if (rc < 0)
+        return rc;
+    f->end = rc;
+    return 0;
 }
 
 int wq__store_read(const char *dir, struct wq_store_img *img, char *why, size_t wn)
 {
     why[0] = 0;
-    int fd = memfd_create("wq-store-read", MFD_CLOEXEC);
-    if (fd < 0)
-        return -errno;
+    /* Never shrunk while read: a read past its end would be a SIGBUS. */
+    int fd = memfd_create("wq-store-read", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0 || fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) < 0) {
+        int err = errno;
+        if (fd >= 0)
+            close(fd);
+        snprintf(why, wn, "cannot make its reader's buffer: %s", strerror(err));
+        return -err;
+    }
     unsigned char from[10] = { 0 };
     bool have_from = false, done = false;
-    unsigned bits = 0;
+    unsigned bits = 0, stalls = 0;
     struct feed f = { .img = img, .why = why, .wn = wn };
     int rc = 0;
     for (unsigned attempt = 0; attempt <= MAX_RESTARTS && !done; attempt++) {
@@ -634,7 +662,16 @@ int wq__store_read(const char *dir, struct wq_store_img *img, char *why, size_t 
            the last record read, or (no progress) ever further on. */
         img->cut++;
         note(img, "walk cut short: %s", why);
-        if (img->n + img->bad > before && f.have_last) {
+        /* Progress is a record past where this child started: a damaged
+           tree may lead a walk back, and re-reading the same records
+           would go round in circles. */
+        bool ahead = img->n + img->bad > before && f.have_last &&
+                     (!have_from || memcmp(f.last, from, 10) >= 0);
+        stalls = ahead ? 0 : stalls + f.stalled;
+        if (stalls >= MAX_STALLS)
+            break;   /* hung walks cost STALL_NS each */
+        f.stalled = false;
+        if (ahead) {
             memcpy(from, f.last, 10);
             bits = 0;
         } else if (!have_from) {
@@ -660,6 +697,8 @@ int wq__store_read(const char *dir, struct wq_store_img *img, char *why, size_t 
         return rc < 0 ? rc : -EUCLEAN;
     }
     img->complete = done;
+    /* The children are gone: what was checked stays as it was. */
+    (void)fcntl(fd, F_ADD_SEALS, F_SEAL_GROW | F_SEAL_WRITE);
     close(fd);
     return 0;
 }

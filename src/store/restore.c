@@ -359,6 +359,9 @@ static int restore_one(shmq *view, struct wq_srec rec, uint32_t hash, uint64_t m
     if (r.keylen > view->max_key_len)
         return store_err(-EUCLEAN, view->g.store_path, "holds a key of %u bytes, longer "
                          "than the queue's max_key_len %u", r.keylen, view->max_key_len);
+    if (r.msglen > 255)   /* verified when read; m below holds no more */
+        return store_err(-EUCLEAN, view->g.store_path, "holds a message of %u bytes",
+                         r.msglen);
     if (wq__table_lookup(view, key, r.keylen, hash) != WQ_NIL)
         return store_err(-EUCLEAN, view->g.store_path, "holds one key twice");
     int rc = 0;
