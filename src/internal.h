@@ -39,6 +39,9 @@ uint64_t wq__now_real(void);
 int wq__name_ok(const char *name);
 int wq__name_check(const char *name);   /* 0, or -EINVAL and wq_last_error */
 int wq__deadline(int64_t timeout_ns, uint64_t *deadline);
+/* Map the pages of [p, p + len) in one call (advice MADV_POPULATE_READ
+   or _WRITE) for a caller about to touch them all. */
+void wq__mem_populate(const void *p, size_t len, int advice);
 /* wq_last_error's text: set on an error path that knows more than the
    errno (naming the object and the cause); cleared by the calls wq.h
    lists there. */

@@ -382,26 +382,13 @@ static int grow_fail(shmq *q, int rc, const char *what, uint32_t to, uint64_t by
     return rc;
 }
 
-/* Map the pages of [off, off + len) of the region in one call: the
-   caller writes them all at once, and a fault per page is slow in a VM
-   (doubling the index at 1M keys, to 4M slots, took 42 ms instead of
-   139 on the 2-vCPU VM). Only an optimisation: kernels before 5.14 lack
-   it, and the faults happen then. */
-static void populate(const shmq *q, uint64_t off, uint64_t len)
-{
-    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
-    uint64_t start = off & ~(page - 1);
-    (void)madvise(q->base + start, (size_t)align_up(off + len - start, page),
-                  MADV_POPULATE_WRITE);
-}
-
 /* reserve(), in q's region; a restore then writes every page it reserves
    at once, so they are mapped too. */
 static int reserve_in(const shmq *q, uint64_t off, uint64_t len)
 {
     int rc = reserve(q->fd, off, len);
     if (rc == 0 && len > 0 && q->restoring)
-        populate(q, off, len);
+        wq__mem_populate(q->base + off, (size_t)len, MADV_POPULATE_WRITE);
     return rc;
 }
 
@@ -493,7 +480,8 @@ int wq__region_reserve_area(shmq *q, bool ring, unsigned area, uint32_t slots)
            : reserve(q->fd, off, bytes);
     if (rc < 0)
         return grow_fail(q, rc, ring ? "ring slots" : "index slots", slots, bytes);
-    populate(q, off, bytes);   /* the caller writes there now */
+    /* the caller writes there now */
+    wq__mem_populate(q->base + off, (size_t)bytes, MADV_POPULATE_WRITE);
     return 0;
 }
 

@@ -437,16 +437,6 @@ static void describe(char *out, size_t cap, const unsigned char *key, size_t len
     snprintf(out + n, cap - n, "%s'", len > 40 ? "..." : "");
 }
 
-/* Map the pages of [p, p + len) in one call (advice: MADV_POPULATE_READ
-   or _WRITE): a fault per page is slow in a VM. Kernels before 5.14 lack
-   it: the faults happen then. */
-static void populate(const void *p, size_t len, int advice)
-{
-    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-    uintptr_t a = (uintptr_t)p & ~(page - 1);
-    (void)madvise((void *)a, (uintptr_t)p + len - a, advice);
-}
-
 /* Decode the complete frames of fd's content from *pos to end (*pos:
    past the last one): records appended to img->recs. Returns F_END,
    F_FAIL (with why), 0 (no complete frame left: not written yet, or cut
@@ -491,7 +481,7 @@ static int parse(struct wq_store_img *img, const unsigned char *p, size_t *pos, 
                 struct wq_srec *nr = realloc(img->recs, nc * sizeof *nr);
                 if (!nr)
                     return -ENOMEM;   /* the system's trouble, not the store's */
-                populate(nr + img->cap, (nc - img->cap) * sizeof *nr, MADV_POPULATE_WRITE);
+                wq__mem_populate(nr + img->cap, (nc - img->cap) * sizeof *nr, MADV_POPULATE_WRITE);
                 img->recs = nr;
                 img->cap = nc;
             }
@@ -580,7 +570,7 @@ static int grow_map(struct wq_store_img *img, int fd, size_t *mapped, size_t siz
         img->map_len = len;
     }
     if (size > *mapped) {   /* nothing past size: the file ends there for now */
-        populate(img->map + *mapped, size - *mapped, MADV_POPULATE_READ);
+        wq__mem_populate(img->map + *mapped, size - *mapped, MADV_POPULATE_READ);
         *mapped = size;
     }
     return 0;

@@ -347,13 +347,27 @@ static int by_order(const void *a, const void *b)
 }
 
 /* One verified record into the (unpublished) region; hash: its key's. */
-static int restore_one(shmq *view, struct wq_srec rec, uint32_t hash, uint64_t mono,
-                       uint64_t real)
-{
+/* A record decoded, with its key's hash: the restore loop decodes each
+   one once, SLOT records before restoring it. */
+struct dec {
     struct wq_rec r;
     const unsigned char *key;
     const char *msg;
-    wq__srec_open(rec, &r, &key, &msg, NULL);
+    uint32_t hash;
+};
+
+static void decode(const shmq *view, struct wq_srec s, struct dec *d)
+{
+    wq__srec_open(s, &d->r, &d->key, &d->msg, NULL);
+    d->hash = wq__hash(view->seed, d->key, d->r.keylen);
+}
+
+static int restore_one(shmq *view, const struct dec *d, uint64_t mono, uint64_t real)
+{
+    const struct wq_rec r = d->r;
+    const unsigned char *key = d->key;
+    const char *msg = d->msg;
+    uint32_t hash = d->hash;
     if (r.cls == WQ_CLS_IDLE && !r.failures && !r.has_result)
         return 0;   /* nothing to keep (never written so; takes no entry) */
     if (r.keylen > view->max_key_len)
@@ -454,15 +468,6 @@ static struct wq_srec *in_order(const struct wq_store_img *img)
     return seq;
 }
 
-/* The hash of a record's key. */
-static uint32_t key_hash(const shmq *view, struct wq_srec s)
-{
-    struct wq_rec r;
-    const unsigned char *key;
-    wq__srec_open(s, &r, &key, NULL, NULL);
-    return wq__hash(view->seed, key, r.keylen);
-}
-
 int wq__store_restore(shmq *view, struct wq_store_img *img)
 {
     struct wq_srec *seq = in_order(img);
@@ -479,12 +484,13 @@ int wq__store_restore(shmq *view, struct wq_store_img *img)
     wq__mut_begin(view);
     /* Each record visited misses twice, at random: its bytes and its
        key's index slot. So the bytes are fetched AHEAD records ahead,
-       and the slot (from the key's hash, kept until used) SLOT ahead. */
+       and the slot (from the key's hash; the record is decoded then and
+       kept until used) SLOT ahead. */
     enum { AHEAD = 16, SLOT = 8 };
-    uint32_t hashes[SLOT];
+    struct dec ring[SLOT];
     size_t n = img->n;
     for (size_t i = 0; i < n && i < SLOT; i++)
-        hashes[i] = key_hash(view, seq[i]);
+        decode(view, seq[i], &ring[i]);
     for (size_t i = 0; i < n && rc >= 0; i++) {
         if (i + AHEAD < n) {
             __builtin_prefetch(seq[i + AHEAD].raw);
@@ -493,13 +499,12 @@ int wq__store_restore(shmq *view, struct wq_store_img *img)
         /* New keys take entries in turn: the one SLOT ahead, for writing. */
         if (view->hdr->e_fresh + SLOT < view->nent)
             __builtin_prefetch(wq__entry(view, view->hdr->e_fresh + SLOT), 1);
-        uint32_t hash = hashes[i % SLOT];
+        struct dec d = ring[i % SLOT];
         if (i + SLOT < n) {
-            uint32_t h = key_hash(view, seq[i + SLOT]);
-            hashes[i % SLOT] = h;
-            wq__table_prefetch(view, h);
+            decode(view, seq[i + SLOT], &ring[i % SLOT]);
+            wq__table_prefetch(view, ring[i % SLOT].hash);
         }
-        rc = restore_one(view, seq[i], hash, mono, real);
+        rc = restore_one(view, &d, mono, real);
     }
     free(seq);
     if (rc < 0)

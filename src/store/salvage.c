@@ -42,18 +42,12 @@ static void say(wq_report_fn report, void *arg, const char *fmt, ...)
         report(line, arg);
 }
 
-/* The fields of a record the sorts compare. */
-static void sort_fields(const struct wq_srec *s, struct wq_rec *r, const unsigned char **key)
-{
-    wq__srec_open(*s, r, key, NULL, NULL);
-}
-
 static int by_key(const void *a, const void *b)
 {
     struct wq_rec x, y;
     const unsigned char *xk, *yk;
-    sort_fields(a, &x, &xk);
-    sort_fields(b, &y, &yk);
+    wq__srec_open(*(const struct wq_srec *)a, &x, &xk, NULL, NULL);
+    wq__srec_open(*(const struct wq_srec *)b, &y, &yk, NULL, NULL);
     size_t n = x.keylen < y.keylen ? x.keylen : y.keylen;
     int c = memcmp(xk, yk, n);
     if (c || x.keylen != y.keylen)
@@ -63,10 +57,9 @@ static int by_key(const void *a, const void *b)
 
 static int by_order(const void *a, const void *b)
 {
-    struct wq_rec x, y;
-    sort_fields(a, &x, NULL);
-    sort_fields(b, &y, NULL);
-    return x.order < y.order ? -1 : x.order > y.order;
+    uint64_t x = wq__srec_order(*(const struct wq_srec *)a);
+    uint64_t y = wq__srec_order(*(const struct wq_srec *)b);
+    return x < y ? -1 : x > y;
 }
 
 /* The meta for the new store: the old one's settings when it was read,
@@ -202,8 +195,8 @@ int wq__store_salvage(const char *path, const struct wq_options *opts, wq_report
         struct wq_rec a, b;
         const unsigned char *ak = NULL, *bk;
         if (w > 0)
-            sort_fields(&img.recs[w - 1], &a, &ak);
-        sort_fields(&img.recs[i], &b, &bk);
+            wq__srec_open(img.recs[w - 1], &a, &ak, NULL, NULL);
+        wq__srec_open(img.recs[i], &b, &bk, NULL, NULL);
         if (w > 0 && a.keylen == b.keylen && memcmp(ak, bk, b.keylen) == 0) {
             dups++;
             continue;
