@@ -107,6 +107,8 @@
  *   -ECANCELED    wq_shutdown_drain: a wq_shutdown ended the drain early.
  *   -EUSERS       the process table is full (max_procs handles attached),
  *                 or the store's LMDB reader table is (1024 readers).
+ *   -EPERM        a handle opened with WQ_OBSERVE was asked to add, get,
+ *                 finish, forget or remove keys, or to run workers.
  *   -ENOMEM       out of memory, or no thread could be started for a
  *                 handle's lease.
  *   -EMFILE, -ENFILE from the system (shm_open, LMDB) are passed through.
@@ -296,6 +298,10 @@ typedef void (*wq_report_fn)(const char *what, void *arg);
                                 must already hold a queue (-ENODATA if it
                                 does not), so a mistyped path is an error
                                 rather than a new, empty store and queue */
+#define WQ_OBSERVE (1u << 5) /* open to look, not to work: the handle takes
+                                no process slot (so it opens a queue whose
+                                table is full, and is not counted in
+                                wq_stats.processes); see wq_open */
 
 /* wq_options.durability (see "Persistence"). 0 is "not given": PROCESS
    for a new store, the store's own level on a restore. Any level given is
@@ -430,6 +436,18 @@ struct wq_options {
  *   -EACCES  permissions;  -EUSERS process table full;  -ENOMEM ...
  * Blocks only briefly (takes the region lock to register). Any thread.
  * The handle is freed by wq_close().
+ *
+ * WQ_OBSERVE (not with WQ_CREATE: -EINVAL) opens an existing queue for an
+ * operator or a monitor. Such a handle takes no process slot, so it works
+ * when max_procs workers already hold every slot, exactly when someone
+ * needs to look. It reads everything (wq_len, wq_stats, wq_metrics,
+ * wq_dump, wq_result, wq_num_requeues) and can act on the queue as a
+ * whole (wq_check with WQ_CHECK_REPAIR, wq_release_pid, wq_snapshot,
+ * wq_shutdown, wq_shutdown_drain, wq_resume). It cannot hold keys or
+ * change them: wq_add*, wq_get*, wq_done*, wq_finish, wq_forget,
+ * wq_remove and wq_run_workers* return -EPERM, changing nothing. On a
+ * redis:// queue (which has no process table) the same calls are refused
+ * alike, so a monitor behaves the same on both engines.
  */
 WQ_API int wq_open(const char *name, const struct wq_options *opts, wq **out);
 
@@ -832,8 +850,8 @@ typedef int (*wq_reconcile_fn)(wq *q, const void *key, size_t len,
  * restored on return. To stop every consumer of the queue, shut the
  * queue down (wq_shutdown, wqctl shutdown) instead.
  * A worker that cannot work at all (wq_get fails with -EUSERS, -ENOMEM,
- * -EBADMSG, -ENOTRECOVERABLE) stops the pool with that error instead of
- * being restarted forever.
+ * -EBADMSG, -ENOTRECOVERABLE, or -EPERM on a WQ_OBSERVE handle) stops the
+ * pool with that error instead of being restarted forever.
  * Workers are named "<name>-w<N>" (prctl PR_SET_NAME: ps -e, top and
  * pgrep tell them from the supervisor); a worker sees a stop request
  * within 200 ms of finishing its key.

@@ -69,17 +69,36 @@ static int no_redis(const char *name)
 int wq_open(const char *name, const struct wq_options *opts, wq **out)
 {
     wq__err_clear();
-    if (out && redis_name(name))
-        return wq__redis_open(name, opts, out);   /* checks its own options */
-    if (!out)
-        return -EINVAL;
-    int rc = wq__name_check(name);
-    if (rc < 0)
-        return rc;
-    if (opts && (rc = wq__options_check(opts)) < 0)
-        return rc;
-    return wq__shm_open(name, opts, out);
+    int rc;
+    if (out && redis_name(name)) {
+        rc = wq__redis_open(name, opts, out);   /* checks its own options */
+    } else {
+        if (!out)
+            return -EINVAL;
+        if ((rc = wq__name_check(name)) < 0)
+            return rc;
+        if (opts && (rc = wq__options_check(opts)) < 0)
+            return rc;
+        rc = wq__shm_open(name, opts, out);
+    }
+    if (rc == 0)
+        (*out)->observe = opts && (opts->flags & WQ_OBSERVE);
+    return rc;
 }
+
+/* A WQ_OBSERVE handle holds no process slot: the calls that hold or
+   change keys are refused, whatever the engine. */
+static int observer(const wq *q, const char *what)
+{
+    wq__errf("queue '%s': opened with WQ_OBSERVE, which takes no process slot: it "
+             "cannot %s", q->name, what);
+    return -EPERM;
+}
+#define WORKING(q, what) \
+    do { \
+        if (WQ_UNLIKELY((q)->observe)) \
+            return observer(q, what); \
+    } while (0)
 
 void wq_close(wq *q)
 {
@@ -139,6 +158,7 @@ int wq_add(wq *q, const void *key, size_t len)
     int rc = key_ok(q, key, len);
     if (WQ_UNLIKELY(rc < 0))
         return rc;
+    WORKING(q, "add keys");
     struct wq_add_req r = { .key = key, .len = len };
     return q->eng->add(q, &r);
 }
@@ -150,6 +170,7 @@ int wq_add_after(wq *q, const void *key, size_t len, uint64_t delay_ns)
     int rc = key_ok(q, key, len);
     if (rc < 0)
         return rc;
+    WORKING(q, "add keys");
     struct wq_add_req r = { .key = key, .len = len, .after_ns = delay_ns, .delayed = true };
     return q->eng->add(q, &r);
 }
@@ -161,6 +182,7 @@ int wq_add_rate_limited(wq *q, const void *key, size_t len)
     int rc = key_ok(q, key, len);
     if (rc < 0)
         return rc;
+    WORKING(q, "add keys");
     struct wq_add_req r = { .key = key, .len = len, .rate_limited = true, .delayed = true };
     return q->eng->add(q, &r);
 }
@@ -179,6 +201,7 @@ int wq_add_opts(wq *q, const void *key, size_t len, const struct wq_add_opts *o)
     int rc = key_ok(q, key, len);
     if (rc < 0)
         return rc;
+    WORKING(q, "add keys");
     struct wq_add_req r = { .key = key, .len = len, .priority = o->priority,
                             .after_ns = o->after_ns, .rate_limited = o->rate_limited,
                             .delayed = o->after_ns || o->rate_limited };
@@ -192,6 +215,7 @@ int wq_add_many(wq *q, const struct iovec *keys, size_t n)
     int rc = keys_ok(q, keys, n);
     if (rc < 0)
         return rc;
+    WORKING(q, "add keys");
     return q->eng->add_many(q, keys, n);
 }
 
@@ -214,6 +238,7 @@ int wq_get(wq *q, void *buf, size_t cap, int64_t timeout_ns)
     int rc = get_args(q, buf, cap, timeout_ns, &deadline);
     if (WQ_UNLIKELY(rc < 0))
         return rc;
+    WORKING(q, "get keys");
     return q->eng->get(q, buf, deadline);
 }
 
@@ -224,6 +249,7 @@ int wq_done(wq *q, const void *key, size_t len)
     int rc = key_ok(q, key, len);
     if (WQ_UNLIKELY(rc < 0))
         return rc;
+    WORKING(q, "hand keys back");
     return q->eng->done(q, key, len, NULL);
 }
 
@@ -234,6 +260,7 @@ int wq_finish(wq *q, const void *key, size_t len, int code, const char *message)
     int rc = key_ok(q, key, len);
     if (rc < 0)
         return rc;
+    WORKING(q, "hand keys back");
     struct wq_outcome o = { true, code, message };
     return q->eng->done(q, key, len, &o);
 }
@@ -245,6 +272,7 @@ int wq_done_get(wq *q, const void *done_key, size_t done_len, void *buf, size_t 
     int rc = get_args(q, buf, cap, timeout_ns, &deadline);
     if (WQ_UNLIKELY(rc < 0) || WQ_UNLIKELY((rc = key_ok(q, done_key, done_len)) < 0))
         return rc;
+    WORKING(q, "hand keys back");
     return q->eng->done_get(q, done_key, done_len, buf, deadline);
 }
 
@@ -257,6 +285,7 @@ int wq_get_many(wq *q, void *buf, size_t size, struct iovec *keys, size_t n,
     int rc = get_args(q, buf, size, timeout_ns, &deadline);
     if (rc < 0)
         return rc;
+    WORKING(q, "get keys");
     if (q->eng->get_many)
         return q->eng->get_many(q, buf, size, keys, n, deadline);
     /* One get at a time: the first waits, the rest take what is queued
@@ -279,6 +308,7 @@ int wq_done_many(wq *q, const struct iovec *keys, size_t n)
     int rc = keys_ok(q, keys, n);
     if (rc < 0)
         return rc;
+    WORKING(q, "hand keys back");
     if (q->eng->done_many)
         return q->eng->done_many(q, keys, n);
     int done = 0;
@@ -334,7 +364,10 @@ int wq_forget(wq *q, const void *key, size_t len)
     if (!q)
         return -EINVAL;
     int rc = key_ok(q, key, len);
-    return rc < 0 ? rc : q->eng->forget(q, key, len);
+    if (rc < 0)
+        return rc;
+    WORKING(q, "forget keys");
+    return q->eng->forget(q, key, len);
 }
 
 int wq_remove(wq *q, const void *key, size_t len)
@@ -342,7 +375,10 @@ int wq_remove(wq *q, const void *key, size_t len)
     if (!q)
         return -EINVAL;
     int rc = key_ok(q, key, len);
-    return rc < 0 ? rc : q->eng->remove(q, key, len);
+    if (rc < 0)
+        return rc;
+    WORKING(q, "remove keys");
+    return q->eng->remove(q, key, len);
 }
 
 int wq_num_requeues(wq *q, const void *key, size_t len)

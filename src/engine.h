@@ -78,6 +78,7 @@ struct wq {
     const struct wq_engine *eng;
     uint32_t max_key_len;
     bool fair;
+    bool observe;     /* WQ_OBSERVE: api.c refuses the calls that hold or change keys */
     char name[640];   /* a queue name, or a redis:// URL without its password */
 };
 

@@ -46,9 +46,14 @@ static int limiter_check(const struct wq_options *o)
 
 int wq__options_check(const struct wq_options *o)
 {
-    const unsigned known = WQ_CREATE | WQ_EXCL | WQ_FAIR | WQ_NO_METRICS | WQ_RESTORE;
+    const unsigned known = WQ_CREATE | WQ_EXCL | WQ_FAIR | WQ_NO_METRICS | WQ_RESTORE |
+                           WQ_OBSERVE;
     if (o->flags & ~known)
         return -EINVAL;
+    if ((o->flags & WQ_OBSERVE) && (o->flags & WQ_CREATE)) {
+        wq__errf("WQ_OBSERVE opens a queue that exists; it cannot be given with WQ_CREATE");
+        return -EINVAL;
+    }
     if ((o->flags & (WQ_EXCL | WQ_RESTORE)) && !(o->flags & WQ_CREATE))
         return -EINVAL;
     if ((o->flags & WQ_RESTORE) && !o->store_path)

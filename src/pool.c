@@ -128,7 +128,9 @@ static void worker_main(wq *q, struct shared *sh, unsigned id, wq_reconcile_fn f
             break;
         if (n < 0) {
             int none = 0;
-            if (n == -EUSERS || n == -ENOMEM || n == -EBADMSG || n == -ENOTRECOVERABLE)
+            /* -EPERM: a WQ_OBSERVE handle, which no restart mends */
+            if (n == -EUSERS || n == -ENOMEM || n == -EBADMSG || n == -ENOTRECOVERABLE ||
+                n == -EPERM)
                 __atomic_compare_exchange_n(&sh->fatal, &none, n, false, __ATOMIC_SEQ_CST,
                                             __ATOMIC_SEQ_CST);
             _exit(1);   /* the supervisor restarts us, or gives up */

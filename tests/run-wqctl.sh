@@ -8,11 +8,13 @@ R="t-wqctl-r-$$"      # rate limiter (exponential, 1h base: keys stay waiting)
 F="t-wqctl-f-$$"      # fast-slow limiter (1ms, then 1h): failing keys
 M="t-wqctl-m-$$"      # metrics
 N="t-wqctl-n-$$"      # metrics with --no-metrics
+P="t-wqctl-p-$$"      # a full process table
 OUT="/tmp/wqctl.out.$$"
 cleanup() {
     rm -f "$OUT"
     [ -n "${HD:-}" ] && rm -rf "$HD"
-    for q in "$Q" "$D" "$R" "$F" "$M" "$N"; do
+    [ -n "${GETS:-}" ] && kill $GETS 2>/dev/null
+    for q in "$Q" "$D" "$R" "$F" "$M" "$N" "$P"; do
         "$WQCTL" rm "$q" >/dev/null 2>&1 || rm -f "/dev/shm/wq.$q"
     done
 }
@@ -285,4 +287,40 @@ else
     echo "note: no root, no shmem huge pages or no private mount: huge-page case skipped"
 fi
 rmdir "$HD"
+
+# ---- a full process table ---------------------------------------------
+# Two blocked gets hold both slots of P. Commands that only look or act
+# on the whole queue open it as observers (WQ_OBSERVE): they work, and
+# are not counted among its processes; one that adds is refused.
+expect_rc 0 "$WQCTL" create "$P" --capacity 10 --max-procs 2
+timeout -k 5 120 "$WQCTL" get "$P" --timeout 1h >/dev/null 2>&1 &
+GETS=$!
+timeout -k 5 120 "$WQCTL" get "$P" --timeout 1h >/dev/null 2>&1 &
+GETS="$GETS $!"
+i=0
+until "$WQCTL" stat "$P" --json 2>/dev/null | grep -q '"processes":2,'; do
+    i=$((i + 1)); [ $i -lt 600 ] || fail "the two gets never attached to $P"
+    sleep 0.1
+done
+expect_rc 1 "$WQCTL" add "$P" x
+grep -Fxq "wqctl: queue '$P': process table full (max_procs handles attached)" "$OUT" ||
+    fail "add to a full table said: $(cat "$OUT")"
+run "$WQCTL" stat "$P"
+has_re 'processes  *2'
+run "$WQCTL" ls
+has_re "$P  *0  *0  *0  *10  *2"
+run "$WQCTL" metrics "$P"
+has_line "workqueue_attached_processes{name=\"$P\"} 2"
+expect_rc 0 "$WQCTL" dump "$P"
+expect_rc 0 "$WQCTL" check "$P"
+expect_rc 0 "$WQCTL" shutdown "$P"
+for pid in $GETS; do
+    wait "$pid"; rc=$?
+    [ "$rc" = 1 ] || fail "a get woken by the shutdown exited $rc, want 1 (nothing got)"
+done
+GETS=
+expect_rc 0 "$WQCTL" resume "$P"
+run "$WQCTL" stat "$P"
+has_re 'processes  *0'
+expect_rc 0 "$WQCTL" rm "$P"
 echo "wqctl: 1 passed, 0 failed"

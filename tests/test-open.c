@@ -256,6 +256,110 @@ static void max_procs(void **state)
     wq_close(a);
 }
 
+/* The calls WQ_OBSERVE refuses, each -EPERM with its message, changing
+   nothing. */
+static void expect_refused(wq *o, const char *name, const char *what, int rc)
+{
+    char want[900];
+    snprintf(want, sizeof want, "queue '%s': opened with WQ_OBSERVE, which takes no "
+             "process slot: it cannot %s", wq_name(o), what);
+    if (rc != -EPERM || strcmp(wq_last_error(), want) != 0)
+        fail_msg("%s on an observer: %d (%s) '%s', expected -EPERM '%s'", name, rc,
+                 wq_strerror(rc), wq_last_error(), want);
+}
+
+static int never_called(wq *q, const void *key, size_t len, struct wq_reconcile *out,
+                        void *arg)
+{
+    (void)q, (void)key, (void)len, (void)arg, (void)out;
+    _exit(3);
+}
+
+/* An observer looks at a queue whose process table is full, and acts on
+   the queue as a whole, but never holds or changes keys. */
+static void observe(void **state)
+{
+    (void)state;
+    const char *name = t_qname("observe");
+    struct wq_options o = { .capacity = 16, .flags = WQ_CREATE | WQ_EXCL };
+    if (!t_redis())
+        o.max_procs = 2;
+    wq *a = NULL, *b = NULL, *ob = NULL, *c = (wq *)&o;
+    const struct wq_options look = { .flags = WQ_OBSERVE };
+
+    /* Not with WQ_CREATE; and it attaches only to what exists. */
+    struct wq_options bad = { .flags = WQ_OBSERVE | WQ_CREATE };
+    assert_int_equal(wq_open(name, &bad, &c), -EINVAL);
+    assert_string_equal(wq_last_error(), "WQ_OBSERVE opens a queue that exists; it "
+                        "cannot be given with WQ_CREATE");
+    assert_ptr_equal(c, (wq *)&o);
+    assert_int_equal(wq_open(name, &look, &c), -ENOENT);
+
+    assert_int_equal(wq_open(name, &o, &a), 0);
+    assert_int_equal(wq_add(a, "k1", 2), 0);
+    assert_int_equal(wq_add(a, "k2", 2), 0);
+    char buf[WQ_MAX_KEY_LEN];
+    assert_int_equal(wq_get(a, buf, sizeof buf, 0), 2);   /* k1 processing */
+    assert_memory_equal(buf, "k1", 2);
+    if (!t_redis()) {
+        assert_int_equal(wq_open(name, NULL, &b), 0);
+        assert_int_equal(wq_open(name, NULL, &c), -EUSERS);   /* full */
+    }
+    assert_int_equal(wq_open(name, &look, &ob), 0);
+    if (!t_redis()) {
+        struct wq_stats st = t_stats(ob);
+        assert_int_equal(st.processes, 2);   /* the observer is not one */
+        assert_int_equal(st.max_procs, 2);
+    }
+    T_EXPECT_STATS(ob, 2, 1, 1, 0, "seen by the observer");
+    assert_int_equal(wq_len(ob), 1);
+    assert_int_equal(wq_num_requeues(ob, "k2", 2), 0);
+
+    const struct iovec keys[] = { { "k2", 2 }, { "k3", 2 } };
+    struct iovec got[2];
+    struct wq_add_opts ao = { .after_ns = 1000 };
+    expect_refused(ob, "wq_add", "add keys", wq_add(ob, "k3", 2));
+    expect_refused(ob, "wq_add_after", "add keys", wq_add_after(ob, "k3", 2, 1000));
+    expect_refused(ob, "wq_add_rate_limited", "add keys", wq_add_rate_limited(ob, "k3", 2));
+    expect_refused(ob, "wq_add_opts", "add keys", wq_add_opts(ob, "k3", 2, &ao));
+    expect_refused(ob, "wq_add_many", "add keys", wq_add_many(ob, keys, 2));
+    expect_refused(ob, "wq_get", "get keys", wq_get(ob, buf, sizeof buf, 0));
+    expect_refused(ob, "wq_get_many", "get keys", wq_get_many(ob, buf, sizeof buf, got, 1, 0));
+    expect_refused(ob, "wq_done", "hand keys back", wq_done(ob, "k1", 2));
+    expect_refused(ob, "wq_finish", "hand keys back", wq_finish(ob, "k1", 2, 0, "x"));
+    expect_refused(ob, "wq_done_get", "hand keys back",
+                   wq_done_get(ob, "k1", 2, buf, sizeof buf, 0));
+    expect_refused(ob, "wq_done_many", "hand keys back", wq_done_many(ob, keys, 1));
+    expect_refused(ob, "wq_forget", "forget keys", wq_forget(ob, "k2", 2));
+    expect_refused(ob, "wq_remove", "remove keys", wq_remove(ob, "k2", 2));
+    assert_int_equal(wq_run_workers(ob, 1, never_called, NULL), -EPERM);
+    T_EXPECT_STATS(a, 2, 1, 1, 0, "nothing the observer was refused changed the queue");
+
+    /* The queue as a whole: check, shutdown with a drain that waits (as
+       a drainer, which holds no slot), resume. */
+    assert_int_equal(wq_check(ob, WQ_CHECK_REPAIR), 0);
+    assert_int_equal(wq_shutdown_drain(ob, 50 * 1000 * 1000), -ETIMEDOUT);
+    assert_true(wq_shutting_down(a));
+    assert_int_equal(wq_add(a, "k4", 2), -ESHUTDOWN);
+    assert_int_equal(wq_done(a, "k1", 2), 0);
+    assert_int_equal(wq_shutdown_drain(ob, 1000 * 1000 * 1000), 0);
+    assert_int_equal(wq_resume(ob), 0);
+    assert_int_equal(wq_add(a, "k4", 2), 0);
+    T_EXPECT_STATS(ob, 2, 2, 0, 0, "after the observer's shutdown and resume");
+
+    /* Closing the observer frees nothing it did not have: the table is
+       still full; a worker's close frees a slot for a worker. */
+    wq_close(ob);
+    if (!t_redis()) {
+        assert_int_equal(wq_open(name, NULL, &c), -EUSERS);
+        wq_close(b);
+        assert_int_equal(wq_open(name, NULL, &c), 0);
+        assert_int_equal(t_stats(a).processes, 2);
+        wq_close(c);
+    }
+    wq_close(a);
+}
+
 /* ------------------------------------------------------------------ */
 /* Options                                                             */
 /* ------------------------------------------------------------------ */
@@ -621,6 +725,7 @@ int main(void)
         T_TEST(unlink_while_attached),
         T_TEST(list_queues),
         T_TEST(max_procs),
+        T_TEST(observe),
         T_TEST(options_invalid),
         T_TEST(options_notsup),
         T_TEST(options_limiter),

@@ -64,6 +64,7 @@ int wq__shm_open(const char *name, const struct wq_options *opts, wq **out)
     snprintf(q->pub.name, sizeof q->pub.name, "%s", name);
     q->slot = WQ_NIL;
     q->fd = -1;
+    q->pub.observe = opts && (opts->flags & WQ_OBSERVE);   /* never registers */
 
     bool create = opts && (opts->flags & WQ_CREATE);
     bool excl = opts && (opts->flags & WQ_EXCL);
@@ -107,7 +108,7 @@ int wq__shm_open(const char *name, const struct wq_options *opts, wq **out)
     }
     if (!q->fair && !q->g.has_store)   /* the coalesced add's (queue.c); optional */
         q->hints = calloc(WQ_HINTS, sizeof *q->hints);
-    rc = wq__lock(q);   /* registers this process (see procs.c) */
+    rc = wq__lock(q);   /* registers this process (see procs.c), or repairs */
     if (rc < 0)
         goto fail;
     wq__unlock(q);
@@ -142,7 +143,8 @@ int wq__shm_unlink(const char *name)
     if (rc < 0)
         return rc;
     wq *q;
-    if (wq__shm_open(name, NULL, &q) == 0) {
+    const struct wq_options look = { .flags = WQ_OBSERVE };   /* a full table too */
+    if (wq__shm_open(name, &look, &q) == 0) {
         if (wq__shm(q)->g.has_store)
             wq__store_flush(wq__shm(q), true);
         wq__shm_close(q);

@@ -141,8 +141,9 @@ int wq__lock(shmq *q)
         return rc;
     }
     /* Re-register after a fork, or if our slot is no longer ours (it can
-       only be taken from a live handle by repairing a corrupt table). */
-    if (!q->closing &&
+       only be taken from a live handle by repairing a corrupt table). An
+       observer (WQ_OBSERVE) never holds a slot. */
+    if (!q->closing && !q->pub.observe &&
         WQ_UNLIKELY(q->forkgen != wq_load_relaxed(&wq__fork_gen) ||
                     q->slot >= q->max_procs ||
                     q->procs[q->slot].state != WQ_PROC_LIVE ||

@@ -128,9 +128,10 @@ int wq__sleep(shmq *q, uint32_t *word, uint64_t deadline, uint64_t until, bool g
     if (rc < 0)
         return rc;
     /* Our slot may have been re-registered meanwhile (fork, repair): the
-       counts are only ever decremented, never below zero. */
-    struct wq_proc *me = &q->procs[q->slot];
+       counts are only ever decremented, never below zero. Only a getter
+       has a slot (a drainer may be an observer's, WQ_OBSERVE). */
     if (getter) {
+        struct wq_proc *me = &q->procs[q->slot];
         if (h->wake_pending > 0)
             h->wake_pending--;   /* ours, or one whose sleeper took longer */
         if (h->waiters > 0)

@@ -377,7 +377,7 @@ int cmd_snapshot(const struct args *a)
     wq *q;
     int rc, n;
 
-    if ((rc = open_queue(name, &q)) != EXIT_OK)
+    if ((rc = open_queue(name, WQ_OBSERVE, &q)) != EXIT_OK)
         return rc;
     n = wq_snapshot(q);
     wq_close(q);

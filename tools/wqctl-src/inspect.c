@@ -332,7 +332,7 @@ int cmd_stat(const struct args *a)
 
     if ((rc = set_key_output(a)) != EXIT_OK)
         return rc;
-    if ((rc = open_queue(name, &q)) != EXIT_OK)
+    if ((rc = open_queue(name, WQ_OBSERVE, &q)) != EXIT_OK)
         return rc;
     if ((rc = queue_stats(q, name, &st)) != EXIT_OK)
         return rc;
@@ -378,8 +378,9 @@ struct ls_row {
 static void ls_read(struct ls_row *r)
 {
     wq *q;
+    const struct wq_options look = { .flags = WQ_OBSERVE };   /* a full table too */
 
-    r->err = wq_open(r->name, NULL, &q);
+    r->err = wq_open(r->name, &look, &q);
     if (r->err < 0)
         return;
     r->err = wq_stats(q, &r->st);
@@ -709,7 +710,7 @@ int cmd_dump(const struct args *a)
 
     if ((rc = set_key_output(a)) != EXIT_OK)
         return rc;
-    if ((rc = open_queue_stats(name, &q, &st)) != EXIT_OK)
+    if ((rc = open_queue_stats(name, WQ_OBSERVE, &q, &st)) != EXIT_OK)
         return rc;
     rc = wq_dump(q, collect_key, &l);
     now = now_mono();
@@ -762,7 +763,7 @@ int cmd_result(const struct args *a)
 
     if ((rc = set_key_output(a)) != EXIT_OK)
         return rc;
-    if ((rc = open_queue_keys(name, &q, &max_key_len)) != EXIT_OK)
+    if ((rc = open_queue_keys(name, WQ_OBSERVE, &q, &max_key_len)) != EXIT_OK)
         return rc;
     if ((rc = check_keys(max_key_len, a->pos + 1, 1)) != EXIT_OK) {
         wq_close(q);
@@ -831,7 +832,7 @@ int cmd_check(const struct args *a)
     wq *q;
     int rc;
 
-    if ((rc = open_queue(name, &q)) != EXIT_OK)
+    if ((rc = open_queue(name, WQ_OBSERVE, &q)) != EXIT_OK)
         return rc;
     rc = wq_check_report(q, repair ? WQ_CHECK_REPAIR : 0, collect_report, &rep);
     wq_close(q);

@@ -203,7 +203,7 @@ int cmd_add(const struct args *a)
 
     if ((rc = add_options(a, &s)) != EXIT_OK)
         return rc;
-    if ((rc = open_queue_stats(s.name, &s.q, &st)) != EXIT_OK)
+    if ((rc = open_queue_stats(s.name, 0, &s.q, &st)) != EXIT_OK)
         return rc;
     s.max_key_len = st.max_key_len;
     if (s.opts.priority != 0 && !st.fair) {
@@ -234,7 +234,7 @@ int cmd_forget(const struct args *a)
     wq *q;
     int rc;
 
-    if ((rc = open_queue_keys(name, &q, &max_key_len)) != EXIT_OK)
+    if ((rc = open_queue_keys(name, 0, &q, &max_key_len)) != EXIT_OK)
         return rc;
     rc = check_keys(max_key_len, a->pos + 1, a->npos - 1);
     for (size_t i = 1; rc == EXIT_OK && i < a->npos; i++) {
@@ -257,7 +257,7 @@ int cmd_requeues(const struct args *a)
     wq *q;
     int rc, n;
 
-    if ((rc = open_queue_keys(name, &q, &max_key_len)) != EXIT_OK)
+    if ((rc = open_queue_keys(name, WQ_OBSERVE, &q, &max_key_len)) != EXIT_OK)
         return rc;
     if ((rc = check_keys(max_key_len, a->pos + 1, 1)) == EXIT_OK) {
         struct ectx c = { .queue = name, .what = "requeues", .key = key,
@@ -300,7 +300,7 @@ int cmd_get(const struct args *a)
         return usage_error(a->cmd, "bad value '0' for --count (at least 1)");
     if ((rc = set_key_output(a)) != EXIT_OK)
         return rc;
-    if ((rc = open_queue_keys(name, &q, &max_key_len)) != EXIT_OK)
+    if ((rc = open_queue_keys(name, 0, &q, &max_key_len)) != EXIT_OK)
         return rc;
     size_t per = count < GET_BATCH ? count : GET_BATCH;
     size_t size = per * (max_key_len ? max_key_len : 1);
@@ -372,7 +372,7 @@ int cmd_shutdown(const struct args *a)
         return usage_error(a->cmd, "--timeout needs --drain");
     if (!opt_timeout(a, -1, &timeout))
         return EXIT_USAGE;
-    if ((rc = open_queue(name, &q)) != EXIT_OK)
+    if ((rc = open_queue(name, WQ_OBSERVE, &q)) != EXIT_OK)
         return rc;
     if (drain)
         rc = wq_shutdown_drain(q, timeout);
@@ -390,7 +390,7 @@ int cmd_resume(const struct args *a)
     wq *q;
     int rc;
 
-    if ((rc = open_queue(name, &q)) != EXIT_OK)
+    if ((rc = open_queue(name, WQ_OBSERVE, &q)) != EXIT_OK)
         return rc;
     rc = wq_resume(q);
     wq_close(q);

@@ -45,7 +45,7 @@ static const char *const metric_types[] = {
 struct qread {
     char *label;          /* wq_name(), malloc'd */
     struct wq_metrics m;
-    struct wq_stats st;   /* processes: without wqctl's own handle */
+    struct wq_stats st;
 };
 
 static const struct family {
@@ -242,34 +242,24 @@ static void why(char *buf, size_t size, const char *what, int err)
 }
 
 /*
- * Shared-memory reads one at a time. A region counts every attached
- * handle as a process, and read_queue takes its own off; a second
- * scrape's handle, open at the same moment in this process (the HTTP
- * server runs scrapes in parallel), would be counted too. The reads are
- * local and short, so serialising them costs little. Redis queues are
- * not serialised: a handle that takes no key holds no lease, and a
- * stalled server must not hold up the other queues' reads.
- */
-static pthread_mutex_t shm_reads = PTHREAD_MUTEX_INITIALIZER;
-
-/*
  * Read one queue into *r: 0, or a negative errno with its message in
  * msg. The handle is closed before returning.
  */
 static int read_queue(const char *name, struct qread *r, char *msg,
                       size_t size)
 {
-    bool shm = strncmp(name, "redis://", 8) != 0;
     const char *what = NULL;
     wq *q;
     int err;
 
     memset(r, 0, sizeof *r);
-    if (shm)
-        pthread_mutex_lock(&shm_reads);
-    if ((err = wq_open(name, NULL, &q)) < 0) {
+    /* An observer takes no process slot: a scrape works when workers
+       hold every slot, and is not counted among the attached processes
+       (so parallel scrapes need no serialising either). */
+    const struct wq_options look = { .flags = WQ_OBSERVE };
+    if ((err = wq_open(name, &look, &q)) < 0) {
         why(msg, size, NULL, err);
-        goto out;
+        return err;
     }
     if ((err = wq_metrics(q, &r->m)) < 0)
         what = "metrics";
@@ -279,12 +269,7 @@ static int read_queue(const char *name, struct qread *r, char *msg,
         err = -ENOMEM;
     if (err < 0)
         why(msg, size, what, err);
-    else if (shm && r->st.processes > 0)
-        r->st.processes--;          /* our own handle */
     wq_close(q);
-out:
-    if (shm)
-        pthread_mutex_unlock(&shm_reads);
     return err;
 }
 

@@ -11,10 +11,14 @@
 #include <string.h>
 #include <time.h>
 
-/* Attach to an existing queue; on failure print why and return EXIT_FAIL. */
-int open_queue(const char *name, wq **q)
+/* Attach to an existing queue; on failure print why and return EXIT_FAIL.
+   flags: 0 for a command that adds, gets or changes keys, WQ_OBSERVE for
+   one that only looks or acts on the whole queue: it then takes no
+   process slot and works when max_procs workers hold them all. */
+int open_queue(const char *name, unsigned flags, wq **q)
 {
-    int rc = wq_open(name, NULL, q);
+    const struct wq_options o = { .flags = flags };
+    int rc = wq_open(name, &o, q);
 
     return rc < 0 ? queue_error(name, NULL, rc) : EXIT_OK;
 }
@@ -32,22 +36,22 @@ int queue_stats(wq *q, const char *name, struct wq_stats *st)
 }
 
 /* Attach and read the stats; on failure print why and return EXIT_FAIL. */
-int open_queue_stats(const char *name, wq **q, struct wq_stats *st)
+int open_queue_stats(const char *name, unsigned flags, wq **q, struct wq_stats *st)
 {
     int rc;
 
-    if ((rc = open_queue(name, q)) != EXIT_OK)
+    if ((rc = open_queue(name, flags, q)) != EXIT_OK)
         return rc;
     return queue_stats(*q, name, st);
 }
 
 /* Attach and read max_key_len; on failure print why and return EXIT_FAIL. */
-int open_queue_keys(const char *name, wq **q, uint64_t *max_key_len)
+int open_queue_keys(const char *name, unsigned flags, wq **q, uint64_t *max_key_len)
 {
     struct wq_stats st;
     int rc;
 
-    if ((rc = open_queue_stats(name, q, &st)) != EXIT_OK)
+    if ((rc = open_queue_stats(name, flags, q, &st)) != EXIT_OK)
         return rc;
     *max_key_len = st.max_key_len;
     return EXIT_OK;

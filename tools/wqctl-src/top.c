@@ -8,7 +8,9 @@
  * from the work-duration histogram's count (one observation per wq_done;
  * 0 for a queue created with --no-metrics, which keeps no histograms). The chosen queue is also
  * walked with wq_dump, for its processing keys and the next keys to be
- * handed out. Our own handle is not counted among attached processes.
+ * handed out. Our handle is an observer (WQ_OBSERVE): it takes no process
+ * slot, so it is not counted among the attached processes and works when
+ * workers hold every slot.
  */
 #include "wqctl.h"
 
@@ -66,11 +68,6 @@ static volatile sig_atomic_t stop_sig;
 static void on_stop(int sig)
 {
     stop_sig = sig;
-}
-
-static bool is_redis(const char *name)
-{
-    return strncmp(name, "redis://", 8) == 0;
 }
 
 /* A key, escaped and cut to KEY_COLS columns (a terminal is no place for
@@ -157,7 +154,8 @@ static void relist(struct top *t)
 static void read_row(struct row *r)
 {
     if (!r->q) {
-        int rc = wq_open(r->name, NULL, &r->q);
+        const struct wq_options look = { .flags = WQ_OBSERVE };
+        int rc = wq_open(r->name, &look, &r->q);
         if (rc < 0) {
             r->q = NULL;
             r->err = rc;
@@ -178,8 +176,6 @@ static void read_row(struct row *r)
         return;
     }
     r->err = 0;
-    if (!is_redis(r->name) && r->st.processes > 0)
-        r->st.processes--;   /* our own handle */
     uint64_t now = now_mono(), done = r->m.work_duration.count;
     if (r->have_prev && now > r->prev_ns) {
         double dt = (double)(now - r->prev_ns) / 1e9;

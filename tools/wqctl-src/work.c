@@ -707,7 +707,7 @@ int cmd_work(const struct args *a)
     if ((rc = work_options(a, &c, &jobs)) != EXIT_OK)
         return rc;
     c.progress = isatty(STDERR_FILENO) == 1;
-    if ((rc = open_queue(name, &q)) != EXIT_OK)
+    if ((rc = open_queue(name, 0, &q)) != EXIT_OK)
         return rc;
     if ((rc = queue_stats(q, name, &st)) != EXIT_OK)
         return rc;

@@ -161,10 +161,10 @@ void strv_free(struct strv *sv);
 
 /* ---- queue.c ---- */
 
-int open_queue(const char *name, wq **q);
+int open_queue(const char *name, unsigned flags, wq **q);
 int queue_stats(wq *q, const char *name, struct wq_stats *st);
-int open_queue_stats(const char *name, wq **q, struct wq_stats *st);
-int open_queue_keys(const char *name, wq **q, uint64_t *max_key_len);
+int open_queue_stats(const char *name, unsigned flags, wq **q, struct wq_stats *st);
+int open_queue_keys(const char *name, unsigned flags, wq **q, uint64_t *max_key_len);
 int check_key(uint64_t max_key_len, size_t len, const char *where,
               uint64_t index);
 int check_keys(uint64_t max_key_len, char **keys, size_t n);
