@@ -308,13 +308,25 @@ static int settle(shmq *q, struct wq_item *items, uint32_t n, uint64_t now, bool
     return wq__mut_end(q, 0);
 }
 
+/* Lock held: the state of key's entry in the index, and its index in
+   *idx (0 and WQ_NIL when the key has none). */
+static uint16_t state_of(shmq *q, const struct iovec *key, uint32_t *idx)
+{
+    uint32_t hash = wq__hash(q->seed, key->iov_base, key->iov_len);
+    *idx = wq__table_lookup(q, key->iov_base, key->iov_len, hash);
+    if (*idx >= q->nent) {
+        *idx = WQ_NIL;
+        return 0;
+    }
+    return wq__st(wq__entry(q, *idx));
+}
+
 /* Lock held: the entry of a key of ours still waiting for its store
    commit (STORING), or WQ_NIL. */
 static uint32_t storing(shmq *q, const struct iovec *key)
 {
-    uint32_t hash = wq__hash(q->seed, key->iov_base, key->iov_len);
-    uint32_t idx = wq__table_lookup(q, key->iov_base, key->iov_len, hash);
-    return idx < q->nent && wq__st(wq__entry(q, idx)) == WQ_ST_STORING ? idx : WQ_NIL;
+    uint32_t idx;
+    return state_of(q, key, &idx) == WQ_ST_STORING ? idx : WQ_NIL;
 }
 
 /* Lock held: is a key of the call still waiting for its commit (ours,
@@ -673,14 +685,11 @@ static bool lost(shmq *q, const struct iovec *keys, size_t n, uint32_t drops)
         return false;   /* the flush's verdict stands */
     bool gone = false;
     if (q->hdr->storing_drops != drops) {
-        for (size_t i = 0; i < n && !gone; i++) {
-            const struct iovec *k = &keys[i];
-            uint32_t hash = wq__hash(q->seed, k->iov_base, k->iov_len);
-            uint32_t idx = wq__table_lookup(q, k->iov_base, k->iov_len, hash);
-            gone = idx >= q->nent ||
-                   !(wq__st(wq__entry(q, idx)) & (WQ_ST_DIRTY | WQ_ST_QUEUED | WQ_ST_PROCESSING |
-                                                  WQ_ST_WAITING | WQ_ST_STORING));
-        }
+        uint32_t idx;
+        for (size_t i = 0; i < n && !gone; i++)
+            gone = !(state_of(q, &keys[i], &idx) & (WQ_ST_DIRTY | WQ_ST_QUEUED |
+                                                    WQ_ST_PROCESSING | WQ_ST_WAITING |
+                                                    WQ_ST_STORING));
     }
     wq__unlock(q);
     if (gone)
