@@ -1003,7 +1003,9 @@ WQ_API int wq_run_workers_opts(wq *q, unsigned workers, wq_reconcile_fn fn, void
  * checksum are dropped, pages LMDB cannot read are walked around (in
  * child processes: a damaged page loses its records and some near it,
  * as the walk resumes past it in steps of at most 1/256 of the stored
- * keys' hash space), and report (may be NULL) gets one line per loss and
+ * keys' hash space; a walk that makes no progress for 5 s, as in a cycle
+ * of pages, is killed and resumed likewise, and three such walks in a row
+ * end the salvage), and report (may be NULL) gets one line per loss and
  * a summary naming the kept and dropped counts and where the damaged
  * store went. The queue's settings come from the old meta record when it
  * is readable, else from opts (NULL or zero fields: defaults). No region

@@ -13,6 +13,9 @@
 #define WQ_FAULT_FAIL 2        /* a WQ_FAIL point reports failure instead */
 #define WQ_FAULT_FAIL_ON 3     /* ... at the nth time and every time after,
                                   until disarmed (a full tmpfs, say) */
+#define WQ_FAULT_HANG 4        /* stop there for good, making no progress
+                                  (a walk caught in a cycle of pages), until
+                                  someone kills the process */
 #define WQ_FAULT_EXIT_CODE 86
 
 /* Die at the nth time this process reaches `point` (NULL disarms).

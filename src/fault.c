@@ -44,6 +44,8 @@ void wq__fault_hit(const char *point)
         strcmp(point, armed) == 0 && --countdown == 0) {
         if (how == WQ_FAULT_EXIT)
             _exit(WQ_FAULT_EXIT_CODE);
+        while (how == WQ_FAULT_HANG)
+            pause();
         raise(SIGKILL);
         _exit(WQ_FAULT_EXIT_CODE);   /* not reached */
     }
@@ -66,7 +68,7 @@ int wq_fault_arm(const char *point, unsigned nth, int mode)
     }
     if (strlen(point) >= sizeof armed || nth == 0 ||
         (mode != WQ_FAULT_KILL && mode != WQ_FAULT_EXIT && mode != WQ_FAULT_FAIL &&
-         mode != WQ_FAULT_FAIL_ON))
+         mode != WQ_FAULT_FAIL_ON && mode != WQ_FAULT_HANG))
         return -EINVAL;
     strcpy(armed, point);
     countdown = nth;

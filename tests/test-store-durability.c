@@ -15,14 +15,15 @@
  *   - FSYNC deferred changes: a removal is not committed on its own but
  *     with the next new key, at 1024 listed, by wq_snapshot or once the
  *     interval passed; a killed process's is kept by the region.
+ *   - a store reader that hangs: a restore fails, a salvage goes on.
  *
  * Store directories live under one mkdtemp directory in /tmp. main()
  * runs the cmocka group in a child and removes that directory (and any
  * /dev/shm object of the child) whatever happened to the child, so a
  * crash or a watchdog exit leaves nothing behind (t_guard_main).
  *
- * Linked against libwq-fault.la (for WQ_TEST_STORE_MAX_MAP and
- * WQ_TEST_SYNC_WAIT_US).
+ * Linked against libwq-fault.la (for WQ_TEST_STORE_MAX_MAP,
+ * WQ_TEST_SYNC_WAIT_US, WQ_TEST_STALL_MS and WQ_FAULT_HANG).
  */
 #include "t.h"
 
@@ -1286,6 +1287,111 @@ static void test_fsync_deferred_full(void **state)
 }
 
 /* ------------------------------------------------------------------ */
+/* A reader that hangs (a cycle of pages)                              */
+/* ------------------------------------------------------------------ */
+
+struct hung_lines {
+    int cut, n;
+    char stalled[120];   /* the words of a hung walk */
+    char last[300];
+};
+
+static void hung_line(const char *what, void *arg)
+{
+    struct hung_lines *l = arg;
+    printf("  salvage: %s\n", what);
+    fflush(stdout);
+    l->n++;
+    if (strncmp(what, "walk cut short: ", 16) == 0 && strcmp(what + 16, l->stalled) == 0)
+        l->cut++;
+    snprintf(l->last, sizeof l->last, "%s", what);
+}
+
+/* The store's reader walks LMDB in a child; one that stops making
+   progress (WQ_FAULT_HANG at its nth record: what a cycle of pages does)
+   is killed after the stall time (200 ms times t_scale() here,
+   WQ_TEST_STALL_MS: a slow build's reader must not look hung). A
+   restore then fails and builds nothing; a salvage goes on from the last
+   record read and keeps every record; a walk that hangs before its first
+   record ends the salvage after three such walks in a row. */
+static void test_hung_walk(void **state)
+{
+    (void)state;
+    enum { N = 5000 };
+    const char *store = t_mkstore(), *name = t_qname("hung");
+    struct wq_options o = t_store_opts(store, WQ_DURABLE_PROCESS);
+    o.capacity = 8192;
+    wq *q = t_track(T_OPEN(name, &o));
+    static char kb[N][8];
+    static struct iovec keys[N];
+    for (int i = 0; i < N; i++) {
+        snprintf(kb[i], sizeof kb[i], "h%d", i);
+        keys[i] = (struct iovec){ kb[i], strlen(kb[i]) };
+    }
+    assert_int_equal(wq_add_many(q, keys, N), 0);
+    t_close(q);
+    char path[300];
+    t_shm_path(name, path, sizeof path);
+    assert_int_equal(unlink(path), 0);
+
+    char ms[16], stalled[120];
+    snprintf(ms, sizeof ms, "%u", (unsigned)(200 * t_scale()));
+    snprintf(stalled, sizeof stalled, "walking it made no progress for %s ms (a cycle of "
+             "pages?)", ms);
+    assert_int_equal(setenv("WQ_TEST_STALL_MS", ms, 1), 0);
+    assert_int_equal(wq_fault_arm("store.read.record", 2000, WQ_FAULT_HANG), 0);
+    wq *r = (wq *)&o;
+    assert_int_equal(wq_open(name, &o, &r), -EUCLEAN);
+    assert_ptr_equal(r, (wq *)&o);
+    if (!strstr(wq_last_error(), stalled))
+        fail_msg("a hung restore said: %s", wq_last_error());
+    assert_int_equal(access(path, F_OK), -1);   /* no region was built */
+    assert_int_equal(errno, ENOENT);
+
+    /* Each walk hangs at its 2000th record, after sending a buffer or
+       more: every next walk starts after the last record read. */
+    struct hung_lines l = { 0 };
+    snprintf(l.stalled, sizeof l.stalled, "%s", stalled);
+    assert_int_equal(wq_store_salvage(store, NULL, hung_line, &l), N);
+    assert_in_range(l.cut, 2, 10);
+    assert_int_equal(l.n, l.cut + 1);
+    assert_non_null(strstr(l.last, "kept 5000 records; dropped 0 damaged, 0 missing (LMDB "
+                                   "could not walk all of it); the damaged store is kept at"));
+    wq_fault_arm(NULL, 0, 0);
+    o.flags = WQ_CREATE | WQ_RESTORE;
+    q = t_track(T_OPEN(name, &o));
+    T_EXPECT_STATS(q, N, N, 0, 0, "restored from the salvaged store");
+    static bool seen[N];
+    memset(seen, 0, sizeof seen);
+    char buf[WQ_MAX_KEY_LEN + 1];
+    for (int i = 0; i < N; i++) {
+        int n = wq_get(q, buf, sizeof buf, 0);
+        assert_in_range(n, 2, 5);
+        buf[n] = 0;
+        int k = atoi(buf + 1);
+        assert_in_range(k, 0, N - 1);
+        assert_false(seen[k]);
+        seen[k] = true;
+    }
+    assert_int_equal(wq_get(q, buf, sizeof buf, 0), -EAGAIN);
+    t_close(q);
+    assert_int_equal(unlink(path), 0);
+
+    /* Hung before the first record, every time: three walks, then the
+       salvage ends (without the bound it steps through the key space,
+       a stall time a step). */
+    assert_int_equal(wq_fault_arm("store.read.record", 1, WQ_FAULT_HANG), 0);
+    memset(&l, 0, sizeof l);
+    snprintf(l.stalled, sizeof l.stalled, "%s", stalled);
+    assert_int_equal(wq_store_salvage(store, NULL, hung_line, &l), 0);
+    wq_fault_arm(NULL, 0, 0);
+    unsetenv("WQ_TEST_STALL_MS");
+    assert_int_equal(l.cut, 3);
+    assert_int_equal(l.n, 5);   /* and the meta, which no walk sent, and the summary */
+    assert_non_null(strstr(l.last, "kept 0 records; dropped 0 damaged"));
+}
+
+/* ------------------------------------------------------------------ */
 /* main: the group in a child, then every store removed                */
 /* ------------------------------------------------------------------ */
 
@@ -1308,6 +1414,7 @@ int main(void)
         T_STORE_TEST(test_idle_writes),
         T_STORE_TEST(test_idle_close),
         T_STORE_TEST(test_idle_close_env),
+        T_STORE_TEST(test_hung_walk),
         T_NO_LEFTOVERS,
     };
     static const struct t_guard g = {

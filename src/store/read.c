@@ -285,6 +285,7 @@ static void child_walk(const char *dir, int fd, const unsigned char *from)
         rc = mdb_cursor_get(c, &k, &v, MDB_FIRST);
     }
     for (; rc == 0; rc = mdb_cursor_get(c, &k, &v, MDB_NEXT)) {
+        WQ_FAULT("store.read.record");   /* a test's hung walk */
         uint32_t kl = (uint32_t)k.mv_size;   /* [key length][key][value] */
         frame(o, F_REC, &kl, 4, k.mv_data, k.mv_size, v.mv_data, v.mv_size);
     }
@@ -300,6 +301,18 @@ static void child_walk(const char *dir, int fd, const unsigned char *from)
 /* ------------------------------------------------------------------ */
 /* The parent                                                          */
 /* ------------------------------------------------------------------ */
+
+/* STALL_NS; in the fault-injection build, $WQ_TEST_STALL_MS when set
+   (the hung-walk tests). */
+static uint64_t stall_ns(void)
+{
+#ifdef WQ_FAULT_INJECTION
+    const char *v = getenv("WQ_TEST_STALL_MS");
+    if (v && *v)
+        return strtoull(v, NULL, 10) * 1000000ull;
+#endif
+    return STALL_NS;
+}
 
 static uint64_t now_ns(void)
 {
@@ -357,7 +370,7 @@ static int run_child(const char *dir, int fd, const unsigned char *from, struct 
         child_walk(dir, fd, from);
     }
     off_t size, last = -1;
-    uint64_t since = now_ns();
+    uint64_t since = now_ns(), stall = stall_ns();
     int st, rc;
     for (unsigned spin = 0;; spin++) {
         pid_t w = waitpid(pid, &st, WNOHANG);
@@ -383,12 +396,12 @@ static int run_child(const char *dir, int fd, const unsigned char *from, struct 
             last = size;
             since = now_ns();
             spin = 0;
-        } else if (now_ns() - since > STALL_NS) {
+        } else if (now_ns() - since > stall) {
             kill(pid, SIGKILL);
             waitpid(pid, &st, 0);
             f->stalled = true;
-            snprintf(why, wn, "walking it made no progress for %llu s (a cycle of pages?)",
-                     (unsigned long long)(STALL_NS / 1000000000ull));
+            snprintf(why, wn, "walking it made no progress for %llu ms (a cycle of pages?)",
+                     (unsigned long long)(stall / 1000000ull));
             return -EUCLEAN;
         }
         struct timespec ts = { 0, spin < 100 ? 100000 : 2000000 };
