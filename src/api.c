@@ -483,6 +483,7 @@ const char *wq_strerror(int err)
     case ECONNRESET: return "the connection to the Redis server was lost";
     case EHOSTUNREACH: return "the Redis server cannot be reached";
     case EUSERS: return "process table full (max_procs handles), or the store's reader table";
+    case EPERM: return "not allowed on a handle opened with WQ_OBSERVE (it holds no keys)";
     case ENOMEM: return "out of memory (or out of threads)";
     case EIO: return "the store could not be read or written, or the Redis server refused";
     default: return strerror(err);

@@ -749,7 +749,7 @@ static void strerror_all(void **state)
     const int codes[] = { EINVAL, ENOTSUP, ENOENT, EEXIST, EACCES, EPROTO,
                           EBADMSG, ENOTRECOVERABLE, ENOSPC, EMSGSIZE, ENOBUFS,
                           EAGAIN, ETIMEDOUT, ESHUTDOWN, ECANCELED, EUSERS,
-                          ENOMEM };
+                          ENOMEM, EPERM };
     for (size_t i = 0; i < sizeof codes / sizeof codes[0]; i++) {
         const char *a = wq_strerror(-codes[i]);
         const char *b = wq_strerror(codes[i]);
@@ -758,6 +758,8 @@ static void strerror_all(void **state)
         assert_true(strlen(a) > 0);
         assert_string_equal(a, b);
     }
+    assert_string_equal(wq_strerror(-EPERM),
+                        "not allowed on a handle opened with WQ_OBSERVE (it holds no keys)");
     assert_non_null(wq_strerror(0));
     assert_non_null(wq_strerror(-123456));
 }
