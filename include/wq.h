@@ -114,8 +114,9 @@
  *   -EMFILE, -ENFILE from the system (shm_open, LMDB) are passed through.
  *
  *   Every call that takes the region lock (all calls on a handle except
- *   wq_close, wq_name, wq_max_key_len and wq_shutting_down; wq_len only
- *   while delayed keys wait) may also return: -ENOTRECOVERABLE; -EBADMSG; and, when it is the first
+ *   wq_close, wq_name, wq_max_key_len, wq_observing and wq_shutting_down;
+ *   wq_len only while delayed keys wait) may also return:
+ *   -ENOTRECOVERABLE; -EBADMSG; and, when it is the first
  *   call in a child after fork() (which registers the child as a new
  *   process), -EUSERS or -ENOMEM.
 
@@ -148,7 +149,10 @@
  *   other processes tell that this handle's process is dead. Every 250 ms
  *   that thread also reclaims a dead process's keys and writes what a
  *   store is due when no call does (see "Persistence"); it never waits
- *   for the region lock.
+ *   for the region lock. A WQ_OBSERVE handle (see wq_open) neither
+ *   registers nor has that thread: it holds nothing to lease, and its
+ *   reads reclaim no keys (a dead holder's key shows as processing until
+ *   a working process, or wq_check with WQ_CHECK_REAP, reclaims it).
  *   After fork(), a handle inherited by the child transparently registers
  *   the child as a new process on its first use (with its own lease); the
  *   child is never taken for its parent, and keys the parent holds stay
@@ -850,8 +854,9 @@ typedef int (*wq_reconcile_fn)(wq *q, const void *key, size_t len,
  * restored on return. To stop every consumer of the queue, shut the
  * queue down (wq_shutdown, wqctl shutdown) instead.
  * A worker that cannot work at all (wq_get fails with -EUSERS, -ENOMEM,
- * -EBADMSG, -ENOTRECOVERABLE, or -EPERM on a WQ_OBSERVE handle) stops the
- * pool with that error instead of being restarted forever.
+ * -EBADMSG, -ENOTRECOVERABLE) stops the pool with that error instead of
+ * being restarted forever. A WQ_OBSERVE handle gets -EPERM at once, and
+ * nothing is forked.
  * Workers are named "<name>-w<N>" (prctl PR_SET_NAME: ps -e, top and
  * pgrep tell them from the supervisor); a worker sees a stop request
  * within 200 ms of finishing its key.
@@ -962,8 +967,9 @@ WQ_API int wq_run_workers_opts(wq *q, unsigned workers, wq_reconcile_fn fn, void
  * the changes of a process killed before it wrote them, such as the new
  * key of an adder killed before its commit, which until then nobody can
  * get) is written within about 250 ms by a background thread of any
- * process that has the queue open and has written to its store before
- * (the thread that also reclaims a dead process's keys, see PROCESSES).
+ * process that has the queue open (not as WQ_OBSERVE) and has written to
+ * its store before (the thread that also reclaims a dead process's keys,
+ * see PROCESSES).
  * It never waits for a lock: when a call holds one, that call, or the
  * next tick, writes.
  *
@@ -1297,6 +1303,9 @@ WQ_API const char *wq_name(wq *q);
 /* wq_max_key_len - the queue's max_key_len: the size wq_get's buffer
    needs. -EINVAL for NULL. */
 WQ_API int wq_max_key_len(wq *q);
+
+/* wq_observing - whether q was opened with WQ_OBSERVE (false for NULL). */
+WQ_API bool wq_observing(wq *q);
 
 /*
  * wq_release_pid - for a supervisor that killed one of its own workers on

@@ -69,21 +69,17 @@ static int no_redis(const char *name)
 int wq_open(const char *name, const struct wq_options *opts, wq **out)
 {
     wq__err_clear();
-    int rc;
-    if (out && redis_name(name)) {
-        rc = wq__redis_open(name, opts, out);   /* checks its own options */
-    } else {
-        if (!out)
-            return -EINVAL;
-        if ((rc = wq__name_check(name)) < 0)
-            return rc;
-        if (opts && (rc = wq__options_check(opts)) < 0)
-            return rc;
-        rc = wq__shm_open(name, opts, out);
-    }
-    if (rc == 0)
-        (*out)->observe = opts && (opts->flags & WQ_OBSERVE);
-    return rc;
+    /* Each engine sets the handle's observe (WQ_OBSERVE) as it opens. */
+    if (out && redis_name(name))
+        return wq__redis_open(name, opts, out);   /* checks its own options */
+    if (!out)
+        return -EINVAL;
+    int rc = wq__name_check(name);
+    if (rc < 0)
+        return rc;
+    if (opts && (rc = wq__options_check(opts)) < 0)
+        return rc;
+    return wq__shm_open(name, opts, out);
 }
 
 /* A WQ_OBSERVE handle holds no process slot: the calls that hold or
@@ -145,6 +141,11 @@ const char *wq_name(wq *q)
 int wq_max_key_len(wq *q)
 {
     return q ? (int)q->max_key_len : -EINVAL;
+}
+
+bool wq_observing(wq *q)
+{
+    return q && q->observe;
 }
 
 /* ------------------------------------------------------------------ */

@@ -128,9 +128,7 @@ static void worker_main(wq *q, struct shared *sh, unsigned id, wq_reconcile_fn f
             break;
         if (n < 0) {
             int none = 0;
-            /* -EPERM: a WQ_OBSERVE handle, which no restart mends */
-            if (n == -EUSERS || n == -ENOMEM || n == -EBADMSG || n == -ENOTRECOVERABLE ||
-                n == -EPERM)
+            if (n == -EUSERS || n == -ENOMEM || n == -EBADMSG || n == -ENOTRECOVERABLE)
                 __atomic_compare_exchange_n(&sh->fatal, &none, n, false, __ATOMIC_SEQ_CST,
                                             __ATOMIC_SEQ_CST);
             _exit(1);   /* the supervisor restarts us, or gives up */
@@ -193,6 +191,8 @@ int wq_run_workers_opts(wq *q, unsigned workers, wq_reconcile_fn fn, void *arg,
         for (size_t i = 0; i < sizeof po->reserved / sizeof po->reserved[0]; i++)
             if (po->reserved[i])
                 return -EINVAL;
+    if (wq_observing(q))
+        return -EPERM;   /* its workers could get nothing: fork none */
     const struct wq_pool_options *o = po ? po : &none;
     struct worker *ws = calloc(workers, sizeof *ws);
     if (!ws)

@@ -313,6 +313,10 @@ run "$WQCTL" metrics "$P"
 has_line "workqueue_attached_processes{name=\"$P\"} 2"
 expect_rc 0 "$WQCTL" dump "$P"
 expect_rc 0 "$WQCTL" check "$P"
+expect_rc 0 "$WQCTL" check "$P" --repair
+expect_out "0" "$WQCTL" requeues "$P" x
+run "$WQCTL" result "$P" x
+has_re 'state  *none'
 expect_rc 0 "$WQCTL" shutdown "$P"
 for pid in $GETS; do
     wait "$pid"; rc=$?

@@ -272,7 +272,19 @@ static int never_called(wq *q, const void *key, size_t len, struct wq_reconcile 
                         void *arg)
 {
     (void)q, (void)key, (void)len, (void)arg, (void)out;
-    _exit(3);
+    fail_msg("a reconcile ran on an observer's pool");
+    return 0;
+}
+
+struct dumped {
+    int n;
+};
+
+static int dump_cb(const struct wq_key_info *k, void *arg)
+{
+    (void)k;
+    ((struct dumped *)arg)->n++;
+    return 0;
 }
 
 /* An observer looks at a queue whose process table is full, and acts on
@@ -306,14 +318,27 @@ static void observe(void **state)
         assert_int_equal(wq_open(name, NULL, &c), -EUSERS);   /* full */
     }
     assert_int_equal(wq_open(name, &look, &ob), 0);
-    if (!t_redis()) {
-        struct wq_stats st = t_stats(ob);
-        assert_int_equal(st.processes, 2);   /* the observer is not one */
-        assert_int_equal(st.max_procs, 2);
-    }
+    assert_true(wq_observing(ob));
+    assert_false(wq_observing(a));
+    assert_false(wq_observing(NULL));
+    /* The observer is not counted (Redis: a holds the only lease). */
+    assert_int_equal(t_stats(ob).processes, t_redis() ? 1 : 2);
+    if (!t_redis())
+        assert_int_equal(t_stats(ob).max_procs, 2);
     T_EXPECT_STATS(ob, 2, 1, 1, 0, "seen by the observer");
     assert_int_equal(wq_len(ob), 1);
     assert_int_equal(wq_num_requeues(ob, "k2", 2), 0);
+    struct wq_metrics m;
+    assert_int_equal(wq_metrics(ob, &m), 0);
+    assert_int_equal(m.depth, 1);
+    struct dumped d = { 0 };
+    assert_int_equal(wq_dump(ob, dump_cb, &d), 0);
+    assert_int_equal(d.n, 2);
+    struct wq_result res;
+    assert_int_equal(wq_result(ob, "k2", 2, &res), 0);
+    assert_int_equal(res.state, WQ_STATE_PENDING);
+    assert_int_equal(wq_result(ob, "k1", 2, &res), 0);
+    assert_int_equal(res.state, WQ_STATE_RUNNING);
 
     const struct iovec keys[] = { { "k2", 2 }, { "k3", 2 } };
     struct iovec got[2];
@@ -338,6 +363,12 @@ static void observe(void **state)
     /* The queue as a whole: check, shutdown with a drain that waits (as
        a drainer, which holds no slot), resume. */
     assert_int_equal(wq_check(ob, WQ_CHECK_REPAIR), 0);
+    assert_int_equal(wq_check(ob, WQ_CHECK_REAP), 0);
+    pid_t gone = fork();   /* a pid that held nothing */
+    if (gone == 0)
+        _exit(0);
+    assert_int_equal(t_wait(gone, 5000), 0);
+    assert_int_equal(wq_release_pid(ob, gone), 0);
     assert_int_equal(wq_shutdown_drain(ob, 50 * 1000 * 1000), -ETIMEDOUT);
     assert_true(wq_shutting_down(a));
     assert_int_equal(wq_add(a, "k4", 2), -ESHUTDOWN);

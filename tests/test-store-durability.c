@@ -15,6 +15,7 @@
  *   - FSYNC deferred changes: a removal is not committed on its own but
  *     with the next new key, at 1024 listed, by wq_snapshot or once the
  *     interval passed; a killed process's is kept by the region.
+ *   - an observer's reap is written at once;
  *   - a store reader that hangs: a restore fails, a salvage goes on.
  *
  * Store directories live under one mkdtemp directory in /tmp. main()
@@ -1286,6 +1287,44 @@ static void test_fsync_deferred_full(void **state)
     t_close(q);
 }
 
+/* An observer (WQ_OBSERVE, as wqctl check) that reaps a dead holder's
+   key writes the requeue to the store at once: its close writes nothing,
+   and the queue's only worker is dead. After a restart (the region
+   removed) the key comes back with its crash counted. */
+static void test_observer_reap_written(void **state)
+{
+    (void)state;
+    const char *store = t_mkstore(), *name = t_qname("obsreap");
+    struct wq_options o = t_store_opts(store, WQ_DURABLE_PROCESS);
+    wq *q = t_track(T_OPEN(name, &o));
+    assert_int_equal(wq_add(q, KS("k")), 0);
+    t_close(q);
+    pid_t c = t_fork(20);
+    if (c == 0) {
+        wq *w = NULL;
+        char buf[WQ_MAX_KEY_LEN];
+        if (wq_open(name, NULL, &w) != 0 || wq_get(w, buf, sizeof buf, 0) != 1)
+            _exit(1);
+        raise(SIGKILL);
+    }
+    assert_int_equal(t_wait(c, 10000), 128 + SIGKILL);
+    const struct wq_options look = { .flags = WQ_OBSERVE };
+    wq *ob = NULL;
+    assert_int_equal(wq_open(name, &look, &ob), 0);
+    T_EXPECT_STATS(ob, 1, 0, 1, 0, "held by the dead worker");
+    /* Nothing else after the check: wq_stats would write the store too. */
+    assert_int_equal(wq_check(ob, WQ_CHECK_REAP), 0);   /* a crash is no violation */
+    wq_close(ob);
+    char path[300];
+    t_shm_path(name, path, sizeof path);
+    assert_int_equal(unlink(path), 0);
+    q = t_track(T_OPEN(name, &o));   /* restored from the store alone */
+    assert_int_equal(wq_num_requeues(q, KS("k")), 1);
+    /* The crash's requeue waits out its backoff (the limiter's 2 h). */
+    T_EXPECT_STATS(q, 1, 0, 0, 1, "restored");
+    t_close(q);
+}
+
 /* ------------------------------------------------------------------ */
 /* A reader that hangs (a cycle of pages)                              */
 /* ------------------------------------------------------------------ */
@@ -1414,6 +1453,7 @@ int main(void)
         T_STORE_TEST(test_idle_writes),
         T_STORE_TEST(test_idle_close),
         T_STORE_TEST(test_idle_close_env),
+        T_STORE_TEST(test_observer_reap_written),
         T_STORE_TEST(test_hung_walk),
         T_NO_LEFTOVERS,
     };

@@ -547,6 +547,8 @@ static int lease_start(rq *q)
         return rc;
     freeReplyObject(pr);
     lease_identity(q);
+    if (q->pub.observe)
+        return 0;   /* WQ_OBSERVE: holds no keys, so is no holder: not counted */
     struct rq_reply r;
     if ((rc = lease_call(q, "reg", &r)) < 0)
         return rc;
@@ -751,6 +753,7 @@ int wq__redis_open(const char *name, const struct wq_options *o, wq **out)
     }
     wq__fork_init();
     q->fork_gen = wq_load_relaxed(&wq__fork_gen);
+    q->pub.observe = (o->flags & WQ_OBSERVE) != 0;   /* lease_start reads it */
     q->prefix_len = (size_t)snprintf(q->prefix, sizeof q->prefix, "wq:{%s}", q->url.queue);
     q->nodes.node = q->url.addr;
     q->nodes.seen[q->nodes.nseen++] = q->url.addr;
@@ -851,7 +854,7 @@ int wq__redis_open(const char *name, const struct wq_options *o, wq **out)
 static void rq_close(wq *pub)
 {
     rq *q = self(pub);
-    if (q->fork_gen == wq_load_relaxed(&wq__fork_gen)) {
+    if (q->fork_gen == wq_load_relaxed(&wq__fork_gen) && !q->pub.observe) {
         lease_stop(q);
         /* Keys this handle still holds go back at once (as wq_close in
            shared memory); the holder leaves. */

@@ -397,6 +397,8 @@ int wq__shm_release_pid(wq *pub, pid_t pid)
         return rc;
     rc = wq__procs_release_pid(q, pid);
     wq__unlock(q);
+    if (rc > 0 && q->g.has_store)
+        wq__store_after(q);   /* the released keys' requeues (as wq__shm_check) */
     return rc;
 }
 

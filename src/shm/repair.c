@@ -674,5 +674,10 @@ int wq__shm_check(wq *pub, unsigned flags, wq_report_fn report, void *arg)
     if (flags & (WQ_CHECK_REPAIR | WQ_CHECK_REAP))
         wq__procs_reap(q);
     wq__unlock(q);
+    /* What the repair and the reap changed (crash requeues' failure
+       counts) is written now: the caller may be an observer, whose close
+       writes nothing, and the queue's workers may all be dead. */
+    if (q->g.has_store && (flags & (WQ_CHECK_REPAIR | WQ_CHECK_REAP)))
+        wq__store_after(q);
     return found;
 }
