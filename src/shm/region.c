@@ -387,7 +387,7 @@ static int grow_fail(shmq *q, int rc, const char *what, uint32_t to, uint64_t by
 static int reserve_in(const shmq *q, uint64_t off, uint64_t len)
 {
     int rc = reserve(q->fd, off, len);
-    if (rc == 0 && len > 0 && q->restoring)
+    if (rc == 0 && q->restoring)
         wq__mem_populate(q->base + off, (size_t)len, MADV_POPULATE_WRITE);
     return rc;
 }

@@ -346,7 +346,6 @@ static int by_order(const void *a, const void *b)
     return x->order < y->order ? -1 : x->order > y->order;
 }
 
-/* One verified record into the (unpublished) region; hash: its key's. */
 /* A record decoded, with its key's hash: the restore loop decodes each
    one once, SLOT records before restoring it. */
 struct dec {
@@ -362,54 +361,52 @@ static void decode(const shmq *view, struct wq_srec s, struct dec *d)
     d->hash = wq__hash(view->seed, d->key, d->r.keylen);
 }
 
+/* One verified record into the (unpublished) region. */
 static int restore_one(shmq *view, const struct dec *d, uint64_t mono, uint64_t real)
 {
-    const struct wq_rec r = d->r;
-    const unsigned char *key = d->key;
-    const char *msg = d->msg;
-    uint32_t hash = d->hash;
-    if (r.cls == WQ_CLS_IDLE && !r.failures && !r.has_result)
+    const struct wq_rec *r = &d->r;
+    if (r->cls == WQ_CLS_IDLE && !r->failures && !r->has_result)
         return 0;   /* nothing to keep (never written so; takes no entry) */
-    if (r.keylen > view->max_key_len)
+    if (r->keylen > view->max_key_len)
         return store_err(-EUCLEAN, view->g.store_path, "holds a key of %u bytes, longer "
-                         "than the queue's max_key_len %u", r.keylen, view->max_key_len);
-    if (r.msglen > 255)   /* verified when read; m below holds no more */
+                         "than the queue's max_key_len %u", r->keylen, view->max_key_len);
+    if (r->msglen > 255)   /* verified when read; m below holds no more */
         return store_err(-EUCLEAN, view->g.store_path, "holds a message of %u bytes",
-                         r.msglen);
-    if (wq__table_lookup(view, key, r.keylen, hash) != WQ_NIL)
+                         r->msglen);
+    if (wq__table_lookup(view, d->key, r->keylen, d->hash) != WQ_NIL)
         return store_err(-EUCLEAN, view->g.store_path, "holds one key twice");
     int rc = 0;
-    uint32_t idx = wq__entry_new(view, key, r.keylen, hash, &rc);
+    uint32_t idx = wq__entry_new(view, d->key, r->keylen, d->hash, &rc);
     if (rc == -WQ_EFLUSH)   /* every entry taken, some by idle keys */
         rc = -ENOSPC;
     if (idx == WQ_NIL)   /* full, or no room in /dev/shm (said by region.c) */
         return rc == -ENOSPC && view->hdr->e_fresh >= view->capacity ? store_err(rc, view->g.store_path, "holds more keys than the "
                                          "queue's capacity %u", view->capacity) : rc;
     struct wq_entry *en = wq__entry(view, idx);
-    en->failures = r.failures;
+    en->failures = r->failures;
     if (view->fair)
-        view->fx[idx].prio = r.prio;
+        view->fx[idx].prio = r->prio;
     uint16_t state;
-    if (r.cls == WQ_CLS_PENDING) {
+    if (r->cls == WQ_CLS_PENDING) {
         en->t_b = mono;
         state = WQ_ST_DIRTY | WQ_ST_QUEUED;
-    } else if (r.cls == WQ_CLS_WAITING && r.ready_wall_ns > real) {
-        en->t_b = mono + (r.ready_wall_ns - real);
+    } else if (r->cls == WQ_CLS_WAITING && r->ready_wall_ns > real) {
+        en->t_b = mono + (r->ready_wall_ns - real);
         state = WQ_ST_WAITING;
-    } else if (r.cls == WQ_CLS_WAITING) {
+    } else if (r->cls == WQ_CLS_WAITING) {
         en->t_b = mono;   /* its delay ran out while we were away */
         state = WQ_ST_DIRTY | WQ_ST_QUEUED;
     } else {
         state = WQ_ST_RETAINED;
     }
-    if (r.has_result) {
+    if (r->has_result) {
         char m[256];
-        memcpy(m, msg, r.msglen);
-        m[r.msglen] = 0;
+        memcpy(m, d->msg, r->msglen);
+        m[r->msglen] = 0;
         if ((rc = wq__result_room(view, idx, m)) < 0 ||
-            (rc = wq__result_record(view, idx, r.code, m)) < 0)
+            (rc = wq__result_record(view, idx, r->code, m)) < 0)
             return rc;
-        view->rslots[en->rslot].updated_ns = r.updated_ns;
+        view->rslots[en->rslot].updated_ns = r->updated_ns;
     }
     if (state == WQ_ST_RETAINED)
         return wq__entry_restore_idle(view, idx);

@@ -378,9 +378,8 @@ struct ls_row {
 static void ls_read(struct ls_row *r)
 {
     wq *q;
-    const struct wq_options look = { .flags = WQ_OBSERVE };   /* a full table too */
 
-    r->err = wq_open(r->name, &look, &q);
+    r->err = observe_queue(r->name, &q);   /* a full table too */
     if (r->err < 0)
         return;
     r->err = wq_stats(q, &r->st);

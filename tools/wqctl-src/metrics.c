@@ -256,8 +256,7 @@ static int read_queue(const char *name, struct qread *r, char *msg,
     /* An observer takes no process slot: a scrape works when workers
        hold every slot, and is not counted among the attached processes
        (so parallel scrapes need no serialising either). */
-    const struct wq_options look = { .flags = WQ_OBSERVE };
-    if ((err = wq_open(name, &look, &q)) < 0) {
+    if ((err = observe_queue(name, &q)) < 0) {
         why(msg, size, NULL, err);
         return err;
     }

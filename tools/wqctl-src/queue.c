@@ -23,6 +23,16 @@ int open_queue(const char *name, unsigned flags, wq **q)
     return rc < 0 ? queue_error(name, NULL, rc) : EXIT_OK;
 }
 
+/* Attach to an existing queue as an observer (WQ_OBSERVE), printing
+   nothing: for the readers that report a queue's error in their own
+   output (ls, top, metrics). */
+int observe_queue(const char *name, wq **q)
+{
+    const struct wq_options o = { .flags = WQ_OBSERVE };
+
+    return wq_open(name, &o, q);
+}
+
 /* wq_stats; on failure print why, close q and return EXIT_FAIL. */
 int queue_stats(wq *q, const char *name, struct wq_stats *st)
 {

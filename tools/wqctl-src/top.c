@@ -154,8 +154,7 @@ static void relist(struct top *t)
 static void read_row(struct row *r)
 {
     if (!r->q) {
-        const struct wq_options look = { .flags = WQ_OBSERVE };
-        int rc = wq_open(r->name, &look, &r->q);
+        int rc = observe_queue(r->name, &r->q);
         if (rc < 0) {
             r->q = NULL;
             r->err = rc;

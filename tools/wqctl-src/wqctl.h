@@ -162,6 +162,7 @@ void strv_free(struct strv *sv);
 /* ---- queue.c ---- */
 
 int open_queue(const char *name, unsigned flags, wq **q);
+int observe_queue(const char *name, wq **q);
 int queue_stats(wq *q, const char *name, struct wq_stats *st);
 int open_queue_stats(const char *name, unsigned flags, wq **q, struct wq_stats *st);
 int open_queue_keys(const char *name, unsigned flags, wq **q, uint64_t *max_key_len);
