@@ -116,9 +116,10 @@
  *   Every call that takes the region lock (all calls on a handle except
  *   wq_close, wq_name, wq_max_key_len, wq_observing and wq_shutting_down;
  *   wq_len only while delayed keys wait) may also return:
- *   -ENOTRECOVERABLE; -EBADMSG; and, when it is the first
- *   call in a child after fork() (which registers the child as a new
- *   process), -EUSERS or -ENOMEM.
+ *   -ENOTRECOVERABLE; -EBADMSG; and, when it is an add, get or done of
+ *   a handle that holds no process slot (the first in a child after
+ *   fork(), or after wq_run_workers gave the slot up), which registers
+ *   the process again, -EUSERS or -ENOMEM.
 
  * CRASH GUARANTEES
  *   - A key is never handed to two live processes at once.
@@ -154,9 +155,10 @@
  *   reads reclaim no keys (a dead holder's key shows as processing until
  *   a working process, or wq_check with WQ_CHECK_REAP, reclaims it).
  *   After fork(), a handle inherited by the child transparently registers
- *   the child as a new process on its first use (with its own lease); the
- *   child is never taken for its parent, and keys the parent holds stay
- *   the parent's. A child that exits without wq_close() is a dead process
+ *   the child as a new process (with its own lease) on its first add, get
+ *   or done; calls that only look, or act on the queue as a whole, need
+ *   no slot and do not register. The child is never taken for its
+ *   parent, and keys the parent holds stay the parent's. A child that exits without wq_close() is a dead process
  *   like any other: keys it held are requeued.
  *
  * DIFFERENCES FROM CLIENT-GO
@@ -857,6 +859,12 @@ typedef int (*wq_reconcile_fn)(wq *q, const void *key, size_t len,
  * -EBADMSG, -ENOTRECOVERABLE) stops the pool with that error instead of
  * being restarted forever. A WQ_OBSERVE handle gets -EPERM at once, and
  * nothing is forked.
+ * Process slots: while the workers run, the calling handle gives its own
+ * slot up (unless it holds a key, or another of its threads waits in a
+ * get), so a queue created with max_procs N runs a pool of N workers.
+ * The supervisor only looks (wq_stats, wq_check) meanwhile. The handle
+ * registers again at its next add, get or done, which fails with -EUSERS
+ * if the table is full then.
  * Workers are named "<name>-w<N>" (prctl PR_SET_NAME: ps -e, top and
  * pgrep tell them from the supervisor); a worker sees a stop request
  * within 200 ms of finishing its key.

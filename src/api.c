@@ -148,6 +148,11 @@ bool wq_observing(wq *q)
     return q && q->observe;
 }
 
+int wq__park(wq *q)
+{
+    return q->eng->park ? q->eng->park(q) : 0;
+}
+
 /* ------------------------------------------------------------------ */
 /* Adds: one request, one engine call                                  */
 /* ------------------------------------------------------------------ */

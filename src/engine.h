@@ -71,6 +71,10 @@ struct wq_engine {
     int (*check)(wq *q, unsigned flags, wq_report_fn report, void *arg);
     int (*snapshot)(wq *q);
     int (*release_pid)(wq *q, pid_t pid);
+    /* Optional (an engine without a process table has none): give up
+       the handle's process slot until its next call that holds or
+       changes keys; -EBUSY while it holds a key or a get of it sleeps. */
+    int (*park)(wq *q);
 };
 
 /* The head of every handle. Written once by the engine's open. */

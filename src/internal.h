@@ -28,6 +28,11 @@
 #define WQ_LIKELY(x)   __builtin_expect(!!(x), 1)
 #define WQ_UNLIKELY(x) __builtin_expect(!!(x), 0)
 
+/* api.c: the pool's supervisor gives its handle's process slot up while
+   its workers run (engine.h, park): 0, or -EBUSY when the handle holds a
+   key and keeps its slot. */
+int wq__park(wq *q);
+
 /* util.c */
 extern unsigned wq__fork_gen;   /* bumped in every forked child (atomics.h) */
 void wq__fork_init(void);

@@ -1,7 +1,10 @@
 /*
  * pool.c - controller-runtime's MaxConcurrentReconciles with processes:
  * wq_run_workers forks workers that loop get -> reconcile -> finish and
- * supervises them. It uses nothing but wq.h.
+ * supervises them. It uses nothing but wq.h, and wq__park: while the
+ * workers run the supervisor's handle holds no process slot (when it
+ * holds no key), so a queue created with max_procs N runs a pool of N.
+ * The handle registers again at its next call that holds or changes keys.
  *
  * Supervisor: blocks SIGCHLD, SIGTERM and SIGINT and takes them with
  * sigtimedwait, so there is no signal handler and no race with the
@@ -37,7 +40,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "wq.h"
+#include "internal.h"
 
 #define MAX_WORKERS 1024
 #define BACKOFF_MIN_NS (100ull * 1000 * 1000)
@@ -193,6 +196,9 @@ int wq_run_workers_opts(wq *q, unsigned workers, wq_reconcile_fn fn, void *arg,
                 return -EINVAL;
     if (wq_observing(q))
         return -EPERM;   /* its workers could get nothing: fork none */
+    int rc = wq__park(q);
+    if (rc < 0 && rc != -EBUSY)
+        return rc;   /* the queue is unusable: its workers would fail too */
     const struct wq_pool_options *o = po ? po : &none;
     struct worker *ws = calloc(workers, sizeof *ws);
     if (!ws)
@@ -207,7 +213,8 @@ int wq_run_workers_opts(wq *q, unsigned workers, wq_reconcile_fn fn, void *arg,
     struct sigaction dfl = { .sa_handler = SIG_DFL }, old_chld;
     sigaction(SIGCHLD, &dfl, &old_chld);
 
-    int rc = 0, signals = 0;
+    int signals = 0;
+    rc = 0;
     uint64_t timeouts = 0, next_empty_check = 0;
     struct shared *sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE,
                              MAP_SHARED | MAP_ANONYMOUS, -1, 0);

@@ -141,7 +141,14 @@ poll_stat() {
         i=$((i + 1)); [ $i -lt 400 ] || fail "stat never showed '$1'"; sleep 0.05
     done
 }
-poll_stat 'processes  *[2-9]'     # the work and its worker are attached
+# The work's worker is attached (wqctl gives its own slot up while its
+# workers run, so the worker is the one process): registered, it has its
+# lease thread beside its main one.
+i=0
+until W=$(pgrep -P $HOLDER -x wqctl-w0) && [ "$(ls /proc/$W/task | wc -l)" -ge 2 ]; do
+    i=$((i + 1)); [ $i -lt 400 ] || fail "the work's worker never attached"; sleep 0.05
+done
+poll_stat 'processes  *1'
 expect_out "added 3, coalesced 0" "$WQCTL" add "$N" n1 n2 n3
 poll_stat 'processing  *1'        # the holder took n1 and keeps it
 run "$WQCTL" stat "$N"

@@ -7,7 +7,7 @@ WQCTL="${top_builddir:-.}/tools/wqctl"
 case $WQCTL in /*) ;; *) WQCTL="$PWD/$WQCTL" ;; esac
 T="${TMPDIR:-/tmp}/wqctl-work.$$"   # scratch files of the tasks
 P="t-work-$$"                        # queue name prefix
-QUEUES="ok fail slow requeue req42 conc empty drain stop nf cap"
+QUEUES="ok fail slow requeue req42 conc empty drain stop nf cap slots"
 passed=0
 wpid=
 
@@ -272,6 +272,24 @@ Q="$P-empty"
 expect_rc 0 "$WQCTL" create "$Q"
 expect_rc 0 "$WQCTL" work "$Q" -j 2 --exit-when-empty -- false
 "$WQCTL" stat "$Q" | grep -qx 'shutting_down  *no' || fail "--exit-when-empty shut the queue down"
+ok
+
+# ---- -j N on a queue created with --max-procs N -------------------------
+# wqctl gives its own process slot up while its workers run; a monitor
+# only looks and takes none. One more job than slots is refused.
+Q="$P-slots"
+expect_rc 0 "$WQCTL" create "$Q" --max-procs 2
+for k in m1 m2 m3 m4; do expect_rc 0 "$WQCTL" add "$Q" $k; done
+timeout -k 5 30 "$WQCTL" work "$Q" -j 2 --exit-when-empty -- sh -c 'echo "$WQ_KEY"' \
+    >"$T/slots" 2>"$T/slots.err" || { cat "$T/slots.err"; fail "work -j 2 with --max-procs 2"; }
+[ "$(sort "$T/slots" | tr '\n' ' ')" = "m1 m2 m3 m4 " ] || fail "-j 2 ran: $(tr '\n' ' ' < "$T/slots")"
+ok
+for k in m1 m2 m3 m4; do expect_field "$Q" $k state succeeded; done
+"$WQCTL" stat "$Q" | grep -qx 'processes  *0' || fail "processes after work: $("$WQCTL" stat "$Q")"
+ok
+expect_rc 1 "$WQCTL" work "$Q" -j 3 --exit-when-empty -- true
+[ "$(cat "$T/out")" = "wqctl: queue '$Q': -j 3 needs 3 free process slots, 2 of 2 are free (see create --max-procs)" ] ||
+    fail "-j 3: $(cat "$T/out")"
 ok
 
 # ---- signals: the first stops this work, not the queue (exit 0): the task

@@ -3,7 +3,8 @@
  * or is killed holding a key (the key comes back, counted as a crash
  * requeue; the parent's keys stay the parent's), a stopped holder that is
  * still alive, wq_close giving keys back (not a crash; own and inherited
- * handles), and a child that exits holding nothing.
+ * handles), a child that exits holding nothing, a child that looks
+ * without a process slot, and wq_release_pid of a live and a dead child.
  *
  * The test process and forked children that report through exit codes
  * and a shared mapping.
@@ -12,6 +13,7 @@
 
 #include <errno.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -297,6 +299,84 @@ static void fork_child_exits_idle(void **state)
     wq_close(q);
 }
 
+/* A forked child's handle takes a process slot at its first add, get or
+   done, not before: with the one slot its parent's, the child still
+   looks (stats, metrics, dump, check), and only its add is refused. */
+static int count_key(const struct wq_key_info *info, void *arg)
+{
+    (void)info;
+    ++*(int *)arg;
+    return 0;
+}
+
+static void fork_child_looks_without_slot(void **state)
+{
+    (void)state;
+    T_SHM_ONLY("the process table");
+    wq *q = t_create("fork-look", T_OPTS(.capacity = 16, .max_procs = 1), NULL);
+
+    assert_int_equal(wq_add(q, KS("a")), 0);
+    pid_t pid = t_fork(10);
+    if (pid == 0) {
+        struct wq_stats st;
+        struct wq_metrics m;
+        int n = 0;
+        if (wq_len(q) != 1) _exit(10);
+        if (wq_stats(q, &st) != 0) _exit(11);
+        if (st.processes != 1 || st.queued != 1) _exit(12);
+        if (wq_metrics(q, &m) != 0) _exit(13);
+        if (wq_dump(q, count_key, &n) != 0 || n != 1) _exit(14);
+        if (wq_check(q, WQ_CHECK_REAP) != 0) _exit(15);
+        if (wq_num_requeues(q, KS("a")) != 0) _exit(16);
+        if (wq_add(q, KS("b")) != -EUSERS) _exit(17);   /* an add needs a slot */
+        _exit(0);
+    }
+    assert_int_equal(t_wait(pid, 5000), 0);
+    struct wq_stats st = t_stats(q);
+    assert_int_equal(st.queued, 1);
+    assert_int_equal(st.processes, 1);
+    assert_int_equal(st.crash_requeues_total, 0);
+    T_EXPECT_GET(q, "a");
+    assert_int_equal(wq_done(q, KS("a")), 0);
+    wq_close(q);
+}
+
+/* wq_release_pid touches only a process that is gone: while the child
+   lives (here stopped in pause) its key stays its own; once it was killed
+   and waited for, the key goes back at once, not counted as a crash. */
+static void release_pid_only_dead(void **state)
+{
+    (void)state;
+    wq *q = t_create("fork-release", T_OPTS(.capacity = 16), NULL);
+    atomic_int *got = t_shared_alloc(sizeof *got);
+
+    assert_int_equal(wq_add(q, KS("k")), 0);
+    pid_t pid = t_fork(30);
+    if (pid == 0) {
+        unsigned char buf[256];
+        atomic_store(got, wq_get(q, buf, sizeof buf, 0));
+        for (;;)
+            pause();   /* killed here, holding k */
+    }
+    for (int i = 0; i < 5000 && atomic_load(got) == 0; i++)
+        t_sleep_ms(1);
+    assert_int_equal(atomic_load(got), 1);
+    assert_int_equal(wq_release_pid(q, pid), 0);   /* alive: left alone */
+    T_EXPECT_STATS(q, 1, 0, 1, 0, "after releasing a live pid");
+    kill(pid, SIGKILL);
+    assert_int_equal(t_wait(pid, 10000), 128 + SIGKILL);
+    assert_int_equal(wq_release_pid(q, pid), 1);
+    T_EXPECT_STATS(q, 1, 1, 0, 0, "after releasing the killed pid");
+    assert_int_equal(wq_release_pid(q, pid), 0);   /* nothing left */
+    struct wq_stats st = t_stats(q);
+    assert_int_equal(st.crash_requeues_total, 0);
+    assert_int_equal(wq_num_requeues(q, KS("k")), 0);
+    T_EXPECT_GET(q, "k");
+    T_EXPECT_DONE(q, "k");
+    t_shared_free(got, sizeof *got);
+    wq_close(q);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -305,6 +385,8 @@ int main(void)
         T_TEST(killed_holding_batch),
         T_TEST(close_requeues),
         T_TEST(fork_child_exits_idle),
+        T_TEST(fork_child_looks_without_slot),
+        T_TEST(release_pid_only_dead),
         T_NO_LEFTOVERS,
     };
     return T_RUN_GROUP("fork", tests);

@@ -1399,6 +1399,99 @@ static void reconcile_timeout(void **state)
     t_shared_free(O, sizeof *O);
 }
 
+/* ------------------------------------------------------------------ */
+/* 8. The process table                                                */
+/* ------------------------------------------------------------------ */
+
+struct slots_run {
+    atomic_int calls, most, bad;
+    atomic_int rc_pool, procs_after, rc_add, procs_add;
+    atomic_int got, rc_held, processing_held, rc_done, procs_held_after;
+};
+
+static int fn_slots(wq *q, const void *key, size_t len, struct wq_reconcile *out, void *arg)
+{
+    (void)key;
+    (void)len;
+    (void)out;
+    struct slots_run *S = arg;
+    struct wq_stats st;
+    if (wq_stats(q, &st) != 0) {
+        atomic_fetch_add(&S->bad, 1);
+    } else {
+        int seen = (int)st.processes, most = atomic_load(&S->most);
+        while (seen > most && !atomic_compare_exchange_weak(&S->most, &most, seen))
+            ;
+    }
+    t_sleep_ms(10);
+    atomic_fetch_add(&S->calls, 1);
+    return 0;
+}
+
+/* A queue created with max_procs 2 runs a pool of 2: the supervisor's
+   handle gives its slot up while the workers run (its looks need none)
+   and takes one again at its next add. A supervisor that holds a key
+   keeps its slot: the second worker finds the table full, the pool stops
+   with -EUSERS, and the held key is still the supervisor's. */
+static void pool_fills_process_table(void **state)
+{
+    (void)state;
+    T_SHM_ONLY("the process table");
+    const char *name;
+    wq *q = t_create("slots", T_OPTS(.capacity = 32, .max_key_len = 16, .max_procs = 2),
+                     &name);
+    char key[8];
+    for (int i = 0; i < 8; i++) {
+        snprintf(key, sizeof key, "k%d", i);
+        assert_int_equal(wq_add(q, KS(key)), 0);
+    }
+    wq_close(q);   /* this process holds no slot from here on */
+    struct slots_run *S = t_shared_alloc(sizeof *S);
+    pid_t sup = t_fork(60);
+    if (sup == 0) {
+        wq *sq;
+        if (wq_open(name, NULL, &sq) != 0)
+            _exit(2);
+        struct wq_pool_options po = { .until_empty = true };
+        struct wq_stats st;
+        atomic_store(&S->rc_pool, wq_run_workers_opts(sq, 2, fn_slots, S, &po));
+        atomic_store(&S->procs_after, wq_stats(sq, &st) == 0 ? (int)st.processes : -1);
+        atomic_store(&S->rc_add, wq_add(sq, KS("again")));
+        atomic_store(&S->procs_add, wq_stats(sq, &st) == 0 ? (int)st.processes : -1);
+        char buf[16];
+        atomic_store(&S->got, wq_get(sq, buf, sizeof buf, 0));
+        atomic_store(&S->rc_held, wq_run_workers_opts(sq, 2, fn_slots, S, &po));
+        atomic_store(&S->processing_held, wq_stats(sq, &st) == 0 ? (int)st.processing : -1);
+        atomic_store(&S->rc_done, wq_done(sq, KS("again")));
+        atomic_store(&S->procs_held_after, wq_stats(sq, &st) == 0 ? (int)st.processes : -1);
+        wq_close(sq);
+        _exit(0);
+    }
+    assert_int_equal(t_wait(sup, 30000), 0);
+    assert_int_equal(atomic_load(&S->rc_pool), 0);
+    assert_int_equal(atomic_load(&S->calls), 8);   /* each key once */
+    assert_int_equal(atomic_load(&S->most), 2);    /* the workers, not the supervisor */
+    assert_int_equal(atomic_load(&S->bad), 0);
+    assert_int_equal(atomic_load(&S->procs_after), 0);   /* still given up */
+    assert_int_equal(atomic_load(&S->rc_add), 0);
+    assert_int_equal(atomic_load(&S->procs_add), 1);     /* registered again */
+    assert_int_equal(atomic_load(&S->got), 5);           /* "again" */
+    assert_int_equal(atomic_load(&S->rc_held), -EUSERS);
+    assert_int_equal(atomic_load(&S->calls), 8);         /* nothing else to do */
+    assert_int_equal(atomic_load(&S->processing_held), 1);
+    assert_int_equal(atomic_load(&S->rc_done), 0);
+    assert_int_equal(atomic_load(&S->procs_held_after), 1);
+    wq *oq = T_OPEN(name, T_OPTS(.flags = WQ_OBSERVE));
+    struct wq_stats st = t_stats(oq);
+    assert_int_equal(st.processes, 0);
+    assert_int_equal(st.queued + st.processing + st.waiting, 0);
+    assert_int_equal(st.adds_total, 9);
+    assert_int_equal(st.crash_requeues_total, 0);
+    t_check_clean(oq, "slots");
+    wq_close(oq);
+    t_shared_free(S, sizeof *S);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1415,6 +1508,7 @@ int main(void)
         T_TEST(restarts_lose_nothing),
         T_TEST(batch_until_empty_gives_up),
         T_TEST(reconcile_timeout),
+        T_TEST(pool_fills_process_table),
         T_NO_LEFTOVERS,
     };
     return T_RUN_GROUP("pool", tests);

@@ -15,7 +15,7 @@
 set -e
 pkgs="gcc make autoconf automake libtool pkg-config liblmdb-dev libcmocka-dev
       libhiredis-dev redis-server redis-tools golang-go
-      libncurses-dev tmux libmicrohttpd-dev curl prometheus strace libsqlite3-dev"
+      libncurses-dev tmux libmicrohttpd-dev curl prometheus strace libsqlite3-dev procps"
 [ "${1:-}" = ci ] && pkgs="$pkgs clang valgrind groff-base"
 missing=""
 for p in $pkgs; do

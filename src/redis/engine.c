@@ -1701,6 +1701,12 @@ static int rq_snapshot(wq *pub)
 
 static int rq_release_pid(wq *pub, pid_t pid)
 {
+    /* As the shared-memory engine, whose lease tells: only a process
+       certainly gone is touched. A holder names its host and pid, and a
+       pid of this host that no process has is gone (a pid reused since
+       is taken as alive: nothing is released). */
+    if (kill(pid, 0) == 0 || errno != ESRCH)
+        return 0;
     rq *q = self(pub);
     char host[256] = "?", p[16];
     gethostname(host, sizeof host - 1);

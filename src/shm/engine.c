@@ -34,6 +34,7 @@ static const struct wq_engine shm_engine = {
     .dump = wq__shm_dump,
     .check = wq__shm_check,
     .snapshot = wq__shm_snapshot,
+    .park = wq__shm_park,
     .release_pid = wq__shm_release_pid,
 };
 
@@ -117,6 +118,11 @@ int wq__shm_open(const char *name, const struct wq_options *opts, wq **out)
 fail:
     free_handle(q);
     return rc;
+}
+
+int wq__shm_park(wq *pub)
+{
+    return wq__procs_park(wq__shm(pub));
 }
 
 void wq__shm_close(wq *pub)

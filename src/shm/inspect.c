@@ -16,7 +16,7 @@ int wq__shm_stats(wq *pub, struct wq_stats *out)
     /* A due snapshot (WQ_DURABLE_NONE) is taken by whoever comes by. */
     if (q->g.has_store)
         wq__store_after(q);
-    int rc = wq__lock(q);
+    int rc = wq__lock_look(q);
     if (rc < 0)
         return rc;
     struct wq_hdr *h = q->hdr;
@@ -157,7 +157,7 @@ int wq__shm_dump(wq *pub, wq_dump_fn fn, void *arg)
 {
     shmq *q = wq__shm(pub);
     struct wq_result res;
-    int rc = wq__lock(q);
+    int rc = wq__lock_look(q);
     if (rc < 0)
         return rc;
     struct wq_key_info ki;

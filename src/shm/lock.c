@@ -11,8 +11,12 @@
  * and was marked consistent so others get errors instead of a dead lock)
  * is repaired again here, as is one a holder flagged corrupt.
  *
- * wq__lock also notices a fork: a handle used for the first time in a
- * child registers the child as a new process before doing anything else.
+ * wq__lock also registers the process (procs.c) when the handle holds no
+ * slot: in a forked child's first call, after the pool's supervisor gave
+ * its slot up (wq__procs_park). It is the lock of the calls that hold or
+ * change keys; the calls that only look, or act on the queue as a whole,
+ * take wq__lock_look, which never registers, so they work with a full
+ * table and do not take back a slot given up.
  * wq__unlock issues the futex wakes the holder owed (wait.c): waking
  * after the unlock means a woken sleeper never blocks on our lock.
  *
@@ -122,27 +126,43 @@ static int acquire(pthread_mutex_t *m)
     return rc == EBUSY ? pthread_mutex_lock(m) : rc;
 }
 
-int wq__lock(shmq *q)
+/* The mutex was just acquired with `rc` (0 or EOWNERDEAD): note the
+   holder, repair what needs it (and reap the dead holders a repair
+   after a holder's death exposes, unless the caller is the lease thread,
+   whose idle reaper does). 0 with the lock held, or a negative errno
+   with it released. */
+static int acquired(shmq *q, int rc, bool reap)
 {
-    int rc = acquire(&q->hdr->lock);
-    if (WQ_UNLIKELY(rc != 0 && rc != EOWNERDEAD))
-        return rc == ENOTRECOVERABLE ? -ENOTRECOVERABLE : -rc;
     HOLDER_SET(q);
     wq__region_bounds(q);   /* before repair: it reads entries too */
     if (WQ_UNLIKELY(rc == EOWNERDEAD)) {
         rc = recover(q);
-        if (rc == 0)
+        if (rc == 0 && reap)
             wq__procs_reap(q);
     } else if (WQ_UNLIKELY(q->hdr->busy || q->hdr->corrupt)) {
         rc = damage(q);
     }
-    if (WQ_UNLIKELY(rc < 0)) {
+    if (WQ_UNLIKELY(rc < 0))
         release(q);
+    return rc;
+}
+
+int wq__lock_look(shmq *q)
+{
+    int rc = acquire(&q->hdr->lock);
+    if (WQ_UNLIKELY(rc != 0 && rc != EOWNERDEAD))
+        return rc == ENOTRECOVERABLE ? -ENOTRECOVERABLE : -rc;
+    return acquired(q, rc, true);
+}
+
+int wq__lock(shmq *q)
+{
+    int rc = wq__lock_look(q);
+    if (rc < 0)
         return rc;
-    }
-    /* Re-register after a fork, or if our slot is no longer ours (it can
-       only be taken from a live handle by repairing a corrupt table). An
-       observer (WQ_OBSERVE) never holds a slot. */
+    /* Register after a fork, after wq__procs_park, or if our slot is no
+       longer ours (it can only be taken from a live handle by repairing
+       a corrupt table). An observer (WQ_OBSERVE) never holds a slot. */
     if (!q->closing && !q->pub.observe &&
         WQ_UNLIKELY(q->forkgen != wq_load_relaxed(&wq__fork_gen) ||
                     q->slot >= q->max_procs ||
@@ -170,17 +190,7 @@ int wq__lock_try(shmq *q)
         return -EBUSY;
     if (WQ_UNLIKELY(rc != 0 && rc != EOWNERDEAD))
         return rc == ENOTRECOVERABLE ? -ENOTRECOVERABLE : -rc;
-    HOLDER_SET(q);
-    wq__region_bounds(q);   /* before repair: it reads entries too */
-    if (WQ_UNLIKELY(rc == EOWNERDEAD))
-        rc = recover(q);
-    else if (WQ_UNLIKELY(q->hdr->busy || q->hdr->corrupt))
-        rc = damage(q);
-    if (WQ_UNLIKELY(rc < 0)) {
-        release(q);
-        return rc;
-    }
-    return 0;
+    return acquired(q, rc, false);
 }
 
 void wq__unlock(shmq *q)

@@ -41,7 +41,7 @@ static void read_hist(const struct wq_hist *h, struct wq_histogram *out)
 int wq__shm_metrics(wq *pub, struct wq_metrics *out)
 {
     shmq *q = wq__shm(pub);
-    int rc = wq__lock(q);
+    int rc = wq__lock_look(q);
     if (rc < 0)
         return rc;
     struct wq_hdr *h = q->hdr;

@@ -311,6 +311,44 @@ static int slot_free(shmq *q, uint32_t i, bool crash)
     return n;
 }
 
+/* Lock held: no other handle is attached (the caller holds no slot). */
+static bool none_live(shmq *q)
+{
+    for (uint32_t i = 0; i < q->max_procs; i++)
+        if (q->procs[i].state == WQ_PROC_LIVE && wq__lease_alive(&q->procs[i]))
+            return false;
+    return true;
+}
+
+/*
+ * The pool's supervisor (pool.c) before it forks: give our slot up, so
+ * that max_procs workers fit beside it. Only a slot that holds no key
+ * and no sleeping get of ours is given up (-EBUSY otherwise: kept). The
+ * handle registers again at its next call that holds or changes keys
+ * (wq__lock); looking calls work without a slot.
+ */
+int wq__procs_park(shmq *q)
+{
+    if (q->pub.observe || q->forkgen != wq_load_relaxed(&wq__fork_gen) || !q->lease)
+        return 0;   /* no slot of ours: an observer, a forked child's copy */
+    int rc = wq__lock_look(q);
+    if (rc < 0)
+        return rc;
+    struct wq_proc *p = q->slot < q->max_procs ? &q->procs[q->slot] : NULL;
+    bool ours = p && p->state == WQ_PROC_LIVE && p->gen == q->gen;
+    if (ours && (p->held > 0 || p->waiting > 0)) {
+        wq__unlock(q);
+        return -EBUSY;
+    }
+    lease_stop(q->lease);   /* the lease is free before the slot is */
+    q->lease = NULL;
+    if (ours)
+        slot_free(q, q->slot, false);
+    wq_store_relaxed(&q->slot, WQ_NIL);   /* add_fast reads it unlocked */
+    wq__unlock(q);
+    return 0;
+}
+
 /* wq_close: give back our keys (not a crash), then our slot. Returns
    true when no other live handle is attached: the caller was the last. */
 bool wq__procs_unregister(shmq *q)
@@ -322,8 +360,15 @@ bool wq__procs_unregister(shmq *q)
         q->lease = NULL;
         return false;
     }
-    if (q->slot == WQ_NIL || !q->lease)
-        return false;
+    if (q->slot == WQ_NIL || !q->lease) {
+        /* An observer's close writes nothing; a parked handle's (the
+           pool's supervisor, wq__procs_park) may be the last. */
+        if (q->pub.observe || wq__lock_look(q) < 0)
+            return false;
+        bool last = none_live(q);
+        wq__unlock(q);
+        return last;
+    }
     bool last = false;
     int rc = wq__lock(q);
     if (rc == 0) {
@@ -336,9 +381,7 @@ bool wq__procs_unregister(shmq *q)
     if (rc == 0) {
         WQ_STEP("procs.unregister.lease");
         slot_free(q, q->slot, false);
-        last = true;
-        for (uint32_t i = 0; i < q->max_procs && last; i++)
-            last = q->procs[i].state != WQ_PROC_LIVE || !wq__lease_alive(&q->procs[i]);
+        last = none_live(q);
         wq__unlock(q);
     }
     q->slot = WQ_NIL;
@@ -359,10 +402,10 @@ uint64_t wq__procs_coalesced(const shmq *q)
    Returns the number of keys requeued. */
 unsigned wq__procs_reap(shmq *q)
 {
-    unsigned requeued = 0;
+    unsigned requeued = 0, me = wq__my_slot(q);
     for (uint32_t i = 0; i < q->max_procs; i++) {
         struct wq_proc *p = &q->procs[i];
-        if (i == q->slot || p->state == WQ_PROC_FREE || wq__lease_alive(p))
+        if (i == me || p->state == WQ_PROC_FREE || wq__lease_alive(p))
             continue;
         requeued += (unsigned)slot_free(q, i, true);
     }
@@ -380,9 +423,10 @@ unsigned wq__procs_reap(shmq *q)
 int wq__procs_release_pid(shmq *q, pid_t pid)
 {
     int n = 0;
+    uint32_t me = wq__my_slot(q);
     for (uint32_t i = 0; i < q->max_procs; i++) {
         struct wq_proc *p = &q->procs[i];
-        if (p->pid != pid || i == q->slot || p->state != WQ_PROC_LIVE || wq__lease_alive(p))
+        if (p->pid != pid || i == me || p->state != WQ_PROC_LIVE || wq__lease_alive(p))
             continue;
         n += slot_free(q, i, false);
     }
@@ -392,7 +436,7 @@ int wq__procs_release_pid(shmq *q, pid_t pid)
 int wq__shm_release_pid(wq *pub, pid_t pid)
 {
     shmq *q = wq__shm(pub);
-    int rc = wq__lock(q);
+    int rc = wq__lock_look(q);
     if (rc < 0)
         return rc;
     rc = wq__procs_release_pid(q, pid);

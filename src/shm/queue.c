@@ -654,7 +654,7 @@ int wq__shm_len(wq *pub)
     shmq *q = wq__shm(pub);
     if (wq_load_relaxed(&q->hdr->heap_count) > 0 && !wq_load_relaxed(&q->hdr->shutdown)) {
         uint64_t now = wq__now_mono();
-        int rc = wq__lock(q);
+        int rc = wq__lock_look(q);
         if (rc < 0)
             return rc;
         wq__promote(q, now);
@@ -679,7 +679,7 @@ static void shut(shmq *q)
 int wq__shm_resume(wq *pub)
 {
     shmq *q = wq__shm(pub);
-    int rc = wq__lock(q);
+    int rc = wq__lock_look(q);
     if (rc < 0)
         return rc;
     wq_store_relaxed(&q->hdr->shutdown, 0);
@@ -692,7 +692,7 @@ int wq__shm_resume(wq *pub)
 int wq__shm_shutdown(wq *pub)
 {
     shmq *q = wq__shm(pub);
-    int rc = wq__lock(q);
+    int rc = wq__lock_look(q);
     if (rc < 0)
         return rc;
     q->hdr->shutdown_calls++;
@@ -704,7 +704,7 @@ int wq__shm_shutdown(wq *pub)
 int wq__shm_drain(wq *pub, uint64_t deadline)
 {
     shmq *q = wq__shm(pub);
-    int rc = wq__lock(q);
+    int rc = wq__lock_look(q);
     if (rc < 0)
         return rc;
     struct wq_hdr *h = q->hdr;

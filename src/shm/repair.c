@@ -665,7 +665,7 @@ int wq__repair(shmq *q, bool apply, bool thorough, wq_report_fn report, void *ar
 int wq__shm_check(wq *pub, unsigned flags, wq_report_fn report, void *arg)
 {
     shmq *q = wq__shm(pub);
-    int rc = wq__lock(q);
+    int rc = wq__lock_look(q);
     if (rc < 0)
         return rc;
     int found = wq__repair(q, false, true, report, arg);

@@ -132,8 +132,16 @@ static inline shmq *wq__shm(wq *q)
     return (shmq *)q;
 }
 
+/* Our process slot, or WQ_NIL: a handle copied by fork names its
+   parent's slot until the child registers (lock.c). */
+static inline uint32_t wq__my_slot(const shmq *q)
+{
+    return q->forkgen == wq_load_relaxed(&wq__fork_gen) ? q->slot : WQ_NIL;
+}
+
 /* lock.c */
-int wq__lock(shmq *q);
+int wq__lock(shmq *q);        /* registers this process if it holds no slot */
+int wq__lock_look(shmq *q);   /* never registers (see lock.c) */
 int wq__lock_try(shmq *q);
 void wq__unlock(shmq *q);
 int wq__mutex_init(pthread_mutex_t *m);
@@ -503,6 +511,7 @@ void wq__fair_verify(shmq *q, void (*violation)(void *c, const char *what), void
 /* procs.c */
 int wq__procs_register(shmq *q);
 bool wq__procs_unregister(shmq *q);
+int wq__procs_park(shmq *q);
 unsigned wq__procs_reap(shmq *q);
 uint64_t wq__procs_coalesced(const shmq *q);
 void wq__procs_maybe_reap(shmq *q);
@@ -536,6 +545,7 @@ int wq__shm_dump(wq *q, wq_dump_fn fn, void *arg);
 int wq__shm_check(wq *q, unsigned flags, wq_report_fn report, void *arg);
 int wq__shm_release_pid(wq *q, pid_t pid);
 void wq__shm_close(wq *q);
+int wq__shm_park(wq *q);
 
 #include "../store/store.h"
 #include "../store/read.h"

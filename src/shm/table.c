@@ -87,7 +87,7 @@ int wq__lock_lookup(shmq *q, const void *key, size_t len, uint32_t *idx)
 {
     uint32_t hash = wq__hash(q->seed, key, len);
     int rc;
-    if ((rc = wq__lock(q)) < 0)
+    if ((rc = wq__lock_look(q)) < 0)   /* none of its callers needs a slot */
         return rc;
     *idx = wq__table_lookup(q, key, len, hash);
     if (*idx == WQ_CORRUPT) {

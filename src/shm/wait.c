@@ -124,7 +124,7 @@ int wq__sleep(shmq *q, uint32_t *word, uint64_t deadline, uint64_t until, bool g
     }
     wq__unlock(q);
     wq__futex_wait(word, seq, until);
-    int rc = wq__lock(q);
+    int rc = getter ? wq__lock(q) : wq__lock_look(q);
     if (rc < 0)
         return rc;
     /* Our slot may have been re-registered meanwhile (fork, repair): the

@@ -166,7 +166,7 @@ static uint32_t late_adders(shmq *q)
 static void group_wait(shmq *q)
 {
     struct wq_hdr *h = q->hdr;
-    if (wq__lock(q) < 0)
+    if (wq__lock_look(q) < 0)
         return;
     uint32_t late = late_adders(q), from = h->sync_seq, until = 0;
     uint32_t mark = late ? q->procs[q->slot].sync_mark : 0;
@@ -189,7 +189,7 @@ static void group_wait(shmq *q)
             wq__futex_wait(&h->sync_seq, s, now + wait) == -ETIMEDOUT)
             break;
     }
-    if (wq__lock(q) < 0)
+    if (wq__lock_look(q) < 0)
         return;   /* our deadline passes by itself */
     if (h->sync_wait == until)
         wq_store_relaxed(&h->sync_wait, 0);
@@ -343,7 +343,7 @@ static bool storing_any(shmq *q, const struct iovec *keys, size_t n)
    finds out. */
 static bool any_storing(shmq *q, const struct iovec *keys, size_t n)
 {
-    if (wq__lock(q) < 0)
+    if (wq__lock_look(q) < 0)
         return true;
     bool any = storing_any(q, keys, n);
     wq__unlock(q);
@@ -372,7 +372,7 @@ static bool any_storing(shmq *q, const struct iovec *keys, size_t n)
 static int region_lock(shmq *q, const int *stop, bool retry)
 {
     if (!stop)
-        return wq__lock(q);
+        return wq__lock_look(q);   /* a flush needs no slot */
     for (;;) {
         int rc = wq__lock_try(q);
         if (rc != -EBUSY || !retry || __atomic_load_n(stop, __ATOMIC_ACQUIRE))
@@ -653,7 +653,7 @@ int wq__store_make_room(shmq *q, int tries)
 static size_t rollback(shmq *q, const struct iovec *keys, size_t n)
 {
     size_t undone = 0;
-    if (wq__lock(q) < 0)
+    if (wq__lock_look(q) < 0)
         return n;   /* cannot tell: report the failure */
     wq__mut_begin(q);
     for (size_t i = 0; i < n; i++) {
@@ -681,7 +681,7 @@ static size_t rollback(shmq *q, const struct iovec *keys, size_t n)
  */
 static bool lost(shmq *q, const struct iovec *keys, size_t n, uint32_t drops)
 {
-    if (wq__lock(q) < 0)
+    if (wq__lock_look(q) < 0)
         return false;   /* the flush's verdict stands */
     bool gone = false;
     if (q->hdr->storing_drops != drops) {

@@ -697,7 +697,8 @@ int cmd_work(const struct args *a)
     struct work_shared *sh;
     struct sigaction old_pipe, ign;
     struct wq_stats st;
-    uint32_t jobs, need;
+    uint32_t jobs;
+    uint64_t free_slots;
     uint64_t t0;
     pid_t monitor = -1;
     wq *q;
@@ -711,17 +712,15 @@ int cmd_work(const struct args *a)
         return rc;
     if ((rc = queue_stats(q, name, &st)) != EXIT_OK)
         return rc;
-    /* Each worker, and the monitor, takes a process-table slot (a queue
-       without a table, max_procs 0 as on Redis, has no such limit). */
-    need = jobs + c.progress;
-    if (st.max_procs > 0 &&
-        (st.processes > st.max_procs || st.max_procs - st.processes < need)) {
+    /* Each worker takes a process-table slot; ours is given up while they
+       run (wq_run_workers), and the monitor only looks, so it takes none
+       (a queue without a table, max_procs 0 as on Redis, has no limit). */
+    free_slots = st.max_procs + 1 > st.processes ? st.max_procs + 1 - st.processes : 0;
+    if (st.max_procs > 0 && free_slots < jobs) {
         queue_msg(name);
         fprintf(stderr, "-j %" PRIu32 " needs %" PRIu32 " free process "
                 "slots, %" PRIu64 " of %" PRIu64 " are free (see create "
-                "--max-procs)\n", jobs, need,
-                st.max_procs > st.processes ? st.max_procs - st.processes : 0,
-                st.max_procs);
+                "--max-procs)\n", jobs, jobs, free_slots, st.max_procs);
         wq_close(q);
         return EXIT_FAIL;
     }
