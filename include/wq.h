@@ -144,22 +144,29 @@
  *   - With a store, see "Persistence" for what survives the region.
  *
  * PROCESSES, THREADS AND FORK
- *   Each handle registers in the region's process table and holds a lease:
- *   a robust mutex locked by a small thread that libwq starts for the
- *   handle and that lives exactly as long as the handle. The lease is how
+ *   A handle registers in the region's process table (a slot) and holds
+ *   a lease: a robust mutex locked by a small thread that libwq starts
+ *   for the handle and that lives as long as the slot. The lease is how
  *   other processes tell that this handle's process is dead. Every 250 ms
  *   that thread also reclaims a dead process's keys and writes what a
  *   store is due when no call does (see "Persistence"); it never waits
- *   for the region lock. A WQ_OBSERVE handle (see wq_open) neither
- *   registers nor has that thread: it holds nothing to lease, and its
- *   reads reclaim no keys (a dead holder's key shows as processing until
- *   a working process, or wq_check with WQ_CHECK_REAP, reclaims it).
- *   After fork(), a handle inherited by the child transparently registers
- *   the child as a new process (with its own lease) on its first add, get
- *   or done; calls that only look, or act on the queue as a whole, need
- *   no slot and do not register. The child is never taken for its
- *   parent, and keys the parent holds stay the parent's. A child that exits without wq_close() is a dead process
- *   like any other: keys it held are requeued.
+ *   for the region lock. wq_open registers the handle. A handle without
+ *   a slot (below) has no such thread, and its reads reclaim no keys (a
+ *   dead holder's key shows as processing until a process with a slot,
+ *   or wq_check with WQ_CHECK_REAP, reclaims it); it is not counted in
+ *   wq_stats' processes.
+ *   - A WQ_OBSERVE handle (see wq_open) never registers: it holds
+ *     nothing to lease.
+ *   - After fork(), a handle inherited by the child transparently
+ *     registers the child as a new process (with its own lease) on its
+ *     first add, get or done; calls that only look, or act on the queue
+ *     as a whole, need no slot and do not register. The child is never
+ *     taken for its parent, and keys the parent holds stay the parent's.
+ *     A child that exits without wq_close() is a dead process like any
+ *     other: keys it held are requeued.
+ *   - wq_run_workers gives the caller's slot up while its workers run
+ *     (see there); the handle registers again at its next add, get or
+ *     done.
  *
  * DIFFERENCES FROM CLIENT-GO
  *   libwq keeps client-go's workqueue semantics except where they would
@@ -975,7 +982,7 @@ WQ_API int wq_run_workers_opts(wq *q, unsigned workers, wq_reconcile_fn fn, void
  * the changes of a process killed before it wrote them, such as the new
  * key of an adder killed before its commit, which until then nobody can
  * get) is written within about 250 ms by a background thread of any
- * process that has the queue open (not as WQ_OBSERVE) and has written to
+ * process that has the queue open with a process slot and has written to
  * its store before (the thread that also reclaims a dead process's keys,
  * see PROCESSES).
  * It never waits for a lock: when a call holds one, that call, or the
@@ -1179,9 +1186,9 @@ struct wq_stats {
     uint64_t waiting;       /* keys added with a delay, not yet ready */
     uint64_t live;          /* keys using a slot: queued+processing+waiting */
     uint64_t capacity;      /* max live keys */
-    uint64_t processes;     /* handles attached whose process lives (a dead
-                               one's slot is not counted, even before it
-                               is reaped) */
+    uint64_t processes;     /* handles with a process slot whose process
+                               lives (a dead one's slot is not counted,
+                               even before it is reaped; see PROCESSES) */
     uint64_t adds_total;    /* adds that were not coalesced */
     uint64_t coalesced_total; /* adds merged into an already dirty key */
     uint64_t retries_total; /* delayed / rate limited adds (client-go) */
@@ -1320,9 +1327,13 @@ WQ_API bool wq_observing(wq *q);
  * purpose: give the keys that process held back to the queue at once, at
  * the back and without counting a failure (as wq_close would have), and
  * free its process slot. Only a process that is certainly dead is touched
- * (its lease says so); a live one is left alone. Returns the number of
- * keys given back (>= 0), -EINVAL. Keys of processes that died on their
- * own are requeued as crashes by the library without this call.
+ * (its lease says so); a live one is left alone. On a redis:// queue a
+ * holder names its host and pid: the holders of this host name with that
+ * pid are released when no process of this machine has the pid (so a
+ * holder of the same host name in another pid namespace is not told
+ * apart). Returns the number of keys given back (>= 0), -EINVAL. Keys of
+ * processes that died on their own are requeued as crashes by the
+ * library without this call.
  */
 WQ_API int wq_release_pid(wq *q, pid_t pid);
 

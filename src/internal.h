@@ -27,6 +27,9 @@
 
 #define WQ_LIKELY(x)   __builtin_expect(!!(x), 1)
 #define WQ_UNLIKELY(x) __builtin_expect(!!(x), 0)
+/* For a helper of a hot path that more than one caller shares, where a
+   call would cost more than the body. */
+#define WQ_INLINE static inline __attribute__((always_inline))
 
 /* api.c: the pool's supervisor gives its handle's process slot up while
    its workers run (engine.h, park): 0, or -EBUSY when the handle holds a

@@ -20,7 +20,7 @@
  * WQ_CHECK_REAP).
  *
  * Worker: the handle inherited through fork registers the child as a new
- * process on first use (see wq.h, fork). SIGINT and SIGTERM are ignored
+ * process at its first get (see wq.h, fork). SIGINT and SIGTERM are ignored
  * (a terminal ^C hits the whole process group; the supervisor decides),
  * and PR_SET_PDEATHSIG kills it if the supervisor dies. It waits for keys
  * in slices of STOP_POLL_NS so that a stop request (a word in a page

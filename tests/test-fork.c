@@ -342,7 +342,7 @@ static void fork_child_looks_without_slot(void **state)
 }
 
 /* wq_release_pid touches only a process that is gone: while the child
-   lives (here stopped in pause) its key stays its own; once it was killed
+   lives (here blocked in pause()) its key stays its own; once it was killed
    and waited for, the key goes back at once, not counted as a crash. */
 static void release_pid_only_dead(void **state)
 {

@@ -424,6 +424,46 @@ static void test_none_clean_exit_keeps(void **state)
     t_close(q);
 }
 
+/* A forked child that only removes and forgets takes no process slot,
+   yet its close is the last (its parent closed first) and writes what
+   the store lacks: after a restart (the region removed) the removed key
+   is gone and the forgotten failure count is 0. */
+static void test_none_child_close_last(void **state)
+{
+    (void)state;
+    const char *store = t_mkstore(), *name = t_qname("nonechild");
+    struct wq_options o = t_store_opts(store, WQ_DURABLE_NONE);
+    wq *q = T_OPEN(name, &o);
+    atomic_int *stage = t_shared_alloc(sizeof *stage);
+    assert_int_equal(wq_add(q, KS("a")), 0);
+    assert_int_equal(wq_add_rate_limited(q, KS("b")), 0);   /* waits 2 h, 1 failure */
+    assert_int_equal(wq_snapshot(q), 2);
+    pid_t c = t_fork(20);
+    if (c == 0) {
+        while (atomic_load(stage) == 0)
+            t_sleep_ms(1);
+        if (wq_remove(q, KS("a")) != 0 || wq_forget(q, KS("b")) != 0)
+            _exit(1);
+        wq_close(q);   /* the last: writes both */
+        _exit(0);
+    }
+    wq_close(q);   /* the last one attached, for all the table knows */
+    atomic_store(stage, 1);
+    assert_int_equal(t_wait(c, 10000), 0);
+    char path[300];
+    t_shm_path(name, path, sizeof path);
+    assert_int_equal(unlink(path), 0);
+    q = t_track(T_OPEN(name, &o));   /* restored from the store alone */
+    struct t_dump d = t_dump_all(q);
+    assert_int_equal(d.n, 1);
+    assert_int_equal(t_dump_count(&d, "a"), 0);
+    assert_int_equal(t_dump_count(&d, "b"), 1);
+    t_dump_free(&d);
+    assert_int_equal(wq_num_requeues(q, KS("b")), 0);
+    t_close(q);
+    t_shared_free(stage, sizeof *stage);
+}
+
 /* ------------------------------------------------------------------ */
 /* FSYNC groups: adders in two processes share one commit              */
 /* ------------------------------------------------------------------ */
@@ -1440,6 +1480,7 @@ int main(void)
         T_STORE_TEST(test_none_durability),
         T_STORE_TEST(test_durability_asked_for),
         T_STORE_TEST(test_none_clean_exit_keeps),
+        T_STORE_TEST(test_none_child_close_last),
         T_STORE_TEST(test_full_store),
         T_STORE_TEST(test_snapshot_no_store),
         T_STORE_TEST(test_fsync_group),

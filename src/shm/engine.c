@@ -132,11 +132,9 @@ void wq__shm_close(wq *pub)
     /* The last process to close cleanly writes what the store lacks
        (WQ_DURABLE_NONE's changes since the last snapshot, removals a
        failed write left listed): nothing acknowledged is lost to a clean
-       exit. Unregistered, the flush must not register again. */
-    if (last && q->g.has_store && wq_load_relaxed(&q->hdr->sq_count) > 0) {
-        q->closing = true;
+       exit. The flush takes the lock without registering (lock.c). */
+    if (last && q->g.has_store && wq_load_relaxed(&q->hdr->sq_count) > 0)
         wq__store_flush(q, true);
-    }
     free_handle(q);
 }
 

@@ -27,15 +27,13 @@
 static const char *const up_point[] = { "heap.up", "fair.up", "fair.up" };
 static const char *const down_point[] = { "heap.down", "fair.down", "fair.down" };
 
-#define INLINE static inline __attribute__((always_inline))
-
-INLINE uint32_t *arr(shmq *q, int k)
+WQ_INLINE uint32_t *arr(shmq *q, int k)
 {
     return k == WQ_HEAP_DELAY ? q->heap : k == WQ_HEAP_PRIO ? q->fheap_p : q->fheap_a;
 }
 
 /* Where entry idx (< nent) keeps its position in heap k. */
-INLINE uint32_t *pos_of(shmq *q, int k, uint32_t idx)
+WQ_INLINE uint32_t *pos_of(shmq *q, int k, uint32_t idx)
 {
     return k == WQ_HEAP_DELAY ? &wq__entry(q, idx)->link
          : k == WQ_HEAP_PRIO  ? &q->fx[idx].hp : &q->fx[idx].ha;
@@ -43,7 +41,7 @@ INLINE uint32_t *pos_of(shmq *q, int k, uint32_t idx)
 
 /* Does a come out before b? Add order (entry->seq) breaks every tie;
    it wraps, so it is compared as a signed difference. */
-INLINE bool before(const shmq *q, int k, uint32_t a, uint32_t b)
+WQ_INLINE bool before(const shmq *q, int k, uint32_t a, uint32_t b)
 {
     const struct wq_entry *ea = wq__entry(q, a), *eb = wq__entry(q, b);
     if (k == WQ_HEAP_DELAY) {
@@ -59,14 +57,14 @@ INLINE bool before(const shmq *q, int k, uint32_t a, uint32_t b)
     return (int32_t)(ea->seq - eb->seq) < 0;
 }
 
-INLINE void place(shmq *q, int k, uint32_t pos, uint32_t idx)
+WQ_INLINE void place(shmq *q, int k, uint32_t pos, uint32_t idx)
 {
     arr(q, k)[pos] = idx;
     *pos_of(q, k, idx) = pos;
 }
 
 /* Move the member at pos (idx, already checked) up to its place. */
-INLINE int sift_up(shmq *q, int k, uint32_t pos, uint32_t idx)
+WQ_INLINE int sift_up(shmq *q, int k, uint32_t pos, uint32_t idx)
 {
     uint32_t *a = arr(q, k);
     while (pos > 0) {
@@ -83,7 +81,7 @@ INLINE int sift_up(shmq *q, int k, uint32_t pos, uint32_t idx)
     return 0;
 }
 
-INLINE int sift_down(shmq *q, int k, uint32_t pos, uint32_t idx, uint32_t n)
+WQ_INLINE int sift_down(shmq *q, int k, uint32_t pos, uint32_t idx, uint32_t n)
 {
     uint32_t *a = arr(q, k);
     for (;;) {
@@ -113,7 +111,7 @@ INLINE int sift_down(shmq *q, int k, uint32_t pos, uint32_t idx, uint32_t n)
 }
 
 /* idx's checked position in heap k of n members, or -EBADMSG. */
-INLINE int position(shmq *q, int k, uint32_t n, uint32_t idx, uint32_t *pos)
+WQ_INLINE int position(shmq *q, int k, uint32_t n, uint32_t idx, uint32_t *pos)
 {
     if (WQ_UNLIKELY(n > q->nent || idx >= q->nent))
         return -EBADMSG;
@@ -124,7 +122,7 @@ INLINE int position(shmq *q, int k, uint32_t n, uint32_t idx, uint32_t *pos)
     return 0;
 }
 
-INLINE int insert_k(shmq *q, int k, uint32_t n, uint32_t idx)
+WQ_INLINE int insert_k(shmq *q, int k, uint32_t n, uint32_t idx)
 {
     if (WQ_UNLIKELY(n >= q->nent || idx >= q->nent))
         return -EBADMSG;
@@ -132,7 +130,7 @@ INLINE int insert_k(shmq *q, int k, uint32_t n, uint32_t idx)
     return sift_up(q, k, n, idx);
 }
 
-INLINE int delete_k(shmq *q, int k, uint32_t n, uint32_t idx)
+WQ_INLINE int delete_k(shmq *q, int k, uint32_t n, uint32_t idx)
 {
     uint32_t pos;
     int rc = position(q, k, n, idx, &pos);
@@ -155,14 +153,14 @@ INLINE int delete_k(shmq *q, int k, uint32_t n, uint32_t idx)
     return sift_down(q, k, pos, last, n - 1);
 }
 
-INLINE int raise_k(shmq *q, int k, uint32_t n, uint32_t idx)
+WQ_INLINE int raise_k(shmq *q, int k, uint32_t n, uint32_t idx)
 {
     uint32_t pos;
     int rc = position(q, k, n, idx, &pos);
     return rc < 0 ? rc : sift_up(q, k, pos, idx);
 }
 
-INLINE int build_k(shmq *q, int k, uint32_t n)
+WQ_INLINE int build_k(shmq *q, int k, uint32_t n)
 {
     uint32_t *a = arr(q, k);
     if (WQ_UNLIKELY(n > q->nent))

@@ -115,7 +115,7 @@ static void release(shmq *q)
 #define SPIN_TRIES 50
 #define SPIN_PAUSES 16
 
-static int acquire(pthread_mutex_t *m)
+WQ_INLINE int acquire(pthread_mutex_t *m)
 {
     int rc = pthread_mutex_trylock(m);
     for (int i = 0; rc == EBUSY && i < SPIN_TRIES; i++) {
@@ -131,7 +131,7 @@ static int acquire(pthread_mutex_t *m)
    after a holder's death exposes, unless the caller is the lease thread,
    whose idle reaper does). 0 with the lock held, or a negative errno
    with it released. */
-static int acquired(shmq *q, int rc, bool reap)
+WQ_INLINE int acquired(shmq *q, int rc, bool reap)
 {
     HOLDER_SET(q);
     wq__region_bounds(q);   /* before repair: it reads entries too */
@@ -147,7 +147,8 @@ static int acquired(shmq *q, int rc, bool reap)
     return rc;
 }
 
-int wq__lock_look(shmq *q)
+/* In both locks (wq__lock is on every add, get and done). */
+WQ_INLINE int lock_look(shmq *q)
 {
     int rc = acquire(&q->hdr->lock);
     if (WQ_UNLIKELY(rc != 0 && rc != EOWNERDEAD))
@@ -155,22 +156,27 @@ int wq__lock_look(shmq *q)
     return acquired(q, rc, true);
 }
 
+int wq__lock_look(shmq *q)
+{
+    return lock_look(q);
+}
+
 int wq__lock(shmq *q)
 {
-    int rc = wq__lock_look(q);
+    int rc = lock_look(q);
     if (rc < 0)
         return rc;
     /* Register after a fork, after wq__procs_park, or if our slot is no
        longer ours (it can only be taken from a live handle by repairing
        a corrupt table). An observer (WQ_OBSERVE) never holds a slot. */
-    if (!q->closing && !q->pub.observe &&
+    if (!q->pub.observe &&
         WQ_UNLIKELY(q->forkgen != wq_load_relaxed(&wq__fork_gen) ||
                     q->slot >= q->max_procs ||
                     q->procs[q->slot].state != WQ_PROC_LIVE ||
                     q->procs[q->slot].gen != q->gen)) {
         rc = wq__procs_register(q);
         if (rc < 0) {
-            release(q);
+            wq__unlock(q);   /* with the wakes a reap on the way owes */
             return rc;
         }
     }

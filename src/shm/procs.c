@@ -329,11 +329,15 @@ static bool none_live(shmq *q)
  */
 int wq__procs_park(shmq *q)
 {
-    if (q->pub.observe || q->forkgen != wq_load_relaxed(&wq__fork_gen) || !q->lease)
+    if (q->pub.observe || q->forkgen != wq_load_relaxed(&wq__fork_gen))
         return 0;   /* no slot of ours: an observer, a forked child's copy */
     int rc = wq__lock_look(q);
     if (rc < 0)
         return rc;
+    if (!q->lease) {   /* registration changes under the lock: look now */
+        wq__unlock(q);
+        return 0;   /* parked already (by another thread) */
+    }
     struct wq_proc *p = q->slot < q->max_procs ? &q->procs[q->slot] : NULL;
     bool ours = p && p->state == WQ_PROC_LIVE && p->gen == q->gen;
     if (ours && (p->held > 0 || p->waiting > 0)) {
@@ -353,16 +357,19 @@ int wq__procs_park(shmq *q)
    true when no other live handle is attached: the caller was the last. */
 bool wq__procs_unregister(shmq *q)
 {
-    if (q->forkgen != wq_load_relaxed(&wq__fork_gen)) {
-        /* A forked child that never used the handle: the slot and the
-           lease thread are the parent's; only the memory copy is ours. */
+    bool copy = q->forkgen != wq_load_relaxed(&wq__fork_gen);
+    if (copy) {
+        /* A forked child that took no slot (it only looked, or acted on
+           the queue as a whole): the slot and the lease thread named are
+           the parent's; only the memory copy is ours. */
         free(q->lease);
         q->lease = NULL;
-        return false;
     }
-    if (q->slot == WQ_NIL || !q->lease) {
-        /* An observer's close writes nothing; a parked handle's (the
-           pool's supervisor, wq__procs_park) may be the last. */
+    if (copy || q->slot == WQ_NIL || !q->lease) {
+        /* No slot of ours. An observer's close writes nothing; any other
+           handle without one (a forked child's, a supervisor's parked by
+           wq__procs_park) may be the last, whose close writes what the
+           store lacks (its removals, say). */
         if (q->pub.observe || wq__lock_look(q) < 0)
             return false;
         bool last = none_live(q);

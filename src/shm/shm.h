@@ -107,9 +107,7 @@ typedef struct wq_shm {
     uint32_t slot;                 /* our process table slot */
     uint32_t gen;                  /* its generation */
     unsigned forkgen;              /* wq__fork_gen when registered */
-    struct wq_lease *lease;        /* lease thread, NULL in a forked child */
-    bool closing;                  /* wq_close's last flush: unregistered,
-                                      and wq__lock must not register again */
+    struct wq_lease *lease;        /* lease thread; NULL without a slot */
 
     /* Wakes owed once the lock is released (wait.c): region lock. Any
        thread of this process holding the region lock owns them. */

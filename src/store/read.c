@@ -302,14 +302,17 @@ static void child_walk(const char *dir, int fd, const unsigned char *from)
 /* The parent                                                          */
 /* ------------------------------------------------------------------ */
 
-/* STALL_NS; in the fault-injection build, $WQ_TEST_STALL_MS when set
-   (the hung-walk tests). */
+/* STALL_NS; in the fault-injection build, $WQ_TEST_STALL_MS when set to
+   a positive number of milliseconds (the hung-walk tests; 0 or garbage,
+   which would call every walk hung at once, is ignored). */
 static uint64_t stall_ns(void)
 {
 #ifdef WQ_FAULT_INJECTION
     const char *v = getenv("WQ_TEST_STALL_MS");
-    if (v && *v)
-        return strtoull(v, NULL, 10) * 1000000ull;
+    char *end;
+    unsigned long long ms = v ? strtoull(v, &end, 10) : 0;
+    if (v && *v && !*end && ms > 0 && ms < 3600000ull)
+        return ms * 1000000ull;
 #endif
     return STALL_NS;
 }
