@@ -305,6 +305,11 @@ done
 expect_rc 1 "$WQCTL" add "$P" x
 grep -Fxq "wqctl: queue '$P': process table full (max_procs handles attached)" "$OUT" ||
     fail "add to a full table said: $(cat "$OUT")"
+# create --exist-ok compares the options as an observer.
+expect_rc 0 "$WQCTL" create "$P" --capacity 10 --max-procs 2 --exist-ok
+expect_rc 1 "$WQCTL" create "$P" --capacity 11 --exist-ok
+grep -Fxq "wqctl: queue '$P' exists with capacity 10, not 11" "$OUT" ||
+    fail "create --exist-ok with another capacity said: $(cat "$OUT")"
 run "$WQCTL" stat "$P"
 has_re 'processes  *2'
 run "$WQCTL" ls

@@ -255,6 +255,21 @@ static void print_restored(const struct wq_stats *st)
            st->queued, st->waiting, st->failing);
 }
 
+/* --exist-ok, and wq_open could not register: the queue exists with
+   every process slot taken (a new queue's table is empty). An observer
+   takes no slot, and an open of an existing queue compares every option
+   given just the same: 0 when they match, -EEXIST naming the one that
+   differs. Anything else: the first open again, for its own error. */
+static int exists_full(const char *name, const struct wq_options *o, wq **q)
+{
+    struct wq_options look = *o;
+    int rc;
+
+    look.flags = (o->flags & ~(unsigned)(WQ_CREATE | WQ_RESTORE)) | WQ_OBSERVE;
+    rc = wq_open(name, &look, q);
+    return rc == 0 || rc == -EEXIST ? rc : wq_open(name, o, q);
+}
+
 int cmd_create(const struct args *a)
 {
     const char *name = a->pos[0];
@@ -274,6 +289,8 @@ int cmd_create(const struct args *a)
         return queue_error(name, NULL, -EEXIST);
 
     rc = wq_open(name, &o, &q);
+    if (rc == -EUSERS && !(o.flags & WQ_EXCL))
+        rc = exists_full(name, &o, &q);
     if (rc < 0)
         return store_error(name, o.store_path, rc);
     /* A new queue over a store that holds keys is built from them (the
