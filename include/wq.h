@@ -151,10 +151,12 @@
  *   that thread also reclaims a dead process's keys and writes what a
  *   store is due when no call does (see "Persistence"); it never waits
  *   for the region lock. wq_open registers the handle. A handle without
- *   a slot (below) has no such thread, and its reads reclaim no keys (a
+ *   a slot (below) has no such thread, and its calls reclaim a dead
+ *   holder's keys only when they find the region lock abandoned by it (a
  *   dead holder's key shows as processing until a process with a slot,
  *   or wq_check with WQ_CHECK_REAP, reclaims it); it is not counted in
- *   wq_stats' processes.
+ *   wq_stats' processes. The last handle attached to close, with a slot
+ *   or without one (not an observer), writes what a store lacks.
  *   - A WQ_OBSERVE handle (see wq_open) never registers: it holds
  *     nothing to lease.
  *   - After fork(), a handle inherited by the child transparently
@@ -970,7 +972,7 @@ WQ_API int wq_run_workers_opts(wq *q, unsigned workers, wq_reconcile_fn fn, void
  *            written by the next commit of a new key (any process's), by
  *            the first call that finds snapshot_interval_ms (default 1 s)
  *            passed since such a write or 1024 of them listed, and by
- *            wq_snapshot, wq_unlink and the last process's wq_close. A
+ *            wq_snapshot, wq_unlink and the last handle's wq_close. A
  *            process crash loses none (the region keeps them); lost with
  *            the region (power failure, a reboot without that last
  *            close), a removal only means the key is processed once
@@ -1267,9 +1269,11 @@ struct wq_key_info {
  * keys kept for a failure count or a result): queued keys first in the
  * order they will be handed out (FIFO; in fair mode by priority, tenant
  * turn and add order, leaving out the oldest-key share), then the others.
- * Keys whose delay is over are queued first. Runs under the region lock: fn must not call libwq on
- * the same queue and should be quick. If fn returns non-zero, the walk
- * stops and that value is returned. Returns 0 when all keys were visited.
+ * Keys whose delay is over are queued first. Runs under the region lock:
+ * fn must not call libwq on the same queue, nor wait for another process
+ * that does (a forked child's wq_close takes the lock too), and should be
+ * quick. If fn returns non-zero, the walk stops and that value is
+ * returned. Returns 0 when all keys were visited.
  */
 typedef int (*wq_dump_fn)(const struct wq_key_info *info, void *arg);
 WQ_API int wq_dump(wq *q, wq_dump_fn fn, void *arg);

@@ -148,6 +148,13 @@ static void open_exists(void **state)
     o.flags = WQ_CREATE;
     assert_int_equal(wq_open(name, &o, &q2), -EEXIST);
     assert_non_null(strstr(wq_last_error(), "capacity 16, not 32"));
+    o.flags = 0;      /* attaching only: the same */
+    assert_int_equal(wq_open(name, &o, &q2), -EEXIST);
+    assert_non_null(strstr(wq_last_error(), "capacity 16, not 32"));
+    o.flags = WQ_OBSERVE;
+    assert_int_equal(wq_open(name, &o, &q2), -EEXIST);
+    assert_non_null(strstr(wq_last_error(), "capacity 16, not 32"));
+    o.flags = WQ_CREATE;
     o.capacity = 0;   /* zero: whatever the queue has */
     assert_int_equal(wq_open(name, &o, &q2), 0);
     assert_int_equal(t_stats(q2).capacity, 16);

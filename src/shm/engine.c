@@ -77,9 +77,10 @@ int wq__shm_open(const char *name, const struct wq_options *opts, wq **out)
     }
     for (int tries = 0;; tries++) {
         rc = excl ? -ENOENT : wq__region_attach(q, path);
-        if (rc == 0 && create) {
-            /* An existing queue: what the caller asks for must be what it
-               is (a zero option: whatever it has). */
+        if (rc == 0 && opts) {
+            /* An existing queue, created or only attached to (as the
+               Redis engine): what the caller asks for must be what it is
+               (a zero option: whatever it has). */
             struct wq_conf c;
             char why[300];
             wq__geom_conf(&q->g, &c);
@@ -132,7 +133,8 @@ void wq__shm_close(wq *pub)
     /* The last process to close cleanly writes what the store lacks
        (WQ_DURABLE_NONE's changes since the last snapshot, removals a
        failed write left listed): nothing acknowledged is lost to a clean
-       exit. The flush takes the lock without registering (lock.c). */
+       exit. The flush takes the lock without registering (store.c,
+       region_lock). */
     if (last && q->g.has_store && wq_load_relaxed(&q->hdr->sq_count) > 0)
         wq__store_flush(q, true);
     free_handle(q);

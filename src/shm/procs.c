@@ -383,7 +383,8 @@ bool wq__procs_unregister(shmq *q)
         if (p->held > 0)
             requeue_owned(q, q->slot, q->gen, false);
     }
-    lease_stop(q->lease);   /* the lease is free before the slot is */
+    if (q->lease)   /* a registration that failed in wq__lock stopped it */
+        lease_stop(q->lease);   /* the lease is free before the slot is */
     q->lease = NULL;
     if (rc == 0) {
         WQ_STEP("procs.unregister.lease");

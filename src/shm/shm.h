@@ -107,7 +107,8 @@ typedef struct wq_shm {
     uint32_t slot;                 /* our process table slot */
     uint32_t gen;                  /* its generation */
     unsigned forkgen;              /* wq__fork_gen when registered */
-    struct wq_lease *lease;        /* lease thread; NULL without a slot */
+    struct wq_lease *lease;        /* lease thread; NULL without a slot (a
+                                      forked copy: the parent's, not ours) */
 
     /* Wakes owed once the lock is released (wait.c): region lock. Any
        thread of this process holding the region lock owns them. */

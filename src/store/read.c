@@ -303,8 +303,9 @@ static void child_walk(const char *dir, int fd, const unsigned char *from)
 /* ------------------------------------------------------------------ */
 
 /* STALL_NS; in the fault-injection build, $WQ_TEST_STALL_MS when set to
-   a positive number of milliseconds (the hung-walk tests; 0 or garbage,
-   which would call every walk hung at once, is ignored). */
+   a positive number of milliseconds under an hour (the hung-walk tests;
+   0, which would call every walk hung at once, garbage and longer times
+   are ignored). */
 static uint64_t stall_ns(void)
 {
 #ifdef WQ_FAULT_INJECTION

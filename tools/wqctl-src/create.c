@@ -256,10 +256,11 @@ static void print_restored(const struct wq_stats *st)
 }
 
 /* --exist-ok, and wq_open could not register: the queue exists with
-   every process slot taken (a new queue's table is empty). An observer
-   takes no slot, and an open of an existing queue compares every option
-   given just the same: 0 when they match, -EEXIST naming the one that
-   differs. Anything else: the first open again, for its own error. */
+   every process slot taken (a new queue's table is empty), and its
+   options matched (they are compared before registering). An observer
+   takes no slot and compares them again (a queue made anew in between):
+   0 when they match, -EEXIST naming the one that differs. Anything else:
+   the first open again, for its own error. */
 static int exists_full(const char *name, const struct wq_options *o, wq **q)
 {
     struct wq_options look = *o;
