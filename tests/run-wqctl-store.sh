@@ -13,8 +13,15 @@ X="t-wqs-x-$$"        # never created (usage errors)
 DIR=$(mktemp -d "${TMPDIR:-/tmp}/wqctl-store.XXXXXX") || exit 1
 PASS=0
 WORK_PID=
+HOLDER=
+# A failed run must not leave the holder's worker and its task running.
+kill_tree() {
+    for c in $(pgrep -P "$1"); do kill_tree "$c"; done
+    kill -9 "$1" 2>/dev/null
+}
 cleanup() {
     [ -n "$WORK_PID" ] && kill -9 "$WORK_PID" 2>/dev/null
+    [ -n "$HOLDER" ] && kill_tree "$HOLDER"
     for q in "$P" "$N" "$C" "$F" "$G" "$D" "$X" "t-wqs-s-$$"; do
         "$WQCTL" rm "$q" >/dev/null 2>&1 || rm -f "/dev/shm/wq.$q"
     done
@@ -163,6 +170,7 @@ run "$WQCTL" stat "$N"
 has_re 'store_unsynced  *1'
 kill -TERM $HOLDER; sleep 0.3; kill -TERM $HOLDER   # stop, then at once: n1 goes back
 wait $HOLDER 2>/dev/null
+HOLDER=
 # The last process to close cleanly wrote n4: nothing acknowledged is lost.
 expect_rc 0 "$WQCTL" rm "$N"
 expect_out "restored 4 keys (4 queued, 0 waiting, 0 failing)" \

@@ -121,11 +121,6 @@ fail:
     return rc;
 }
 
-int wq__shm_park(wq *pub)
-{
-    return wq__procs_park(wq__shm(pub));
-}
-
 void wq__shm_close(wq *pub)
 {
     shmq *q = wq__shm(pub);

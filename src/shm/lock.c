@@ -13,7 +13,7 @@
  *
  * wq__lock also registers the process (procs.c) when the handle holds no
  * slot: in a forked child's first call, after the pool's supervisor gave
- * its slot up (wq__procs_park). It is the lock of the calls that hold or
+ * its slot up (wq__shm_park). It is the lock of the calls that hold or
  * change keys; the calls that only look, or act on the queue as a whole,
  * take wq__lock_look, which never registers, so they work with a full
  * table and do not take back a slot given up.
@@ -166,14 +166,10 @@ int wq__lock(shmq *q)
     int rc = lock_look(q);
     if (rc < 0)
         return rc;
-    /* Register after a fork, after wq__procs_park, or if our slot is no
+    /* Register after a fork, after wq__shm_park, or if our slot is no
        longer ours (it can only be taken from a live handle by repairing
        a corrupt table). An observer (WQ_OBSERVE) never holds a slot. */
-    if (!q->pub.observe &&
-        WQ_UNLIKELY(q->forkgen != wq_load_relaxed(&wq__fork_gen) ||
-                    q->slot >= q->max_procs ||
-                    q->procs[q->slot].state != WQ_PROC_LIVE ||
-                    q->procs[q->slot].gen != q->gen)) {
+    if (!q->pub.observe && WQ_UNLIKELY(!wq__slot_held(q))) {
         rc = wq__procs_register(q);
         if (rc < 0) {
             wq__unlock(q);   /* with the wakes a reap on the way owes */

@@ -327,8 +327,9 @@ static bool none_live(shmq *q)
  * handle registers again at its next call that holds or changes keys
  * (wq__lock); looking calls work without a slot.
  */
-int wq__procs_park(shmq *q)
+int wq__shm_park(wq *pub)
 {
+    shmq *q = wq__shm(pub);
     if (q->pub.observe || q->forkgen != wq_load_relaxed(&wq__fork_gen))
         return 0;   /* no slot of ours: an observer, a forked child's copy */
     int rc = wq__lock_look(q);
@@ -338,9 +339,8 @@ int wq__procs_park(shmq *q)
         wq__unlock(q);
         return 0;   /* parked already (by another thread) */
     }
-    struct wq_proc *p = q->slot < q->max_procs ? &q->procs[q->slot] : NULL;
-    bool ours = p && p->state == WQ_PROC_LIVE && p->gen == q->gen;
-    if (ours && (p->held > 0 || p->waiting > 0)) {
+    bool ours = wq__slot_held(q);
+    if (ours && (q->procs[q->slot].held > 0 || q->procs[q->slot].waiting > 0)) {
         wq__unlock(q);
         return -EBUSY;
     }
@@ -357,18 +357,17 @@ int wq__procs_park(shmq *q)
    true when no other live handle is attached: the caller was the last. */
 bool wq__procs_unregister(shmq *q)
 {
-    bool copy = q->forkgen != wq_load_relaxed(&wq__fork_gen);
-    if (copy) {
+    if (q->forkgen != wq_load_relaxed(&wq__fork_gen)) {
         /* A forked child that took no slot (it only looked, or acted on
            the queue as a whole): the slot and the lease thread named are
            the parent's; only the memory copy is ours. */
         free(q->lease);
         q->lease = NULL;
     }
-    if (copy || q->slot == WQ_NIL || !q->lease) {
+    if (q->slot == WQ_NIL || !q->lease) {
         /* No slot of ours. An observer's close writes nothing; any other
            handle without one (a forked child's, a supervisor's parked by
-           wq__procs_park) may be the last, whose close writes what the
+           wq__shm_park) may be the last, whose close writes what the
            store lacks (its removals, say). */
         if (q->pub.observe || wq__lock_look(q) < 0)
             return false;

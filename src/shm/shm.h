@@ -138,6 +138,16 @@ static inline uint32_t wq__my_slot(const shmq *q)
     return q->forkgen == wq_load_relaxed(&wq__fork_gen) ? q->slot : WQ_NIL;
 }
 
+/* Lock held: the handle still holds its own slot. Not when it is a
+   fork's copy, parked (wq__shm_park), or its slot was taken from it by
+   the repair of a corrupt table. */
+static inline bool wq__slot_held(const shmq *q)
+{
+    uint32_t s = wq__my_slot(q);
+    return s < q->max_procs && q->procs[s].state == WQ_PROC_LIVE &&
+           q->procs[s].gen == q->gen;
+}
+
 /* lock.c */
 int wq__lock(shmq *q);        /* registers this process if it holds no slot */
 int wq__lock_look(shmq *q);   /* never registers (see lock.c) */
@@ -510,7 +520,6 @@ void wq__fair_verify(shmq *q, void (*violation)(void *c, const char *what), void
 /* procs.c */
 int wq__procs_register(shmq *q);
 bool wq__procs_unregister(shmq *q);
-int wq__procs_park(shmq *q);
 unsigned wq__procs_reap(shmq *q);
 uint64_t wq__procs_coalesced(const shmq *q);
 void wq__procs_maybe_reap(shmq *q);
