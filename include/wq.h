@@ -810,6 +810,20 @@ WQ_API int wq_finish(wq *q, const void *key, size_t len, int code, const char *m
  */
 WQ_API int wq_result(wq *q, const void *key, size_t len, struct wq_result *out);
 
+/*
+ * wq_finish_get - a worker's turn in one call: wq_finish(done_key, code,
+ * message), then wq_get(buf, cap, timeout_ns), sharing one lock
+ * acquisition (one server round trip on redis://) when a key is queued.
+ * If the finish fails (-ENOENT: not processing; -ENOSPC: no room for the
+ * result, the key is still processing), its error is returned, nothing
+ * is recorded and nothing is popped. Otherwise the outcome is recorded
+ * and the call returns as wq_get: the next key's length, or -EAGAIN,
+ * -ETIMEDOUT, -ESHUTDOWN with done_key finished all the same.
+ * wq_run_workers uses it between reconciles.
+ */
+WQ_API int wq_finish_get(wq *q, const void *done_key, size_t done_len, int code,
+                         const char *message, void *buf, size_t cap, int64_t timeout_ns);
+
 /* ------------------------------------------------------------------ */
 /* Worker pool (controller-runtime's MaxConcurrentReconciles)          */
 /* ------------------------------------------------------------------ */

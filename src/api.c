@@ -271,15 +271,28 @@ int wq_finish(wq *q, const void *key, size_t len, int code, const char *message)
     return q->eng->done(q, key, len, &o);
 }
 
-int wq_done_get(wq *q, const void *done_key, size_t done_len, void *buf, size_t cap,
-                int64_t timeout_ns)
+static int done_get(wq *q, const void *done_key, size_t done_len,
+                    const struct wq_outcome *o, void *buf, size_t cap, int64_t timeout_ns)
 {
     uint64_t deadline;
     int rc = get_args(q, buf, cap, timeout_ns, &deadline);
     if (WQ_UNLIKELY(rc < 0) || WQ_UNLIKELY((rc = key_ok(q, done_key, done_len)) < 0))
         return rc;
     WORKING(q, "hand keys back");
-    return q->eng->done_get(q, done_key, done_len, buf, deadline);
+    return q->eng->done_get(q, done_key, done_len, o, buf, deadline);
+}
+
+int wq_done_get(wq *q, const void *done_key, size_t done_len, void *buf, size_t cap,
+                int64_t timeout_ns)
+{
+    return done_get(q, done_key, done_len, NULL, buf, cap, timeout_ns);
+}
+
+int wq_finish_get(wq *q, const void *done_key, size_t done_len, int code,
+                  const char *message, void *buf, size_t cap, int64_t timeout_ns)
+{
+    struct wq_outcome o = { true, code, message };
+    return done_get(q, done_key, done_len, &o, buf, cap, timeout_ns);
 }
 
 int wq_get_many(wq *q, void *buf, size_t size, struct iovec *keys, size_t n,

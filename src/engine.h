@@ -48,7 +48,9 @@ struct wq_engine {
        UINT64_MAX = forever; buf holds at least max_key_len bytes. */
     int (*get)(wq *q, void *buf, uint64_t deadline);
     int (*done)(wq *q, const void *key, size_t len, const struct wq_outcome *o);
-    int (*done_get)(wq *q, const void *key, size_t len, void *buf, uint64_t deadline);
+    /* o: as done's (wq_finish_get), or NULL (wq_done_get). */
+    int (*done_get)(wq *q, const void *key, size_t len, const struct wq_outcome *o,
+                    void *buf, uint64_t deadline);
     /* Batches (optional: NULL makes api.c loop over get and done). get_many
        hands out 1 .. n keys packed into buf (size >= max_key_len bytes),
        keys[i] pointing at each; done_many returns how many keys it

@@ -1,6 +1,7 @@
 /*
  * pool.c - controller-runtime's MaxConcurrentReconciles with processes:
- * wq_run_workers forks workers that loop get -> reconcile -> finish and
+ * wq_run_workers forks workers that loop get -> reconcile -> finish (the
+ * finish and the next get in one call, wq_finish_get) and
  * supervises them. It uses nothing but wq.h, and wq__park: while the
  * workers run the supervisor's handle holds no process slot (when it
  * holds no key), so a queue created with max_procs N runs a pool of N.
@@ -80,30 +81,31 @@ static void finish(wq *q, const char *key, size_t n, int code, const char *messa
         wq_done(q, key, n);
 }
 
-static void reconcile_one(wq *q, char *key, int n, wq_reconcile_fn fn, void *arg,
-                          const struct wq_pool_options *po)
+/* Reconcile one key and requeue or forget it as the outcome says. Returns
+   the code its finish records; out->message is the message. */
+static int reconcile_one(wq *q, char *key, int n, wq_reconcile_fn fn, void *arg,
+                         const struct wq_pool_options *po, struct wq_reconcile *out)
 {
-    struct wq_reconcile out;
-    memset(&out, 0, sizeof out);
+    memset(out, 0, sizeof *out);
     key[n] = 0;
-    int rc = fn(q, key, (size_t)n, &out, arg);
-    out.message[sizeof out.message - 1] = 0;
-    if (rc == 0 && out.requeue_after_ns <= 0) {
+    int rc = fn(q, key, (size_t)n, out, arg);
+    out->message[sizeof out->message - 1] = 0;
+    if (rc == 0 && out->requeue_after_ns <= 0) {
         wq_forget(q, key, (size_t)n);
-        finish(q, key, (size_t)n, 0, out.message);
-    } else if (rc == 0) {
-        wq_forget(q, key, (size_t)n);
-        wq_add_after(q, key, (size_t)n, (uint64_t)out.requeue_after_ns);
-        finish(q, key, (size_t)n, 0, out.message);
-    } else {
-        int code = rc > 0 ? -EINVAL : out.code ? out.code : rc;
-        int tries = wq_num_requeues(q, key, (size_t)n);   /* failures before this one */
-        if (po->max_attempts && tries >= 0 && (uint32_t)tries + 1 >= po->max_attempts)
-            wq_forget(q, key, (size_t)n);   /* given up: no retry, the FAILED result stays */
-        else
-            wq_add_rate_limited(q, key, (size_t)n);
-        finish(q, key, (size_t)n, code, out.message);
+        return 0;
     }
+    if (rc == 0) {
+        wq_forget(q, key, (size_t)n);
+        wq_add_after(q, key, (size_t)n, (uint64_t)out->requeue_after_ns);
+        return 0;
+    }
+    int code = rc > 0 ? -EINVAL : out->code ? out->code : rc;
+    int tries = wq_num_requeues(q, key, (size_t)n);   /* failures before this one */
+    if (po->max_attempts && tries >= 0 && (uint32_t)tries + 1 >= po->max_attempts)
+        wq_forget(q, key, (size_t)n);   /* given up: no retry, the FAILED result stays */
+    else
+        wq_add_rate_limited(q, key, (size_t)n);
+    return code;
 }
 
 static void worker_main(wq *q, struct shared *sh, unsigned id, wq_reconcile_fn fn,
@@ -120,11 +122,17 @@ static void worker_main(wq *q, struct shared *sh, unsigned id, wq_reconcile_fn f
     if (po->after_fork)
         po->after_fork(q, id, arg);
     int max = wq_max_key_len(q);
-    char *key = max > 0 ? malloc((size_t)max + 1) : NULL;
-    if (!key)
+    /* Two buffers: the key just reconciled is finished while the next one
+       is read into the other (wq_finish_get). */
+    char *key[2] = { max > 0 ? malloc((size_t)max + 1) : NULL,
+                     max > 0 ? malloc((size_t)max + 1) : NULL };
+    if (!key[0] || !key[1])
         _exit(1);
+    int cur = 0, n = -ETIMEDOUT;
+    struct wq_reconcile out;
     while (!__atomic_load_n(&sh->stop, __ATOMIC_ACQUIRE)) {
-        int n = wq_get(q, key, (size_t)max + 1, (int64_t)STOP_POLL_NS);
+        if (n == -ETIMEDOUT)
+            n = wq_get(q, key[cur], (size_t)max + 1, (int64_t)STOP_POLL_NS);
         if (n == -ETIMEDOUT)
             continue;
         if (n == -ESHUTDOWN)
@@ -137,10 +145,29 @@ static void worker_main(wq *q, struct shared *sh, unsigned id, wq_reconcile_fn f
             _exit(1);   /* the supervisor restarts us, or gives up */
         }
         __atomic_store_n(&sh->busy_since[id], now_mono(), __ATOMIC_RELEASE);
-        reconcile_one(q, key, n, fn, arg, po);
+        int code = reconcile_one(q, key[cur], n, fn, arg, po, &out);
         __atomic_store_n(&sh->busy_since[id], 0, __ATOMIC_RELEASE);
+        if (__atomic_load_n(&sh->stop, __ATOMIC_ACQUIRE)) {
+            finish(q, key[cur], (size_t)n, code, out.message);   /* and take no other */
+            break;
+        }
+        /* The finish and the next get under one lock (one round trip on
+           Redis). A finish that failed popped nothing: -ENOSPC left the
+           key ours, so at least its done; -ENOENT or -ESTALE, it is not
+           ours any more. Then a plain get. */
+        int next = wq_finish_get(q, key[cur], (size_t)n, code, out.message, key[!cur],
+                                 (size_t)max + 1, (int64_t)STOP_POLL_NS);
+        if (next == -ENOSPC)
+            wq_done(q, key[cur], (size_t)n);
+        if (next == -ENOSPC || next == -ENOENT || next == -ESTALE) {
+            n = -ETIMEDOUT;
+        } else {
+            cur = !cur;
+            n = next;
+        }
     }
-    free(key);
+    free(key[0]);
+    free(key[1]);
     wq_close(q);
     _exit(0);
 }

@@ -361,6 +361,8 @@ static void observe(void **state)
     expect_refused(ob, "wq_finish", "hand keys back", wq_finish(ob, "k1", 2, 0, "x"));
     expect_refused(ob, "wq_done_get", "hand keys back",
                    wq_done_get(ob, "k1", 2, buf, sizeof buf, 0));
+    expect_refused(ob, "wq_finish_get", "hand keys back",
+                   wq_finish_get(ob, "k1", 2, 0, "x", buf, sizeof buf, 0));
     expect_refused(ob, "wq_done_many", "hand keys back", wq_done_many(ob, keys, 1));
     expect_refused(ob, "wq_forget", "forget keys", wq_forget(ob, "k2", 2));
     expect_refused(ob, "wq_remove", "remove keys", wq_remove(ob, "k2", 2));

@@ -14,7 +14,8 @@
  *     outlive the process that recorded them;
  *   - wq_forget drops the result; result_capacity evicts the least
  *     recently updated result; wq_dump shows idle keys with results;
- *   - idle results never make an add fail: a full key table gives them up.
+ *   - idle results never make an add fail: a full key table gives them up;
+ *   - wq_finish_get records, then gets; a finish that fails pops nothing.
  * Every scenario ends with a clean wq_check.
  */
 #include <errno.h>
@@ -614,6 +615,77 @@ static void full_table_gives_up_idle_results(void **state)
     wq_close(q);
 }
 
+/* wq_finish_get: the outcome recorded, then the next key, in one call;
+   a finish that fails records and pops nothing. */
+static void finish_get(void **state)
+{
+    (void)state;
+    wq *q = results_q("finget", 16, 0);
+    char buf[64];
+
+    assert_int_equal(wq_add(q, KS("a")), 0);
+    assert_int_equal(wq_add(q, KS("b")), 0);
+    T_EXPECT_GET(q, "a");
+    assert_int_equal(wq_finish_get(q, KS("a"), 0, "a ok", buf, sizeof buf, 0), 1);
+    assert_memory_equal(buf, "b", 1);
+    assert_result(q, "a", WQ_STATE_SUCCEEDED, 0, "a ok");
+    assert_result(q, "b", WQ_STATE_RUNNING, 0, "");
+    T_EXPECT_STATS(q, 1, 0, 1, 0, "b handed out by the finish of a");
+
+    /* Arguments are checked before the finish: nothing recorded. */
+    assert_int_equal(wq_finish_get(q, KS("b"), 3, "x", buf, sizeof buf, -2), -EINVAL);
+    assert_int_equal(wq_finish_get(q, KS("b"), 3, "x", NULL, sizeof buf, 0), -EINVAL);
+    assert_int_equal(wq_finish_get(q, "", 0, 3, "x", buf, sizeof buf, 0), -EINVAL);
+    assert_result(q, "b", WQ_STATE_RUNNING, 0, "");
+
+    /* A key that is not processing: -ENOENT, nothing recorded or popped. */
+    assert_int_equal(wq_add(q, KS("c")), 0);
+    assert_int_equal(wq_finish_get(q, KS("ghost"), 1, "boo", buf, sizeof buf, 0), -ENOENT);
+    assert_int_equal(wq_finish_get(q, KS("c"), 1, "boo", buf, sizeof buf, 0), -ENOENT);
+    assert_none(q, "ghost");
+    assert_result(q, "c", WQ_STATE_PENDING, 0, "");
+    T_EXPECT_STATS(q, 2, 1, 1, 0, "after the refused finishes");
+
+    /* b re-added while processing goes behind c; c, finished, hands b
+       out again, which shows RUNNING with the outcome of its last run. */
+    assert_int_equal(wq_add(q, KS("b")), 0);
+    assert_int_equal(wq_finish_get(q, KS("b"), 7, "b failed", buf, sizeof buf, 0), 1);
+    assert_memory_equal(buf, "c", 1);
+    assert_int_equal(wq_finish_get(q, KS("c"), 0, NULL, buf, sizeof buf, 0), 1);
+    assert_memory_equal(buf, "b", 1);
+    assert_result(q, "c", WQ_STATE_SUCCEEDED, 0, "");
+    assert_result(q, "b", WQ_STATE_RUNNING, 7, "b failed");
+
+    /* Nothing queued: the finish happens, the get says -EAGAIN, or
+       -ETIMEDOUT after waiting. */
+    assert_int_equal(wq_finish_get(q, KS("b"), 0, "b ok", buf, sizeof buf, 0), -EAGAIN);
+    assert_result(q, "b", WQ_STATE_SUCCEEDED, 0, "b ok");
+    T_EXPECT_STATS(q, 0, 0, 0, 0, "all finished");
+    assert_int_equal(wq_finish_get(q, KS("b"), 0, "again", buf, sizeof buf, 0), -ENOENT);
+    assert_result(q, "b", WQ_STATE_SUCCEEDED, 0, "b ok");
+    assert_int_equal(wq_add(q, KS("d")), 0);
+    T_EXPECT_GET(q, "d");
+    uint64_t t0 = t_now_ns();
+    assert_int_equal(wq_finish_get(q, KS("d"), 2, "d failed", buf, sizeof buf, 50 * MS),
+                     -ETIMEDOUT);
+    assert_true(t_now_ns() - t0 >= 50 * MS);
+    assert_result(q, "d", WQ_STATE_FAILED, 2, "d failed");
+
+    /* Shut down with nothing queued: finished, then -ESHUTDOWN. */
+    assert_int_equal(wq_add(q, KS("e")), 0);
+    T_EXPECT_GET(q, "e");
+    assert_int_equal(wq_shutdown(q), 0);
+    assert_int_equal(wq_finish_get(q, KS("e"), 0, "e ok", buf, sizeof buf, SEC), -ESHUTDOWN);
+    assert_result(q, "e", WQ_STATE_SUCCEEDED, 0, "e ok");
+
+    struct wq_stats st;
+    assert_int_equal(wq_stats(q, &st), 0);
+    assert_int_equal(st.results, 5);   /* a, b, c, d, e */
+    assert_int_equal(st.live, 0);
+    t_check_clean(q, NULL);
+    wq_close(q);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -626,6 +698,7 @@ int main(void)
         T_TEST(eviction_least_recently_updated),
         T_TEST(dump_shows_results),
         T_TEST(full_table_gives_up_idle_results),
+        T_TEST(finish_get),
         T_NO_LEFTOVERS,
     };
     return T_RUN_GROUP("results", tests);

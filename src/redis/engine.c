@@ -1175,7 +1175,8 @@ static int rq_done(wq *pub, const void *key, size_t len, const struct wq_outcome
     return rc;
 }
 
-static int rq_done_get(wq *pub, const void *key, size_t len, void *buf, uint64_t deadline)
+static int rq_done_get(wq *pub, const void *key, size_t len, const struct wq_outcome *o,
+                       void *buf, uint64_t deadline)
 {
     rq *q = self(pub);
     char epoch[24], code[16];
@@ -1184,7 +1185,7 @@ static int rq_done_get(wq *pub, const void *key, size_t len, void *buf, uint64_t
     int rc = enter(q);
     if (rc < 0)
         return rc;
-    done_args(q, key, len, NULL, true, epoch, code, a, l);
+    done_args(q, key, len, o, true, epoch, code, a, l);
     struct rq_conn *c;
     if ((rc = wq__rq_conn_get(q, &c)) < 0)
         return rc;

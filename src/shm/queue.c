@@ -619,7 +619,8 @@ int wq__shm_done_many(wq *pub, const struct iovec *keys, size_t n)
     return rc < 0 ? rc : done;
 }
 
-int wq__shm_done_get(wq *pub, const void *key, size_t len, void *buf, uint64_t deadline)
+int wq__shm_done_get(wq *pub, const void *key, size_t len, const struct wq_outcome *o,
+                     void *buf, uint64_t deadline)
 {
     shmq *q = wq__shm(pub);
     uint32_t hash = wq__hash(q->seed, key, len);
@@ -628,7 +629,7 @@ int wq__shm_done_get(wq *pub, const void *key, size_t len, void *buf, uint64_t d
     if (rc < 0)
         return rc;
     bool queued = false;
-    rc = done_locked(q, key, len, hash, now, NULL, &queued);
+    rc = done_locked(q, key, len, hash, now, o, &queued);
     if (rc < 0) {
         wq__unlock(q);
         return rc;

@@ -537,7 +537,8 @@ int wq__shm_get_many(wq *q, void *buf, size_t size, struct iovec *keys, size_t n
                      uint64_t deadline);
 int wq__shm_done_many(wq *q, const struct iovec *keys, size_t n);
 int wq__shm_done(wq *q, const void *key, size_t len, const struct wq_outcome *o);
-int wq__shm_done_get(wq *q, const void *key, size_t len, void *buf, uint64_t deadline);
+int wq__shm_done_get(wq *q, const void *key, size_t len, const struct wq_outcome *o,
+                     void *buf, uint64_t deadline);
 int wq__shm_len(wq *q);
 int wq__shm_shutdown(wq *q);
 int wq__shm_resume(wq *q);
