@@ -11,6 +11,10 @@
  * drain   N keys queued beforehand; C consumers get + done until wq_get(0)
  *         says -EAGAIN. keys/s = N / (last consumer's end - t0). Variants
  *         "C=<c>-b<n>": wq_get_many / wq_done_many, n keys at a time.
+ *         Variants "pool-C=<c>": the same N keys reconciled (an empty
+ *         reconcile that counts) by wq_run_workers with c workers and
+ *         until_empty; keys/s = N / (the N-th reconcile's start - t0,
+ *         taken before wq_run_workers forks).
  * mpmc    P producers add `adds` keys drawn uniformly from K = 1000 hot keys
  *         (flat out, or paced at 50k adds/s: absolute deadlines, waited for
  *         with sched_yield, see wqb_pace_until);
@@ -32,6 +36,7 @@
  *         ahead: keys handed out in between).
  */
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -170,6 +175,57 @@ void wqb_drain_variant(const struct wqb_cfg *c, const char *variant, int consume
     wqb_queue_destroy(q, name);
 }
 
+struct pool_shared {
+    _Atomic uint64_t seen;
+    uint64_t n, end;
+};
+
+static int pool_count(wq *q, const void *key, size_t len, struct wq_reconcile *out, void *arg)
+{
+    (void)q, (void)key, (void)len, (void)out;
+    struct pool_shared *sh = arg;
+    if (atomic_fetch_add(&sh->seen, 1) + 1 == sh->n)
+        sh->end = wqb_now();
+    return 0;
+}
+
+void wqb_pool_variant(const struct wqb_cfg *c, const char *variant, int workers, uint64_t n)
+{
+    wq *q;
+    char name[WQB_NAME_LEN];
+    struct wqb_result r;
+    struct wq_options o = { .capacity = (uint32_t)n };
+    if (!wqb_want(c, variant))
+        return;
+    int rc = wqb_open_new("drain", &o, &q, name);
+    if (rc < 0 && wqb_prefixed()) {
+        wqb_skip_open(c, "drain", variant, rc);
+        return;
+    }
+    if (rc < 0)
+        wqb_die("wq_open %s (capacity %u): %s", name, o.capacity, wq_strerror(rc));
+    wqb_result_init(&r, "drain", variant, "keys/s");
+    struct pool_shared *sh = wqb_shared_alloc(sizeof *sh);
+    for (int rep = 0; rep < wqb_reps(c); rep++) {
+        wqb_fill(q, 0, n);
+        atomic_store(&sh->seen, 0);
+        sh->n = n;
+        sh->end = 0;
+        struct wq_pool_options po = { .until_empty = true, .name = "wqbench" };
+        uint64_t t0 = wqb_now();
+        wqb_check(wq_run_workers_opts(q, (unsigned)workers, pool_count, sh, &po),
+                  "drain: wq_run_workers");
+        if (atomic_load(&sh->seen) != n || !sh->end)
+            wqb_die("drain: the pool reconciled %llu keys of %llu",
+                    (unsigned long long)atomic_load(&sh->seen), (unsigned long long)n);
+        wqb_result_add(&r, (double)n * 1e9 / (double)(sh->end - t0));
+    }
+    wqb_shared_free(sh, sizeof *sh);
+    wqb_result_extra(&r, "n", (double)n, WQB_X_INT);
+    wqb_emit(c, &r);
+    wqb_queue_destroy(q, name);
+}
+
 void wqb_run_drain(const struct wqb_cfg *c)
 {
     uint64_t n = wqb_size(c, 200000, 1000000);
@@ -183,6 +239,8 @@ void wqb_run_drain(const struct wqb_cfg *c)
         snprintf(variant, sizeof variant, "C=%d-b32", consumers);
         wqb_drain_variant(c, variant, consumers, 32, n);
     }
+    wqb_pool_variant(c, "pool-C=1", 1, n);
+    wqb_pool_variant(c, "pool-C=2", 2, n);
 }
 
 /* ------------------------------------------------------------------ */

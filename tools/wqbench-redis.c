@@ -47,7 +47,8 @@
  *             replies), redis calls wq_add_many with 64 keys. keys/s; each
  *             repetition is checked to leave n keys queued.
  *   drain     1 and 2 consumer processes empty a queue of n keys
- *             (wqbench-mp.c's drain).
+ *             (wqbench-mp.c's drain), then a pool of 1 and 2 workers
+ *             (wq_run_workers) reconciles n keys.
  *   mpmc      producers and consumers on 1000 hot keys (wqbench-mp.c's
  *             mpmc): flat out, and paced at 2,000 adds/s for the latency
  *             of a queue that is not saturated.
@@ -821,6 +822,8 @@ void wqb_redis_drain(const struct wqb_cfg *c)
     uint64_t n = wqb_size(c, 2000, 10000);
     wqb_drain_variant(c, "redis-C=1", 1, 1, n);
     wqb_drain_variant(c, "redis-C=2", 2, 1, n);
+    wqb_pool_variant(c, "redis-pool-C=1", 1, n);
+    wqb_pool_variant(c, "redis-pool-C=2", 2, n);
 }
 
 /* durable: the baseline's cycle on a server that writes an AOF, fsync'ed

@@ -151,6 +151,8 @@ double wqb_cycle_variant(const struct wqb_cfg *c, const char *variant, enum wqb_
    wq_done_many, `batch` at a time. */
 void wqb_drain_variant(const struct wqb_cfg *c, const char *variant, int consumers,
                        int batch, uint64_t n);
+/* The same n keys reconciled by wq_run_workers' pool of `workers`. */
+void wqb_pool_variant(const struct wqb_cfg *c, const char *variant, int workers, uint64_t n);
 struct wqb_mpmc {
     const char *variant;
     int producers, consumers;
