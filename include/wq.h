@@ -810,19 +810,32 @@ WQ_API int wq_finish(wq *q, const void *key, size_t len, int code, const char *m
  */
 WQ_API int wq_result(wq *q, const void *key, size_t len, struct wq_result *out);
 
+/* How wq_finish_get finishes a key. */
+struct wq_finish_opts {
+    int code;              /* as wq_finish's: 0 SUCCEEDED, else FAILED */
+    const char *message;   /* as wq_finish's (NULL: "") */
+    bool forget;           /* also reset the key's failure count, as
+                              wq_forget (client-go's Forget after a
+                              success), in the same step */
+    uint64_t reserved[4];  /* must be zero (-EINVAL): room to grow */
+};
+
 /*
- * wq_finish_get - a worker's turn in one call: wq_finish(done_key, code,
- * message), then wq_get(buf, cap, timeout_ns), sharing one lock
+ * wq_finish_get - a worker's turn in one call: finish done_key as
+ * wq_finish does with f's code and message (and wq_forget it if
+ * f->forget), then wq_get(buf, cap, timeout_ns), sharing one lock
  * acquisition (one server round trip on redis://) when a key is queued.
- * If the finish fails (-ENOENT: not processing; -ENOSPC: no room for the
- * result, the key is still processing), its error is returned, nothing
- * is recorded and nothing is popped. Otherwise the outcome is recorded
- * and the call returns as wq_get: the next key's length, or -EAGAIN,
- * -ETIMEDOUT, -ESHUTDOWN with done_key finished all the same.
+ * NULL f is a plain wq_done (wq_done_get). If the finish fails (-ENOENT:
+ * not processing; -ESTALE; -ENOSPC: no room for the result, the key is
+ * still processing), its error is returned and nothing changed: nothing
+ * recorded, forgotten or popped. Otherwise the call returns as wq_get:
+ * the next key's length, or -EAGAIN, -ETIMEDOUT, -ESHUTDOWN with
+ * done_key finished all the same. buf must not overlap done_key.
  * wq_run_workers uses it between reconciles.
  */
-WQ_API int wq_finish_get(wq *q, const void *done_key, size_t done_len, int code,
-                         const char *message, void *buf, size_t cap, int64_t timeout_ns);
+WQ_API int wq_finish_get(wq *q, const void *done_key, size_t done_len,
+                         const struct wq_finish_opts *f, void *buf, size_t cap,
+                         int64_t timeout_ns);
 
 /* ------------------------------------------------------------------ */
 /* Worker pool (controller-runtime's MaxConcurrentReconciles)          */

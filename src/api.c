@@ -267,7 +267,7 @@ int wq_finish(wq *q, const void *key, size_t len, int code, const char *message)
     if (rc < 0)
         return rc;
     WORKING(q, "hand keys back");
-    struct wq_outcome o = { true, code, message };
+    struct wq_outcome o = { true, code, message, false };
     return q->eng->done(q, key, len, &o);
 }
 
@@ -288,10 +288,15 @@ int wq_done_get(wq *q, const void *done_key, size_t done_len, void *buf, size_t 
     return done_get(q, done_key, done_len, NULL, buf, cap, timeout_ns);
 }
 
-int wq_finish_get(wq *q, const void *done_key, size_t done_len, int code,
-                  const char *message, void *buf, size_t cap, int64_t timeout_ns)
+int wq_finish_get(wq *q, const void *done_key, size_t done_len,
+                  const struct wq_finish_opts *f, void *buf, size_t cap, int64_t timeout_ns)
 {
-    struct wq_outcome o = { true, code, message };
+    if (!f)
+        return done_get(q, done_key, done_len, NULL, buf, cap, timeout_ns);
+    for (size_t i = 0; i < sizeof f->reserved / sizeof f->reserved[0]; i++)
+        if (f->reserved[i])
+            return -EINVAL;
+    struct wq_outcome o = { true, f->code, f->message, f->forget };
     return done_get(q, done_key, done_len, &o, buf, cap, timeout_ns);
 }
 

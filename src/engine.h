@@ -37,6 +37,7 @@ struct wq_outcome {
     bool record;
     int code;
     const char *message;
+    bool forget;    /* also reset the failure count (wq_finish_get) */
 };
 
 struct wq_engine {

@@ -72,40 +72,41 @@ static uint64_t now_mono(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-/* wq_finish, or, when the result cannot be kept (no room for it:
-   -ENOSPC, the key still processing), at least the done: a worker must
-   never walk away holding its key. */
-static void finish(wq *q, const char *key, size_t n, int code, const char *message)
+/* Finish as f says, getting nothing, or, when the result cannot be kept
+   (no room for it: -ENOSPC, the key still processing), at least the done:
+   a worker must never walk away holding its key. */
+static void finish(wq *q, const char *key, size_t n, const struct wq_finish_opts *f)
 {
-    if (wq_finish(q, key, n, code, message) == -ENOSPC)
+    if (f->forget)
+        wq_forget(q, key, n);
+    if (wq_finish(q, key, n, f->code, f->message) == -ENOSPC)
         wq_done(q, key, n);
 }
 
-/* Reconcile one key and requeue or forget it as the outcome says. Returns
-   the code its finish records; out->message is the message. */
-static int reconcile_one(wq *q, char *key, int n, wq_reconcile_fn fn, void *arg,
-                         const struct wq_pool_options *po, struct wq_reconcile *out)
+/* Reconcile one key and requeue it as the outcome says; how to finish it
+   in f (a success forgets the key's failures with its finish). */
+static void reconcile_one(wq *q, char *key, int n, wq_reconcile_fn fn, void *arg,
+                          const struct wq_pool_options *po, struct wq_reconcile *out,
+                          struct wq_finish_opts *f)
 {
     memset(out, 0, sizeof *out);
+    memset(f, 0, sizeof *f);
     key[n] = 0;
     int rc = fn(q, key, (size_t)n, out, arg);
     out->message[sizeof out->message - 1] = 0;
-    if (rc == 0 && out->requeue_after_ns <= 0) {
-        wq_forget(q, key, (size_t)n);
-        return 0;
-    }
+    f->message = out->message;
     if (rc == 0) {
-        wq_forget(q, key, (size_t)n);
-        wq_add_after(q, key, (size_t)n, (uint64_t)out->requeue_after_ns);
-        return 0;
+        f->forget = true;
+        if (out->requeue_after_ns > 0)
+            wq_add_after(q, key, (size_t)n, (uint64_t)out->requeue_after_ns);
+        return;
     }
-    int code = rc > 0 ? -EINVAL : out->code ? out->code : rc;
+    f->code = rc > 0 ? -EINVAL : out->code ? out->code : rc;
     int tries = wq_num_requeues(q, key, (size_t)n);   /* failures before this one */
     if (po->max_attempts && tries >= 0 && (uint32_t)tries + 1 >= po->max_attempts)
-        wq_forget(q, key, (size_t)n);   /* given up: no retry, the FAILED result stays */
+        f->forget = true;   /* given up: no retry, the FAILED result stays */
     else
         wq_add_rate_limited(q, key, (size_t)n);
-    return code;
 }
 
 static void worker_main(wq *q, struct shared *sh, unsigned id, wq_reconcile_fn fn,
@@ -130,6 +131,7 @@ static void worker_main(wq *q, struct shared *sh, unsigned id, wq_reconcile_fn f
         _exit(1);
     int cur = 0, n = -ETIMEDOUT;
     struct wq_reconcile out;
+    struct wq_finish_opts f;
     while (!__atomic_load_n(&sh->stop, __ATOMIC_ACQUIRE)) {
         if (n == -ETIMEDOUT)
             n = wq_get(q, key[cur], (size_t)max + 1, (int64_t)STOP_POLL_NS);
@@ -145,20 +147,20 @@ static void worker_main(wq *q, struct shared *sh, unsigned id, wq_reconcile_fn f
             _exit(1);   /* the supervisor restarts us, or gives up */
         }
         __atomic_store_n(&sh->busy_since[id], now_mono(), __ATOMIC_RELEASE);
-        int code = reconcile_one(q, key[cur], n, fn, arg, po, &out);
+        reconcile_one(q, key[cur], n, fn, arg, po, &out, &f);
         __atomic_store_n(&sh->busy_since[id], 0, __ATOMIC_RELEASE);
         if (__atomic_load_n(&sh->stop, __ATOMIC_ACQUIRE)) {
-            finish(q, key[cur], (size_t)n, code, out.message);   /* and take no other */
+            finish(q, key[cur], (size_t)n, &f);   /* and take no other */
             break;
         }
         /* The finish and the next get under one lock (one round trip on
-           Redis). A finish that failed popped nothing: -ENOSPC left the
-           key ours, so at least its done; -ENOENT or -ESTALE, it is not
-           ours any more. Then a plain get. */
-        int next = wq_finish_get(q, key[cur], (size_t)n, code, out.message, key[!cur],
-                                 (size_t)max + 1, (int64_t)STOP_POLL_NS);
+           Redis). A finish that failed changed nothing: -ENOSPC left the
+           key ours, so forget it and at least done it; -ENOENT or -ESTALE,
+           it is not ours any more. Then a plain get. */
+        int next = wq_finish_get(q, key[cur], (size_t)n, &f, key[!cur], (size_t)max + 1,
+                                 (int64_t)STOP_POLL_NS);
         if (next == -ENOSPC)
-            wq_done(q, key[cur], (size_t)n);
+            finish(q, key[cur], (size_t)n, &f);
         if (next == -ENOSPC || next == -ENOENT || next == -ESTALE) {
             n = -ETIMEDOUT;
         } else {

@@ -37,11 +37,11 @@
 /* ---------------------------------------------------------------- */
 
 enum op { OP_OPEN, OP_ADD, OP_GET, OP_DONE, OP_CLOSE, OP_AFTER, OP_RL, OP_FORGET,
-          OP_FINISH };
+          OP_FINISH, OP_FINISH_GET };
 struct step {
     enum op op;
     const char *key;   /* ADD: the key; DONE: the key (must be held) */
-    int code;          /* FINISH */
+    int code;          /* FINISH, FINISH_GET (which also forgets, "ok") */
 };
 
 /* Exercises: registration, new adds, coalesced and "mark dirty" adds,
@@ -84,7 +84,9 @@ static const struct step script[] = {
     { OP_ADD, "s3", 0 },                         /* pending, result kept */
     { OP_GET, NULL, 0 },  /* w1 */
     { OP_FINISH, "w1", 5 },
-    { OP_GET, NULL, 0 },  /* L2, held at close */
+    { OP_GET, NULL, 0 },  /* L2 */
+    { OP_RL, L2, 0 },                            /* a failure count to forget */
+    { OP_FINISH_GET, L2, 0 },  /* forgotten, "ok", waiting; s3 held at close */
     { OP_CLOSE, NULL, 0 },
 };
 #define NSTEPS (int)(sizeof script / sizeof script[0])
@@ -259,6 +261,12 @@ static void m_step(struct model *m, const struct step *s)
     case OP_RL: m_after(m, s->key, true); break;
     case OP_FORGET: m_forget(m, s->key); break;
     case OP_FINISH: m_result(m, s->key, s->code); m_done(m, s->key); break;
+    case OP_FINISH_GET:
+        m_forget(m, s->key);
+        m_result(m, s->key, s->code);
+        m_done(m, s->key);
+        m_get(m, OWN_VICTIM);
+        break;
     case OP_OPEN: break;
     }
 }
@@ -284,6 +292,26 @@ static bool before_commit(const char *p, const struct step *s, struct model *m)
             return true;
     }
     return false;
+}
+
+/* Where OP_FINISH_GET died: its finish is one mutation (the forget, the
+   outcome, the done, in that order, after the result's room), then its
+   get another (get.*, or fair mode's fair.pop). Dying before the
+   forget's commit leaves nothing done. */
+static void finish_get_died(struct model *m, const struct step *s, const char *p)
+{
+    if (strcmp(p, "done.busy") == 0 || strncmp(p, "region.grow.", 12) == 0)
+        return;
+    m_forget(m, s->key);
+    if (strcmp(p, "forget.reset") == 0 || strcmp(p, "result.fill") == 0)
+        return;
+    m_result(m, s->key, s->code);
+    if (strncmp(p, "result.", 7) == 0)
+        return;   /* the outcome kept, not done */
+    m_done(m, s->key);
+    bool in_get = strncmp(p, "get.", 4) == 0 || strcmp(p, "fair.pop") == 0;   /* fair mode's */
+    if (in_get && !before_commit(p, s, m))
+        m_get(m, OWN_VICTIM);
 }
 
 /* ---------------------------------------------------------------- */
@@ -319,6 +347,11 @@ static int run_victim(const char *name, struct shared *sh)
             rc = wq_finish(q, s->key, strlen(s->key), s->code,
                            s->code ? "bad: the reconcile failed, retried later" : "ok");
             break;
+        case OP_FINISH_GET: {
+            struct wq_finish_opts f = { .code = s->code, .message = "ok", .forget = true };
+            rc = wq_finish_get(q, s->key, strlen(s->key), &f, buf, sizeof buf, 0);
+            break;
+        }
         }
         if (rc < 0) {
             fprintf(stderr, "victim: step %d failed: %s\n", i, wq_strerror(rc));
@@ -473,7 +506,9 @@ static void trial(struct shared *sh, const char *point, unsigned nth, int how)
     for (int i = 0; i < died_in; i++)
         m_step(&m, &script[i]);
     const struct step *fatal = &script[died_in];
-    if (fatal->op == OP_FINISH && (strncmp(point, "result.", 7) == 0 &&
+    if (fatal->op == OP_FINISH_GET)
+        finish_get_died(&m, fatal, point);
+    else if (fatal->op == OP_FINISH && (strncmp(point, "result.", 7) == 0 &&
                                    strcmp(point, "result.fill") != 0 &&
                                    strcmp(point, "result.msg") != 0 &&
                                    strcmp(point, "result.msgset") != 0))

@@ -362,7 +362,8 @@ static void observe(void **state)
     expect_refused(ob, "wq_done_get", "hand keys back",
                    wq_done_get(ob, "k1", 2, buf, sizeof buf, 0));
     expect_refused(ob, "wq_finish_get", "hand keys back",
-                   wq_finish_get(ob, "k1", 2, 0, "x", buf, sizeof buf, 0));
+                   wq_finish_get(ob, "k1", 2, &(struct wq_finish_opts){ .forget = true },
+                                 buf, sizeof buf, 0));
     expect_refused(ob, "wq_done_many", "hand keys back", wq_done_many(ob, keys, 1));
     expect_refused(ob, "wq_forget", "forget keys", wq_forget(ob, "k2", 2));
     expect_refused(ob, "wq_remove", "remove keys", wq_remove(ob, "k2", 2));

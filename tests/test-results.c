@@ -615,8 +615,17 @@ static void full_table_gives_up_idle_results(void **state)
     wq_close(q);
 }
 
-/* wq_finish_get: the outcome recorded, then the next key, in one call;
-   a finish that fails records and pops nothing. */
+/* wq_finish_get with code and message, and optionally forget. */
+static int finish_get_(wq *q, const char *key, int code, const char *msg, bool forget,
+                       char *buf, size_t cap, int64_t timeout)
+{
+    struct wq_finish_opts f = { .code = code, .message = msg, .forget = forget };
+    return wq_finish_get(q, key, strlen(key), &f, buf, cap, timeout);
+}
+
+/* wq_finish_get: the outcome recorded (and the failures forgotten when
+   asked), then the next key, in one call; a finish that fails changes
+   nothing and pops nothing. */
 static void finish_get(void **state)
 {
     (void)state;
@@ -626,61 +635,101 @@ static void finish_get(void **state)
     assert_int_equal(wq_add(q, KS("a")), 0);
     assert_int_equal(wq_add(q, KS("b")), 0);
     T_EXPECT_GET(q, "a");
-    assert_int_equal(wq_finish_get(q, KS("a"), 0, "a ok", buf, sizeof buf, 0), 1);
+    assert_int_equal(finish_get_(q, "a", 0, "a ok", false, buf, sizeof buf, 0), 1);
     assert_memory_equal(buf, "b", 1);
     assert_result(q, "a", WQ_STATE_SUCCEEDED, 0, "a ok");
     assert_result(q, "b", WQ_STATE_RUNNING, 0, "");
     T_EXPECT_STATS(q, 1, 0, 1, 0, "b handed out by the finish of a");
 
     /* Arguments are checked before the finish: nothing recorded. */
-    assert_int_equal(wq_finish_get(q, KS("b"), 3, "x", buf, sizeof buf, -2), -EINVAL);
-    assert_int_equal(wq_finish_get(q, KS("b"), 3, "x", NULL, sizeof buf, 0), -EINVAL);
-    assert_int_equal(wq_finish_get(q, "", 0, 3, "x", buf, sizeof buf, 0), -EINVAL);
+    struct wq_finish_opts bad = { .code = 3, .message = "x", .reserved = { 0, 1 } };
+    assert_int_equal(wq_finish_get(q, KS("b"), &bad, buf, sizeof buf, 0), -EINVAL);
+    assert_int_equal(finish_get_(q, "b", 3, "x", false, buf, sizeof buf, -2), -EINVAL);
+    assert_int_equal(finish_get_(q, "b", 3, "x", false, NULL, sizeof buf, 0), -EINVAL);
+    assert_int_equal(finish_get_(q, "b", 3, "x", false, buf, 1, 0), -ENOBUFS);
+    assert_int_equal(finish_get_(q, "", 3, "x", false, buf, sizeof buf, 0), -EINVAL);
     assert_result(q, "b", WQ_STATE_RUNNING, 0, "");
 
     /* A key that is not processing: -ENOENT, nothing recorded or popped. */
     assert_int_equal(wq_add(q, KS("c")), 0);
-    assert_int_equal(wq_finish_get(q, KS("ghost"), 1, "boo", buf, sizeof buf, 0), -ENOENT);
-    assert_int_equal(wq_finish_get(q, KS("c"), 1, "boo", buf, sizeof buf, 0), -ENOENT);
+    assert_int_equal(finish_get_(q, "ghost", 1, "boo", false, buf, sizeof buf, 0), -ENOENT);
+    assert_int_equal(finish_get_(q, "c", 1, "boo", true, buf, sizeof buf, 0), -ENOENT);
     assert_none(q, "ghost");
     assert_result(q, "c", WQ_STATE_PENDING, 0, "");
     T_EXPECT_STATS(q, 2, 1, 1, 0, "after the refused finishes");
 
     /* b re-added while processing goes behind c; c, finished, hands b
-       out again, which shows RUNNING with the outcome of its last run. */
+       out again, which shows RUNNING with the outcome of its last run.
+       NULL opts: a plain done (c keeps no result). */
     assert_int_equal(wq_add(q, KS("b")), 0);
-    assert_int_equal(wq_finish_get(q, KS("b"), 7, "b failed", buf, sizeof buf, 0), 1);
+    assert_int_equal(finish_get_(q, "b", 7, "b failed", false, buf, sizeof buf, 0), 1);
     assert_memory_equal(buf, "c", 1);
-    assert_int_equal(wq_finish_get(q, KS("c"), 0, NULL, buf, sizeof buf, 0), 1);
+    assert_int_equal(wq_finish_get(q, KS("c"), NULL, buf, sizeof buf, 0), 1);
     assert_memory_equal(buf, "b", 1);
-    assert_result(q, "c", WQ_STATE_SUCCEEDED, 0, "");
+    assert_none(q, "c");
     assert_result(q, "b", WQ_STATE_RUNNING, 7, "b failed");
 
     /* Nothing queued: the finish happens, the get says -EAGAIN, or
        -ETIMEDOUT after waiting. */
-    assert_int_equal(wq_finish_get(q, KS("b"), 0, "b ok", buf, sizeof buf, 0), -EAGAIN);
-    assert_result(q, "b", WQ_STATE_SUCCEEDED, 0, "b ok");
+    assert_int_equal(finish_get_(q, "b", 0, NULL, false, buf, sizeof buf, 0), -EAGAIN);
+    assert_result(q, "b", WQ_STATE_SUCCEEDED, 0, "");
     T_EXPECT_STATS(q, 0, 0, 0, 0, "all finished");
-    assert_int_equal(wq_finish_get(q, KS("b"), 0, "again", buf, sizeof buf, 0), -ENOENT);
-    assert_result(q, "b", WQ_STATE_SUCCEEDED, 0, "b ok");
+    assert_int_equal(finish_get_(q, "b", 0, "again", false, buf, sizeof buf, 0), -ENOENT);
+    assert_result(q, "b", WQ_STATE_SUCCEEDED, 0, "");
     assert_int_equal(wq_add(q, KS("d")), 0);
     T_EXPECT_GET(q, "d");
     uint64_t t0 = t_now_ns();
-    assert_int_equal(wq_finish_get(q, KS("d"), 2, "d failed", buf, sizeof buf, 50 * MS),
+    assert_int_equal(finish_get_(q, "d", 2, "d failed", false, buf, sizeof buf, 50 * MS),
                      -ETIMEDOUT);
     assert_true(t_now_ns() - t0 >= 50 * MS);
     assert_result(q, "d", WQ_STATE_FAILED, 2, "d failed");
 
+    /* forget: the failure count goes with the finish, not before a
+       finish that fails. f and g have failed twice (rate-limited re-adds
+       while processing); h once. */
+    const char *fk[] = { "f", "g", "h" };
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(wq_add(q, KS(fk[i])), 0);
+    for (int round = 0; round < 2; round++) {
+        for (int i = 0; i < 3 - round; i++) {
+            T_EXPECT_GET(q, fk[i]);
+            assert_int_equal(wq_add_rate_limited(q, KS(fk[i])), 0);
+        }
+        for (int i = 0; i < 3 - round; i++)
+            assert_int_equal(wq_done(q, KS(fk[i])), 0);
+        while (t_queued(q) < 3)   /* the rate limiter's delays */
+            t_sleep_ms(1);
+    }
+    assert_int_equal(wq_num_requeues(q, KS("f")), 2);
+    assert_int_equal(wq_num_requeues(q, KS("g")), 2);
+    assert_int_equal(wq_num_requeues(q, KS("h")), 1);
+    T_EXPECT_GET(q, "h");   /* h was re-added first in round 2 */
+    T_EXPECT_GET(q, "f");
+    assert_int_equal(finish_get_(q, "g", 0, "g", true, buf, sizeof buf, 0), -ENOENT);
+    assert_int_equal(wq_num_requeues(q, KS("g")), 2);   /* queued: not forgotten */
+    assert_int_equal(finish_get_(q, "f", 0, "f ok", true, buf, sizeof buf, 0), 1);
+    assert_memory_equal(buf, "g", 1);
+    assert_int_equal(wq_num_requeues(q, KS("f")), 0);
+    assert_result(q, "f", WQ_STATE_SUCCEEDED, 0, "f ok");
+    assert_int_equal(finish_get_(q, "g", 5, "g failed", false, buf, sizeof buf, 0), -EAGAIN);
+    assert_int_equal(wq_num_requeues(q, KS("g")), 2);   /* no forget asked */
+    assert_result(q, "g", WQ_STATE_FAILED, 5, "g failed");
+    struct wq_stats st;
+    assert_int_equal(wq_stats(q, &st), 0);
+    assert_int_equal(st.failing, 1);   /* g, idle with its count (h is processing) */
+
     /* Shut down with nothing queued: finished, then -ESHUTDOWN. */
+    assert_int_equal(finish_get_(q, "h", 0, "h ok", true, buf, sizeof buf, 0), -EAGAIN);
+    assert_int_equal(wq_num_requeues(q, KS("h")), 0);
     assert_int_equal(wq_add(q, KS("e")), 0);
     T_EXPECT_GET(q, "e");
     assert_int_equal(wq_shutdown(q), 0);
-    assert_int_equal(wq_finish_get(q, KS("e"), 0, "e ok", buf, sizeof buf, SEC), -ESHUTDOWN);
+    assert_int_equal(finish_get_(q, "e", 0, "e ok", true, buf, sizeof buf, SEC), -ESHUTDOWN);
     assert_result(q, "e", WQ_STATE_SUCCEEDED, 0, "e ok");
 
-    struct wq_stats st;
     assert_int_equal(wq_stats(q, &st), 0);
-    assert_int_equal(st.results, 5);   /* a, b, c, d, e */
+    assert_int_equal(st.results, 7);   /* a, b, d, e, f, g, h */
+    assert_int_equal(st.failing, 1);   /* g */
     assert_int_equal(st.live, 0);
     t_check_clean(q, NULL);
     wq_close(q);

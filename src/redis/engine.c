@@ -1148,7 +1148,7 @@ static int done_args(rq *q, const void *key, size_t len, const struct wq_outcome
     l[0] = len;
     a[1] = epoch;
     l[1] = strlen(epoch);
-    a[2] = o && o->record ? "1" : "0";
+    a[2] = !o || !o->record ? "0" : o->forget ? "2" : "1";   /* 2: and forget */
     l[2] = 1;
     a[3] = code;
     l[3] = strlen(code);

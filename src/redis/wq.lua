@@ -693,7 +693,7 @@ end
 
 -- Done: epoch "" when this handle does not know it (a done for a key
 -- another process got, as shared memory allows).
-local function done1(key, epoch, record, code, msg)
+local function done1(key, epoch, record, code, msg, forget)
   local p = call('HGET', PR, key)
   if not p then return epoch == '' and -ENOENT or -ESTALE end
   if epoch ~= '' then
@@ -702,6 +702,7 @@ local function done1(key, epoch, record, code, msg)
   end
   local e = eget(key)
   if not e then return -EBADMSG end
+  if forget then e.fail = 0 end   -- processing: not counted in 'fl'
   if record then record_result(key, e, code, msg) end
   call('HDEL', PR, key)
   observe('w', now - e.ts)
@@ -721,10 +722,12 @@ local function done1(key, epoch, record, code, msg)
   return 0
 end
 
--- done key epoch record code msg get: wq_done, wq_finish, and with get =
--- 1 wq_done_get (a done that worked answers with the get's reply).
+-- done key epoch record code msg get: wq_done, wq_finish (record 1; 2:
+-- and forget, wq_finish_get's forget), and with get = 1 wq_done_get and
+-- wq_finish_get (a done that worked answers with the get's reply).
 function mut.done()
-  local rc = done1(ARGV[5], ARGV[6], ARGV[7] == '1', tonumber(ARGV[8]), ARGV[9])
+  local rc = done1(ARGV[5], ARGV[6], ARGV[7] ~= '0', tonumber(ARGV[8]), ARGV[9],
+                   ARGV[7] == '2')
   if rc < 0 or ARGV[10] ~= '1' then return { rc } end
   lease_renew()
   return get1()

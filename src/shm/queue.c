@@ -480,6 +480,8 @@ static int done_locked(shmq *q, const void *key, size_t len, uint32_t hash, uint
         return rc;   /* still processing: the caller may try again */
     wq__mut_begin(q);
     WQ_STEP("done.busy");
+    if (o && o->forget && (rc = wq__entry_forget(q, idx)) < 0)
+        return wq__mut_end(q, rc);
     return wq__mut_end(q, wq__entry_done(q, idx, now, o, queued));
 }
 
