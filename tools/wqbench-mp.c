@@ -147,26 +147,36 @@ static double drain_rep(wq *q, const char *name, int consumers, int batch, uint6
     return (double)n * 1e9 / (double)(end - t0);
 }
 
+/* A new queue for n keys, or NULL when the engine has none (skipped). */
+static wq *drain_open(const struct wqb_cfg *c, const char *variant, uint64_t n,
+                      char name[WQB_NAME_LEN])
+{
+    wq *q;
+    struct wq_options o = { .capacity = (uint32_t)n };
+    int rc = wqb_open_new("drain", &o, &q, name);
+    if (rc < 0 && wqb_prefixed()) {
+        wqb_skip_open(c, "drain", variant, rc);
+        return NULL;
+    }
+    if (rc < 0)
+        wqb_die("wq_open %s (capacity %u): %s", name, o.capacity, wq_strerror(rc));
+    return q;
+}
+
 void wqb_drain_variant(const struct wqb_cfg *c, const char *variant, int consumers,
                        int batch, uint64_t n)
 {
     wq *q;
     char name[WQB_NAME_LEN];
     struct wqb_result r;
-    struct wq_options o = { .capacity = (uint32_t)n };
     if (!wqb_want(c, variant))
         return;
     if (consumers < 1 || consumers > DRAIN_MAX_C)
         wqb_die("drain: %d consumers (1 .. %d)", consumers, DRAIN_MAX_C);
     if (batch < 1 || batch > MAX_BATCH)
         wqb_die("drain: batch %d (1 .. %d)", batch, MAX_BATCH);
-    int rc = wqb_open_new("drain", &o, &q, name);
-    if (rc < 0 && wqb_prefixed()) {
-        wqb_skip_open(c, "drain", variant, rc);
+    if (!(q = drain_open(c, variant, n, name)))
         return;
-    }
-    if (rc < 0)
-        wqb_die("wq_open %s (capacity %u): %s", name, o.capacity, wq_strerror(rc));
     wqb_result_init(&r, "drain", variant, "keys/s");
     for (int rep = 0; rep < wqb_reps(c); rep++)
         wqb_result_add(&r, drain_rep(q, name, consumers, batch, n));
@@ -194,16 +204,8 @@ void wqb_pool_variant(const struct wqb_cfg *c, const char *variant, int workers,
     wq *q;
     char name[WQB_NAME_LEN];
     struct wqb_result r;
-    struct wq_options o = { .capacity = (uint32_t)n };
-    if (!wqb_want(c, variant))
+    if (!wqb_want(c, variant) || !(q = drain_open(c, variant, n, name)))
         return;
-    int rc = wqb_open_new("drain", &o, &q, name);
-    if (rc < 0 && wqb_prefixed()) {
-        wqb_skip_open(c, "drain", variant, rc);
-        return;
-    }
-    if (rc < 0)
-        wqb_die("wq_open %s (capacity %u): %s", name, o.capacity, wq_strerror(rc));
     wqb_result_init(&r, "drain", variant, "keys/s");
     struct pool_shared *sh = wqb_shared_alloc(sizeof *sh);
     for (int rep = 0; rep < wqb_reps(c); rep++) {
