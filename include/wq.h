@@ -81,9 +81,9 @@
  *   -EIO          the store could not be read or written; a Redis server
  *                 answered a command with an error (wq_last_error quotes it).
  *   Redis queues only (see "Redis"):
- *   -ESTALE       wq_done / wq_finish of a key whose lease this handle lost:
- *                 it was requeued and may be another holder's. Nothing
- *                 changed.
+ *   -ESTALE       wq_done / wq_finish / wq_finish_get of a key whose lease
+ *                 this handle lost: it was requeued and may be another
+ *                 holder's. Nothing changed.
  *   -EIDRM        the queue was removed (wq_unlink) under the handle.
  *   -ECONNREFUSED, -ECONNRESET, -EHOSTUNREACH, -ETIMEDOUT  the server is
  *                 unreachable, the connection dropped, or a command took
@@ -822,15 +822,22 @@ struct wq_finish_opts {
 
 /*
  * wq_finish_get - a worker's turn in one call: finish done_key as
- * wq_finish does with f's code and message (and wq_forget it if
- * f->forget), then wq_get(buf, cap, timeout_ns), sharing one lock
- * acquisition (one server round trip on redis://) when a key is queued.
- * NULL f is a plain wq_done (wq_done_get). If the finish fails (-ENOENT:
- * not processing; -ESTALE; -ENOSPC: no room for the result, the key is
- * still processing), its error is returned and nothing changed: nothing
- * recorded, forgotten or popped. Otherwise the call returns as wq_get:
- * the next key's length, or -EAGAIN, -ETIMEDOUT, -ESHUTDOWN with
- * done_key finished all the same. buf must not overlap done_key.
+ * wq_finish does with f's code and message (an outcome is always
+ * recorded; and wq_forget it if f->forget), then wq_get(buf, cap,
+ * timeout_ns), sharing one lock acquisition (one server round trip on
+ * redis://) when a key is queued. NULL f is a plain wq_done, as
+ * wq_done_get. buf must not overlap done_key.
+ *
+ * Errors that change nothing (nothing recorded, forgotten or popped):
+ * -EINVAL (bad arguments, a reserved word not zero), -ENOBUFS (cap below
+ * max_key_len), -EPERM (an observer), -ENOENT (done_key is not
+ * processing), -ESTALE (redis://: this handle lost done_key's lease),
+ * -ENOSPC (no room for the result: done_key is still processing; finish
+ * it again, or wq_done it), -EBADMSG. Otherwise done_key is finished and
+ * the call returns as wq_get: the next key's length, or -EAGAIN,
+ * -ETIMEDOUT, -ESHUTDOWN. On redis://, a command that takes more than
+ * 10 s is -ETIMEDOUT too (see the error list), and then the finish may or
+ * may not have happened.
  * wq_run_workers uses it between reconciles.
  */
 WQ_API int wq_finish_get(wq *q, const void *done_key, size_t done_len,
@@ -1005,8 +1012,9 @@ WQ_API int wq_run_workers_opts(wq *q, unsigned workers, wq_reconcile_fn fn, void
  *            close), a removal only means the key is processed once
  *            more, as a removal lost to a power failure always did. A
  *            failure to write them leaves them listed, to
- *            be retried; wq_done_get and wq_snapshot return it, wq_get,
- *            wq_done, wq_stats and another key's add do not.
+ *            be retried; wq_snapshot returns it, wq_get, wq_done,
+ *            wq_done_get, wq_finish_get, wq_stats and another key's add
+ *            do not.
  * On a queue nobody calls, what is due (the above, a NONE snapshot, and
  * the changes of a process killed before it wrote them, such as the new
  * key of an adder killed before its commit, which until then nobody can

@@ -132,7 +132,9 @@ static void worker_main(wq *q, struct shared *sh, unsigned id, wq_reconcile_fn f
     int cur = 0, n = -ETIMEDOUT;
     struct wq_reconcile out;
     struct wq_finish_opts f;
-    while (!__atomic_load_n(&sh->stop, __ATOMIC_ACQUIRE)) {
+    /* A key wq_finish_get took is reconciled even when a stop came
+       meanwhile: a worker finishes the key it holds. */
+    while (n >= 0 || !__atomic_load_n(&sh->stop, __ATOMIC_ACQUIRE)) {
         if (n == -ETIMEDOUT)
             n = wq_get(q, key[cur], (size_t)max + 1, (int64_t)STOP_POLL_NS);
         if (n == -ETIMEDOUT)

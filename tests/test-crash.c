@@ -86,7 +86,7 @@ static const struct step script[] = {
     { OP_FINISH, "w1", 5 },
     { OP_GET, NULL, 0 },  /* L2 */
     { OP_RL, L2, 0 },                            /* a failure count to forget */
-    { OP_FINISH_GET, L2, 0 },  /* forgotten, "ok", waiting; s3 held at close */
+    { OP_FINISH_GET, L2, 7 },  /* FAILED, forgotten, waiting; s3 held at close */
     { OP_CLOSE, NULL, 0 },
 };
 #define NSTEPS (int)(sizeof script / sizeof script[0])
@@ -294,20 +294,22 @@ static bool before_commit(const char *p, const struct step *s, struct model *m)
     return false;
 }
 
-/* Where OP_FINISH_GET died: its finish is one mutation (the forget, the
-   outcome, the done, in that order, after the result's room), then its
+/* Where OP_FINISH_GET died: its finish is one mutation (the outcome, the
+   forget, the done, in that order, after the result's room), then its
    get another (get.*, or fair mode's fair.pop). Dying before the
-   forget's commit leaves nothing done. */
+   outcome's commit (a new slot's owner) leaves nothing done. */
 static void finish_get_died(struct model *m, const struct step *s, const char *p)
 {
-    if (strcmp(p, "done.busy") == 0 || strncmp(p, "region.grow.", 12) == 0)
-        return;
-    m_forget(m, s->key);
-    if (strcmp(p, "forget.reset") == 0 || strcmp(p, "result.fill") == 0)
+    if (strcmp(p, "done.busy") == 0 || strncmp(p, "region.grow.", 12) == 0 ||
+        strcmp(p, "result.fill") == 0 || strcmp(p, "result.msg") == 0 ||
+        strcmp(p, "result.msgset") == 0)
         return;
     m_result(m, s->key, s->code);
     if (strncmp(p, "result.", 7) == 0)
-        return;   /* the outcome kept, not done */
+        return;   /* the outcome kept, not forgotten, not done */
+    m_forget(m, s->key);
+    if (strcmp(p, "forget.reset") == 0)
+        return;   /* and forgotten, not done */
     m_done(m, s->key);
     bool in_get = strncmp(p, "get.", 4) == 0 || strcmp(p, "fair.pop") == 0;   /* fair mode's */
     if (in_get && !before_commit(p, s, m))

@@ -1003,6 +1003,57 @@ static void sigterm_stops_pool(void **state)
     t_shared_free(S, sizeof *S);
 }
 
+/* A stop that comes while a worker waits in wq_finish_get for its next
+   key: the key it is then handed is reconciled and finished, not taken
+   and put back at the end of the queue (a worker finishes the key it
+   holds; the queue's order stays). */
+struct stopwait {
+    struct sup_report rep;
+    atomic_int calls_a, calls_b, other;
+};
+
+static int fn_stopwait(wq *q, const void *key, size_t len, struct wq_reconcile *out, void *arg)
+{
+    struct stopwait *S = arg;
+    (void)out;
+    if (len == 1 && memcmp(key, "A", 1) == 0) {
+        /* B is ready while the worker waits for its next key. */
+        assert_int_equal(wq_add_after(q, "B", 1, 150 * MS), 0);
+        atomic_fetch_add(&S->calls_a, 1);
+    } else if (len == 1 && memcmp(key, "B", 1) == 0) {
+        atomic_fetch_add(&S->calls_b, 1);
+    } else {
+        atomic_fetch_add(&S->other, 1);
+    }
+    return 0;
+}
+
+static void sigterm_while_waiting(void **state)
+{
+    (void)state;
+    wq *q = t_create("termwait", T_OPTS(.capacity = 16, .max_key_len = 16), NULL);
+    struct stopwait *S = t_shared_alloc(sizeof *S);
+    assert_int_equal(wq_add(q, KS("A")), 0);
+    pid_t sup = start_supervisor(wq_name(q), 1, fn_stopwait, S, &S->rep, 30, NULL, NULL);
+    assert_true(WAIT_UNTIL(atomic_load(&S->calls_a) == 1, 5000));
+    sleep_ns(50 * MS);   /* the worker waits in wq_finish_get(A) for B */
+    assert_int_equal(kill(sup, SIGTERM), 0);
+    assert_int_equal(t_wait(sup, 10000), 0);
+    assert_int_equal(atomic_load(&S->rep.returned), 1);
+    assert_int_equal(atomic_load(&S->rep.rc), 0);
+    assert_int_equal(atomic_load(&S->calls_a), 1);
+    assert_int_equal(atomic_load(&S->calls_b), 1);
+    assert_int_equal(atomic_load(&S->other), 0);
+    assert_int_equal(t_result(q, "A").state, WQ_STATE_SUCCEEDED);
+    assert_int_equal(t_result(q, "B").state, WQ_STATE_SUCCEEDED);
+    struct wq_stats s = t_stats(q);
+    assert_int_equal(s.live, 0);
+    assert_int_equal(s.crash_requeues_total, 0);
+    assert_int_equal(wq_check(q, 0), 0);
+    wq_close(q);
+    t_shared_free(S, sizeof *S);
+}
+
 struct owners {
     pid_t pid[8];
     int n;
@@ -1503,6 +1554,7 @@ int main(void)
         T_TEST(crashed_key_never_twice),
         T_TEST(crash_loop_backs_off),
         T_TEST(sigterm_stops_pool),
+        T_TEST(sigterm_while_waiting),
         T_TEST(second_sigterm_kills),
         T_TEST(waits_only_for_own_workers),
         T_TEST(restarts_lose_nothing),

@@ -6,7 +6,8 @@
  *     come back; the periodic snapshot (100 ms) runs under a lock;
  *   - a full store (WQ_TEST_STORE_MAX_MAP, fault build only): the add that
  *     does not fit fails and changes nothing, every add that returned 0
- *     is restored;
+ *     is restored; wq_finish_get and wq_done_get hand the next key out
+ *     when the finish's write does not fit;
  *   - wq_snapshot without a store;
  *   - FSYNC groups: an adder waits for a process of the last group, whose
  *     add joins its commit (LMDB's transaction count, read by a child, is
@@ -328,6 +329,59 @@ static void test_full_store(void **state)
 /* ------------------------------------------------------------------ */
 /* wq_snapshot without a store                                         */
 /* ------------------------------------------------------------------ */
+
+/* A store that cannot take the finish's write: wq_finish_get and
+   wq_done_get still hand the next key out and say so (the write stays
+   listed for later, as after wq_done). They returned the flush's -ENOSPC
+   with the key handed out: nobody held it, and the pool stranded it. */
+static void test_full_store_turns(void **state)
+{
+    (void)state;
+    const char *s = t_mkstore();
+    const char *name = t_qname("fullturn");
+    struct wq_options o;
+    memset(&o, 0, sizeof o);
+    o.capacity = 65536;
+    o.max_key_len = 200;
+    o.store_path = s;
+    o.flags = WQ_CREATE | WQ_EXCL;
+    setenv("WQ_TEST_STORE_MAX_MAP", "262144", 1);
+    wq *q = t_track(T_OPEN(name, &o));
+    char k[DISK_KEYLEN], a[T_KEYBUF], b[T_KEYBUF];
+    int ok = 0, rc = 0;
+    for (; ok < DISK_MAX && (rc = wq_add(q, (disk_key(k, ok), k), sizeof k)) == 0; ok++)
+        ;
+    if (rc != -ENOSPC && rc != -EIO)
+        fail_msg("filling the store: %d adds, then %d (%s)", ok, rc, wq_strerror(rc));
+    assert_true(ok >= 3);
+    char msg[256];
+    memset(msg, 'm', 255);
+    msg[255] = 0;   /* a long message: more for the store to write */
+    struct wq_finish_opts f = { .code = 1, .message = msg };
+    assert_int_equal(wq_get(q, a, sizeof a, 0), DISK_KEYLEN);
+    disk_key(k, 0);
+    assert_memory_equal(a, k, DISK_KEYLEN);
+    assert_int_equal(wq_finish_get(q, a, DISK_KEYLEN, &f, b, sizeof b, 0), DISK_KEYLEN);
+    disk_key(k, 1);
+    assert_memory_equal(b, k, DISK_KEYLEN);
+    struct wq_result r;
+    assert_int_equal(wq_result(q, a, DISK_KEYLEN, &r), 0);
+    assert_int_equal(r.state, WQ_STATE_FAILED);
+    assert_int_equal(r.code, 1);
+    assert_int_equal(wq_result(q, b, DISK_KEYLEN, &r), 0);
+    assert_int_equal(r.state, WQ_STATE_RUNNING);
+    assert_int_equal(t_stats(q).processing, 1);
+    assert_int_equal(wq_done_get(q, b, DISK_KEYLEN, a, sizeof a, 0), DISK_KEYLEN);
+    disk_key(k, 2);
+    assert_memory_equal(a, k, DISK_KEYLEN);
+    assert_int_equal(t_stats(q).processing, 1);
+    assert_int_equal(wq_done(q, a, DISK_KEYLEN), 0);
+    T_EXPECT_STATS(q, (uint64_t)ok - 3, (uint64_t)ok - 3, 0, 0, "three turns");
+    t_check_clean(q, "full store, after the turns");
+    t_close(q);
+    unsetenv("WQ_TEST_STORE_MAX_MAP");
+    assert_int_equal(wq_unlink(name), 0);
+}
 
 static void test_snapshot_no_store(void **state)
 {
@@ -1482,6 +1536,7 @@ int main(void)
         T_STORE_TEST(test_none_clean_exit_keeps),
         T_STORE_TEST(test_none_child_close_last),
         T_STORE_TEST(test_full_store),
+        T_STORE_TEST(test_full_store_turns),
         T_STORE_TEST(test_snapshot_no_store),
         T_STORE_TEST(test_fsync_group),
         T_STORE_TEST(test_fsync_group_coalesce),

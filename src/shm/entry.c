@@ -511,7 +511,8 @@ int wq__entry_hand_out(shmq *q, uint32_t idx, uint64_t now)
 
 /*
  * Lock and busy held; idx is PROCESSING. The holder is done (wq_done, or
- * wq_finish with an outcome to record): a key re-added meanwhile goes to
+ * wq_finish with an outcome to record, wq_finish_get's also with its
+ * failure count to forget): a key re-added meanwhile goes to
  * the back of the queue, a waiting one keeps waiting, one with a failure
  * count or a result stays idle (RETAINED), any other leaves the queue.
  */
@@ -530,6 +531,10 @@ int wq__entry_done(shmq *q, uint32_t idx, uint64_t now, const struct wq_outcome 
         if ((rc = wq__result_record(q, idx, o->code, o->message)) < 0)
             return rc;
     }
+    /* Then the forget (wq_finish_get), after everything that can fail:
+       a processing key's count alone, which the state below then sees. */
+    if (o && o->forget && (rc = wq__entry_forget(q, idx)) < 0)
+        return rc;
     if (st & WQ_ST_DIRTY) {
         if (!q->fair)
             wq_store_relaxed(&e->seq, h->seq_next++);   /* client-go: the back of the queue */

@@ -480,8 +480,6 @@ static int done_locked(shmq *q, const void *key, size_t len, uint32_t hash, uint
         return rc;   /* still processing: the caller may try again */
     wq__mut_begin(q);
     WQ_STEP("done.busy");
-    if (o && o->forget && (rc = wq__entry_forget(q, idx)) < 0)
-        return wq__mut_end(q, rc);
     return wq__mut_end(q, wq__entry_done(q, idx, now, o, queued));
 }
 
@@ -641,11 +639,11 @@ int wq__shm_done_get(wq *pub, const void *key, size_t len, const struct wq_outco
     wq__procs_maybe_reap(q);
     struct iovec k;
     rc = one_key(get_wait(q, buf, q->max_key_len, &k, 1, deadline, now), &k);
-    if (WQ_UNLIKELY(q->g.has_store)) {
-        int st = wq__store_after(q);   /* the done's removal (deferred, FSYNC) */
-        if (st < 0 && rc >= 0)
-            rc = st;   /* the key is still ours: the caller sees the error */
-    }
+    /* The done's removal: one the store cannot take now stays listed and
+       is written by a later flush, as after wq_done. Not returned: the
+       done is applied, and a key may have been handed out into buf. */
+    if (WQ_UNLIKELY(q->g.has_store))
+        wq__store_after(q);
     return rc;
 }
 
