@@ -833,9 +833,10 @@ struct wq_finish_opts {
  * max_key_len), -EPERM (an observer), -ENOENT (done_key is not
  * processing), -ESTALE (redis://: this handle lost done_key's lease),
  * -ENOSPC (no room for the result: done_key is still processing; finish
- * it again, or wq_done it), -EBADMSG. Otherwise done_key is finished and
- * the call returns as wq_get: the next key's length, or -EAGAIN,
- * -ETIMEDOUT, -ESHUTDOWN. On redis://, a command that takes more than
+ * it again, or wq_done it). Otherwise done_key is finished and the call
+ * returns as wq_get: the next key's length, or -EAGAIN, -ETIMEDOUT,
+ * -ESHUTDOWN, or -EBADMSG (a damaged region; from the finish, done_key
+ * is still processing, from the get it was finished: wq_result tells). On redis://, a command that takes more than
  * 10 s is -ETIMEDOUT too (see the error list), and then the finish may or
  * may not have happened.
  * wq_run_workers uses it between reconciles.

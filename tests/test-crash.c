@@ -262,8 +262,8 @@ static void m_step(struct model *m, const struct step *s)
     case OP_FORGET: m_forget(m, s->key); break;
     case OP_FINISH: m_result(m, s->key, s->code); m_done(m, s->key); break;
     case OP_FINISH_GET:
-        m_forget(m, s->key);
         m_result(m, s->key, s->code);
+        m_forget(m, s->key);
         m_done(m, s->key);
         m_get(m, OWN_VICTIM);
         break;

@@ -1018,7 +1018,9 @@ static int fn_stopwait(wq *q, const void *key, size_t len, struct wq_reconcile *
     (void)out;
     if (len == 1 && memcmp(key, "A", 1) == 0) {
         /* B is ready while the worker waits for its next key. */
-        assert_int_equal(wq_add_after(q, "B", 1, 150 * MS), 0);
+        int rc = wq_add_after(q, "B", 1, 150 * MS);
+        if (rc != 0)
+            t_failf(__FILE__, __LINE__, "worker: wq_add_after(B) = %d", rc);
         atomic_fetch_add(&S->calls_a, 1);
     } else if (len == 1 && memcmp(key, "B", 1) == 0) {
         atomic_fetch_add(&S->calls_b, 1);
@@ -1035,8 +1037,10 @@ static void sigterm_while_waiting(void **state)
     struct stopwait *S = t_shared_alloc(sizeof *S);
     assert_int_equal(wq_add(q, KS("A")), 0);
     pid_t sup = start_supervisor(wq_name(q), 1, fn_stopwait, S, &S->rep, 30, NULL, NULL);
-    assert_true(WAIT_UNTIL(atomic_load(&S->calls_a) == 1, 5000));
-    sleep_ns(50 * MS);   /* the worker waits in wq_finish_get(A) for B */
+    /* A's outcome is recorded by the wq_finish_get that then waits for B:
+       the stop comes during that wait (or, on a slow machine, after B was
+       handed out, which passes without testing much). */
+    assert_true(WAIT_UNTIL(t_result(q, "A").state == WQ_STATE_SUCCEEDED, 5000));
     assert_int_equal(kill(sup, SIGTERM), 0);
     assert_int_equal(t_wait(sup, 10000), 0);
     assert_int_equal(atomic_load(&S->rep.returned), 1);
