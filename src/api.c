@@ -201,9 +201,8 @@ int wq_add_opts(wq *q, const void *key, size_t len, const struct wq_add_opts *o)
         return -EINVAL;
     if (o->priority != 0 && !q->fair)
         return -EINVAL;   /* the default mode stays client-go's */
-    for (size_t i = 0; i < sizeof o->reserved / sizeof o->reserved[0]; i++)
-        if (o->reserved[i])
-            return -EINVAL;
+    if (!WQ_RESERVED_ZERO(o))
+        return -EINVAL;
     int rc = key_ok(q, key, len);
     if (rc < 0)
         return rc;
@@ -293,9 +292,8 @@ int wq_finish_get(wq *q, const void *done_key, size_t done_len,
 {
     if (!f)
         return done_get(q, done_key, done_len, NULL, buf, cap, timeout_ns);
-    for (size_t i = 0; i < sizeof f->reserved / sizeof f->reserved[0]; i++)
-        if (f->reserved[i])
-            return -EINVAL;
+    if (!WQ_RESERVED_ZERO(f))
+        return -EINVAL;
     struct wq_outcome o = { true, f->code, f->message, f->forget };
     return done_get(q, done_key, done_len, &o, buf, cap, timeout_ns);
 }

@@ -31,6 +31,18 @@
    call would cost more than the body. */
 #define WQ_INLINE static inline __attribute__((always_inline))
 
+/* The public structs end in reserved words a caller must leave zero, so
+   that a later libwq can give them a meaning (wq.h, "Growth"). */
+#define WQ_RESERVED_ZERO(s) wq__zero_words((s)->reserved, \
+                                           sizeof (s)->reserved / sizeof (s)->reserved[0])
+static inline bool wq__zero_words(const uint64_t *w, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (w[i])
+            return false;
+    return true;
+}
+
 /* api.c: the pool's supervisor gives its handle's process slot up while
    its workers run (engine.h, park): 0, or -EBUSY when the handle holds a
    key and keeps its slot. */

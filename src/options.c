@@ -58,9 +58,8 @@ int wq__options_check(const struct wq_options *o)
         return -EINVAL;
     if ((o->flags & WQ_RESTORE) && !o->store_path)
         return -EINVAL;
-    for (size_t i = 0; i < sizeof o->reserved / sizeof o->reserved[0]; i++)
-        if (o->reserved[i])
-            return -EINVAL;
+    if (!WQ_RESERVED_ZERO(o))
+        return -EINVAL;
     if (o->lease_ns) {   /* the Redis engine checks its own before this */
         wq__errf("lease_ns is for redis:// queues (a shared-memory queue knows "
                  "when a holder dies)");

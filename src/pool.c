@@ -221,10 +221,8 @@ int wq_run_workers_opts(wq *q, unsigned workers, wq_reconcile_fn fn, void *arg,
     static const struct wq_pool_options none;
     if (!q || !fn || workers == 0 || workers > MAX_WORKERS || (po && po->timeout_ns < 0))
         return -EINVAL;
-    if (po)
-        for (size_t i = 0; i < sizeof po->reserved / sizeof po->reserved[0]; i++)
-            if (po->reserved[i])
-                return -EINVAL;
+    if (po && !WQ_RESERVED_ZERO(po))
+        return -EINVAL;
     if (wq_observing(q))
         return -EPERM;   /* its workers could get nothing: fork none */
     int rc = wq__park(q);

@@ -605,6 +605,8 @@ static void prio_bad_args(void **state)
     assert_int_equal(wq_add_opts(q, NULL, 1, &o), -EINVAL);
     assert_int_equal(wq_add_opts(q, "a", 0, &o), -EINVAL);
     assert_int_equal(wq_add_opts(q, big, sizeof big, &o), -EMSGSIZE);
+    struct wq_add_opts r = { .priority = 1, .reserved = { 0, 0, 0, 1 } };
+    assert_int_equal(wq_add_opts(q, KS("a"), &r), -EINVAL);
     assert_int_equal(t_stats(q).live, 0);
     assert_int_equal(wq_shutdown(q), 0);
     assert_int_equal(wq_add_opts(q, KS("a"), &o), -ESHUTDOWN);

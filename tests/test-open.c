@@ -109,6 +109,14 @@ static void bad_names(void **state)
     const char *name = t_qname("nullout");
     assert_int_equal(wq_open(name, &o, NULL), -EINVAL);
     assert_false(t_shm_exists(name));
+
+    /* A reserved word set: a later libwq's option this one cannot honour. */
+    struct wq_options r = o;
+    r.reserved[6] = 1;
+    q = (wq *)&o;
+    assert_int_equal(wq_open(name, &r, &q), -EINVAL);
+    assert_ptr_equal(q, (wq *)&o);
+    assert_false(t_shm_exists(name));
 }
 
 static void open_missing(void **state)

@@ -1547,6 +1547,33 @@ static void pool_fills_process_table(void **state)
     t_shared_free(S, sizeof *S);
 }
 
+/* Arguments wq_run_workers refuses before it forks anything: -EINVAL,
+   and the queue is left as it was (its key still queued, no process
+   slot taken by a worker). */
+static void pool_bad_args(void **state)
+{
+    (void)state;
+    const char *name;
+    wq *q = t_create("badargs", T_OPTS(.capacity = 16), &name);
+    assert_int_equal(wq_add(q, KS("k")), 0);
+    struct wq_pool_options po = { .until_empty = true };
+    assert_int_equal(wq_run_workers(NULL, 1, fn_hot, NULL), -EINVAL);
+    assert_int_equal(wq_run_workers(q, 1, NULL, NULL), -EINVAL);
+    assert_int_equal(wq_run_workers(q, 0, fn_hot, NULL), -EINVAL);
+    assert_int_equal(wq_run_workers(q, 1025, fn_hot, NULL), -EINVAL);
+    po.timeout_ns = -1;
+    assert_int_equal(wq_run_workers_opts(q, 1, fn_hot, NULL, &po), -EINVAL);
+    po.timeout_ns = 0;
+    po.reserved[3] = 1;
+    assert_int_equal(wq_run_workers_opts(q, 1, fn_hot, NULL, &po), -EINVAL);
+    struct wq_stats st = t_stats(q);
+    assert_int_equal(st.queued, 1);
+    assert_int_equal(st.processing, 0);
+    assert_int_equal(st.processes, 1);   /* ours, not parked */
+    t_check_clean(q, "pool_bad_args");
+    t_close(q);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1565,6 +1592,7 @@ int main(void)
         T_TEST(batch_until_empty_gives_up),
         T_TEST(reconcile_timeout),
         T_TEST(pool_fills_process_table),
+        T_TEST(pool_bad_args),
         T_NO_LEFTOVERS,
     };
     return T_RUN_GROUP("pool", tests);
