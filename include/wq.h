@@ -865,8 +865,8 @@ typedef int (*wq_reconcile_fn)(wq *q, const void *key, size_t len,
                                struct wq_reconcile *out, void *arg);
 
 /*
- * wq_run_workers - fork `workers` processes that loop get -> fn -> finish,
- * and supervise them until they have exited: after the queue was shut
+ * wq_run_workers - fork `workers` processes that loop get -> fn -> finish
+ * (each finish and the next get are one wq_finish_get), and supervise them until they have exited: after the queue was shut
  * down, after a SIGTERM or SIGINT stopped the pool, or (until_empty) once
  * the queue ran empty. Outcomes map like controller-runtime's:
  *   fn returns 0, requeue_after_ns == 0: wq_forget + SUCCEEDED(message);

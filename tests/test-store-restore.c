@@ -324,6 +324,80 @@ static int attach_child(const char *name, const char *store)
     return 0;
 }
 
+/* ------------------------------------------------------------------ */
+/* Restore order whatever the add orders' span                         */
+/* ------------------------------------------------------------------ */
+
+/* Adds k0 .. k<n-1>, removes every key but those in keep[] (and k<readd>
+   when >= 0, which is then added again: a later add order), restores,
+   and expects exactly want[] in that order. A restore places records by
+   their add order directly when the orders are dense, leaving holes for
+   orders no longer used, and sorts them when the span is wide. */
+static void order_round(const char *ctx, int n, const int *keep, int nkeep, int readd,
+                        const int *want, int nwant)
+{
+    const char *store = t_mkstore();
+    const char *name = t_qname("order");
+    struct wq_options o = t_store_opts(store, WQ_DURABLE_PROCESS);
+    o.capacity = 4096;
+    wq *q = t_track(T_OPEN(name, &o));
+    char k[16], *kept = calloc((size_t)n, 1);
+    assert_non_null(kept);
+    for (int i = 0; i < nkeep; i++)
+        kept[keep[i]] = 1;
+    for (int i = 0; i < n; i++) {
+        snprintf(k, sizeof k, "k%d", i);
+        assert_int_equal(wq_add(q, KS(k)), 0);
+    }
+    for (int i = 0; i < n; i++) {
+        snprintf(k, sizeof k, "k%d", i);
+        if (!kept[i])
+            assert_int_equal(wq_remove(q, KS(k)), 0);
+    }
+    free(kept);
+    if (readd >= 0) {
+        snprintf(k, sizeof k, "k%d", readd);
+        assert_int_equal(wq_add(q, KS(k)), 0);
+    }
+    t_close(q);
+    assert_int_equal(wq_unlink(name), 0);
+    q = t_track(T_OPEN(name, &o));
+    struct wq_stats st = t_stats(q);
+    if (st.restored != (uint64_t)nwant || st.queued != (uint64_t)nwant)
+        fail_msg("%s: restored %" PRIu64 " queued %" PRIu64 ", expected %d", ctx,
+                 st.restored, st.queued, nwant);
+    for (int i = 0; i < nwant; i++) {
+        snprintf(k, sizeof k, "k%d", want[i]);
+        T_EXPECT_GET(q, k);
+        assert_int_equal(wq_done(q, KS(k)), 0);
+    }
+    char buf[T_KEYBUF];
+    assert_int_equal(wq_get(q, buf, sizeof buf, 0), -EAGAIN);
+    t_check_clean(q, ctx);
+    t_close(q);
+    assert_int_equal(wq_unlink(name), 0);
+}
+
+static void test_restore_order_spans(void **state)
+{
+    (void)state;
+    /* Dense, with holes: every third key of the first 150 removed, then
+       runs of 20 (longer than the restore's look-ahead). */
+    int keep[300], nk = 0;
+    for (int i = 0; i < 300; i++)
+        if (i < 150 ? i % 3 != 1 : (i - 150) / 20 % 2 == 0)
+            keep[nk++] = i;
+    order_round("holes", 300, keep, nk, -1, keep, nk);
+    /* Fewer records than the look-ahead, with holes. */
+    const int some[] = { 1, 4, 5, 9, 11 };
+    order_round("few", 12, some, 5, -1, some, 5);
+    /* Wide: 6 keys left of 3000 (a span of 3000 orders for 6 records),
+       k0 removed and added again, so it comes last. */
+    const int few[] = { 500, 1200, 1201, 2500, 2999 };
+    const int want[] = { 500, 1200, 1201, 2500, 2999, 0 };
+    order_round("wide", 3000, few, 5, 0, want, 6);
+}
+
 static void test_no_double_restore(void **state)
 {
     (void)state;
@@ -401,6 +475,7 @@ int main(void)
         T_STORE_TEST(test_restore_none),
         T_STORE_TEST(test_geometry_from_store),
         T_STORE_TEST(test_no_double_restore),
+        T_STORE_TEST(test_restore_order_spans),
         T_NO_LEFTOVERS,
     };
     static const struct t_guard g = {
