@@ -11,6 +11,8 @@
  * drain   N keys queued beforehand; C consumers get + done until wq_get(0)
  *         says -EAGAIN. keys/s = N / (last consumer's end - t0). Variants
  *         "C=<c>-b<n>": wq_get_many / wq_done_many, n keys at a time.
+ *         Variants "C=<c>-dg": each done and the next get are one
+ *         wq_done_get.
  *         Variants "pool-C=<c>": the same N keys reconciled (an empty
  *         reconcile that counts) by wq_run_workers with c workers and
  *         until_empty; keys/s = N / (the N-th reconcile's start - t0,
@@ -24,7 +26,7 @@
  *         producer stamps stamp[k] (CAS 0 -> now) before wq_add, a consumer
  *         swaps it back to 0 at wq_get and records now - stamp: the time
  *         from the first add not yet served to the get that serves it.
- *         Variants "-b<n>": consumers batch as drain's.
+ *         Variants "-b<n>" and "-dg": consumers as drain's.
  * tenants One worker. Tenant "a" adds TENANT_FLOOD keys, then tenant "b"
  *         adds one key: how long b's key waits for the worker, and how
  *         many keys are handed out before it (default vs fair mode).
@@ -55,7 +57,9 @@
 #define DRAIN_MAX_C 4
 #define MAX_BATCH 256
 
-/* A consumer's keys: one at a time (batch 1) or wq_get_many's. */
+/* A consumer's keys: one at a time (batch 1), wq_get_many's, or one at
+   a time with each done made by the next get (WQB_DONE_GET: n is the
+   length of the key held, in buf's half `at`). */
 struct taker {
     wq *q;
     int batch, n, at;
@@ -64,9 +68,19 @@ struct taker {
 };
 
 /* The next key (its length, its bytes in *key), finishing the previous
-   batch first; wq_get's errors. */
+   batch (or key) first; wq_get's errors. */
 static int take(struct taker *t, const char **key, int64_t timeout)
 {
+    if (t->batch == WQB_DONE_GET) {
+        /* The key held and the next one in the two halves of buf. */
+        char *held = t->buf + t->at * WQB_BUF_LEN, *next = t->buf + (1 - t->at) * WQB_BUF_LEN;
+        int len = t->n > 0 ? wq_done_get(t->q, held, (size_t)t->n, next, WQB_BUF_LEN, timeout)
+                           : wq_get(t->q, next, WQB_BUF_LEN, timeout);
+        t->n = len > 0 ? len : 0;   /* an error of the get half: the done was made */
+        t->at = 1 - t->at;
+        *key = next;
+        return len;
+    }
     if (t->batch <= 1) {
         int len = wq_get(t->q, t->buf, WQB_BUF_LEN, timeout);
         *key = t->buf;
@@ -90,10 +104,11 @@ static int take(struct taker *t, const char **key, int64_t timeout)
     return (int)k->iov_len;
 }
 
-/* The key `take` returned is finished (batches: with the next take). */
+/* The key `take` returned is finished (batches and WQB_DONE_GET: by the
+   next take). */
 static void finish(struct taker *t, const char *key, int len, const char *what)
 {
-    if (t->batch <= 1)
+    if (t->batch == 1)
         wqb_check(wq_done(t->q, key, (size_t)len), what);
 }
 
@@ -173,8 +188,8 @@ void wqb_drain_variant(const struct wqb_cfg *c, const char *variant, int consume
         return;
     if (consumers < 1 || consumers > DRAIN_MAX_C)
         wqb_die("drain: %d consumers (1 .. %d)", consumers, DRAIN_MAX_C);
-    if (batch < 1 || batch > MAX_BATCH)
-        wqb_die("drain: batch %d (1 .. %d)", batch, MAX_BATCH);
+    if ((batch < 1 && batch != WQB_DONE_GET) || batch > MAX_BATCH)
+        wqb_die("drain: batch %d (1 .. %d, or WQB_DONE_GET)", batch, MAX_BATCH);
     if (!(q = drain_open(c, variant, n, name)))
         return;
     wqb_result_init(&r, "drain", variant, "keys/s");
@@ -240,6 +255,11 @@ void wqb_run_drain(const struct wqb_cfg *c)
         char variant[16];
         snprintf(variant, sizeof variant, "C=%d-b32", consumers);
         wqb_drain_variant(c, variant, consumers, 32, n);
+    }
+    for (int consumers = 1; consumers <= 2; consumers++) {
+        char variant[16];
+        snprintf(variant, sizeof variant, "C=%d-dg", consumers);
+        wqb_drain_variant(c, variant, consumers, WQB_DONE_GET, n);
     }
     wqb_pool_variant(c, "pool-C=1", 1, n);
     wqb_pool_variant(c, "pool-C=2", 2, n);
@@ -449,6 +469,8 @@ void wqb_run_mpmc(const struct wqb_cfg *c)
         { "p1c1-b32", 1, 1, adds, 0, 32 },
         { "p1c2-b32", 1, 2, adds, 0, 32 },
         { "paced50k-p1c1-b32", 1, 1, paced, 20000, 32 },
+        { "p1c1-dg", 1, 1, adds, 0, WQB_DONE_GET },
+        { "p1c2-dg", 1, 2, adds, 0, WQB_DONE_GET },
     };
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
         wqb_mpmc_variant(c, &v[i]);

@@ -158,8 +158,12 @@ struct wqb_mpmc {
     int producers, consumers;
     uint64_t adds;
     uint64_t pace_ns;   /* 0: flat out */
-    int batch;          /* > 1: consumers use wq_get_many / wq_done_many */
+    int batch;          /* > 1: consumers use wq_get_many / wq_done_many;
+                           WQB_DONE_GET: wq_done_get */
 };
+/* A consumer's batch that means: each done and the next get are one
+   wq_done_get (one lock acquisition, or one round trip, per key). */
+#define WQB_DONE_GET 0
 void wqb_mpmc_variant(const struct wqb_cfg *c, const struct wqb_mpmc *p);
 
 /* wqbench-redis.c (built with hiredis only): --engine redis. */
