@@ -866,9 +866,10 @@ typedef int (*wq_reconcile_fn)(wq *q, const void *key, size_t len,
 
 /*
  * wq_run_workers - fork `workers` processes that loop get -> fn -> finish
- * (each finish and the next get are one wq_finish_get), and supervise them until they have exited: after the queue was shut
- * down, after a SIGTERM or SIGINT stopped the pool, or (until_empty) once
- * the queue ran empty. Outcomes map like controller-runtime's:
+ * (each finish and the next get are one wq_finish_get), and supervise
+ * them until they have exited: after the queue was shut down, after a
+ * SIGTERM or SIGINT stopped the pool, or (until_empty) once the queue ran
+ * empty. Outcomes map like controller-runtime's:
  *   fn returns 0, requeue_after_ns == 0: wq_forget + SUCCEEDED(message);
  *   fn returns 0, requeue_after_ns > 0: wq_forget, re-added after that
  *     delay, SUCCEEDED recorded;
@@ -1034,8 +1035,12 @@ WQ_API int wq_run_workers_opts(wq *q, unsigned workers, wq_reconcile_fn fn, void
  *
  * Errors: a store that is not a libwq store, or whose files are damaged,
  * gives -EUCLEAN (see "Damage" below) or -EIO; a store that cannot be
- * written (read-only, disk full) gives -EIO or -ENOSPC from the call that
- * needed it, which then changes nothing. The LMDB map grows as needed.
+ * written (read-only, disk full, files another uid may not write) gives
+ * -EACCES, -EIO or -ENOSPC from the call that needed it, which then
+ * changes nothing; unless another process, one that can write the store,
+ * committed the change first (a group commit, the background thread):
+ * then the call succeeded. Either way a key is queued only if stored.
+ * The LMDB map grows as needed.
  */
 
 /*

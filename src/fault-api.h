@@ -16,6 +16,9 @@
 #define WQ_FAULT_HANG 4        /* stop there for good, making no progress
                                   (a walk caught in a cycle of pages), until
                                   someone kills the process */
+#define WQ_FAULT_STOP 5         /* raise(SIGSTOP) at the point and go on
+                                  when continued: the test does something
+                                  meanwhile (waitid WSTOPPED, SIGCONT) */
 #define WQ_FAULT_EXIT_CODE 86
 
 /* Die at the nth time this process reaches `point` (NULL disarms).

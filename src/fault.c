@@ -6,7 +6,8 @@
  * A test arms one named point (see WQ_STEP in shm/mutate.h) and an
  * occurrence count; when the process reaches that point for the n-th
  * time it kills itself with SIGKILL (or _exit, to check that a plain exit
- * inside a critical section is handled the same way). Recording mode
+ * inside a critical section is handled the same way), or stops until the
+ * test continues it (a race made to happen in one order). Recording mode
  * lists every point reached, so tests can sweep all of them without a
  * hand-kept list going stale.
  */
@@ -46,6 +47,10 @@ void wq__fault_hit(const char *point)
             _exit(WQ_FAULT_EXIT_CODE);
         while (how == WQ_FAULT_HANG)
             pause();
+        if (how == WQ_FAULT_STOP) {
+            raise(SIGSTOP);
+            return;
+        }
         raise(SIGKILL);
         _exit(WQ_FAULT_EXIT_CODE);   /* not reached */
     }
@@ -68,7 +73,8 @@ int wq_fault_arm(const char *point, unsigned nth, int mode)
     }
     if (strlen(point) >= sizeof armed || nth == 0 ||
         (mode != WQ_FAULT_KILL && mode != WQ_FAULT_EXIT && mode != WQ_FAULT_FAIL &&
-         mode != WQ_FAULT_FAIL_ON && mode != WQ_FAULT_HANG))
+         mode != WQ_FAULT_FAIL_ON && mode != WQ_FAULT_HANG &&
+         mode != WQ_FAULT_STOP))
         return -EINVAL;
     strcpy(armed, point);
     countdown = nth;

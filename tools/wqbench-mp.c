@@ -251,16 +251,15 @@ void wqb_run_drain(const struct wqb_cfg *c)
         snprintf(variant, sizeof variant, "C=%d", consumers);
         wqb_drain_variant(c, variant, consumers, 1, n);
     }
-    for (int consumers = 1; consumers <= 2; consumers++) {
-        char variant[16];
-        snprintf(variant, sizeof variant, "C=%d-b32", consumers);
-        wqb_drain_variant(c, variant, consumers, 32, n);
-    }
-    for (int consumers = 1; consumers <= 2; consumers++) {
-        char variant[16];
-        snprintf(variant, sizeof variant, "C=%d-dg", consumers);
-        wqb_drain_variant(c, variant, consumers, WQB_DONE_GET, n);
-    }
+    /* Batches of 32, and one wq_done_get per key, for one and two. */
+    static const struct { const char *suffix; int batch; } kinds[] = {
+        { "b32", 32 }, { "dg", WQB_DONE_GET } };
+    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++)
+        for (int consumers = 1; consumers <= 2; consumers++) {
+            char variant[16];
+            snprintf(variant, sizeof variant, "C=%d-%s", consumers, kinds[k].suffix);
+            wqb_drain_variant(c, variant, consumers, kinds[k].batch, n);
+        }
     wqb_pool_variant(c, "pool-C=1", 1, n);
     wqb_pool_variant(c, "pool-C=2", 2, n);
 }

@@ -704,6 +704,9 @@ int wq__store_finish_add(shmq *q, const struct iovec *all, size_t nall,
 {
     if (rc < 0 || !q->g.has_store)
         return rc;
+    /* Between the adds (STORING: invisible) and our commit: another
+       process's flush may commit them first (test-store-errors). */
+    WQ_FAULT("store.add.marked");
     int st = 0;
     if (fsync_groups(q)) {
         group_arrive(q);
