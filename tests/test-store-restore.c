@@ -398,6 +398,113 @@ static void test_restore_order_spans(void **state)
     order_round("wide", 3000, few, 5, 0, want, 6);
 }
 
+/* ------------------------------------------------------------------ */
+/* The two ways a restore visits the records                           */
+/* ------------------------------------------------------------------ */
+
+/* A queue of 300 keys in 6 tenants, every fifth removed, every seventh
+   with a priority (fair), two waiting an hour, and one rate limited (a
+   failure, waiting a few ms, so queued again by the restore). Before
+   them, "res" was handed out and finished (with_result: kept idle with
+   its result; else done and gone). Restored, the queue is drained into
+   seq (the count returned); the waiting keys' delays are checked. */
+static int restore_drain(bool fair, bool with_result, char (*seq)[16], int cap)
+{
+    const char *store = t_mkstore();
+    const char *name = t_qname(fair ? "visitf" : "visit");
+    struct wq_options o = t_store_opts(store, WQ_DURABLE_PROCESS);
+    o.capacity = 1024;
+    o.flags |= fair ? WQ_FAIR : 0;
+    o.rl_base_delay_ns = 5 * MS;   /* t_store_opts gives 2 hours */
+    wq *q = t_track(T_OPEN(name, &o));
+    assert_int_equal(wq_add(q, KS("res")), 0);
+    T_EXPECT_GET(q, "res");
+    assert_int_equal(with_result ? wq_finish(q, KS("res"), 0, "kept") : wq_done(q, KS("res")),
+                     0);
+    char k[16];
+    for (int i = 0; i < 300; i++) {
+        snprintf(k, sizeof k, "t%d/k%d", i % 6, i);
+        assert_int_equal(fair ? t_add_prio(q, KS(k), i % 7 == 0 ? 5 : 0) : wq_add(q, KS(k)),
+                         0);
+        if (i == 100)
+            assert_int_equal(wq_add_after(q, KS("wait-a"), 3600 * SEC), 0);
+        if (i == 200) {
+            assert_int_equal(wq_add_rate_limited(q, KS("rl")), 0);
+            assert_int_equal(wq_add_after(q, KS("wait-b"), 3600 * SEC), 0);
+        }
+    }
+    for (int i = 0; i < 300; i += 5) {
+        snprintf(k, sizeof k, "t%d/k%d", i % 6, i);
+        assert_int_equal(wq_remove(q, KS(k)), 0);
+    }
+    t_sleep_ms(50);   /* rl's delay runs out */
+    t_close(q);
+    assert_int_equal(wq_unlink(name), 0);
+    q = t_track(T_OPEN(name, &o));
+    struct wq_stats st = t_stats(q);
+    assert_int_equal(st.queued, 241);
+    assert_int_equal(st.waiting, 2);
+    assert_int_equal(st.idle_results, with_result ? 1 : 0);
+    uint64_t now = t_now_ns();
+    struct t_dump d = t_dump_all(q);
+    for (int i = 0; i < 2; i++) {
+        const struct t_dkey *w = t_dump_find(&d, i ? "wait-b" : "wait-a");
+        assert_non_null(w);
+        assert_int_equal(w->state, WQ_KEY_WAITING);
+        assert_true(w->ready > now + 3590 * SEC && w->ready <= now + 3600 * SEC);
+    }
+    t_dump_free(&d);
+    assert_int_equal(wq_num_requeues(q, KS("rl")), 1);
+    int n = 0, len;
+    char buf[T_KEYBUF];
+    while ((len = wq_get(q, buf, sizeof buf, 0)) > 0) {
+        assert_true(n < cap && len < 16);
+        memcpy(seq[n], buf, (size_t)len);
+        seq[n++][len] = 0;
+        assert_int_equal(wq_done(q, buf, (size_t)len), 0);
+    }
+    assert_int_equal(len, -EAGAIN);
+    t_check_clean(q, fair ? "fair visit" : "visit");
+    t_close(q);
+    assert_int_equal(wq_unlink(name), 0);
+    return n;
+}
+
+/*
+ * A restore visits the records where they lie in the store when nothing
+ * visible depends on it (dense add orders, no results), else in first-add
+ * order. Both must give the same queue: the same keys handed out in the
+ * same order, in the default mode (first-add order, the rate-limited key
+ * in its place) and in fair mode (priorities, tenants' turns), with the
+ * waiting keys still waiting. An idle key's result makes the second way.
+ */
+static void test_restore_visit_orders(void **state)
+{
+    (void)state;
+    static char a[300][16], b[300][16];
+    for (int fair = 0; fair <= 1; fair++) {
+        int na = restore_drain(fair, false, a, 300);
+        int nb = restore_drain(fair, true, b, 300);
+        assert_int_equal(na, 241);
+        assert_int_equal(nb, 241);
+        for (int i = 0; i < na; i++)
+            if (strcmp(a[i], b[i]) != 0)
+                fail_msg("%s: position %d: %s restored where they lie, %s in first-add "
+                         "order", fair ? "fair" : "default", i, a[i], b[i]);
+        if (fair)
+            continue;
+        int j = 0;   /* first-add order, explicitly */
+        for (int i = 0; i < 300; i++) {
+            char k[16];
+            snprintf(k, sizeof k, "t%d/k%d", i % 6, i);
+            if (i % 5 != 0)
+                assert_string_equal(a[j++], k);
+            if (i == 200)
+                assert_string_equal(a[j++], "rl");
+        }
+    }
+}
+
 static void test_no_double_restore(void **state)
 {
     (void)state;
@@ -476,6 +583,7 @@ int main(void)
         T_STORE_TEST(test_geometry_from_store),
         T_STORE_TEST(test_no_double_restore),
         T_STORE_TEST(test_restore_order_spans),
+        T_STORE_TEST(test_restore_visit_orders),
         T_NO_LEFTOVERS,
     };
     static const struct t_guard g = {

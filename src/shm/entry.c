@@ -342,6 +342,35 @@ int wq__entry_commit_new(shmq *q, uint32_t idx, uint16_t state, bool *queued)
     return 0;
 }
 
+/*
+ * Restore only, in two steps: the restore visits the store's records in
+ * the store's order (one pass through memory instead of a random walk)
+ * and puts the keys in the queue afterwards, in first-add order. Nobody
+ * can see the region meanwhile. A new entry becomes live as QUEUED,
+ * indexed and counted, but not in the queue yet ...
+ */
+int wq__entry_restore_queued(shmq *q, uint32_t idx)
+{
+    WQ_ASSERT(q->restoring);
+    struct wq_entry *e = wq__entry(q, idx);
+    wq_store_release(&e->state, WQ_ST_DIRTY | WQ_ST_QUEUED);
+    int rc = wq__table_insert(q, idx, e->hash);
+    if (rc == 0) {
+        q->hdr->live++;
+        q->hdr->adds_total++;
+    }
+    return rc;
+}
+
+/* ... and enters the queue (fair mode: with its add order and tag given
+   now, as an add would). */
+int wq__entry_restore_enter(shmq *q, uint32_t idx)
+{
+    WQ_ASSERT(q->restoring);
+    wq__fair_dirty(q, idx);
+    return enqueue(q, idx);
+}
+
 /* Restore only: a new entry that is idle, kept for its failure count or
    its result (the caller recorded them). */
 int wq__entry_restore_idle(shmq *q, uint32_t idx)

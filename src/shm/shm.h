@@ -376,6 +376,8 @@ void wq__entry_renew(shmq *q, struct wq_entry *e);
 int wq__entry_room(shmq *q, uint32_t need);
 int wq__entry_commit_new(shmq *q, uint32_t idx, uint16_t state, bool *queued);
 int wq__entry_restore_idle(shmq *q, uint32_t idx);
+int wq__entry_restore_queued(shmq *q, uint32_t idx);
+int wq__entry_restore_enter(shmq *q, uint32_t idx);
 int wq__entry_mark_dirty(shmq *q, uint32_t idx, uint64_t now, bool *queued);
 int wq__entry_hand_out(shmq *q, uint32_t idx, uint64_t now);
 int wq__entry_done(shmq *q, uint32_t idx, uint64_t now, const struct wq_outcome *o,

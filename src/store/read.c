@@ -522,6 +522,11 @@ static int parse(struct wq_store_img *img, const unsigned char *p, size_t *pos, 
                     note(img, "dropped the record of %s: %s", name, rwhy);
                 break;
             }
+            if (img->n == 0 || r.order < img->order_lo)
+                img->order_lo = r.order;
+            if (img->n == 0 || r.order > img->order_hi)
+                img->order_hi = r.order;
+            img->with_result += r.has_result;
             img->recs[img->n++].raw = v.mv_data;
             img->v1 |= v1;
             if (!v1)

@@ -21,6 +21,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -361,8 +362,24 @@ static void decode(const shmq *view, struct wq_srec s, struct dec *d)
     d->hash = wq__hash(view->seed, d->key, d->r.keylen);
 }
 
+/* How the records are visited. In first-add order, each key goes where
+   it belongs at once. In the store's order (wq__store_restore says
+   when), a new entry's seq is base + its add order - lo, and a queued
+   key is only noted, in slot[order - lo] (entry + 1), to enter the queue
+   afterwards in that order. The slots are written, never read while
+   noting (a read would wait for a random miss, the one this order
+   avoids): fewer filled slots than notes means two records had one add
+   order. */
+struct visit {
+    uint64_t mono, real;
+    uint32_t *slot;   /* NULL: first-add order */
+    uint64_t lo;
+    uint32_t base;
+    size_t noted;
+};
+
 /* One verified record into the (unpublished) region. */
-static int restore_one(shmq *view, const struct dec *d, uint64_t mono, uint64_t real)
+static int restore_one(shmq *view, const struct dec *d, struct visit *v)
 {
     const struct wq_rec *r = &d->r;
     if (r->cls == WQ_CLS_IDLE && !r->failures && !r->has_result)
@@ -383,18 +400,20 @@ static int restore_one(shmq *view, const struct dec *d, uint64_t mono, uint64_t 
         return rc == -ENOSPC && view->hdr->e_fresh >= view->capacity ? store_err(rc, view->g.store_path, "holds more keys than the "
                                          "queue's capacity %u", view->capacity) : rc;
     struct wq_entry *en = wq__entry(view, idx);
+    if (v->slot)
+        wq_store_relaxed(&en->seq, v->base + (uint32_t)(r->order - v->lo));
     en->failures = r->failures;
     if (view->fair)
         view->fx[idx].prio = r->prio;
     uint16_t state;
     if (r->cls == WQ_CLS_PENDING) {
-        en->t_b = mono;
+        en->t_b = v->mono;
         state = WQ_ST_DIRTY | WQ_ST_QUEUED;
-    } else if (r->cls == WQ_CLS_WAITING && r->ready_wall_ns > real) {
-        en->t_b = mono + (r->ready_wall_ns - real);
+    } else if (r->cls == WQ_CLS_WAITING && r->ready_wall_ns > v->real) {
+        en->t_b = v->mono + (r->ready_wall_ns - v->real);
         state = WQ_ST_WAITING;
     } else if (r->cls == WQ_CLS_WAITING) {
-        en->t_b = mono;   /* its delay ran out while we were away */
+        en->t_b = v->mono;   /* its delay ran out while we were away */
         state = WQ_ST_DIRTY | WQ_ST_QUEUED;
     } else {
         state = WQ_ST_RETAINED;
@@ -410,8 +429,84 @@ static int restore_one(shmq *view, const struct dec *d, uint64_t mono, uint64_t 
     }
     if (state == WQ_ST_RETAINED)
         return wq__entry_restore_idle(view, idx);
+    if (v->slot && state != WQ_ST_WAITING) {
+        v->slot[r->order - v->lo] = idx + 1;
+        v->noted++;
+        return wq__entry_restore_queued(view, idx);
+    }
     bool queued;
     return wq__entry_commit_new(view, idx, state, &queued);
+}
+
+/* Restore the n records of recs, in that order. Each record visited
+   misses twice, at random (in first-add order; in the store's order only
+   its index slot): its bytes and its key's index slot. So the bytes are
+   fetched AHEAD records ahead, and the slot (from the key's hash; the
+   record is decoded then and kept until used) SLOT ahead. */
+static int visit(shmq *view, const struct wq_srec *recs, size_t n, struct visit *v)
+{
+    enum { AHEAD = 16, SLOT = 8 };
+    struct dec ring[SLOT];
+    int rc = 0;
+    for (size_t i = 0; i < n && i < SLOT; i++)
+        decode(view, recs[i], &ring[i]);
+    for (size_t i = 0; i < n && rc >= 0; i++) {
+        if (i + AHEAD < n) {
+            __builtin_prefetch(recs[i + AHEAD].raw);
+            __builtin_prefetch(recs[i + AHEAD].raw + 64);
+        }
+        /* New keys take entries in turn: the one SLOT ahead, for writing. */
+        if (view->hdr->e_fresh + SLOT < view->nent)
+            __builtin_prefetch(wq__entry(view, view->hdr->e_fresh + SLOT), 1);
+        struct dec d = ring[i % SLOT];
+        if (i + SLOT < n) {
+            decode(view, recs[i + SLOT], &ring[i % SLOT]);
+            wq__table_prefetch(view, ring[i % SLOT].hash);
+            if (v->slot)
+                __builtin_prefetch(&v->slot[ring[i % SLOT].r.order - v->lo], 1);
+        }
+        rc = restore_one(view, &d, v);
+    }
+    return rc;
+}
+
+static int by_seq(const void *a, const void *b)
+{
+    const struct rank *x = a, *y = b;
+    return x->order != y->order ? (x->order < y->order ? -1 : 1)
+                                : (x->idx > y->idx) - (x->idx < y->idx);
+}
+
+/* The queued keys of a visit in the store's order enter the queue, in
+   first-add order: from the slots, or (two records had one add order,
+   which a sound store never has) sorted by seq, then entry. */
+static int enter_queued(shmq *view, struct visit *v, uint64_t span)
+{
+    int rc = 0;
+    size_t filled = 0;
+    for (uint64_t o = 0; o < span; o++)
+        filled += v->slot[o] != 0;
+    if (filled == v->noted) {
+        for (uint64_t o = 0; o < span && rc >= 0; o++)
+            if (v->slot[o])
+                rc = wq__entry_restore_enter(view, v->slot[o] - 1);
+        return rc;
+    }
+    uint32_t fresh = view->hdr->e_fresh;
+    struct rank *rank = malloc((fresh ? fresh : 1) * sizeof *rank);
+    if (!rank)
+        return -ENOMEM;
+    size_t k = 0;
+    for (uint32_t idx = 0; idx < fresh; idx++) {
+        const struct wq_entry *e = wq__entry(view, idx);
+        if (e->state == (WQ_ST_DIRTY | WQ_ST_QUEUED))
+            rank[k++] = (struct rank){ e->seq - v->base, idx };
+    }
+    qsort(rank, k, sizeof *rank, by_seq);
+    for (size_t i = 0; i < k && rc >= 0; i++)
+        rc = wq__entry_restore_enter(view, rank[i].idx);
+    free(rank);
+    return rc;
 }
 
 /*
@@ -465,47 +560,50 @@ static struct wq_srec *in_order(const struct wq_store_img *img)
     return seq;
 }
 
+/*
+ * Build the region from the records. Keys come back in first-add order
+ * (entries' seqs, the queue, the delay heap's ties). The records lie in
+ * the store's order (LMDB files them by key hash), so visiting them in
+ * first-add order is a random walk through the reader's map, a miss per
+ * record; visiting them where they lie is one pass. That is done when it
+ * changes nothing visible: the add orders are dense (each seq is then
+ * base + order - lo, within the window seqs compare in) and no record
+ * holds a result (results are listed in the order they are recorded,
+ * and that stays first-add order). Otherwise they are first put in
+ * first-add order (in_order).
+ */
 int wq__store_restore(shmq *view, struct wq_store_img *img)
 {
-    struct wq_srec *seq = in_order(img);
-    if (!seq)
+    size_t n = img->n;
+    uint64_t span = n ? img->order_hi - img->order_lo + 1 : 0;
+    struct visit v = { .mono = wq__now_mono(), .real = wq__now_real(),
+                       .lo = img->order_lo, .base = view->hdr->seq_next };
+    bool where_they_lie = n > 0 && img->with_result == 0 && span <= 4 * (uint64_t)n + 1024 &&
+                          span < (1u << 29);
+    struct wq_srec *seq = NULL;
+    if (where_they_lie) {
+        /* Each page mapped at once, not at its first random write. */
+        if ((v.slot = calloc((size_t)span, sizeof *v.slot)) != NULL)
+            wq__mem_populate(v.slot, (size_t)span * sizeof *v.slot, MADV_POPULATE_WRITE);
+    } else
+        seq = in_order(img);
+    if (!seq && !v.slot)
         return -ENOMEM;
-    uint64_t mono = wq__now_mono(), real = wq__now_real();
     /* Room for every key at once: the index is then built at its final
        size, not copied at each doubling. */
-    int rc = wq__entry_room(view, img->n < view->capacity ? (uint32_t)img->n : view->capacity);
-    if (rc < 0) {
-        free(seq);
-        return rc;
-    }
-    wq__mut_begin(view);
-    /* Each record visited misses twice, at random: its bytes and its
-       key's index slot. So the bytes are fetched AHEAD records ahead,
-       and the slot (from the key's hash; the record is decoded then and
-       kept until used) SLOT ahead. */
-    enum { AHEAD = 16, SLOT = 8 };
-    struct dec ring[SLOT];
-    size_t n = img->n;
-    for (size_t i = 0; i < n && i < SLOT; i++)
-        decode(view, seq[i], &ring[i]);
-    for (size_t i = 0; i < n && rc >= 0; i++) {
-        if (i + AHEAD < n) {
-            __builtin_prefetch(seq[i + AHEAD].raw);
-            __builtin_prefetch(seq[i + AHEAD].raw + 64);
+    int rc = wq__entry_room(view, n < view->capacity ? (uint32_t)n : view->capacity);
+    if (rc == 0) {
+        wq__mut_begin(view);
+        rc = visit(view, seq ? seq : img->recs, n, &v);
+        if (rc >= 0 && v.slot) {
+            view->hdr->seq_next = v.base + (uint32_t)span;
+            rc = enter_queued(view, &v, span);
         }
-        /* New keys take entries in turn: the one SLOT ahead, for writing. */
-        if (view->hdr->e_fresh + SLOT < view->nent)
-            __builtin_prefetch(wq__entry(view, view->hdr->e_fresh + SLOT), 1);
-        struct dec d = ring[i % SLOT];
-        if (i + SLOT < n) {
-            decode(view, seq[i + SLOT], &ring[i % SLOT]);
-            wq__table_prefetch(view, ring[i % SLOT].hash);
-        }
-        rc = restore_one(view, &d, mono, real);
     }
     free(seq);
+    free(v.slot);
     if (rc < 0)
         return rc;
     wq__mut_end(view, 0);
-    return (int)img->n;
+    return (int)n;
 }
