@@ -27,6 +27,10 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <lmdb.h>
+
+#include "store/format.h"
+
 /* ------------------------------------------------------------------ */
 /* Restore after wq_unlink                                             */
 /* ------------------------------------------------------------------ */
@@ -505,6 +509,91 @@ static void test_restore_visit_orders(void **state)
     }
 }
 
+/*
+ * A version 1 store (no checksums: a restore checks no counts, and
+ * rewrites it as version 2) whose records' add orders are 0 and 2^64 - 1,
+ * the widest span there is, with two in between. It restores, in that
+ * order. (A span computed as hi - lo + 1 wrapped to 0 once, and the
+ * restore wrote before the 0-byte array it then made.)
+ */
+static void test_restore_extreme_orders(void **state)
+{
+    (void)state;
+    const char *store = t_mkstore();
+    const char *name = t_qname("extreme");
+    struct wq_options o = t_store_opts(store, WQ_DURABLE_PROCESS);
+    wq *q = t_track(T_OPEN(name, &o));
+    static const char *const keys[] = { "k0", "k1", "k2", "k3" };
+    static const uint64_t orders[] = { 5, UINT64_MAX, 0, 6 };
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(wq_add(q, KS(keys[i])), 0);
+    t_close(q);
+    assert_int_equal(wq_unlink(name), 0);
+
+    MDB_env *env;
+    MDB_txn *txn;
+    MDB_dbi recs, meta;
+    assert_int_equal(mdb_env_create(&env), 0);
+    assert_int_equal(mdb_env_set_maxdbs(env, 4), 0);
+    assert_int_equal(mdb_env_open(env, store, MDB_NOTLS, 0600), 0);
+    assert_int_equal(mdb_txn_begin(env, NULL, 0, &txn), 0);
+    assert_int_equal(mdb_dbi_open(txn, "records", 0, &recs), 0);
+    assert_int_equal(mdb_dbi_open(txn, "meta", 0, &meta), 0);
+    /* Every record as version 1 wrote it: its header without the check. */
+    unsigned char lk[4][10], val[4][WQ_REC1_SIZE + 64];
+    size_t vlen[4];
+    int n = 0;
+    MDB_cursor *c;
+    MDB_val k, v;
+    assert_int_equal(mdb_cursor_open(txn, recs, &c), 0);
+    for (int rc = mdb_cursor_get(c, &k, &v, MDB_FIRST); rc == 0;
+         rc = mdb_cursor_get(c, &k, &v, MDB_NEXT)) {
+        struct wq_rec r;
+        assert_true(n < 4 && k.mv_size == 10 && v.mv_size >= sizeof r &&
+                    v.mv_size - sizeof r <= 64);
+        memcpy(&r, v.mv_data, sizeof r);
+        int i = 0;
+        while (i < 4 && (r.keylen != 2 ||
+                         memcmp((const char *)v.mv_data + sizeof r, keys[i], 2) != 0))
+            i++;
+        assert_true(i < 4);
+        r.magic = WQ_REC_MAGIC1;
+        r.order = orders[i];
+        memcpy(lk[n], k.mv_data, 10);
+        memcpy(val[n], &r, WQ_REC1_SIZE);
+        memcpy(val[n] + WQ_REC1_SIZE, (const char *)v.mv_data + sizeof r,
+               v.mv_size - sizeof r);
+        vlen[n++] = WQ_REC1_SIZE + v.mv_size - sizeof r;
+    }
+    mdb_cursor_close(c);
+    assert_int_equal(n, 4);
+    for (int i = 0; i < n; i++) {
+        MDB_val nk = { 10, lk[i] }, nv = { vlen[i], val[i] };
+        assert_int_equal(mdb_put(txn, recs, &nk, &nv, 0), 0);
+    }
+    /* The meta as version 1 wrote it: 120 bytes, version 1. */
+    unsigned char m[sizeof(struct wq_meta)];
+    MDB_val mk = { 4, "meta" }, mv;
+    assert_int_equal(mdb_get(txn, meta, &mk, &mv), 0);
+    assert_true(mv.mv_size >= 120 && mv.mv_size <= sizeof m);
+    memcpy(m, mv.mv_data, mv.mv_size);
+    uint32_t one = 1;
+    memcpy(m + offsetof(struct wq_meta, version), &one, sizeof one);
+    MDB_val nm = { 120, m };
+    assert_int_equal(mdb_put(txn, meta, &mk, &nm, 0), 0);
+    assert_int_equal(mdb_txn_commit(txn), 0);
+    mdb_env_close(env);
+
+    q = t_track(T_OPEN(name, &o));
+    T_EXPECT_STATS(q, 4, 4, 0, 0, "extreme orders restored");
+    T_EXPECT_GET(q, "k2");
+    T_EXPECT_GET(q, "k0");
+    T_EXPECT_GET(q, "k3");
+    T_EXPECT_GET(q, "k1");
+    t_check_clean(q, "extreme orders");
+    t_close(q);
+}
+
 static void test_no_double_restore(void **state)
 {
     (void)state;
@@ -584,6 +673,7 @@ int main(void)
         T_STORE_TEST(test_no_double_restore),
         T_STORE_TEST(test_restore_order_spans),
         T_STORE_TEST(test_restore_visit_orders),
+        T_STORE_TEST(test_restore_extreme_orders),
         T_NO_LEFTOVERS,
     };
     static const struct t_guard g = {

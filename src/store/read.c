@@ -526,6 +526,7 @@ static int parse(struct wq_store_img *img, const unsigned char *p, size_t *pos, 
                 img->order_lo = r.order;
             if (img->n == 0 || r.order > img->order_hi)
                 img->order_hi = r.order;
+            img->idle += r.cls == WQ_CLS_IDLE;
             img->with_result += r.has_result;
             img->recs[img->n++].raw = v.mv_data;
             img->v1 |= v1;

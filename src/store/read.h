@@ -62,7 +62,7 @@ struct wq_store_img {
     struct wq_srec *recs;
     size_t n, cap;
     uint64_t order_lo, order_hi;   /* the records' add orders lie within */
-    size_t with_result;            /* records that hold a result */
+    size_t idle, with_result;      /* records of idle keys; holding a result */
     size_t bad;                    /* records that failed to decode or verify */
     unsigned cut;                  /* walks LMDB cut short (salvage) */
     int32_t fail_code;             /* the last walk's error: LMDB's or errno */

@@ -562,32 +562,32 @@ static struct wq_srec *in_order(const struct wq_store_img *img)
 
 /*
  * Build the region from the records. Keys come back in first-add order
- * (entries' seqs, the queue, the delay heap's ties). The records lie in
- * the store's order (LMDB files them by key hash), so visiting them in
- * first-add order is a random walk through the reader's map, a miss per
- * record; visiting them where they lie is one pass. That is done when it
- * changes nothing visible: the add orders are dense (each seq is then
- * base + order - lo, within the window seqs compare in) and no record
- * holds a result (results are listed in the order they are recorded,
- * and that stays first-add order). Otherwise they are first put in
- * first-add order (in_order).
+ * (entries' seqs, the queue, the delay heap's ties), and so do the
+ * entries of idle keys (the clock hand that drops their failure counts
+ * for room starts at the oldest) and results (listed in the order they
+ * are recorded). The records lie in the store's order (LMDB files them
+ * by key hash), so visiting them in first-add order is a random walk
+ * through the reader's map, a miss per record; visiting them where they
+ * lie is one pass. That is done when it changes nothing of the above:
+ * no idle key and no result, and dense add orders (each seq is then
+ * base + order - lo, within the window seqs compare in). Otherwise, or
+ * without memory for the slots, they are first put in first-add order
+ * (in_order).
  */
 int wq__store_restore(shmq *view, struct wq_store_img *img)
 {
     size_t n = img->n;
-    uint64_t span = n ? img->order_hi - img->order_lo + 1 : 0;
+    uint64_t width = n ? img->order_hi - img->order_lo : 0;   /* span - 1: cannot wrap */
     struct visit v = { .mono = wq__now_mono(), .real = wq__now_real(),
                        .lo = img->order_lo, .base = view->hdr->seq_next };
-    bool where_they_lie = n > 0 && img->with_result == 0 && span <= 4 * (uint64_t)n + 1024 &&
-                          span < (1u << 29);
+    bool where_they_lie = n > 0 && img->idle == 0 && img->with_result == 0 &&
+                          width < 4 * (uint64_t)n + 1024 && width < (1u << 29);
+    uint64_t span = width + 1;
     struct wq_srec *seq = NULL;
-    if (where_they_lie) {
+    if (where_they_lie && (v.slot = calloc((size_t)span, sizeof *v.slot)) != NULL)
         /* Each page mapped at once, not at its first random write. */
-        if ((v.slot = calloc((size_t)span, sizeof *v.slot)) != NULL)
-            wq__mem_populate(v.slot, (size_t)span * sizeof *v.slot, MADV_POPULATE_WRITE);
-    } else
-        seq = in_order(img);
-    if (!seq && !v.slot)
+        wq__mem_populate(v.slot, (size_t)span * sizeof *v.slot, MADV_POPULATE_WRITE);
+    else if (!(seq = in_order(img)))
         return -ENOMEM;
     /* Room for every key at once: the index is then built at its final
        size, not copied at each doubling. */
