@@ -583,26 +583,38 @@ static void test_shared_store_mode(void **state)
    later flush by another process completes them), nor stored. Nobody
    else is attached meanwhile: a process that can write the store could
    commit the adds for it first (test_refused_write_carried). */
-static void test_refused_write_not_queued(void **state)
+/* As root: a queue `tag` that every uid may use (0666), holding
+   "before", whose store only root may write. Skips unless root. */
+static wq *readonly_store_queue(const char *tag, char *dir, size_t dn, const char **name,
+                                struct wq_options *o)
 {
-    (void)state;
     if (geteuid() != 0) {
-        printf("  not root: the refused-write test needs setuid(%d)\n", T_NOBODY);
+        printf("  not root: the %s test needs setuid(%d)\n", tag, T_NOBODY);
         skip();
     }
-    char dir[400], p[500];
+    char p[500];
     const char *parent = t_mkstore();
     assert_int_equal(chmod(parent, 0711), 0);
-    snprintf(dir, sizeof dir, "%s/ro", parent);
-    const char *name = t_qname("refused");
-    struct wq_options o = { .store_path = dir, .mode = 0666, .flags = WQ_CREATE | WQ_EXCL };
-    wq *q = t_track(T_OPEN(name, &o));
+    snprintf(dir, dn, "%s/%s", parent, tag);
+    *name = t_qname(tag);
+    *o = (struct wq_options){ .store_path = dir, .mode = 0666,
+                              .flags = WQ_CREATE | WQ_EXCL };
+    wq *q = t_track(T_OPEN(*name, o));
     assert_int_equal(wq_add(q, KS("before")), 0);
-    /* The store becomes read-only for everybody but root. */
     snprintf(p, sizeof p, "%s/data.mdb", dir);
     assert_int_equal(chmod(p, 0644), 0);
     snprintf(p, sizeof p, "%s/lock.mdb", dir);
     assert_int_equal(chmod(p, 0644), 0);
+    return q;
+}
+
+static void test_refused_write_not_queued(void **state)
+{
+    (void)state;
+    char dir[400];
+    const char *name;
+    struct wq_options o;
+    wq *q = readonly_store_queue("refused", dir, sizeof dir, &name, &o);
     t_close(q);   /* the region stays; its writer is gone */
     int rc = nobody_adds(name, "refused");
     if (rc != -EACCES && rc != -EROFS && rc != -EIO)
@@ -695,22 +707,10 @@ static void carried(wq *q, const char *name, const char *key, const char *key2)
 static void test_refused_write_carried(void **state)
 {
     (void)state;
-    if (geteuid() != 0) {
-        printf("  not root: the carried-write test needs setuid(%d)\n", T_NOBODY);
-        skip();
-    }
-    char dir[400], p[500];
-    const char *parent = t_mkstore();
-    assert_int_equal(chmod(parent, 0711), 0);
-    snprintf(dir, sizeof dir, "%s/carried", parent);
-    const char *name = t_qname("carried");
-    struct wq_options o = { .store_path = dir, .mode = 0666, .flags = WQ_CREATE | WQ_EXCL };
-    wq *q = t_track(T_OPEN(name, &o));
-    assert_int_equal(wq_add(q, KS("before")), 0);
-    snprintf(p, sizeof p, "%s/data.mdb", dir);
-    assert_int_equal(chmod(p, 0644), 0);
-    snprintf(p, sizeof p, "%s/lock.mdb", dir);
-    assert_int_equal(chmod(p, 0644), 0);
+    char dir[400];
+    const char *name;
+    struct wq_options o;
+    wq *q = readonly_store_queue("carried", dir, sizeof dir, &name, &o);
     carried(q, name, "carried", NULL);
     carried(q, name, "carried-m1", "carried-m2");
     t_check_clean(q, "after carried writes");
