@@ -509,26 +509,21 @@ static void test_restore_visit_orders(void **state)
     }
 }
 
-/*
- * A version 1 store (no checksums: a restore checks no counts, and
- * rewrites it as version 2) whose records' add orders are 0 and 2^64 - 1,
- * the widest span there is, with two in between. It restores, in that
- * order. (A span computed as hi - lo + 1 wrapped to 0 once, and the
- * restore wrote before the 0-byte array it then made.)
- */
-static void test_restore_extreme_orders(void **state)
+/* Queue `tag` with a store holding keys[0..3] queued, then without its
+   region, the store rewritten as version 1 wrote it (no checksums: a
+   restore checks no counts, and rewrites it as version 2) with key i at
+   add order orders[i]. Returns the options to restore it with. */
+static struct wq_options v1_store(const char *tag, const char **name,
+                                  const char *const keys[4], const uint64_t orders[4])
 {
-    (void)state;
     const char *store = t_mkstore();
-    const char *name = t_qname("extreme");
+    *name = t_qname(tag);
     struct wq_options o = t_store_opts(store, WQ_DURABLE_PROCESS);
-    wq *q = t_track(T_OPEN(name, &o));
-    static const char *const keys[] = { "k0", "k1", "k2", "k3" };
-    static const uint64_t orders[] = { 5, UINT64_MAX, 0, 6 };
+    wq *q = t_track(T_OPEN(*name, &o));
     for (int i = 0; i < 4; i++)
         assert_int_equal(wq_add(q, KS(keys[i])), 0);
     t_close(q);
-    assert_int_equal(wq_unlink(name), 0);
+    assert_int_equal(wq_unlink(*name), 0);
 
     MDB_env *env;
     MDB_txn *txn;
@@ -553,8 +548,8 @@ static void test_restore_extreme_orders(void **state)
                     v.mv_size - sizeof r <= 64);
         memcpy(&r, v.mv_data, sizeof r);
         int i = 0;
-        while (i < 4 && (r.keylen != 2 ||
-                         memcmp((const char *)v.mv_data + sizeof r, keys[i], 2) != 0))
+        while (i < 4 && (r.keylen != strlen(keys[i]) ||
+                         memcmp((const char *)v.mv_data + sizeof r, keys[i], r.keylen) != 0))
             i++;
         assert_true(i < 4);
         r.magic = WQ_REC_MAGIC1;
@@ -583,14 +578,56 @@ static void test_restore_extreme_orders(void **state)
     assert_int_equal(mdb_put(txn, meta, &mk, &nm, 0), 0);
     assert_int_equal(mdb_txn_commit(txn), 0);
     mdb_env_close(env);
+    return o;
+}
 
-    q = t_track(T_OPEN(name, &o));
+/* Add orders 0 and 2^64 - 1, the widest span there is, with two in
+   between: the records restore in that order. (A span computed as
+   hi - lo + 1 wrapped to 0 once, and the restore wrote before the 0-byte
+   array it then made.) */
+static void test_restore_extreme_orders(void **state)
+{
+    (void)state;
+    static const char *const keys[] = { "k0", "k1", "k2", "k3" };
+    static const uint64_t orders[] = { 5, UINT64_MAX, 0, 6 };
+    const char *name;
+    struct wq_options o = v1_store("extreme", &name, keys, orders);
+    wq *q = t_track(T_OPEN(name, &o));
     T_EXPECT_STATS(q, 4, 4, 0, 0, "extreme orders restored");
     T_EXPECT_GET(q, "k2");
     T_EXPECT_GET(q, "k0");
     T_EXPECT_GET(q, "k3");
     T_EXPECT_GET(q, "k1");
     t_check_clean(q, "extreme orders");
+    t_close(q);
+}
+
+/* Two records with one add order, in a dense span (so the restore visits
+   them where they lie and finds the clash only when the keys enter the
+   queue): every key comes back, the two tied keys between the others. */
+static void test_restore_shared_order(void **state)
+{
+    (void)state;
+    static const char *const keys[] = { "k0", "k1", "k2", "k3" };
+    static const uint64_t orders[] = { 5, 7, 7, 9 };
+    const char *name;
+    struct wq_options o = v1_store("shared", &name, keys, orders);
+    wq *q = t_track(T_OPEN(name, &o));
+    T_EXPECT_STATS(q, 4, 4, 0, 0, "shared order restored");
+    T_EXPECT_GET(q, "k0");
+    char a[T_KEYBUF], b[T_KEYBUF];
+    int la = wq_get(q, a, sizeof a, 0), lb = wq_get(q, b, sizeof b, 0);
+    assert_int_equal(la, 2);
+    assert_int_equal(lb, 2);
+    if (!((memcmp(a, "k1", 2) == 0 && memcmp(b, "k2", 2) == 0) ||
+          (memcmp(a, "k2", 2) == 0 && memcmp(b, "k1", 2) == 0)))
+        fail_msg("the tied keys came out as %.2s, %.2s", a, b);
+    T_EXPECT_GET(q, "k3");
+    assert_int_equal(wq_done(q, KS("k0")), 0);
+    assert_int_equal(wq_done(q, KS("k1")), 0);
+    assert_int_equal(wq_done(q, KS("k2")), 0);
+    assert_int_equal(wq_done(q, KS("k3")), 0);
+    t_check_clean(q, "shared order");
     t_close(q);
 }
 
@@ -674,6 +711,7 @@ int main(void)
         T_STORE_TEST(test_restore_order_spans),
         T_STORE_TEST(test_restore_visit_orders),
         T_STORE_TEST(test_restore_extreme_orders),
+        T_STORE_TEST(test_restore_shared_order),
         T_NO_LEFTOVERS,
     };
     static const struct t_guard g = {
