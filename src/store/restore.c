@@ -333,9 +333,10 @@ int wq__store_init_meta(const struct wq_geom *g, const struct wq_store_img *img)
     }
 }
 
-/* Restore order: first-add order. Sorted as small (order, index) pairs:
-   moving the 100-byte records themselves would cost more than the rest
-   of the restore. */
+/* Restore order: first-add order. Sorted as small (order, index) pairs
+   (a record's or an entry's index): moving the 100-byte records
+   themselves would cost more than the rest of the restore. Ties (two
+   records with one order, which a sound store never has) go by index. */
 struct rank {
     uint64_t order;
     uint32_t idx;
@@ -344,7 +345,9 @@ struct rank {
 static int by_order(const void *a, const void *b)
 {
     const struct rank *x = a, *y = b;
-    return x->order < y->order ? -1 : x->order > y->order;
+    if (x->order != y->order)
+        return x->order < y->order ? -1 : 1;
+    return (x->idx > y->idx) - (x->idx < y->idx);
 }
 
 /* A record decoded, with its key's hash: the restore loop decodes each
@@ -470,13 +473,6 @@ static int visit(shmq *view, const struct wq_srec *recs, size_t n, struct visit 
     return rc;
 }
 
-static int by_seq(const void *a, const void *b)
-{
-    const struct rank *x = a, *y = b;
-    return x->order != y->order ? (x->order < y->order ? -1 : 1)
-                                : (x->idx > y->idx) - (x->idx < y->idx);
-}
-
 /* The queued keys of a visit in the store's order enter the queue, in
    first-add order: from the slots, or (two records had one add order,
    which a sound store never has) sorted by seq, then entry. */
@@ -502,7 +498,7 @@ static int enter_queued(shmq *view, struct visit *v, uint64_t span)
         if (e->state == (WQ_ST_DIRTY | WQ_ST_QUEUED))
             rank[k++] = (struct rank){ e->seq - v->base, idx };
     }
-    qsort(rank, k, sizeof *rank, by_seq);
+    qsort(rank, k, sizeof *rank, by_order);
     for (size_t i = 0; i < k && rc >= 0; i++)
         rc = wq__entry_restore_enter(view, rank[i].idx);
     free(rank);
