@@ -726,6 +726,161 @@ static void test_refused_write_carried(void **state)
     t_close(q);
 }
 
+/* A process's mappings of a region not yet linked (an O_TMPFILE, or the
+   named temporary where there is none, in the shm directory): how many,
+   and their resident bytes, from /proc/<pid>/smaps. */
+static int unlinked_regions(pid_t pid, uint64_t *rss)
+{
+    char path[64], line[512], dir[300];
+    const char *d = getenv("WQ_SHM_DIR");
+    snprintf(dir, sizeof dir, "%s/", d && d[0] ? d : "/dev/shm");
+    snprintf(path, sizeof path, "/proc/%d/smaps", (int)pid);
+    FILE *f = fopen(path, "r");
+    int n = 0;
+    bool in = false;
+    *rss = 0;
+    while (f && fgets(line, sizeof line, f)) {
+        unsigned long long kb;
+        char *p = strstr(line, dir);
+        if (strchr(line, '-') && strchr(line, '-') < strchr(line, ' ') &&
+            strspn(line, "0123456789abcdef") == (size_t)(strchr(line, '-') - line)) {
+            /* a mapping's first line: address range, ..., path */
+            in = p && (p[strlen(dir)] == '#' || strncmp(p + strlen(dir), ".wq-tmp.", 8) == 0);
+            n += in;
+        } else if (in && sscanf(line, "Rss: %llu kB", &kb) == 1) {
+            *rss += kb * 1024;
+        }
+    }
+    if (f)
+        fclose(f);
+    return n;
+}
+
+/* The one child of `parent`, stopped (state T), or 0 after 15 s. */
+static pid_t stopped_child(pid_t parent)
+{
+    uint64_t deadline = t_now_ns() + 15000ull * t_scale() * 1000000u;
+    while (t_now_ns() < deadline) {
+        DIR *dp = opendir("/proc");
+        struct dirent *de;
+        while (dp && (de = readdir(dp)) != NULL) {
+            char path[300], buf[512];
+            int pid = atoi(de->d_name), ppid;
+            char st;
+            if (pid <= 0)
+                continue;
+            snprintf(path, sizeof path, "/proc/%d/stat", pid);
+            FILE *f = fopen(path, "r");
+            if (!f)
+                continue;
+            size_t len = fread(buf, 1, sizeof buf - 1, f);
+            fclose(f);
+            buf[len] = 0;
+            char *rp = strrchr(buf, ')');   /* the name may hold anything */
+            if (rp && sscanf(rp + 1, " %c %d", &st, &ppid) == 2 && ppid == parent &&
+                st == 'T') {
+                closedir(dp);
+                return pid;
+            }
+        }
+        if (dp)
+            closedir(dp);
+        t_sleep_ms(1);
+    }
+    return 0;
+}
+
+/*
+ * wq_open builds a restore's region while a child process reads the
+ * store (region.c, `early`): once the meta record has arrived, the region
+ * the store's settings ask for exists, unlinked, with room for every key
+ * it counts. Here the reader stops at its 3000th record of 4000
+ * (WQ_FAULT_STOP): the opener must by then map an unlinked region with
+ * the room for 4000 entries resident. Then the reader goes on and:
+ *   - sound store: the restore fills that region: all 4000 keys, in
+ *     first-add order;
+ *   - a record lost (meta says 4000, 3999 found): the restore fails with
+ *     the store's own message, the early region is gone from the opener
+ *     (no mapping left) and nothing is in the shm directory.
+ */
+struct early_out {
+    int rc;
+    char why[512];
+    int len, in_order, unlinked_after;
+};
+
+static void region_while_read(bool lost)
+{
+    const char *store = t_mkstore(), *name = t_qname(lost ? "earlylost" : "early");
+    populate(name, store, 4000);
+    if (lost)
+        lmdb_change(store, DELETE_RECORD);
+    struct early_out *out = t_shared_alloc(sizeof *out);
+    out->rc = 1;
+    pid_t c = t_fork(60);
+    if (c == 0) {
+        struct wq_options o = { .store_path = store, .flags = WQ_CREATE | WQ_EXCL };
+        wq *q;
+        if (wq_fault_arm("store.read.record", 3000, WQ_FAULT_STOP) != 0)
+            _exit(91);
+        out->rc = wq_open(name, &o, &q);
+        snprintf(out->why, sizeof out->why, "%s", wq_last_error());
+        uint64_t rss;
+        if (out->rc == 0) {
+            out->len = wq_len(q);
+            char buf[64], k[16];
+            int len, i = 0;
+            while ((len = wq_get(q, buf, sizeof buf, 0)) > 0) {
+                snprintf(k, sizeof k, "p%d", i++);
+                out->in_order += len == (int)strlen(k) && memcmp(buf, k, (size_t)len) == 0;
+                wq_done(q, buf, (size_t)len);
+            }
+            wq_close(q);
+            wq_unlink(name);
+        }
+        out->unlinked_after = unlinked_regions(getpid(), &rss);
+        _exit(0);
+    }
+    pid_t reader = stopped_child(c);
+    if (reader <= 0)
+        fail_msg("the store's reader did not stop at its 3000th record");
+    uint64_t rss = 0, want = 4000 * 64;   /* the entries alone */
+    int n = 0;
+    uint64_t deadline = t_now_ns() + 10000ull * t_scale() * 1000000u;
+    while ((n = unlinked_regions(c, &rss)) != 1 || rss < want) {
+        if (t_now_ns() > deadline)
+            fail_msg("with the reader stopped at record 3000 of 4000, the opener maps %d "
+                     "unlinked region(s), %llu bytes resident (expected 1, at least %llu)",
+                     n, (unsigned long long)rss, (unsigned long long)want);
+        t_sleep_ms(1);
+    }
+    printf("  reader stopped at record 3000: the opener's region is built, %llu KiB "
+           "resident\n", (unsigned long long)rss / 1024);
+    assert_int_equal(kill(reader, SIGCONT), 0);
+    assert_int_equal(t_wait(c, 30000), 0);
+    if (lost) {
+        if (out->rc != -EUCLEAN || !strstr(out->why, store) ||
+            !strstr(out->why, "holds 3999 records, its meta record says 4000"))
+            fail_msg("restore of a store that lost a record: %d (%s), \"%s\"", out->rc,
+                     wq_strerror(out->rc), out->why);
+        T_EXPECT_NO_SHM(name, "after a refused restore");
+    } else {
+        if (out->rc != 0)
+            fail_msg("restore: %s (%s)", wq_strerror(out->rc), out->why);
+        assert_int_equal(out->len, 4000);
+        assert_int_equal(out->in_order, 4000);
+    }
+    assert_int_equal(out->unlinked_after, 0);
+    t_shared_free(out, sizeof *out);
+}
+
+static void test_region_while_read(void **state)
+{
+    (void)state;
+    region_while_read(false);
+    region_while_read(true);
+}
+
 static void test_store_path_is_file(void **state)
 {
     (void)state;
@@ -997,6 +1152,7 @@ int main(void)
         T_STORE_TEST(test_shared_store_mode),
         T_STORE_TEST(test_refused_write_not_queued),
         T_STORE_TEST(test_refused_write_carried),
+        T_STORE_TEST(test_region_while_read),
         T_STORE_TEST(test_options),
         T_NO_LEFTOVERS,
     };

@@ -639,16 +639,211 @@ static const char *qname(const char *path)
     return strncmp(base, SHM_PREFIX, n) == 0 ? base + n : path;
 }
 
+/* A region being built: an unnamed file in SHM_DIR, mapped whole. */
+struct build {
+    int fd;
+    char tmpname[WQ_REGION_PATH_MAX + 32];
+    unsigned char *base;
+    struct wq_geom g;
+};
+
+static void build_close(struct build *b)
+{
+    if (b->base)
+        munmap(b->base, b->g.total_size);
+    if (b->tmpname[0])
+        unlink(b->tmpname);
+    if (b->fd >= 0)
+        close(b->fd);
+    b->base = NULL;
+    b->tmpname[0] = 0;
+    b->fd = -1;
+}
+
+/* Make, size, reserve, map and initialise a region of geometry g for
+   queue `path`; quiet: leave wq_last_error alone (a try that the caller
+   repeats, loudly, if it fails). */
+static int build_open(struct build *b, const char *path, const struct wq_geom *g, mode_t mode,
+                      bool quiet)
+{
+    b->g = *g;
+    if (getrandom(&b->g.hash_seed, sizeof b->g.hash_seed, 0) != sizeof b->g.hash_seed)
+        b->g.hash_seed = wq__now_real() ^ ((uint64_t)getpid() << 32);
+#ifdef WQ_FAULT_INJECTION
+    /* Crash tests count how often a point is reached; index layout, and
+       so the number of backward shifts, depends on the seed. */
+    const char *fixed = getenv("WQ_FAULT_HASH_SEED");
+    if (fixed)
+        b->g.hash_seed = strtoull(fixed, NULL, 0);
+#endif
+    b->g.created_ns = wq__now_real();
+    b->base = NULL;
+    int rc = b->fd = create_tmp(mode, b->tmpname, sizeof b->tmpname);
+    if (rc < 0) {
+        if (!quiet)
+            wq__errf("queue '%s': cannot make its region in %s: %s", qname(path), SHM_DIR,
+                     rc == -ENOSPC ? "no room left (no free inode)" : strerror(-rc));
+        return rc;
+    }
+    if (ftruncate(b->fd, (off_t)g->total_size) < 0) {
+        rc = errno == EFBIG || errno == EINVAL ? -ENOSPC : -errno;
+        if (!quiet)
+            wq__errf("queue '%s': cannot size its region in %s (%llu bytes): %s",
+                     qname(path), SHM_DIR, (unsigned long long)g->total_size, strerror(errno));
+        goto fail;
+    }
+    rc = reserve_fixed(b->fd, g);
+    if (rc != 0) {
+        /* Not "queue is full": the queue does not exist yet. */
+        struct statvfs vfs;
+        if (quiet)
+            ;
+        else if (rc == -ENOSPC && fstatvfs(b->fd, &vfs) == 0)
+            wq__errf("queue '%s': no room in %s for its region: it needs %llu "
+                     "bytes, %llu are free", qname(path), SHM_DIR,
+                     (unsigned long long)fixed_bytes(g),
+                     (unsigned long long)vfs.f_bavail * vfs.f_frsize);
+        else
+            wq__errf("queue '%s': cannot reserve its region in %s (%llu bytes): %s",
+                     qname(path), SHM_DIR, (unsigned long long)fixed_bytes(g),
+                     strerror(-rc));
+        goto fail;
+    }
+    void *base = mmap(NULL, g->total_size, PROT_READ | PROT_WRITE, MAP_SHARED, b->fd, 0);
+    if (base == MAP_FAILED) {
+        rc = -errno;
+        goto fail;
+    }
+    b->base = base;
+    if ((rc = init_region(b->base, &b->g)) == 0)
+        return 0;
+fail:
+    build_close(b);
+    return rc;
+}
+
+/* A view of a region being built, for the restore to fill (restoring:
+   nobody else can be restoring into it, and no key comes back twice). */
+static void build_view(struct build *b, shmq *view, const char *path)
+{
+    memset(view, 0, sizeof *view);
+    map_view(view, b->base, b->g.total_size, &((struct wq_hdr *)b->base)->g, b->fd);
+    wq__region_bounds_load(view);   /* the first index */
+    snprintf(view->pub.name, sizeof view->pub.name, "%s", qname(path));
+    view->restoring = true;
+}
+
+/* The geometry of a queue with options eff (and the store at abs). */
+static int geom_of(struct wq_options *eff, const char *abs, struct wq_geom *g, mode_t *mode)
+{
+    struct wq_conf c;
+    int rc = wq__options_resolve(eff, &c);
+    if (rc == 0)
+        rc = wq__geometry(g, &c);
+    if (rc == 0 && c.has_store)
+        memcpy(g->store_path, abs, sizeof g->store_path);
+    *mode = (mode_t)c.mode;
+    return rc;
+}
+
+/*
+ * A restore's region, built early. Restoring 1e6 keys writes some 90 MB
+ * of new pages, and in a VM the first write to each page costs several
+ * microseconds (the host maps it): 0.15-0.2 s on this project's machine,
+ * a third of the restore. The store is read by a child process meanwhile,
+ * and the parent, checking what it reads, waits for it most of the time.
+ * So once the meta record has arrived, the parent builds the region the
+ * store's settings ask for, reserves room for the keys the meta counts,
+ * and writes each page of it in those waits (read.h, `in_wait`). If the
+ * store then passes and its settings give the same geometry, the restore
+ * fills that region; otherwise it is thrown away, unseen, and the region
+ * is built as before. Nothing here is reported: a failure only means the
+ * region is built later, where its failures are reported.
+ */
+struct early {
+    const char *path;
+    const struct wq_options *opts;   /* before the store's settings */
+    const char *abs;
+    struct build b;
+    struct wq_geom g;                /* as computed: no seed, no time */
+    shmq view;
+    bool tried, ok;
+    unsigned part;                   /* touching areas[part] */
+    uint64_t at;                     /* its next byte to touch */
+    struct span { unsigned char *p; uint64_t len; } areas[7];
+};
+
+static void early_try(struct early *e, const struct wq_store_img *img)
+{
+    struct wq_options eff = *e->opts;
+    mode_t mode;
+    e->tried = true;
+    if (img->meta.version < 2 || img->meta.records == 0 ||
+        wq__store_options(&eff, &img->meta) < 0 || geom_of(&eff, e->abs, &e->g, &mode) < 0 ||
+        build_open(&e->b, e->path, &e->g, mode, true) < 0) {
+        wq__err_clear();   /* said again, if it matters, when built as before */
+        return;
+    }
+    build_view(&e->b, &e->view, e->path);
+    shmq *q = &e->view;
+    uint32_t n = img->meta.records < q->capacity ? (uint32_t)img->meta.records : q->capacity;
+    /* The restore's own first step: room for every key at once. */
+    if (wq__entry_room(q, n) < 0) {
+        wq__err_clear();
+        build_close(&e->b);
+        return;
+    }
+    unsigned i = 0;
+    e->areas[i++] = (struct span){ q->entries, (uint64_t)n * q->entry_size };
+    e->areas[i++] = (struct span){ (unsigned char *)q->index,
+                                          (uint64_t)q->index_slots * sizeof *q->index };
+    e->areas[i++] = (struct span){ (unsigned char *)q->heap, (uint64_t)n * 4 };
+    if (q->fair) {
+        e->areas[i++] = (struct span){ (unsigned char *)q->fx, (uint64_t)n * sizeof *q->fx };
+        e->areas[i++] = (struct span){ (unsigned char *)q->fheap_p, (uint64_t)n * 4 };
+        e->areas[i++] = (struct span){ (unsigned char *)q->fheap_a, (uint64_t)n * 4 };
+    } else {
+        e->areas[i++] = (struct span){ (unsigned char *)q->ring,
+                                              (uint64_t)q->ring_slots * sizeof *q->ring };
+    }
+    e->ok = true;
+}
+
+static bool early_wait(void *arg, const struct wq_store_img *img)
+{
+    struct early *e = arg;
+    if (!e->tried) {
+        if (!img->has_meta)
+            return false;
+        early_try(e, img);
+        return true;
+    }
+    /* About a millisecond of page writes. A write, not a read: a read
+       maps the page read-only, and the restore's write faults again.
+       An atomic or of 0 writes without changing a byte. */
+    for (unsigned pages = 0; e->ok && pages < 128 && e->part < 7; pages++) {
+        if (e->at >= e->areas[e->part].len) {
+            e->part++;
+            e->at = 0;
+            continue;
+        }
+        __atomic_fetch_or(e->areas[e->part].p + e->at, 0, __ATOMIC_RELAXED);
+        e->at += 4096;
+    }
+    return e->ok && e->part < 7;
+}
+
 /* Build a new region from the options (and its store) and link it at
    path: -EEXIST if one appeared meanwhile. */
 int wq__region_create(const char *path, const struct wq_options *opts)
 {
     struct wq_geom g;
-    struct wq_conf c;
-    char tmpname[WQ_REGION_PATH_MAX + 32];
     char abs[sizeof g.store_path] = { 0 };
     struct wq_options eff = *opts;
     struct wq_store_img img;
+    struct build b = { .fd = -1 };
+    struct early e = { .path = path, .abs = abs, .b = { .fd = -1 } };
+    mode_t mode;
     int rc;
     memset(&img, 0, sizeof img);
 #ifdef WQ_FAULT_INJECTION
@@ -660,83 +855,43 @@ int wq__region_create(const char *path, const struct wq_options *opts)
         eff.tenant_sep = -1;
     }
 #endif
+    struct wq_options asked = eff;
+    e.opts = &asked;
+    img.in_wait = early_wait;
+    img.in_wait_arg = &e;
     if (opts->store_path &&
         (rc = wq__store_prepare(&eff, &eff, abs, sizeof abs, &img)) < 0)
-        goto out_img;
-    if ((rc = wq__options_resolve(&eff, &c)) < 0 || (rc = wq__geometry(&g, &c)) < 0)
-        goto out_img;
-    if (c.has_store)
-        memcpy(g.store_path, abs, sizeof g.store_path);
-    if (getrandom(&g.hash_seed, sizeof g.hash_seed, 0) != sizeof g.hash_seed)
-        g.hash_seed = wq__now_real() ^ ((uint64_t)getpid() << 32);
-#ifdef WQ_FAULT_INJECTION
-    /* Crash tests count how often a point is reached; index layout, and
-       so the number of backward shifts, depends on the seed. */
-    const char *fixed = getenv("WQ_FAULT_HASH_SEED");
-    if (fixed)
-        g.hash_seed = strtoull(fixed, NULL, 0);
-#endif
-    g.created_ns = wq__now_real();
-
-    int fd = create_tmp((mode_t)c.mode, tmpname, sizeof tmpname);
-    if (fd < 0) {
-        rc = fd;
-        wq__errf("queue '%s': cannot make its region in %s: %s", qname(path), SHM_DIR,
-                 rc == -ENOSPC ? "no room left (no free inode)" : strerror(-rc));
-        goto out_img;
-    }
-    if (ftruncate(fd, (off_t)g.total_size) < 0) {
-        rc = errno == EFBIG || errno == EINVAL ? -ENOSPC : -errno;
-        wq__errf("queue '%s': cannot size its region in %s (%llu bytes): %s",
-                 qname(path), SHM_DIR, (unsigned long long)g.total_size, strerror(errno));
         goto out;
-    }
-    rc = reserve_fixed(fd, &g);
-    if (rc != 0) {
-        /* Not "queue is full": the queue does not exist yet. */
-        struct statvfs vfs;
-        if (rc == -ENOSPC && fstatvfs(fd, &vfs) == 0)
-            wq__errf("queue '%s': no room in %s for its region: it needs %llu "
-                     "bytes, %llu are free", qname(path), SHM_DIR,
-                     (unsigned long long)fixed_bytes(&g),
-                     (unsigned long long)vfs.f_bavail * vfs.f_frsize);
-        else
-            wq__errf("queue '%s': cannot reserve its region in %s (%llu bytes): %s",
-                     qname(path), SHM_DIR, (unsigned long long)fixed_bytes(&g),
-                     strerror(-rc));
+    if ((rc = geom_of(&eff, abs, &g, &mode)) < 0)
         goto out;
+    shmq view;
+    if (e.ok && memcmp(&e.g, &g, sizeof g) == 0) {
+        b = e.b;   /* what the store's settings ask for, built while it was read */
+        e.b = (struct build){ .fd = -1 };
+        view = e.view;
+    } else {
+        build_close(&e.b);
+        if ((rc = build_open(&b, path, &g, mode, false)) < 0)
+            goto out;
+        if (g.has_store)
+            build_view(&b, &view, path);
     }
-    void *base = mmap(NULL, g.total_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (base == MAP_FAILED) {
-        rc = -errno;
-        goto out;
-    }
-    rc = init_region(base, &g);
-    if (rc == 0 && g.has_store) {
-        /* Restore before anyone can see the region: nobody else can be
-           restoring into it, and no key comes back twice. */
-        shmq view;
-        memset(&view, 0, sizeof view);
-        map_view(&view, base, g.total_size, &((struct wq_hdr *)base)->g, fd);
-        wq__region_bounds_load(&view);   /* the first index */
-        snprintf(view.pub.name, sizeof view.pub.name, "%s", qname(path));
-        view.restoring = true;
+    if (g.has_store) {
         rc = img.has_meta ? wq__store_restore(&view, &img) : 0;
         if (rc > 0)
             view.hdr->restored = (uint64_t)rc;
         if (rc >= 0)   /* the meta current, a version 1 store rewritten */
             rc = wq__store_init_meta(&view.g, &img);
     }
-    munmap(base, g.total_size);
-    if (rc < 0)
-        goto out;
-    rc = publish(fd, tmpname, path);
-    tmpname[0] = 0;
+    munmap(b.base, b.g.total_size);
+    b.base = NULL;
+    if (rc >= 0) {
+        rc = publish(b.fd, b.tmpname, path);
+        b.tmpname[0] = 0;
+    }
 out:
-    if (tmpname[0])
-        unlink(tmpname);
-    close(fd);
-out_img:
+    build_close(&b);
+    build_close(&e.b);
     wq__store_img_free(&img);
     return rc;
 }

@@ -408,6 +408,8 @@ static int run_child(const char *dir, int fd, const unsigned char *from, struct 
                      (unsigned long long)(stall / 1000000ull));
             return -EUCLEAN;
         }
+        if (f->img->in_wait && f->img->in_wait(f->img->in_wait_arg, f->img))
+            continue;   /* that was the wait */
         struct timespec ts = { 0, spin < 100 ? 100000 : 2000000 };
         nanosleep(&ts, NULL);
     }

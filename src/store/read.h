@@ -52,6 +52,11 @@ struct wq_store_img {
     bool salvage;                  /* drop what fails instead of failing */
     wq_report_fn report;           /* salvage: one line per finding */
     void *report_arg;
+    /* Called while the reader waits for the child's next output: one
+       short piece of work (about a millisecond), true if it did some.
+       wq_open builds the new region there (region.c, `early`). */
+    bool (*in_wait)(void *arg, const struct wq_store_img *img);
+    void *in_wait_arg;
     /* out: */
     bool has_meta, bad_meta;
     struct wq_meta meta;

@@ -89,6 +89,14 @@ static void options_from_meta(struct wq_options *eff, const struct wq_meta *m)
     }
 }
 
+int wq__store_options(struct wq_options *eff, const struct wq_meta *m)
+{
+    options_from_meta(eff, m);
+    /* The stored settings obey the options' rules, or the store is not
+       one we wrote: refuse it before a region is built from it. */
+    return wq__options_check(eff) < 0 ? -EUCLEAN : 0;
+}
+
 static int store_err(int rc, const char *dir, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 static int store_err(int rc, const char *dir, const char *fmt, ...)
@@ -248,13 +256,9 @@ int wq__store_prepare(const struct wq_options *o, struct wq_options *eff, char *
         if (restore)
             return store_err(-ENODATA, abs, "holds no store (data.mdb holds no queue): "
                              "nothing to restore");
-    } else {
-        options_from_meta(eff, &img->meta);
-        /* The stored settings obey the options' rules, or the store is
-           not one we wrote: refuse it before a region is built from it. */
-        if (wq__options_check(eff) < 0)
-            return store_err(-EUCLEAN, abs, "its meta record holds settings wq_open "
-                             "would refuse");
+    } else if (wq__store_options(eff, &img->meta) < 0) {
+        return store_err(-EUCLEAN, abs, "its meta record holds settings wq_open "
+                         "would refuse");
     }
     return env_open(abs, mode);   /* sound: now this process may open it */
 }

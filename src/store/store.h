@@ -24,6 +24,7 @@ struct wq_shm;
 struct wq_geom;
 struct wq_options;
 struct wq_store_img;
+struct wq_meta;
 
 /* store.c. Lock and busy held: the entry's store record is out of date. */
 void wq__store_mark(struct wq_shm *q, uint32_t idx);
@@ -59,6 +60,11 @@ int wq__store_finish_add(struct wq_shm *q, const struct iovec *all, size_t nall,
    with wq_last_error saying why, for a damaged or foreign store. */
 int wq__store_prepare(const struct wq_options *o, struct wq_options *eff, char *abs,
                       size_t abslen, struct wq_store_img *img);
+/* The options a restore of a store with meta record m takes: eff's,
+   with what they leave 0 from m (wq__store_prepare does this once the
+   store has passed; a region built while it is read does it earlier).
+   -EUCLEAN if the result breaks wq_open's rules. */
+int wq__store_options(struct wq_options *eff, const struct wq_meta *m);
 /* Write the meta record of a (new or restored) queue, and the marker. */
 int wq__store_init_meta(const struct wq_geom *g, const struct wq_store_img *img);
 /* Fill a region nobody else sees yet from the store read by prepare:
