@@ -23,6 +23,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <lmdb.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -726,14 +727,23 @@ static void test_refused_write_carried(void **state)
     t_close(q);
 }
 
+/* The shm directory, as the kernel names its files in /proc. */
+static const char *shm_dir(void)
+{
+    static char dir[PATH_MAX];
+    const char *d = getenv("WQ_SHM_DIR");
+    if (!realpath(d && d[0] ? d : "/dev/shm", dir))
+        fail_msg("realpath of the shm directory: %s", strerror(errno));
+    return dir;
+}
+
 /* A process's mappings of a region not yet linked (an O_TMPFILE, or the
    named temporary where there is none, in the shm directory): how many,
-   and their resident bytes, from /proc/<pid>/smaps. */
-static int unlinked_regions(pid_t pid, uint64_t *rss)
+   their resident bytes and the last one's inode, from /proc/<pid>/smaps. */
+static int unlinked_regions(pid_t pid, uint64_t *rss, unsigned long *ino)
 {
-    char path[64], line[512], dir[300];
-    const char *d = getenv("WQ_SHM_DIR");
-    snprintf(dir, sizeof dir, "%s/", d && d[0] ? d : "/dev/shm");
+    char path[64], line[PATH_MAX + 128], dir[PATH_MAX + 2];
+    snprintf(dir, sizeof dir, "%s/", shm_dir());
     snprintf(path, sizeof path, "/proc/%d/smaps", (int)pid);
     FILE *f = fopen(path, "r");
     int n = 0;
@@ -741,12 +751,14 @@ static int unlinked_regions(pid_t pid, uint64_t *rss)
     *rss = 0;
     while (f && fgets(line, sizeof line, f)) {
         unsigned long long kb;
+        unsigned long lo, hi, i;
         char *p = strstr(line, dir);
-        if (strchr(line, '-') && strchr(line, '-') < strchr(line, ' ') &&
-            strspn(line, "0123456789abcdef") == (size_t)(strchr(line, '-') - line)) {
-            /* a mapping's first line: address range, ..., path */
+        if (sscanf(line, "%lx-%lx %*s %*s %*s %lu", &lo, &hi, &i) == 3) {
+            /* a mapping's first line: range, perms, offset, device, inode, path */
             in = p && (p[strlen(dir)] == '#' || strncmp(p + strlen(dir), ".wq-tmp.", 8) == 0);
             n += in;
+            if (in)
+                *ino = i;
         } else if (in && sscanf(line, "Rss: %llu kB", &kb) == 1) {
             *rss += kb * 1024;
         }
@@ -778,7 +790,7 @@ static pid_t stopped_child(pid_t parent)
             buf[len] = 0;
             char *rp = strrchr(buf, ')');   /* the name may hold anything */
             if (rp && sscanf(rp + 1, " %c %d", &st, &ppid) == 2 && ppid == parent &&
-                st == 'T') {
+                (st == 'T' || st == 't')) {
                 closedir(dp);
                 return pid;
             }
@@ -797,8 +809,8 @@ static pid_t stopped_child(pid_t parent)
  * it counts. Here the reader stops at its 3000th record of 4000
  * (WQ_FAULT_STOP): the opener must by then map an unlinked region with
  * the room for 4000 entries resident. Then the reader goes on and:
- *   - sound store: the restore fills that region: all 4000 keys, in
- *     first-add order;
+ *   - sound store: the restore fills that region (the queue's region is
+ *     that file: the same inode): all 4000 keys, in first-add order;
  *   - a record lost (meta says 4000, 3999 found): the restore fails with
  *     the store's own message, the early region is gone from the opener
  *     (no mapping left) and nothing is in the shm directory.
@@ -807,6 +819,7 @@ struct early_out {
     int rc;
     char why[512];
     int len, in_order, unlinked_after;
+    unsigned long ino;   /* the queue's region, once linked */
 };
 
 static void region_while_read(bool lost)
@@ -821,12 +834,20 @@ static void region_while_read(bool lost)
     if (c == 0) {
         struct wq_options o = { .store_path = store, .flags = WQ_CREATE | WQ_EXCL };
         wq *q;
+        /* The reader is stopped for as long as the test needs, under
+           valgrind too: not a hung walk. */
+        setenv("WQ_TEST_STALL_MS", "600000", 1);
         if (wq_fault_arm("store.read.record", 3000, WQ_FAULT_STOP) != 0)
             _exit(91);
         out->rc = wq_open(name, &o, &q);
         snprintf(out->why, sizeof out->why, "%s", wq_last_error());
         uint64_t rss;
+        unsigned long ino;
         if (out->rc == 0) {
+            char path[PATH_MAX + 64];
+            struct stat sb;
+            snprintf(path, sizeof path, "%s/wq.%s", shm_dir(), name);
+            out->ino = stat(path, &sb) == 0 ? (unsigned long)sb.st_ino : 0;
             out->len = wq_len(q);
             char buf[64], k[16];
             int len, i = 0;
@@ -838,16 +859,17 @@ static void region_while_read(bool lost)
             wq_close(q);
             wq_unlink(name);
         }
-        out->unlinked_after = unlinked_regions(getpid(), &rss);
+        out->unlinked_after = unlinked_regions(getpid(), &rss, &ino);
         _exit(0);
     }
     pid_t reader = stopped_child(c);
     if (reader <= 0)
         fail_msg("the store's reader did not stop at its 3000th record");
     uint64_t rss = 0, want = 4000 * 64;   /* the entries alone */
+    unsigned long early = 0;
     int n = 0;
     uint64_t deadline = t_now_ns() + 10000ull * t_scale() * 1000000u;
-    while ((n = unlinked_regions(c, &rss)) != 1 || rss < want) {
+    while ((n = unlinked_regions(c, &rss, &early)) != 1 || rss < want) {
         if (t_now_ns() > deadline)
             fail_msg("with the reader stopped at record 3000 of 4000, the opener maps %d "
                      "unlinked region(s), %llu bytes resident (expected 1, at least %llu)",
@@ -867,6 +889,9 @@ static void region_while_read(bool lost)
     } else {
         if (out->rc != 0)
             fail_msg("restore: %s (%s)", wq_strerror(out->rc), out->why);
+        if (out->ino != early)
+            fail_msg("the queue's region is inode %lu, the one built while the store was "
+                     "read %lu", out->ino, early);
         assert_int_equal(out->len, 4000);
         assert_int_equal(out->in_order, 4000);
     }

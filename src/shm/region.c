@@ -227,6 +227,18 @@ int wq__region_validate(const struct wq_geom *g, uint64_t file_size)
     return 0;
 }
 
+/* A new region's times: when it was made, and its first reap, snapshot
+   and tokens counted from then. Again when a region built early (while
+   its store was read) is filled: its life starts there. */
+static void stamp_region(struct wq_hdr *h)
+{
+    h->g.created_ns = wq__now_real();
+    h->last_reap_ns = wq__now_mono();
+    h->next_snapshot_ns = h->last_reap_ns + (uint64_t)h->g.snapshot_ms * 1000000ull;
+    wq__limiter_init(h);
+    h->g.checksum = wq__fnv1a(&h->g, offsetof(struct wq_geom, checksum));
+}
+
 /* A fresh (zero-filled) region's initial state; -errno if a lock cannot
    be made robust and process-shared (nothing is published then). */
 static int init_region(unsigned char *base, const struct wq_geom *g)
@@ -250,10 +262,7 @@ static int init_region(unsigned char *base, const struct wq_geom *g)
     h->e_fresh = 0;
     h->index_at = wq__index_size(g->index_max, 0);   /* area 0 */
     h->ring_at = wq__ring_size(g->capacity, 0);
-    h->last_reap_ns = wq__now_mono();
-    h->next_snapshot_ns = h->last_reap_ns + (uint64_t)g->snapshot_ms * 1000000ull;
-    wq__limiter_init(h);
-    h->g.checksum = wq__fnv1a(&h->g, offsetof(struct wq_geom, checksum));
+    stamp_region(h);
     return 0;
 }
 
@@ -676,7 +685,6 @@ static int build_open(struct build *b, const char *path, const struct wq_geom *g
     if (fixed)
         b->g.hash_seed = strtoull(fixed, NULL, 0);
 #endif
-    b->g.created_ns = wq__now_real();
     b->base = NULL;
     int rc = b->fd = create_tmp(mode, b->tmpname, sizeof b->tmpname);
     if (rc < 0) {
@@ -696,14 +704,13 @@ static int build_open(struct build *b, const char *path, const struct wq_geom *g
     if (rc != 0) {
         /* Not "queue is full": the queue does not exist yet. */
         struct statvfs vfs;
-        if (quiet)
-            ;
-        else if (rc == -ENOSPC && fstatvfs(b->fd, &vfs) == 0)
+        bool full = rc == -ENOSPC && !quiet && fstatvfs(b->fd, &vfs) == 0;
+        if (full)
             wq__errf("queue '%s': no room in %s for its region: it needs %llu "
                      "bytes, %llu are free", qname(path), SHM_DIR,
                      (unsigned long long)fixed_bytes(g),
                      (unsigned long long)vfs.f_bavail * vfs.f_frsize);
-        else
+        else if (!quiet)
             wq__errf("queue '%s': cannot reserve its region in %s (%llu bytes): %s",
                      qname(path), SHM_DIR, (unsigned long long)fixed_bytes(g),
                      strerror(-rc));
@@ -737,28 +744,36 @@ static void build_view(struct build *b, shmq *view, const char *path)
 static int geom_of(struct wq_options *eff, const char *abs, struct wq_geom *g, mode_t *mode)
 {
     struct wq_conf c;
+    struct wq_geom out;
     int rc = wq__options_resolve(eff, &c);
     if (rc == 0)
-        rc = wq__geometry(g, &c);
-    if (rc == 0 && c.has_store)
-        memcpy(g->store_path, abs, sizeof g->store_path);
+        rc = wq__geometry(&out, &c);
+    if (rc < 0)
+        return rc;
+    if (c.has_store)
+        memcpy(out.store_path, abs, sizeof out.store_path);
+    *g = out;
     *mode = (mode_t)c.mode;
-    return rc;
+    return 0;
 }
 
 /*
  * A restore's region, built early. Restoring 1e6 keys writes some 90 MB
  * of new pages, and in a VM the first write to each page costs several
- * microseconds (the host maps it): 0.15-0.2 s on this project's machine,
- * a third of the restore. The store is read by a child process meanwhile,
- * and the parent, checking what it reads, waits for it most of the time.
- * So once the meta record has arrived, the parent builds the region the
- * store's settings ask for, reserves room for the keys the meta counts,
- * and writes each page of it in those waits (read.h, `in_wait`). If the
- * store then passes and its settings give the same geometry, the restore
- * fills that region; otherwise it is thrown away, unseen, and the region
- * is built as before. Nothing here is reported: a failure only means the
- * region is built later, where its failures are reported.
+ * microseconds even once mapped (the host maps it then): 0.15-0.2 s on
+ * this project's 2-vCPU VM, a third of the restore. The store is read by
+ * a child process meanwhile, and the parent, checking what it reads,
+ * often waits for it. So once the meta record has arrived, the parent
+ * builds the region the store's settings ask for, unlinked, with room for
+ * the keys the meta counts (reserved and mapped in one call, as the
+ * restore's own first step does), and writes each of those pages in the
+ * reader's waits (read.h, `in_wait`). If the store then passes and its
+ * settings give the same geometry, the restore fills that region;
+ * otherwise it is thrown away, never seen by anyone, and the region is
+ * built as before. A store refused meanwhile costs at most a region the
+ * size its data file can account for (see early_try). Nothing here is
+ * reported: a failure only means the region is built later, where its
+ * failures are reported.
  */
 struct early {
     const char *path;
@@ -768,45 +783,64 @@ struct early {
     struct wq_geom g;                /* as computed: no seed, no time */
     shmq view;
     bool tried, ok;
-    unsigned part;                   /* touching areas[part] */
+    unsigned nareas, part;           /* touching areas[part] */
     uint64_t at;                     /* its next byte to touch */
-    struct span { unsigned char *p; uint64_t len; } areas[7];
+    struct span { unsigned char *p; uint64_t len; } areas[6];
 };
 
-static void early_try(struct early *e, const struct wq_store_img *img)
+static bool early_build(struct early *e, const struct wq_store_img *img)
 {
     struct wq_options eff = *e->opts;
+    struct stat sb;
+    char data[sizeof e->g.store_path + 16];
     mode_t mode;
-    e->tried = true;
-    if (img->meta.version < 2 || img->meta.records == 0 ||
+    /* An unverified count: at most what data.mdb could hold (each record
+       takes its LMDB key and its header there at least), so a store that
+       lies costs no more than its own size before it is refused. */
+    snprintf(data, sizeof data, "%s/data.mdb", e->abs);
+    if (img->meta.version < WQ_STORE_VERSION || img->meta.records == 0 ||
+        stat(data, &sb) < 0 ||
+        img->meta.records > (uint64_t)sb.st_size / (10 + sizeof(struct wq_rec)) ||
         wq__store_options(&eff, &img->meta) < 0 || geom_of(&eff, e->abs, &e->g, &mode) < 0 ||
-        build_open(&e->b, e->path, &e->g, mode, true) < 0) {
-        wq__err_clear();   /* said again, if it matters, when built as before */
-        return;
-    }
+        build_open(&e->b, e->path, &e->g, mode, true) < 0)
+        return false;
     build_view(&e->b, &e->view, e->path);
     shmq *q = &e->view;
     uint32_t n = img->meta.records < q->capacity ? (uint32_t)img->meta.records : q->capacity;
-    /* The restore's own first step: room for every key at once. */
     if (wq__entry_room(q, n) < 0) {
-        wq__err_clear();
         build_close(&e->b);
-        return;
+        return false;
     }
-    unsigned i = 0;
-    e->areas[i++] = (struct span){ q->entries, (uint64_t)n * q->entry_size };
-    e->areas[i++] = (struct span){ (unsigned char *)q->index,
-                                          (uint64_t)q->index_slots * sizeof *q->index };
-    e->areas[i++] = (struct span){ (unsigned char *)q->heap, (uint64_t)n * 4 };
+    struct span *a = e->areas;
+    *a++ = (struct span){ q->entries, (uint64_t)n * q->entry_size };
+    *a++ = (struct span){ (unsigned char *)q->index,
+                          (uint64_t)q->index_slots * sizeof *q->index };
+    *a++ = (struct span){ (unsigned char *)q->heap, (uint64_t)n * sizeof *q->heap };
     if (q->fair) {
-        e->areas[i++] = (struct span){ (unsigned char *)q->fx, (uint64_t)n * sizeof *q->fx };
-        e->areas[i++] = (struct span){ (unsigned char *)q->fheap_p, (uint64_t)n * 4 };
-        e->areas[i++] = (struct span){ (unsigned char *)q->fheap_a, (uint64_t)n * 4 };
+        *a++ = (struct span){ (unsigned char *)q->fx, (uint64_t)n * sizeof *q->fx };
+        *a++ = (struct span){ (unsigned char *)q->fheap_p, (uint64_t)n * sizeof *q->fheap_p };
+        *a++ = (struct span){ (unsigned char *)q->fheap_a, (uint64_t)n * sizeof *q->fheap_a };
     } else {
-        e->areas[i++] = (struct span){ (unsigned char *)q->ring,
-                                              (uint64_t)q->ring_slots * sizeof *q->ring };
+        *a++ = (struct span){ (unsigned char *)q->ring,
+                              (uint64_t)q->ring_slots * sizeof *q->ring };
     }
-    e->ok = true;
+    e->nareas = (unsigned)(a - e->areas);
+    return true;
+}
+
+static void early_try(struct early *e, const struct wq_store_img *img)
+{
+    /* Quiet: whatever the calls below report is said again, if it
+       matters, when the region is built as before. */
+    char said[512];
+    snprintf(said, sizeof said, "%s", wq_last_error());
+    e->tried = true;
+    e->ok = early_build(e, img);
+    if (strcmp(said, wq_last_error()) != 0) {
+        wq__err_clear();
+        if (said[0])
+            wq__errf("%s", said);
+    }
 }
 
 static bool early_wait(void *arg, const struct wq_store_img *img)
@@ -818,10 +852,12 @@ static bool early_wait(void *arg, const struct wq_store_img *img)
         early_try(e, img);
         return true;
     }
-    /* About a millisecond of page writes. A write, not a read: a read
-       maps the page read-only, and the restore's write faults again.
-       An atomic or of 0 writes without changing a byte. */
-    for (unsigned pages = 0; e->ok && pages < 128 && e->part < 7; pages++) {
+    /* Page writes for about the 100 us the reader would sleep (it checks
+       what the child wrote meanwhile first). A write, not a read: a read
+       maps the page read-only, and the restore's write faults again. An
+       atomic or of 0 writes without changing a byte. */
+    uint64_t until = wq__now_mono() + 100000;
+    for (unsigned pages = 0; e->ok && e->part < e->nareas; pages++) {
         if (e->at >= e->areas[e->part].len) {
             e->part++;
             e->at = 0;
@@ -829,8 +865,10 @@ static bool early_wait(void *arg, const struct wq_store_img *img)
         }
         __atomic_fetch_or(e->areas[e->part].p + e->at, 0, __ATOMIC_RELAXED);
         e->at += 4096;
+        if (pages % 8 == 7 && wq__now_mono() >= until)
+            break;
     }
-    return e->ok && e->part < 7;
+    return e->ok && e->part < e->nareas;
 }
 
 /* Build a new region from the options (and its store) and link it at
@@ -865,10 +903,13 @@ int wq__region_create(const char *path, const struct wq_options *opts)
     if ((rc = geom_of(&eff, abs, &g, &mode)) < 0)
         goto out;
     shmq view;
+    memset(&view, 0, sizeof view);
     if (e.ok && memcmp(&e.g, &g, sizeof g) == 0) {
         b = e.b;   /* what the store's settings ask for, built while it was read */
         e.b = (struct build){ .fd = -1 };
         view = e.view;
+        stamp_region(view.hdr);
+        view.g = view.hdr->g;
     } else {
         build_close(&e.b);
         if ((rc = build_open(&b, path, &g, mode, false)) < 0)

@@ -390,6 +390,7 @@ static int run_child(const char *dir, int fd, const unsigned char *from, struct 
             waitpid(pid, &st, 0);
             return -EIO;
         }
+        uint64_t polled = now_ns();
         if ((rc = feed(f, fd, &size, false)) < 0) {
             kill(pid, SIGKILL);
             waitpid(pid, &st, 0);
@@ -408,9 +409,15 @@ static int run_child(const char *dir, int fd, const unsigned char *from, struct 
                      (unsigned long long)(stall / 1000000ull));
             return -EUCLEAN;
         }
-        if (f->img->in_wait && f->img->in_wait(f->img->in_wait_arg, f->img))
-            continue;   /* that was the wait */
+        /* The wait: some of the caller's work (at least 100 us between
+           two looks at the size, which feed relies on), else a sleep. */
         struct timespec ts = { 0, spin < 100 ? 100000 : 2000000 };
+        if (f->img->in_wait && f->img->in_wait(f->img->in_wait_arg, f->img)) {
+            uint64_t took = now_ns() - polled;
+            if (took >= 100000)
+                continue;
+            ts.tv_nsec = (long)(100000 - took);
+        }
         nanosleep(&ts, NULL);
     }
     if ((rc = feed(f, fd, &size, true)) < 0) {   /* what it wrote last */
