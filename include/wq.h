@@ -1050,7 +1050,11 @@ WQ_API int wq_run_workers_opts(wq *q, unsigned workers, wq_reconcile_fn fn, void
  * change; a marker file (libwq-store) says the directory holds a queue.
  * A store no region has vouched for yet is read in a child process, so
  * LMDB tripping over a damaged page kills that child, not the caller, and
- * verified before any region is built from it. A restore therefore
+ * verified before any region built from it can be seen. (While the child
+ * reads, the caller already builds that region, unlinked, from the meta
+ * record's settings and count: its room in /dev/shm is taken then, at
+ * most about twice the size of the store's data file, and given back at
+ * once if the store fails.) A restore therefore
  * brings back every stored record exactly, or fails with -EUCLEAN and
  * names the store and the damage (wq_last_error): a record that fails
  * its checksum, records lost or added, a meta record that is damaged or
