@@ -1053,8 +1053,8 @@ WQ_API int wq_run_workers_opts(wq *q, unsigned workers, wq_reconcile_fn fn, void
  * verified before any region built from it can be seen. (While the child
  * reads, the caller already builds that region, unlinked, from the meta
  * record's settings and count: its room in /dev/shm is taken then, at
- * most about twice the size of the store's data file, and given back at
- * once if the store fails.) A restore therefore
+ * most twice the size of the store's data file plus 4 MiB, and given
+ * back at once if the store fails.) A restore therefore
  * brings back every stored record exactly, or fails with -EUCLEAN and
  * names the store and the damage (wq_last_error): a record that fails
  * its checksum, records lost or added, a meta record that is damaged or

@@ -870,10 +870,12 @@ static void region_while_read(bool lost)
     int n = 0;
     uint64_t deadline = t_now_ns() + 10000ull * t_scale() * 1000000u;
     while ((n = unlinked_regions(c, &rss, &early)) != 1 || rss < want) {
-        if (t_now_ns() > deadline)
+        if (t_now_ns() > deadline) {
+            kill(reader, SIGKILL);   /* not left stopped, holding its read txn */
             fail_msg("with the reader stopped at record 3000 of 4000, the opener maps %d "
                      "unlinked region(s), %llu bytes resident (expected 1, at least %llu)",
                      n, (unsigned long long)rss, (unsigned long long)want);
+        }
         t_sleep_ms(1);
     }
     printf("  reader stopped at record 3000: the opener's region is built, %llu KiB "

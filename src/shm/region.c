@@ -37,6 +37,7 @@
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "shm.h"
@@ -794,19 +795,25 @@ static bool early_build(struct early *e, const struct wq_store_img *img)
     struct stat sb;
     char data[sizeof e->g.store_path + 16];
     mode_t mode;
-    /* An unverified count: at most what data.mdb could hold (each record
-       takes its LMDB key and its header there at least), so a store that
-       lies costs no more than its own size before it is refused. */
     snprintf(data, sizeof data, "%s/data.mdb", e->abs);
     if (img->meta.version < WQ_STORE_VERSION || img->meta.records == 0 ||
-        stat(data, &sb) < 0 ||
-        img->meta.records > (uint64_t)sb.st_size / (10 + sizeof(struct wq_rec)) ||
-        wq__store_options(&eff, &img->meta) < 0 || geom_of(&eff, e->abs, &e->g, &mode) < 0 ||
+        stat(data, &sb) < 0 || wq__store_options(&eff, &img->meta) < 0 ||
+        geom_of(&eff, e->abs, &e->g, &mode) < 0)
+        return false;
+    /* The meta's count and settings are not verified yet: what they ask
+       for must be what the store's own size can account for (a record
+       takes 77 bytes of data.mdb at least, a key 104-136 of the region,
+       index included), so a store that lies costs at most about twice
+       its size before it is refused. */
+    uint32_t n = img->meta.records < e->g.capacity ? (uint32_t)img->meta.records
+                                                   : e->g.capacity;
+    uint64_t per_key = e->g.entry_size + 2 * sizeof(uint32_t) + 4 * sizeof(struct wq_islot) +
+                       ((e->g.flags & WQ_FAIR) ? sizeof(struct wq_fx) + 2 * sizeof(uint32_t) : 0);
+    if (fixed_bytes(&e->g) + (uint64_t)n * per_key > 2 * (uint64_t)sb.st_size + (4u << 20) ||
         build_open(&e->b, e->path, &e->g, mode, true) < 0)
         return false;
     build_view(&e->b, &e->view, e->path);
     shmq *q = &e->view;
-    uint32_t n = img->meta.records < q->capacity ? (uint32_t)img->meta.records : q->capacity;
     if (wq__entry_room(q, n) < 0) {
         build_close(&e->b);
         return false;
@@ -843,6 +850,14 @@ static void early_try(struct early *e, const struct wq_store_img *img)
     }
 }
 
+/* The machine's clock, never the test clock: this times real work. */
+static uint64_t clock_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
 static bool early_wait(void *arg, const struct wq_store_img *img)
 {
     struct early *e = arg;
@@ -856,8 +871,9 @@ static bool early_wait(void *arg, const struct wq_store_img *img)
        what the child wrote meanwhile first). A write, not a read: a read
        maps the page read-only, and the restore's write faults again. An
        atomic or of 0 writes without changing a byte. */
-    uint64_t until = wq__now_mono() + 100000;
-    for (unsigned pages = 0; e->ok && e->part < e->nareas; pages++) {
+    uint64_t until = clock_ns() + 100000;
+    unsigned pages = 0;
+    while (e->ok && e->part < e->nareas) {
         if (e->at >= e->areas[e->part].len) {
             e->part++;
             e->at = 0;
@@ -865,10 +881,10 @@ static bool early_wait(void *arg, const struct wq_store_img *img)
         }
         __atomic_fetch_or(e->areas[e->part].p + e->at, 0, __ATOMIC_RELAXED);
         e->at += 4096;
-        if (pages % 8 == 7 && wq__now_mono() >= until)
+        if (++pages % 8 == 0 && clock_ns() >= until)
             break;
     }
-    return e->ok && e->part < e->nareas;
+    return pages > 0;
 }
 
 /* Build a new region from the options (and its store) and link it at

@@ -411,14 +411,14 @@ static int run_child(const char *dir, int fd, const unsigned char *from, struct 
         }
         /* The wait: some of the caller's work (at least 100 us between
            two looks at the size, which feed relies on), else a sleep. */
-        struct timespec ts = { 0, spin < 100 ? 100000 : 2000000 };
-        if (f->img->in_wait && f->img->in_wait(f->img->in_wait_arg, f->img)) {
-            uint64_t took = now_ns() - polled;
-            if (took >= 100000)
-                continue;
-            ts.tv_nsec = (long)(100000 - took);
-        }
-        nanosleep(&ts, NULL);
+        uint64_t until = polled + (spin < 100 ? 100000 : 2000000);
+        if (f->img->in_wait && f->img->in_wait(f->img->in_wait_arg, f->img))
+            until = polled + 100000;
+        /* To a time, not for one: a signal must not shorten the wait. */
+        struct timespec ts = { (time_t)(until / 1000000000u), (long)(until % 1000000000u) };
+        while (now_ns() < until &&
+               clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
+            ;
     }
     if ((rc = feed(f, fd, &size, true)) < 0) {   /* what it wrote last */
         snprintf(why, wn, "reading its reader's output: %s", strerror(-rc));

@@ -54,8 +54,7 @@ struct wq_store_img {
     void *report_arg;
     /* Called while the reader waits for the child's next output: one
        short piece of work instead of a sleep (about 100 us), true if it
-       did some.
-       wq_open builds the new region there (region.c, `early`). */
+       did some. wq_open builds the new region there (region.c, `early`). */
     bool (*in_wait)(void *arg, const struct wq_store_img *img);
     void *in_wait_arg;
     /* out: */
