@@ -55,6 +55,9 @@ uint32_t wq__hash(uint64_t seed, const void *key, size_t len);
 uint64_t wq__fnv1a(const void *p, size_t n);
 uint64_t wq__hash64(uint64_t seed, const void *key, size_t len);
 uint64_t wq__now_mono(void);
+/* The machine's CLOCK_MONOTONIC in ns, never the test clock: for timing
+   real work and real waits (wq__now_mono is the queue's clock). */
+uint64_t wq__clock_mono(void);
 uint64_t wq__now_real(void);
 int wq__name_ok(const char *name);
 int wq__name_check(const char *name);   /* 0, or -EINVAL and wq_last_error */

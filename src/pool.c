@@ -65,13 +65,6 @@ struct shared {
                                          the reconcile in progress, 0 between */
 };
 
-static uint64_t now_mono(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 /* Finish as f says, getting nothing, or, when the result cannot be kept
    (no room for it: -ENOSPC, the key still processing), at least the done:
    a worker must never walk away holding its key. */
@@ -148,7 +141,7 @@ static void worker_main(wq *q, struct shared *sh, unsigned id, wq_reconcile_fn f
                                             __ATOMIC_SEQ_CST);
             _exit(1);   /* the supervisor restarts us, or gives up */
         }
-        __atomic_store_n(&sh->busy_since[id], now_mono(), __ATOMIC_RELEASE);
+        __atomic_store_n(&sh->busy_since[id], wq__clock_mono(), __ATOMIC_RELEASE);
         reconcile_one(q, key[cur], n, fn, arg, po, &out, &f);
         __atomic_store_n(&sh->busy_since[id], 0, __ATOMIC_RELEASE);
         if (__atomic_load_n(&sh->stop, __ATOMIC_ACQUIRE)) {
@@ -188,7 +181,7 @@ static int spawn(wq *q, struct shared *sh, struct worker *ws, unsigned id,
     if (pid == 0)
         worker_main(q, sh, id, fn, arg, po, orig);
     w->pid = pid;
-    w->started_ns = now_mono();
+    w->started_ns = wq__clock_mono();
     w->restart_at_ns = 0;
     return 0;
 }
@@ -196,7 +189,7 @@ static int spawn(wq *q, struct shared *sh, struct worker *ws, unsigned id,
 /* A worker ended: schedule its replacement unless it left cleanly. */
 static void ended(wq *q, struct worker *w, int status)
 {
-    uint64_t now = now_mono();
+    uint64_t now = wq__clock_mono();
     bool clean = WIFEXITED(status) && WEXITSTATUS(status) == 0;
     w->pid = 0;
     if (clean)
@@ -259,7 +252,7 @@ int wq_run_workers_opts(wq *q, unsigned workers, wq_reconcile_fn fn, void *arg,
     }
     for (;;) {
         unsigned running = 0;
-        uint64_t now = now_mono(), next = now + 100 * 1000 * 1000;
+        uint64_t now = wq__clock_mono(), next = now + 100 * 1000 * 1000;
         bool stopping = wq_shutting_down(q) || __atomic_load_n(&sh->stop, __ATOMIC_ACQUIRE);
         for (unsigned i = 0; i < workers; i++) {
             struct worker *w = &ws[i];

@@ -131,6 +131,13 @@ uint64_t wq__fnv1a(const void *p, size_t n)
 uint64_t wq__test_clock;
 #endif
 
+uint64_t wq__clock_mono(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
 uint64_t wq__now_mono(void)
 {
 #ifdef WQ_FAULT_INJECTION
@@ -138,9 +145,7 @@ uint64_t wq__now_mono(void)
     if (fake)
         return fake;
 #endif
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+    return wq__clock_mono();
 }
 
 uint64_t wq__now_real(void)

@@ -37,7 +37,6 @@
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "shm.h"
@@ -772,7 +771,7 @@ static int geom_of(struct wq_options *eff, const char *abs, struct wq_geom *g, m
  * settings give the same geometry, the restore fills that region;
  * otherwise it is thrown away, never seen by anyone, and the region is
  * built as before. A store refused meanwhile costs at most a region the
- * size its data file can account for (see early_try). Nothing here is
+ * size its data file can account for (see early_build). Nothing here is
  * reported: a failure only means the region is built later, where its
  * failures are reported.
  */
@@ -850,14 +849,6 @@ static void early_try(struct early *e, const struct wq_store_img *img)
     }
 }
 
-/* The machine's clock, never the test clock: this times real work. */
-static uint64_t clock_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 static bool early_wait(void *arg, const struct wq_store_img *img)
 {
     struct early *e = arg;
@@ -871,7 +862,7 @@ static bool early_wait(void *arg, const struct wq_store_img *img)
        what the child wrote meanwhile first). A write, not a read: a read
        maps the page read-only, and the restore's write faults again. An
        atomic or of 0 writes without changing a byte. */
-    uint64_t until = clock_ns() + 100000;
+    uint64_t until = wq__clock_mono() + 100000;
     unsigned pages = 0;
     while (e->ok && e->part < e->nareas) {
         if (e->at >= e->areas[e->part].len) {
@@ -881,7 +872,7 @@ static bool early_wait(void *arg, const struct wq_store_img *img)
         }
         __atomic_fetch_or(e->areas[e->part].p + e->at, 0, __ATOMIC_RELAXED);
         e->at += 4096;
-        if (++pages % 8 == 0 && clock_ns() >= until)
+        if (++pages % 8 == 0 && wq__clock_mono() >= until)
             break;
     }
     return pages > 0;

@@ -318,13 +318,6 @@ static uint64_t stall_ns(void)
     return STALL_NS;
 }
 
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 /* What the parent has read of the children's output so far. */
 struct feed {
     struct wq_store_img *img;
@@ -374,7 +367,7 @@ static int run_child(const char *dir, int fd, const unsigned char *from, struct 
         child_walk(dir, fd, from);
     }
     off_t size, last = -1;
-    uint64_t since = now_ns(), stall = stall_ns();
+    uint64_t since = wq__clock_mono(), stall = stall_ns();
     int st, rc;
     for (unsigned spin = 0;; spin++) {
         pid_t w = waitpid(pid, &st, WNOHANG);
@@ -390,7 +383,7 @@ static int run_child(const char *dir, int fd, const unsigned char *from, struct 
             waitpid(pid, &st, 0);
             return -EIO;
         }
-        uint64_t polled = now_ns();
+        uint64_t polled = wq__clock_mono();
         if ((rc = feed(f, fd, &size, false)) < 0) {
             kill(pid, SIGKILL);
             waitpid(pid, &st, 0);
@@ -399,9 +392,9 @@ static int run_child(const char *dir, int fd, const unsigned char *from, struct 
         }
         if (size != last) {
             last = size;
-            since = now_ns();
+            since = wq__clock_mono();
             spin = 0;
-        } else if (now_ns() - since > stall) {
+        } else if (wq__clock_mono() - since > stall) {
             kill(pid, SIGKILL);
             waitpid(pid, &st, 0);
             f->stalled = true;
@@ -416,7 +409,7 @@ static int run_child(const char *dir, int fd, const unsigned char *from, struct 
             until = polled + 100000;
         /* To a time, not for one: a signal must not shorten the wait. */
         struct timespec ts = { (time_t)(until / 1000000000u), (long)(until % 1000000000u) };
-        while (now_ns() < until &&
+        while (wq__clock_mono() < until &&
                clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
             ;
     }
