@@ -17,6 +17,8 @@
  * change keys; the calls that only look, or act on the queue as a whole,
  * take wq__lock_look, which never registers, so they work with a full
  * table and do not take back a slot given up.
+ * wq__lock_consumer is wq__lock for the calls that take or finish keys
+ * (get, done and their batches): they back off (acquire below).
  * wq__unlock issues the futex wakes the holder owed (wait.c): waking
  * after the unlock means a woken sleeper never blocks on our lock.
  *
@@ -25,6 +27,9 @@
  * and process-shared.
  */
 #include <pthread.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "shm.h"
 
@@ -111,18 +116,78 @@ static void release(shmq *q)
  * tries doubled drain with two consumers and mpmc; 200 was no better and
  * 2000 worse (a spinner that outlasts the holder's time slice only
  * delays it). trylock keeps the robust mutex's EOWNERDEAD path intact.
+ *
+ * Consumers back off instead when work is plentiful (tools/PERFORMANCE.md,
+ * "Consumers that step aside"). Moving the lock between vCPUs costs more
+ * than what it guards: one cache line crosses this VM's vCPUs in about
+ * 220 ns, a whole get and done in one process take about 300 ns, and a
+ * hand-off moves the lock, the header, the ring and the entry. Two
+ * consumers taking turns key by key ran at 0.3x of one. So a consumer
+ * that finds the lock taken while at least BACKOFF_DEPTH keys are queued
+ * tries BACKOFF_TRIES times, then naps and tries again, up to NAPS times
+ * (NAP_NS asked; with Linux's default 50 us timer slack a nap lasts about
+ * 190 us on that VM, 4 ms in all), then spins and blocks as above.
+ * Meanwhile the holder takes the lock again and again from its own cache,
+ * at one process's speed, without a wake to pay: a napper is not a futex
+ * waiter.
+ *
+ * With fewer keys queued a nap would delay the very key being added (the
+ * add-to-get p99 at a paced 50,000 adds/s went from 60 to 100-180 us when
+ * every consumer napped), so such a consumer spins as an adder does; the
+ * length is read again after each nap. Adders never nap, so a producer is
+ * not starved by its consumers; nor does a getter woken from its sleep
+ * (wait.c), since a key waits for it. With real work per key the lock is
+ * seldom found taken five times in a row at all. Tried: a 10 us nap asked
+ * (about 100 us) drained with two consumers at 0.70-0.77x of one, 100 us
+ * at 0.82x; one try instead of five napped so readily that mpmc's
+ * consumers processed half as many keys. The nap is a raw syscall, as
+ * the futex wait is: it must not add a cancellation point to wq_get or
+ * wq_done.
  */
 #define SPIN_TRIES 50
 #define SPIN_PAUSES 16
+#define BACKOFF_DEPTH 32
+#define BACKOFF_TRIES 5
+#define NAPS 20
+#define NAP_NS 100000
 
-WQ_INLINE int acquire(pthread_mutex_t *m)
+static int spin(pthread_mutex_t *m, int tries)
 {
-    int rc = pthread_mutex_trylock(m);
-    for (int i = 0; rc == EBUSY && i < SPIN_TRIES; i++) {
+    int rc = EBUSY;
+    for (int i = 0; rc == EBUSY && i < tries; i++) {
         for (int k = 0; k < SPIN_PAUSES; k++)
             wq__cpu_relax();
         rc = pthread_mutex_trylock(m);
     }
+    return rc;
+}
+
+/* The queue's length read without the lock: a hint, as wq_len's is. */
+WQ_INLINE bool plentiful(const shmq *q)
+{
+    return wq__queued(q) >= BACKOFF_DEPTH;
+}
+
+static int back_off(shmq *q)
+{
+    pthread_mutex_t *m = &q->hdr->lock;
+    int rc = spin(m, BACKOFF_TRIES);
+    for (int i = 0; rc == EBUSY && i < NAPS && plentiful(q); i++) {
+        struct timespec nap = { 0, NAP_NS };
+        WQ_FAULT("lock.nap");
+        syscall(SYS_clock_nanosleep, CLOCK_MONOTONIC, 0, &nap, NULL);
+        rc = pthread_mutex_trylock(m);
+    }
+    return rc == EBUSY ? spin(m, SPIN_TRIES) : rc;
+}
+
+WQ_INLINE int acquire(shmq *q, bool consumer)
+{
+    pthread_mutex_t *m = &q->hdr->lock;
+    int rc = pthread_mutex_trylock(m);
+    if (WQ_LIKELY(rc != EBUSY))
+        return rc;
+    rc = consumer ? back_off(q) : spin(m, SPIN_TRIES);
     return rc == EBUSY ? pthread_mutex_lock(m) : rc;
 }
 
@@ -148,9 +213,9 @@ WQ_INLINE int acquired(shmq *q, int rc, bool reap)
 }
 
 /* In both locks (wq__lock is on every add, get and done). */
-WQ_INLINE int lock_look(shmq *q)
+WQ_INLINE int lock_look(shmq *q, bool consumer)
 {
-    int rc = acquire(&q->hdr->lock);
+    int rc = acquire(q, consumer);
     if (WQ_UNLIKELY(rc != 0 && rc != EOWNERDEAD))
         return rc == ENOTRECOVERABLE ? -ENOTRECOVERABLE : -rc;
     return acquired(q, rc, true);
@@ -158,12 +223,12 @@ WQ_INLINE int lock_look(shmq *q)
 
 int wq__lock_look(shmq *q)
 {
-    return lock_look(q);
+    return lock_look(q, false);
 }
 
-int wq__lock(shmq *q)
+WQ_INLINE int lock_slot(shmq *q, bool consumer)
 {
-    int rc = lock_look(q);
+    int rc = lock_look(q, consumer);
     if (rc < 0)
         return rc;
     /* Register after a fork, after wq__shm_park, or if our slot is no
@@ -177,6 +242,16 @@ int wq__lock(shmq *q)
         }
     }
     return 0;
+}
+
+int wq__lock(shmq *q)
+{
+    return lock_slot(q, false);
+}
+
+int wq__lock_consumer(shmq *q)
+{
+    return lock_slot(q, true);
 }
 
 /*

@@ -544,7 +544,7 @@ int wq__shm_get_many(wq *pub, void *buf, size_t size, struct iovec *keys, size_t
 {
     shmq *q = wq__shm(pub);
     uint64_t now = wq__metrics_now(q);
-    int rc = wq__lock(q);
+    int rc = wq__lock_consumer(q);
     if (rc < 0)
         return rc;
     wq__procs_maybe_reap(q);
@@ -566,7 +566,7 @@ int wq__shm_done(wq *pub, const void *key, size_t len, const struct wq_outcome *
     uint32_t hash = wq__hash(q->seed, key, len);
     wq__table_prefetch(q, hash);   /* likely a miss: overlap it with locking */
     uint64_t now = wq__metrics_now(q);
-    int rc = wq__lock(q);
+    int rc = wq__lock_consumer(q);
     if (rc < 0)
         return rc;
     bool queued = false;
@@ -595,7 +595,7 @@ int wq__shm_done_many(wq *pub, const struct iovec *keys, size_t n)
         for (size_t i = 0; i < m; i++)
             hashes[i] = wq__hash(q->seed, keys[at + i].iov_base, keys[at + i].iov_len);
         uint64_t now = wq__metrics_now(q);
-        if ((rc = wq__lock(q)) < 0)
+        if ((rc = wq__lock_consumer(q)) < 0)
             break;
         int queued_n = 0;
         for (size_t i = 0; i < m; i++) {
@@ -625,7 +625,7 @@ int wq__shm_done_get(wq *pub, const void *key, size_t len, const struct wq_outco
     shmq *q = wq__shm(pub);
     uint32_t hash = wq__hash(q->seed, key, len);
     uint64_t now = wq__metrics_now(q);   /* one reading serves both halves */
-    int rc = wq__lock(q);
+    int rc = wq__lock_consumer(q);
     if (rc < 0)
         return rc;
     bool queued = false;

@@ -150,6 +150,7 @@ static inline bool wq__slot_held(const shmq *q)
 
 /* lock.c */
 int wq__lock(shmq *q);        /* registers this process if it holds no slot */
+int wq__lock_consumer(shmq *q);   /* wq__lock that backs off (see lock.c) */
 int wq__lock_look(shmq *q);   /* never registers (see lock.c) */
 int wq__lock_try(shmq *q);
 void wq__unlock(shmq *q);

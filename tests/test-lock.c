@@ -1,0 +1,340 @@
+/*
+ * test-lock.c - how a process waits for the region lock (src/shm/lock.c),
+ * white-box: links libwq-fault.la and holds the region lock itself
+ * through src/shm/shm.h, while a child process calls the library.
+ * Witnesses outside the library: the crash point "lock.nap" (stopped or
+ * recorded there) and /proc/<pid>/task/<tid>/syscall, which names the
+ * system call a thread is blocked in.
+ *   - a consumer (wq_get) that finds the lock taken with at least 32
+ *     keys queued naps, then blocks in a futex wait and gets the front
+ *     key when the lock is released;
+ *   - with fewer keys queued it never naps: a nap would delay the key
+ *     being added;
+ *   - an adder never naps, however many keys are queued;
+ *   - a holder SIGKILLed while a consumer naps costs nothing: the
+ *     consumer's next try repairs and gets the front key;
+ *   - the nap is no cancellation point: a thread cancelled before its
+ *     wq_get naps, gets its key, and is cancelled at its own next
+ *     cancellation point afterwards.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "t.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "fault-api.h"
+#include "shm/shm.h"
+
+#define PLENTY 40   /* above lock.c's BACKOFF_DEPTH (32) */
+
+/* What the parent and its child tell each other. */
+struct board {
+    atomic_int ready;      /* the child's: its queue is open */
+    atomic_int step;       /* the parent's: 1 = the lock is held */
+    atomic_int tid;        /* the child's thread that calls the library */
+    atomic_int rc;         /* its call's result */
+    atomic_int napped;     /* "lock.nap" was reached */
+    atomic_int cancelled;  /* the thread ended cancelled */
+    char key[T_KEYBUF];    /* the key it got */
+};
+
+/* A queue holding k00 .. k(n-1), in that order. */
+static wq *queue_of(const char *tag, int n, const char **name)
+{
+    wq *q = t_create(tag, NULL, name);
+    for (int i = 0; i < n; i++) {
+        char k[8];
+        snprintf(k, sizeof k, "k%02d", i);
+        assert_int_equal(wq_add(q, KS(k)), 0);
+    }
+    return q;
+}
+
+static bool nap_seen(void)
+{
+    const char *seen[64];
+    int n = wq_fault_seen(seen, 64);
+    for (int i = 0; i < n; i++)
+        if (strcmp(seen[i], "lock.nap") == 0)
+            return true;
+    return false;
+}
+
+/* The system call thread tid of pid is blocked in, or -1 (running, or
+   gone). */
+static long blocked_in(pid_t pid, int tid)
+{
+    char path[64], buf[64];
+    snprintf(path, sizeof path, "/proc/%d/task/%d/syscall", (int)pid, tid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    long nr = -1;
+    if (fgets(buf, sizeof buf, f) && buf[0] >= '0' && buf[0] <= '9')
+        nr = strtol(buf, NULL, 10);
+    fclose(f);
+    return nr;
+}
+
+/* Wait until the child's thread is blocked in a futex wait (the mutex),
+   then check it stays there: it does not nap or spin any more. */
+static void expect_blocked(pid_t pid, struct board *b, const char *who)
+{
+    int tid = atomic_load(&b->tid);
+    uint64_t deadline = t_now_ns() + 10 * SEC * t_scale();
+    while (blocked_in(pid, tid) != SYS_futex && t_now_ns() < deadline)
+        t_sleep_ms(1);
+    for (int i = 0; i < 4; i++) {
+        long nr = blocked_in(pid, tid);
+        if (nr != SYS_futex)
+            fail_msg("%s: blocked in system call %ld, not in the futex wait (%d)", who, nr,
+                     (int)SYS_futex);
+        t_sleep_ms(5);
+    }
+}
+
+/* Wait until child c stops (WQ_FAULT_STOP); it stays waitable. */
+static void wait_stopped(pid_t c)
+{
+    uint64_t deadline = t_now_ns() + 15 * SEC * t_scale();
+    while (t_now_ns() < deadline) {
+        siginfo_t si;
+        memset(&si, 0, sizeof si);
+        if (waitid(P_PID, (id_t)c, &si, WSTOPPED | WEXITED | WNOHANG | WNOWAIT) == 0 &&
+            si.si_pid == c) {
+            if (si.si_code != CLD_STOPPED)
+                fail_msg("the consumer ended (code %d, status %d) instead of stopping at "
+                         "lock.nap", si.si_code, si.si_status);
+            return;
+        }
+        t_sleep_ms(1);
+    }
+    fail_msg("the consumer did not stop at lock.nap within 15 s");
+}
+
+/* The child's side: open the queue, record the crash points reached
+   (and stop at the first nap if asked), wait until the parent holds the
+   lock, then get (add when add_key is set) once. */
+static void child(const char *name, struct board *b, const char *add_key, bool stop)
+{
+    wq *q;
+    if (wq_open(name, NULL, &q) != 0)
+        _exit(10);
+    atomic_store(&b->tid, (int)gettid());
+    wq_fault_record(true);
+    if (stop && wq_fault_arm("lock.nap", 1, WQ_FAULT_STOP) != 0)
+        _exit(11);
+    atomic_store(&b->ready, 1);
+    if (t_wait_count(&b->step, 1, 10000) != 0)
+        _exit(12);
+    int rc = add_key ? wq_add(q, KS(add_key)) : wq_get(q, b->key, sizeof b->key, 0);
+    atomic_store(&b->rc, rc);
+    if (!add_key && rc > 0 && wq_done(q, b->key, (size_t)rc) != 0)
+        _exit(13);
+    atomic_store(&b->napped, nap_seen());
+    wq_close(q);
+    _exit(0);
+}
+
+/* Fork the child, hold the lock once its queue is open. */
+static pid_t start(wq *q, const char *name, struct board *b, const char *add_key, bool stop)
+{
+    pid_t pid = t_fork(60);
+    if (pid == 0)
+        child(name, b, add_key, stop);
+    assert_int_equal(t_wait_count(&b->ready, 1, 10000), 0);
+    assert_int_equal(wq__lock(wq__shm(q)), 0);
+    atomic_store(&b->step, 1);
+    return pid;
+}
+
+static void test_consumer_naps_then_blocks(void **state)
+{
+    (void)state;
+    const char *name;
+    wq *q = t_track(queue_of("naps", PLENTY, &name));
+    struct board *b = t_shared_alloc(sizeof *b);
+    pid_t pid = start(q, name, b, NULL, true);
+    /* It reached a nap while we hold the lock... */
+    wait_stopped(pid);
+    assert_int_equal(kill(pid, SIGCONT), 0);
+    /* ...and after its naps waits in the kernel, as any locker. */
+    expect_blocked(pid, b, "a consumer with 40 keys queued");
+    wq__unlock(wq__shm(q));
+    assert_int_equal(t_wait(pid, 10000), 0);
+    assert_int_equal(b->rc, 3);
+    assert_string_equal(b->key, "k00");
+    assert_int_equal(b->napped, 1);
+    assert_int_equal(wq_len(q), PLENTY - 1);
+    t_shared_free(b, sizeof *b);
+    t_close(q);
+}
+
+static void test_few_keys_no_nap(void **state)
+{
+    (void)state;
+    const char *name;
+    wq *q = t_track(queue_of("few", 31, &name));
+    struct board *b = t_shared_alloc(sizeof *b);
+    pid_t pid = start(q, name, b, NULL, false);
+    expect_blocked(pid, b, "a consumer with 31 keys queued");
+    wq__unlock(wq__shm(q));
+    assert_int_equal(t_wait(pid, 10000), 0);
+    assert_int_equal(b->rc, 3);
+    assert_string_equal(b->key, "k00");
+    assert_int_equal(b->napped, 0);
+    t_shared_free(b, sizeof *b);
+    t_close(q);
+}
+
+static void test_adder_never_naps(void **state)
+{
+    (void)state;
+    const char *name;
+    wq *q = t_track(queue_of("adder", PLENTY, &name));
+    struct board *b = t_shared_alloc(sizeof *b);
+    pid_t pid = start(q, name, b, "new", false);
+    expect_blocked(pid, b, "an adder with 40 keys queued");
+    wq__unlock(wq__shm(q));
+    assert_int_equal(t_wait(pid, 10000), 0);
+    assert_int_equal(b->rc, 0);   /* added */
+    assert_int_equal(b->napped, 0);
+    assert_int_equal(wq_len(q), PLENTY + 1);
+    t_shared_free(b, sizeof *b);
+    t_close(q);
+}
+
+static void test_holder_dies_during_naps(void **state)
+{
+    (void)state;
+    const char *name;
+    wq *q = t_track(queue_of("dies", PLENTY, &name));
+    uint64_t repairs = t_stats(q).repairs_total;
+    struct board *hb = t_shared_alloc(sizeof *hb), *b = t_shared_alloc(sizeof *b);
+    pid_t pid = t_fork(60);
+    if (pid == 0)
+        child(name, b, NULL, true);
+    assert_int_equal(t_wait_count(&b->ready, 1, 10000), 0);   /* opened */
+    pid_t holder = t_fork(60);
+    if (holder == 0) {
+        wq *h;
+        if (wq_open(name, NULL, &h) != 0 || wq__lock(wq__shm(h)) != 0)
+            _exit(10);
+        atomic_store(&hb->ready, 1);
+        for (;;)
+            pause();
+    }
+    assert_int_equal(t_wait_count(&hb->ready, 1, 10000), 0);
+    atomic_store(&b->step, 1);
+    wait_stopped(pid);   /* napping while the holder lives */
+    assert_int_equal(kill(holder, SIGKILL), 0);
+    assert_int_equal(t_wait(holder, 10000), 128 + SIGKILL);
+    assert_int_equal(kill(pid, SIGCONT), 0);
+    assert_int_equal(t_wait(pid, 10000), 0);
+    assert_int_equal(b->rc, 3);
+    assert_string_equal(b->key, "k00");
+    assert_int_equal(b->napped, 1);
+    struct wq_stats st = t_stats(q);
+    assert_int_equal(st.repairs_total, repairs + 1);
+    assert_int_equal(st.queued, PLENTY - 1);
+    assert_int_equal(st.processing, 0);
+    t_shared_free(hb, sizeof *hb);
+    t_shared_free(b, sizeof *b);
+    t_close(q);
+}
+
+/* test_nap_no_cancellation_point's thread: cancelled before it starts
+   (deferred), it gets a key through naps, then reaches a cancellation
+   point of its own. */
+struct canceller {
+    wq *q;
+    struct board *b;
+    atomic_int go;
+};
+
+static void *getter(void *arg)
+{
+    struct canceller *c = arg;
+    atomic_store(&c->b->tid, (int)gettid());
+    /* No cancellation point before the get: spin, never sleep. */
+    while (!atomic_load(&c->go) || atomic_load(&c->b->step) != 1)
+        ;
+    atomic_store(&c->b->rc, wq_get(c->q, c->b->key, sizeof c->b->key, 0));
+    pthread_testcancel();
+    return NULL;
+}
+
+static void test_nap_no_cancellation_point(void **state)
+{
+    (void)state;
+    const char *name;
+    wq *q = t_track(queue_of("cancel", PLENTY, &name));
+    struct board *b = t_shared_alloc(sizeof *b);
+    pid_t pid = t_fork(60);
+    if (pid == 0) {
+        static struct canceller c;
+        pthread_t t;
+        if (wq_open(name, NULL, &c.q) != 0)
+            _exit(10);
+        c.b = b;
+        wq_fault_record(true);
+        if (wq_fault_arm("lock.nap", 1, WQ_FAULT_STOP) != 0)
+            _exit(11);
+        if (pthread_create(&t, NULL, getter, &c) != 0)
+            _exit(12);
+        if (pthread_cancel(t) != 0)
+            _exit(13);
+        atomic_store(&c.go, 1);
+        atomic_store(&b->ready, 1);
+        void *ret;
+        if (pthread_join(t, &ret) != 0)
+            _exit(14);
+        atomic_store(&b->cancelled, ret == PTHREAD_CANCELED);
+        atomic_store(&b->napped, nap_seen());
+        wq_close(c.q);
+        _exit(0);
+    }
+    assert_int_equal(t_wait_count(&b->ready, 1, 10000), 0);
+    assert_int_equal(wq__lock(wq__shm(q)), 0);
+    atomic_store(&b->step, 1);
+    wait_stopped(pid);   /* in its first nap, with a cancellation pending */
+    assert_int_equal(kill(pid, SIGCONT), 0);
+    expect_blocked(pid, b, "a cancelled consumer");
+    wq__unlock(wq__shm(q));
+    assert_int_equal(t_wait(pid, 10000), 0);
+    assert_int_equal(b->rc, 3);
+    assert_string_equal(b->key, "k00");
+    assert_int_equal(b->napped, 1);
+    assert_int_equal(b->cancelled, 1);
+    t_shared_free(b, sizeof *b);
+    t_close(q);
+}
+
+int main(void)
+{
+    static const struct CMUnitTest tests[] = {
+        T_TEST(test_consumer_naps_then_blocks),
+        T_TEST(test_few_keys_no_nap),
+        T_TEST(test_adder_never_naps),
+        T_TEST(test_holder_dies_during_naps),
+        T_TEST(test_nap_no_cancellation_point),
+        T_NO_LEFTOVERS,
+    };
+    static const struct t_guard g = {
+        .prog = "test-lock",
+        .deadline_s = 120,
+        T_GUARD_TESTS(tests),
+    };
+    return t_guard_main(&g);
+}
