@@ -45,7 +45,9 @@
  *   - Keys are opaque byte strings of 1 ..= max_key_len bytes. They are
  *     binary safe: NUL bytes are allowed and compared like any other byte.
  *   - Times are uint64_t nanoseconds. Timeouts are int64_t nanoseconds:
- *     -1 waits forever, 0 never blocks, anything below -1 is -EINVAL.
+ *     -1 waits forever, 0 does not wait (for a key, for a drain to
+ *     end), anything below -1 is -EINVAL. Any call may still wait for the
+ *     queue's lock while another process's call holds it (see wq_get).
  *   - A handle (wq *) belongs to one process and is thread safe: any thread
  *     of that process may use it concurrently with the others.
  *   - Output parameters are written only on success.
@@ -522,8 +524,18 @@ WQ_API int wq_add(wq *q, const void *key, size_t len);
  *               hands them out);
  *   -ENOBUFS    cap < max_key_len (checked first, nothing is popped);
  *   -EINVAL     NULL buf or timeout below -1.
- * Sleeps on a futex, never spins; wakes on add, shutdown, and every
- * 100 ms to requeue keys held by dead processes.
+ * Waiting for a key, it sleeps on a futex, never spins; wakes on add,
+ * shutdown, and every 100 ms to requeue keys held by dead processes.
+ * Waiting for the queue's lock (another process's call holds it for well
+ * under a microsecond) it spins for at most some 20 us, then sleeps. With
+ * 32 or more keys queued, wq_get, wq_done and their batches step aside
+ * instead: after five tries they nap, up to 20 naps of about 0.2 ms
+ * (whatever the timeout; wq_done_many up to 20 per 64 keys), before
+ * sleeping on the lock, so that the holder drains a long queue
+ * from its own cache instead of handing the lock to another CPU key by
+ * key (two consumers with no work per key: 0.3x of one before, 0.8x
+ * since; tools/PERFORMANCE.md). Adds never nap. On a shared-memory queue
+ * none of these waits is a pthread cancellation point.
  */
 WQ_API int wq_get(wq *q, void *buf, size_t cap, int64_t timeout_ns);
 

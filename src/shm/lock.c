@@ -119,8 +119,9 @@ static void release(shmq *q)
  *
  * Consumers back off instead when work is plentiful (tools/PERFORMANCE.md,
  * "Consumers that step aside"). Moving the lock between vCPUs costs more
- * than what it guards: one cache line crosses this VM's vCPUs in about
- * 220 ns, a whole get and done in one process take about 300 ns, and a
+ * than what it guards: on this VM a written cache line takes 220-235 ns
+ * to reach the other vCPU (two processes bouncing one line; bare metal
+ * takes 40-80), a whole get and done in one process about 300 ns, and a
  * hand-off moves the lock, the header, the ring and the entry. Two
  * consumers taking turns key by key ran at 0.3x of one. So a consumer
  * that finds the lock taken while at least BACKOFF_DEPTH keys are queued
@@ -129,12 +130,15 @@ static void release(shmq *q)
  * 190 us on that VM, 4 ms in all), then spins and blocks as above.
  * Meanwhile the holder takes the lock again and again from its own cache,
  * at one process's speed, without a wake to pay: a napper is not a futex
- * waiter.
+ * waiter. That is also why the naps are bounded: no release wakes a
+ * napper, so a consumer behind a long holder (a repair, a growth, a
+ * stopped process) waits in the kernel after some 4 ms, where the
+ * release wakes it.
  *
  * With fewer keys queued a nap would delay the very key being added (the
  * add-to-get p99 at a paced 50,000 adds/s went from 60 to 100-180 us when
- * every consumer napped), so such a consumer spins as an adder does; the
- * length is read again after each nap. Adders never nap, so a producer is
+ * every consumer napped), so such a consumer never naps; the length is
+ * read again before each nap. Adders never nap, so a producer is
  * not starved by its consumers; nor does a getter woken from its sleep
  * (wait.c), since a key waits for it. With real work per key the lock is
  * seldom found taken five times in a row at all. Tried: a 10 us nap asked
