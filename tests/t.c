@@ -1215,6 +1215,24 @@ pid_t t_fork(unsigned alarm_s)
     return pid;
 }
 
+void t_wait_stopped(pid_t pid, const char *who, const char *point)
+{
+    uint64_t deadline = t_now_ns() + 15000ull * t_scale() * 1000000u;
+    while (t_now_ns() < deadline) {
+        siginfo_t si;
+        memset(&si, 0, sizeof si);
+        if (waitid(P_PID, (id_t)pid, &si, WSTOPPED | WEXITED | WNOHANG | WNOWAIT) == 0 &&
+            si.si_pid == pid) {
+            if (si.si_code != CLD_STOPPED)
+                fail_msg("%s ended (code %d, status %d) instead of stopping at %s", who,
+                         si.si_code, si.si_status, point);
+            return;
+        }
+        t_sleep_ms(1);
+    }
+    fail_msg("%s did not stop at %s within 15 s", who, point);
+}
+
 int t_wait(pid_t pid, int timeout_ms)
 {
     uint64_t deadline = t_now_ns() +

@@ -324,6 +324,11 @@ pid_t t_fork(unsigned alarm_s);
    (it is then SIGKILLed and reaped). */
 int t_wait(pid_t pid, int timeout_ms);
 
+/* Wait until child pid stops at crash point `point` (WQ_FAULT_STOP),
+   15 s at most (times t_scale()); it stays waitable. Fails the test,
+   naming `who`, if it ends or does not stop. */
+void t_wait_stopped(pid_t pid, const char *who, const char *point);
+
 /* SIGKILL and reap every child t_fork made that was not waited for. */
 void t_kill_children(void);
 

@@ -117,25 +117,6 @@ static void need_witness(pid_t pid, struct board *b)
     }
 }
 
-/* Wait until child c stops (WQ_FAULT_STOP); it stays waitable. */
-static void wait_stopped(pid_t c)
-{
-    uint64_t deadline = t_now_ns() + 15 * SEC * t_scale();
-    while (t_now_ns() < deadline) {
-        siginfo_t si;
-        memset(&si, 0, sizeof si);
-        if (waitid(P_PID, (id_t)c, &si, WSTOPPED | WEXITED | WNOHANG | WNOWAIT) == 0 &&
-            si.si_pid == c) {
-            if (si.si_code != CLD_STOPPED)
-                fail_msg("the consumer ended (code %d, status %d) instead of stopping at "
-                         "lock.nap", si.si_code, si.si_status);
-            return;
-        }
-        t_sleep_ms(1);
-    }
-    fail_msg("the consumer did not stop at lock.nap within 15 s");
-}
-
 /* The child's side: open the queue, record the crash points reached
    (and stop at the first nap if asked), wait until the parent holds the
    lock, then make its one call: get (and done), add "new", or done of
@@ -189,7 +170,7 @@ static void test_consumer_naps_then_blocks(void **state)
     struct board *b = t_shared_alloc(sizeof *b);
     pid_t pid = start(q, name, b, GET, true);
     /* It reached a nap while we hold the lock... */
-    wait_stopped(pid);
+    t_wait_stopped(pid, "the consumer", "lock.nap");
     assert_int_equal(kill(pid, SIGCONT), 0);
     /* ...and after its naps waits in the kernel, as any locker. */
     expect_blocked(pid, b, "a consumer with 40 keys queued");
@@ -211,7 +192,7 @@ static void test_done_naps_fair(void **state)
     wq *q = t_track(queue_of("donefair", 33, &name, WQ_FAIR));
     struct board *b = t_shared_alloc(sizeof *b);
     pid_t pid = start(q, name, b, DONE, true);   /* it holds k00: 32 queued */
-    wait_stopped(pid);
+    t_wait_stopped(pid, "the consumer", "lock.nap");
     assert_int_equal(kill(pid, SIGCONT), 0);
     expect_blocked(pid, b, "a done with 32 keys queued");
     wq__unlock(wq__shm(q));
@@ -282,7 +263,8 @@ static void test_holder_dies_during_naps(void **state)
     }
     assert_int_equal(t_wait_count(&hb->ready, 1, 10000), 0);
     atomic_store(&b->step, 1);
-    wait_stopped(pid);   /* napping while the holder lives */
+    /* napping while the holder lives */
+    t_wait_stopped(pid, "the consumer", "lock.nap");
     assert_int_equal(kill(holder, SIGKILL), 0);
     assert_int_equal(t_wait(holder, 10000), 128 + SIGKILL);
     assert_int_equal(kill(pid, SIGCONT), 0);
@@ -356,7 +338,8 @@ static void test_nap_no_cancellation_point(void **state)
     need_witness(pid, b);
     assert_int_equal(wq__lock(wq__shm(q)), 0);
     atomic_store(&b->step, 1);
-    wait_stopped(pid);   /* in its first nap, with a cancellation pending */
+    /* in its first nap, with a cancellation pending */
+    t_wait_stopped(pid, "the consumer", "lock.nap");
     assert_int_equal(kill(pid, SIGCONT), 0);
     expect_blocked(pid, b, "a cancelled consumer");
     wq__unlock(wq__shm(q));

@@ -653,25 +653,6 @@ static void test_refused_write_not_queued(void **state)
     t_close(q);
 }
 
-/* Wait until child c stops (WQ_FAULT_STOP); it stays waitable. */
-static void wait_stopped(pid_t c)
-{
-    uint64_t deadline = t_now_ns() + 15000ull * t_scale() * 1000000u;
-    while (t_now_ns() < deadline) {
-        siginfo_t si;
-        memset(&si, 0, sizeof si);
-        if (waitid(P_PID, (id_t)c, &si, WSTOPPED | WEXITED | WNOHANG | WNOWAIT) == 0 &&
-            si.si_pid == c) {
-            if (si.si_code != CLD_STOPPED)
-                fail_msg("nobody's add ended (code %d, status %d) instead of stopping "
-                         "at store.add.marked", si.si_code, si.si_status);
-            return;
-        }
-        t_sleep_ms(1);
-    }
-    fail_msg("nobody's add did not stop at store.add.marked within 15 s");
-}
-
 /* nobody adds key (and key2, one batch) and stops between the add and
    its commit; root's process commits it (its snapshot, or its background
    thread's tick if that came first); nobody goes on. */
@@ -679,7 +660,7 @@ static void carried(wq *q, const char *name, const char *key, const char *key2)
 {
     struct nobody_add *out = t_shared_alloc(sizeof *out);
     pid_t c = nobody_start(name, key, key2, "store.add.marked", out);
-    wait_stopped(c);
+    t_wait_stopped(c, "nobody's add", "store.add.marked");
     /* Added: invisible until stored, unless root's tick stored it. */
     unsigned st = t_key_state(q, key);
     if (st != (WQ_KEY_QUEUED | WQ_KEY_DIRTY) && !(st & WQ_KEY_STORING))
