@@ -2,12 +2,17 @@
  * test-lock.c - how a process waits for the region lock (src/shm/lock.c),
  * white-box: links libwq-fault.la and holds the region lock itself
  * through src/shm/shm.h, while a child process calls the library.
- * Witnesses outside the library: the crash point "lock.nap" (stopped or
- * recorded there) and /proc/<pid>/task/<tid>/syscall, which names the
- * system call a thread is blocked in.
+ * Witnesses outside the library: the crash points "lock.nap" (a first
+ * nap) and "lock.nap.again" (any later one), stopped or recorded there,
+ * and /proc/<pid>/task/<tid>/syscall, which names the system call a
+ * thread is blocked in.
  *   - a consumer (wq_get) that finds the lock taken with at least 32
- *     keys queued naps, then blocks in a futex wait and gets the front
- *     key when the lock is released;
+ *     keys queued naps, again and again, then blocks in a futex wait and
+ *     gets the front key when the lock is released;
+ *   - it reads the length again before each nap: once fewer than 32
+ *     keys are queued it naps no more;
+ *   - a getter woken from its sleep by an add never naps, however many
+ *     keys are queued: they wait for it;
  *   - so does a wq_done, in fair mode too, with exactly 32 keys queued;
  *   - with fewer keys queued it never naps: a nap would delay the key
  *     being added;
@@ -31,6 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -46,6 +52,7 @@ struct board {
     atomic_int tid;        /* the child's thread that calls the library */
     atomic_int rc;         /* its call's result */
     atomic_int napped;     /* "lock.nap" was reached */
+    atomic_int again;      /* ... and "lock.nap.again" */
     atomic_int cancelled;  /* the thread ended cancelled */
     char key[T_KEYBUF];    /* the key it got */
 };
@@ -62,14 +69,21 @@ static wq *queue_of(const char *tag, int n, const char **name, unsigned flags)
     return q;
 }
 
-static bool nap_seen(void)
+static bool seen(const char *point)
 {
-    const char *seen[64];
-    int n = wq_fault_seen(seen, 64);
+    const char *names[64];
+    int n = wq_fault_seen(names, 64);
     for (int i = 0; i < n; i++)
-        if (strcmp(seen[i], "lock.nap") == 0)
+        if (strcmp(names[i], point) == 0)
             return true;
     return false;
+}
+
+/* What the child reports of its naps, at its end. */
+static void report_naps(struct board *b)
+{
+    atomic_store(&b->napped, seen("lock.nap"));
+    atomic_store(&b->again, seen("lock.nap.again"));
 }
 
 /* The system call thread tid of pid is blocked in, or -1 (running, or
@@ -88,14 +102,21 @@ static long blocked_in(pid_t pid, int tid)
     return nr;
 }
 
-/* Wait until the child's thread is blocked in a futex wait (the mutex),
-   then check it stays there: it does not nap or spin any more. */
-static void expect_blocked(pid_t pid, struct board *b, const char *who)
+/* Wait until the child's thread is blocked in a futex wait. */
+static void wait_futex(pid_t pid, struct board *b)
 {
     int tid = atomic_load(&b->tid);
     uint64_t deadline = t_now_ns() + 10 * SEC * t_scale();
     while (blocked_in(pid, tid) != SYS_futex && t_now_ns() < deadline)
         t_sleep_ms(1);
+}
+
+/* ... and check it stays there (the mutex): it does not nap or spin any
+   more. */
+static void expect_blocked(pid_t pid, struct board *b, const char *who)
+{
+    int tid = atomic_load(&b->tid);
+    wait_futex(pid, b);
     for (int i = 0; i < 4; i++) {
         long nr = blocked_in(pid, tid);
         if (nr != SYS_futex)
@@ -144,7 +165,7 @@ static void child(const char *name, struct board *b, enum op op, bool stop)
     atomic_store(&b->rc, rc);
     if (op == GET && rc > 0 && wq_done(q, b->key, (size_t)rc) != 0)
         _exit(13);
-    atomic_store(&b->napped, nap_seen());
+    report_naps(b);
     wq_close(q);
     _exit(0);
 }
@@ -179,6 +200,90 @@ static void test_consumer_naps_then_blocks(void **state)
     assert_int_equal(b->rc, 3);
     assert_string_equal(b->key, "k00");
     assert_int_equal(b->napped, 1);
+    assert_int_equal(b->again, 1);
+    assert_int_equal(wq_len(q), PLENTY - 1);
+    t_shared_free(b, sizeof *b);
+    t_close(q);
+}
+
+/* The length is a hint read without the lock before each nap: while the
+   consumer is stopped at its first nap we, the holder, make the hint say
+   31 (restored before the unlock, so nothing else ever sees it). */
+static void test_length_read_before_each_nap(void **state)
+{
+    (void)state;
+    const char *name;
+    wq *q = t_track(queue_of("reread", PLENTY, &name, 0));
+    struct wq_hdr *h = wq__shm(q)->hdr;
+    struct board *b = t_shared_alloc(sizeof *b);
+    pid_t pid = start(q, name, b, GET, true);
+    t_wait_stopped(pid, "the consumer", "lock.nap");
+    uint64_t pos = wq_load_relaxed(&h->ring_pos);
+    assert_int_equal(pos >> 32, PLENTY);
+    wq_store_relaxed(&h->ring_pos, (pos & 0xffffffffu) | (31ull << 32));
+    assert_int_equal(kill(pid, SIGCONT), 0);
+    expect_blocked(pid, b, "a consumer that saw 31 keys queued after a nap");
+    wq_store_relaxed(&h->ring_pos, pos);
+    wq__unlock(wq__shm(q));
+    assert_int_equal(t_wait(pid, 10000), 0);
+    assert_int_equal(b->rc, 3);
+    assert_string_equal(b->key, "k00");
+    assert_int_equal(b->napped, 1);
+    assert_int_equal(b->again, 0);
+    assert_int_equal(wq_len(q), PLENTY - 1);
+    t_shared_free(b, sizeof *b);
+    t_close(q);
+}
+
+/* A getter asleep on an empty queue is woken by an add of 40 keys and
+   stopped before it locks again; we take the lock first. It must not
+   nap behind us: the keys are there for it. */
+static void test_woken_getter_never_naps(void **state)
+{
+    (void)state;
+    const char *name;
+    wq *q = t_track(queue_of("woken", 0, &name, 0));
+    struct board *b = t_shared_alloc(sizeof *b);
+    pid_t pid = t_fork(60);
+    if (pid == 0) {
+        wq *c;
+        if (wq_open(name, NULL, &c) != 0)
+            _exit(10);
+        atomic_store(&b->tid, (int)gettid());
+        wq_fault_record(true);
+        if (wq_fault_arm("wait.woken", 1, WQ_FAULT_STOP) != 0)
+            _exit(11);
+        atomic_store(&b->ready, 1);
+        int rc = wq_get(c, b->key, sizeof b->key, 30 * SEC);
+        atomic_store(&b->rc, rc);
+        if (rc > 0 && wq_done(c, b->key, (size_t)rc) != 0)
+            _exit(13);
+        report_naps(b);
+        wq_close(c);
+        _exit(0);
+    }
+    assert_int_equal(t_wait_count(&b->ready, 1, 10000), 0);
+    need_witness(pid, b);
+    /* Asleep. It also wakes every 100 ms to look for dead holders: if
+       that wake stops it at "wait.woken" before our add, it still comes
+       back from its sleep to 40 keys and a taken lock. */
+    wait_futex(pid, b);
+    struct iovec keys[PLENTY];
+    char buf[PLENTY][8];
+    for (int i = 0; i < PLENTY; i++) {
+        snprintf(buf[i], sizeof buf[i], "k%02d", i);
+        keys[i] = (struct iovec){ buf[i], 3 };
+    }
+    assert_int_equal(wq_add_many(q, keys, PLENTY), 0);   /* none coalesced */
+    t_wait_stopped(pid, "the getter", "wait.woken");
+    assert_int_equal(wq__lock(wq__shm(q)), 0);
+    assert_int_equal(kill(pid, SIGCONT), 0);
+    expect_blocked(pid, b, "a woken getter with 40 keys queued");
+    wq__unlock(wq__shm(q));
+    assert_int_equal(t_wait(pid, 10000), 0);
+    assert_int_equal(b->rc, 3);
+    assert_string_equal(b->key, "k00");
+    assert_int_equal(b->napped, 0);
     assert_int_equal(wq_len(q), PLENTY - 1);
     t_shared_free(b, sizeof *b);
     t_close(q);
@@ -330,7 +435,7 @@ static void test_nap_no_cancellation_point(void **state)
         if (pthread_join(t, &ret) != 0)
             _exit(14);
         atomic_store(&b->cancelled, ret == PTHREAD_CANCELED);
-        atomic_store(&b->napped, nap_seen());
+        report_naps(b);
         wq_close(c.q);
         _exit(0);
     }
@@ -356,6 +461,8 @@ int main(void)
 {
     static const struct CMUnitTest tests[] = {
         T_TEST(test_consumer_naps_then_blocks),
+        T_TEST(test_length_read_before_each_nap),
+        T_TEST(test_woken_getter_never_naps),
         T_TEST(test_done_naps_fair),
         T_TEST(test_few_keys_no_nap),
         T_TEST(test_adder_never_naps),

@@ -178,7 +178,7 @@ static int back_off(shmq *q)
     int rc = spin(m, BACKOFF_TRIES);
     for (int i = 0; rc == EBUSY && i < NAPS && plentiful(q); i++) {
         struct timespec nap = { 0, NAP_NS };
-        WQ_FAULT("lock.nap");
+        WQ_FAULT(i == 0 ? "lock.nap" : "lock.nap.again");
         syscall(SYS_clock_nanosleep, CLOCK_MONOTONIC, 0, &nap, NULL);
         rc = pthread_mutex_trylock(m);
     }

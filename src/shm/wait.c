@@ -124,6 +124,9 @@ int wq__sleep(shmq *q, uint32_t *word, uint64_t deadline, uint64_t until, bool g
     }
     wq__unlock(q);
     wq__futex_wait(word, seq, until);
+    WQ_FAULT("wait.woken");
+    /* wq__lock, not wq__lock_consumer: a key may be waiting for this very
+       getter, which must not nap behind whoever holds the lock now. */
     int rc = getter ? wq__lock(q) : wq__lock_look(q);
     if (rc < 0)
         return rc;
