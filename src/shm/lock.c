@@ -121,11 +121,13 @@ static void release(shmq *q)
  * "Consumers that step aside"). Moving the lock between vCPUs costs more
  * than what it guards: on this VM a written cache line takes 220-235 ns
  * to reach the other vCPU (two processes bouncing one line; bare metal
- * takes 40-80), a whole get and done in one process about 300 ns, and a
- * hand-off moves the lock, the header, the ring and the entry. Two
- * consumers taking turns key by key ran at 0.3x of one. So a consumer
- * that finds the lock taken while at least BACKOFF_DEPTH keys are queued
- * tries BACKOFF_TRIES times, then naps and tries again, up to NAPS times
+ * takes 40-80, the project's later Intel VM 66, where two consumers
+ * drain at parity with one), a whole get and done in one process about
+ * 300 ns, and a hand-off moves the lock, the header, the ring and the
+ * entry. Two consumers taking turns key by key ran at 0.3x of one, on
+ * both VMs. So a consumer that finds the lock taken while at least
+ * BACKOFF_DEPTH keys are queued tries BACKOFF_TRIES times, then naps
+ * and tries again, up to NAPS times
  * (NAP_NS asked; with Linux's default 50 us timer slack a nap lasts about
  * 190 us on that VM, 4 ms in all), then spins and blocks as above.
  * Meanwhile the holder takes the lock again and again from its own cache,
