@@ -22,10 +22,20 @@
  *         with sched_yield, see wqb_pace_until);
  *         C consumers get + done until
  *         -ESHUTDOWN (the last producer shuts the queue down). adds/s is
- *         measured over the producers' span. Latency is sampled per key: a
- *         producer stamps stamp[k] (CAS 0 -> now) before wq_add, a consumer
- *         swaps it back to 0 at wq_get and records now - stamp: the time
- *         from the first add not yet served to the get that serves it.
+ *         measured over the producers' span. Latency is sampled per key,
+ *         in the paced variants only: a producer stamps stamp[k] (CAS 0 ->
+ *         now) before wq_add, a consumer swaps it back to 0 at wq_get and
+ *         records now - stamp: the time from the first add not yet served
+ *         to the get that serves it. Flat out, the queue is saturated and
+ *         that time is only its depth, while the stamps' clock reads and
+ *         a locked operation on a line the consumers write cost the
+ *         producer more than its adds (5-6M adds/s with them, 21-24M
+ *         without, on the Intel VM): those variants measure the queue
+ *         alone, as tools/goqueue does.
+ *         processed_per_s: the keys the consumers handled, over the same
+ *         span. Read it beside adds/s: consumers that let the producer
+ *         run alone make its adds coalesce, and adds/s rise while this
+ *         falls (tools/PERFORMANCE.md, "Consumers that step aside").
  *         Variants "-b<n>" and "-dg": consumers as drain's.
  * tenants One worker. Tenant "a" adds TENANT_FLOOD keys, then tenant "b"
  *         adds one key: how long b's key waits for the worker, and how
@@ -284,6 +294,7 @@ struct mpmc_shared {
 
 struct mpmc_rep {
     double adds_per_s, p50, p99, processed, coalesced;
+    double processed_per_s;   /* over the producers' span, as adds/s */
 };
 
 static size_t mpmc_size(const struct wqb_mpmc *p)
@@ -321,9 +332,10 @@ static void mpmc_producer(const char *name, const struct wqb_mpmc *p,
     uint64_t t0 = sh->gate.t0;
     for (uint64_t i = 0; i < mine; i++) {
         uint64_t k = (xorshift(&rng) >> 32) % HOT_KEYS, none = 0;
-        if (p->pace_ns)
+        if (p->pace_ns) {
             wqb_pace_until(t0 + i * p->pace_ns * (uint64_t)p->producers);
-        atomic_compare_exchange_strong(&sh->stamp[k], &none, wqb_now());
+            atomic_compare_exchange_strong(&sh->stamp[k], &none, wqb_now());
+        }
         int rc = wq_add(q, keys[k], WQB_KEY_LEN);
         wqb_check(rc, "mpmc: wq_add");
         coalesced += rc == 1;
@@ -348,11 +360,13 @@ static void mpmc_consumer(const char *name, const struct wqb_mpmc *p,
     int len;
     wqb_gate_arrive(&sh->gate);
     while ((len = take(&t, &key, GET_TIMEOUT_NS)) > 0) {
-        uint64_t now = wqb_now();
-        uint64_t s = atomic_exchange(&sh->stamp[wqb_key_index(key) % HOT_KEYS], 0);
-        if (s != 0 && ns < p->adds)
-            samples[ns++] = now > s ? (uint32_t)(now - s < UINT32_MAX ? now - s : UINT32_MAX)
-                                    : 0;
+        if (p->pace_ns) {
+            uint64_t now = wqb_now();
+            uint64_t s = atomic_exchange(&sh->stamp[wqb_key_index(key) % HOT_KEYS], 0);
+            if (s != 0 && ns < p->adds)
+                samples[ns++] = now > s ? (uint32_t)(now - s < UINT32_MAX ? now - s : UINT32_MAX)
+                                        : 0;
+        }
         processed++;
         finish(&t, key, len, "mpmc: wq_done");
     }
@@ -415,6 +429,7 @@ static int mpmc_rep(const struct wqb_mpmc *p, struct mpmc_rep *out)
         out->coalesced += (double)sh->coalesced[i];
     }
     out->coalesced /= (double)p->adds;
+    out->processed_per_s = out->processed * 1e9 / (double)(sh->prod_end - t0);
     mpmc_latency(p, sh, out);
     wqb_shared_free(sh, size);
     wqb_queue_destroy(q, name);
@@ -425,6 +440,7 @@ void wqb_mpmc_variant(const struct wqb_cfg *c, const struct wqb_mpmc *p)
 {
     struct wqb_result r;
     double p50[WQB_MAX_REPS], p99[WQB_MAX_REPS], proc[WQB_MAX_REPS], coal[WQB_MAX_REPS];
+    double proc_s[WQB_MAX_REPS];
     int reps = wqb_reps(c) < 3 ? wqb_reps(c) : 3;   /* costly: 3 are enough */
     if (!wqb_want(c, p->variant))
         return;
@@ -446,12 +462,16 @@ void wqb_mpmc_variant(const struct wqb_cfg *c, const struct wqb_mpmc *p)
         p99[i] = one.p99;
         proc[i] = one.processed;
         coal[i] = one.coalesced;
+        proc_s[i] = one.processed_per_s;
     }
     wqb_result_extra(&r, "adds", (double)p->adds, WQB_X_INT);
     wqb_result_extra(&r, "processed", wqb_median(proc, reps), WQB_X_INT);
+    wqb_result_extra(&r, "processed_per_s", wqb_median(proc_s, reps), WQB_X_INT);
     wqb_result_extra(&r, "coalesced", wqb_median(coal, reps), WQB_X_FRAC);
-    wqb_result_extra(&r, "p50_ns", wqb_median(p50, reps), WQB_X_NS);
-    wqb_result_extra(&r, "p99_ns", wqb_median(p99, reps), WQB_X_NS);
+    if (p->pace_ns) {
+        wqb_result_extra(&r, "p50_ns", wqb_median(p50, reps), WQB_X_NS);
+        wqb_result_extra(&r, "p99_ns", wqb_median(p99, reps), WQB_X_NS);
+    }
     wqb_emit(c, &r);
 }
 

@@ -91,23 +91,28 @@ func (q *queue) shutDown() {
 func key(i int) string { return fmt.Sprintf("k%011d", i) } // wqbench's 12-byte keys
 
 // mpmc: p producers add `adds` keys drawn from `hot` keys; c consumers
-// get and done until shutdown. Producer adds/s and the coalesced share.
-func mpmc(p, c, adds, hot int) (float64, float64) {
+// get and done until shutdown. Producer adds/s, the coalesced share and
+// the keys processed per second of the producers' span (as wqbench's).
+func mpmc(p, c, adds, hot int) (float64, float64, float64) {
 	q := newQueue()
 	keys := make([]string, hot)
 	for i := range keys {
 		keys[i] = key(i)
 	}
 	var wg sync.WaitGroup
+	var processed int64
 	for i := 0; i < c; i++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			n := int64(0)
+			defer func() { atomic.AddInt64(&processed, n) }()
 			for {
 				k, ok := q.get(true)
 				if !ok {
 					return
 				}
+				n++
 				q.done(k)
 			}
 		}()
@@ -136,7 +141,8 @@ func mpmc(p, c, adds, hot int) (float64, float64) {
 	el := time.Since(start).Seconds()
 	q.shutDown()
 	wg.Wait()
-	return float64(adds/p*p) / el, float64(coalesced) / float64(adds/p*p)
+	return float64(adds/p*p) / el, float64(coalesced) / float64(adds/p*p),
+		float64(processed) / el
 }
 
 // drain: n keys queued beforehand, c consumers get + done until empty.
@@ -180,13 +186,17 @@ func main() {
 	for _, pc := range [][2]int{{1, 1}, {1, 2}, {2, 1}, {2, 2}} {
 		var v []float64
 		var co float64
+		var ps []float64
 		for r := 0; r < *reps; r++ {
-			x, c := mpmc(pc[0], pc[1], *adds, *hot)
+			x, c, s := mpmc(pc[0], pc[1], *adds, *hot)
 			v = append(v, x)
 			co += c
+			ps = append(ps, s)
 		}
+		sort.Float64s(ps)
 		report("mpmc", fmt.Sprintf("p%dc%d", pc[0], pc[1]), "adds/s", v,
-			fmt.Sprintf(",\"coalesced\":%.3f", co/float64(*reps)))
+			fmt.Sprintf(",\"coalesced\":%.3f,\"processed_per_s\":%.0f", co/float64(*reps),
+				ps[len(ps)/2]))
 	}
 	for _, c := range []int{1, 2, 4} {
 		var v []float64
