@@ -16,7 +16,9 @@
  *   - so does a wq_done, in fair mode too, with exactly 32 keys queued;
  *   - with fewer keys queued it never naps: a nap would delay the key
  *     being added;
- *   - an adder never naps, however many keys are queued;
+ *   - an adder never naps, however many keys are queued, and no
+ *     consumer naps behind an adder (nor behind any call but a get or
+ *     a done);
  *   - a holder SIGKILLed while a consumer naps costs nothing: the
  *     consumer's next try repairs and gets the front key;
  *   - the nap is no cancellation point: a thread cancelled before its
@@ -170,17 +172,26 @@ static void child(const char *name, struct board *b, enum op op, bool stop)
     _exit(0);
 }
 
-/* Fork the child, hold the lock once its queue is open. */
-static pid_t start(wq *q, const char *name, struct board *b, enum op op, bool stop)
+/* Fork the child, hold the lock once its queue is open: as a get or a
+   done would (consumer), or as any other call would. */
+static pid_t start_as(wq *q, const char *name, struct board *b, enum op op, bool stop,
+                      bool consumer)
 {
     pid_t pid = t_fork(60);
     if (pid == 0)
         child(name, b, op, stop);
     assert_int_equal(t_wait_count(&b->ready, 1, 10000), 0);
     need_witness(pid, b);
-    assert_int_equal(wq__lock(wq__shm(q)), 0);
+    shmq *s = wq__shm(q);
+    assert_int_equal(consumer ? wq__lock_consumer(s) : wq__lock(s), 0);
     atomic_store(&b->step, 1);
     return pid;
+}
+
+/* The holder is a consumer: the only holder a consumer naps behind. */
+static pid_t start(wq *q, const char *name, struct board *b, enum op op, bool stop)
+{
+    return start_as(q, name, b, op, stop, true);
 }
 
 static void test_consumer_naps_then_blocks(void **state)
@@ -276,7 +287,7 @@ static void test_woken_getter_never_naps(void **state)
     }
     assert_int_equal(wq_add_many(q, keys, PLENTY), 0);   /* none coalesced */
     t_wait_stopped(pid, "the getter", "wait.woken");
-    assert_int_equal(wq__lock(wq__shm(q)), 0);
+    assert_int_equal(wq__lock_consumer(wq__shm(q)), 0);
     assert_int_equal(kill(pid, SIGCONT), 0);
     expect_blocked(pid, b, "a woken getter with 40 keys queued");
     wq__unlock(wq__shm(q));
@@ -346,6 +357,27 @@ static void test_adder_never_naps(void **state)
     t_close(q);
 }
 
+/* Behind an add (any call but a get or a done) a consumer never naps:
+   that holder is gone after one key, and consumers that napped behind a
+   producer handed it the queue. */
+static void test_no_nap_behind_adder(void **state)
+{
+    (void)state;
+    const char *name;
+    wq *q = t_track(queue_of("behind", PLENTY, &name, 0));
+    struct board *b = t_shared_alloc(sizeof *b);
+    pid_t pid = start_as(q, name, b, GET, false, false);
+    expect_blocked(pid, b, "a consumer behind an adder, 40 keys queued");
+    wq__unlock(wq__shm(q));
+    assert_int_equal(t_wait(pid, 10000), 0);
+    assert_int_equal(b->rc, 3);
+    assert_string_equal(b->key, "k00");
+    assert_int_equal(b->napped, 0);
+    assert_int_equal(wq_len(q), PLENTY - 1);
+    t_shared_free(b, sizeof *b);
+    t_close(q);
+}
+
 static void test_holder_dies_during_naps(void **state)
 {
     (void)state;
@@ -360,7 +392,7 @@ static void test_holder_dies_during_naps(void **state)
     pid_t holder = t_fork(60);
     if (holder == 0) {
         wq *h;
-        if (wq_open(name, NULL, &h) != 0 || wq__lock(wq__shm(h)) != 0)
+        if (wq_open(name, NULL, &h) != 0 || wq__lock_consumer(wq__shm(h)) != 0)
             _exit(10);
         atomic_store(&hb->ready, 1);
         for (;;)
@@ -441,7 +473,7 @@ static void test_nap_no_cancellation_point(void **state)
     }
     assert_int_equal(t_wait_count(&b->ready, 1, 10000), 0);
     need_witness(pid, b);
-    assert_int_equal(wq__lock(wq__shm(q)), 0);
+    assert_int_equal(wq__lock_consumer(wq__shm(q)), 0);
     atomic_store(&b->step, 1);
     /* in its first nap, with a cancellation pending */
     t_wait_stopped(pid, "the consumer", "lock.nap");
@@ -466,6 +498,7 @@ int main(void)
         T_TEST(test_done_naps_fair),
         T_TEST(test_few_keys_no_nap),
         T_TEST(test_adder_never_naps),
+        T_TEST(test_no_nap_behind_adder),
         T_TEST(test_holder_dies_during_naps),
         T_TEST(test_nap_no_cancellation_point),
         T_NO_LEFTOVERS,

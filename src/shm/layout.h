@@ -44,7 +44,7 @@
 #include <stdint.h>
 
 #define WQ_MAGIC        0x31515762696c0a57ull /* "W\nlibWQ1" little-endian */
-#define WQ_LAYOUT_VER   11u
+#define WQ_LAYOUT_VER   12u
 #define WQ_ALIGN        64u
 #define WQ_NIL          0xffffffffu          /* "no entry" */
 
@@ -185,6 +185,12 @@ struct wq_hdr {
     uint32_t pend_kind;
     uint32_t pend_idx;
     uint32_t reap_tick;                   /* lock; ops since the last reap */
+    /* lock to write, by each locker right after it acquires; read without
+       it (relaxed) by a consumer that finds the lock taken: 1 if the
+       holder takes or finishes keys (wq__lock_consumer), 0 for any other
+       call. A hint: a consumer naps only behind another consumer
+       (lock.c). Nothing checks or repairs it. */
+    uint32_t holder_consumer;
     /* lock to write; read without it by wq_len and monitoring (relaxed).
        Front index (low 32 bits) and count (high 32 bits) in one word so a
        pop or push commits with a single store. */

@@ -125,11 +125,11 @@ static void release(shmq *q)
  * drain at parity with one), a whole get and done in one process about
  * 300 ns, and a hand-off moves the lock, the header, the ring and the
  * entry. Two consumers taking turns key by key ran at 0.3x of one, on
- * both VMs. So a consumer that finds the lock taken while at least
- * BACKOFF_DEPTH keys are queued tries BACKOFF_TRIES times, then naps
- * and tries again, up to NAPS times
- * (NAP_NS asked; with Linux's default 50 us timer slack a nap lasts about
- * 190 us on that VM, 4 ms in all), then spins and blocks as above.
+ * both VMs. So a consumer that finds the lock taken by another consumer
+ * while at least BACKOFF_DEPTH keys are queued tries BACKOFF_TRIES
+ * times, then naps and tries again, up to NAPS times (NAP_NS asked; with
+ * Linux's default 50 us timer slack a nap lasts about 190 us on that VM,
+ * 4 ms in all), then spins and blocks as above.
  * Meanwhile the holder takes the lock again and again from its own cache,
  * at one process's speed, without a wake to pay: a napper is not a futex
  * waiter. That is also why the naps are bounded: no release wakes a
@@ -142,7 +142,13 @@ static void release(shmq *q)
  * every consumer napped), so such a consumer never naps; the length is
  * read again before each nap. Adders never nap, so a producer is
  * not starved by its consumers; nor does a getter woken from its sleep
- * (wait.c), since a key waits for it. With real work per key the lock is
+ * (wait.c), since a key waits for it. Nor does a consumer nap behind an
+ * adder (or any call but a get or a done: hdr->holder_consumer says which
+ * locked last): an adder holds the lock for one key and is gone, and
+ * consumers that napped behind a producer adding hot keys flat out handed
+ * it the queue, processing 0.76-0.85M keys/s against 1.35-1.43M
+ * (tools/PERFORMANCE.md, "Consumers step aside for consumers only").
+ * With real work per key the lock is
  * seldom found taken five times in a row at all. Tried: a 10 us nap asked
  * (about 100 us) drained with two consumers at 0.70-0.77x of one, 100 us
  * at 0.82x; one try instead of five napped so readily that mpmc's
@@ -174,11 +180,17 @@ WQ_INLINE bool plentiful(const shmq *q)
     return wq__queued(q) >= BACKOFF_DEPTH;
 }
 
+/* Whether the holder is a consumer, as it said when it locked: a hint. */
+WQ_INLINE bool behind_consumer(const shmq *q)
+{
+    return wq_load_relaxed(&q->hdr->holder_consumer) != 0;
+}
+
 static int back_off(shmq *q)
 {
     pthread_mutex_t *m = &q->hdr->lock;
     int rc = spin(m, BACKOFF_TRIES);
-    for (int i = 0; rc == EBUSY && i < NAPS && plentiful(q); i++) {
+    for (int i = 0; rc == EBUSY && i < NAPS && plentiful(q) && behind_consumer(q); i++) {
         struct timespec nap = { 0, NAP_NS };
         WQ_FAULT(i == 0 ? "lock.nap" : "lock.nap.again");
         syscall(SYS_clock_nanosleep, CLOCK_MONOTONIC, 0, &nap, NULL);
@@ -224,6 +236,7 @@ WQ_INLINE int lock_look(shmq *q, bool consumer)
     int rc = acquire(q, consumer);
     if (WQ_UNLIKELY(rc != 0 && rc != EOWNERDEAD))
         return rc == ENOTRECOVERABLE ? -ENOTRECOVERABLE : -rc;
+    wq_store_relaxed(&q->hdr->holder_consumer, (uint32_t)consumer);   /* our line now */
     return acquired(q, rc, true);
 }
 
@@ -273,6 +286,7 @@ int wq__lock_try(shmq *q)
         return -EBUSY;
     if (WQ_UNLIKELY(rc != 0 && rc != EOWNERDEAD))
         return rc == ENOTRECOVERABLE ? -ENOTRECOVERABLE : -rc;
+    wq_store_relaxed(&q->hdr->holder_consumer, 0u);
     return acquired(q, rc, false);
 }
 
