@@ -529,7 +529,7 @@ WQ_API int wq_add(wq *q, const void *key, size_t len);
  * Waiting for the queue's lock (another process's call holds it for well
  * under a microsecond) it spins for at most some 20 us, then sleeps. With
  * 32 or more keys queued, wq_get, wq_done and their batches step aside
- * for another process's get or done instead: after five tries they nap,
+ * for another caller's get or done instead: after five tries they nap,
  * up to 20 naps of about 0.2 ms (whatever the timeout; wq_done_many up
  * to 20 per 64 keys), before sleeping on the lock, so that the holder
  * drains a long queue from its own cache instead of handing the lock to

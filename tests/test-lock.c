@@ -105,12 +105,15 @@ static long blocked_in(pid_t pid, int tid)
 }
 
 /* Wait until the child's thread is blocked in a futex wait. */
-static void wait_futex(pid_t pid, struct board *b)
+static void wait_futex(pid_t pid, struct board *b, const char *who)
 {
     int tid = atomic_load(&b->tid);
     uint64_t deadline = t_now_ns() + 10 * SEC * t_scale();
-    while (blocked_in(pid, tid) != SYS_futex && t_now_ns() < deadline)
+    long nr;
+    while ((nr = blocked_in(pid, tid)) != SYS_futex && t_now_ns() < deadline)
         t_sleep_ms(1);
+    if (nr != SYS_futex)
+        fail_msg("%s: in system call %ld after 10 s, never in a futex wait", who, nr);
 }
 
 /* ... and check it stays there (the mutex): it does not nap or spin any
@@ -118,7 +121,7 @@ static void wait_futex(pid_t pid, struct board *b)
 static void expect_blocked(pid_t pid, struct board *b, const char *who)
 {
     int tid = atomic_load(&b->tid);
-    wait_futex(pid, b);
+    wait_futex(pid, b, who);
     for (int i = 0; i < 4; i++) {
         long nr = blocked_in(pid, tid);
         if (nr != SYS_futex)
@@ -278,7 +281,7 @@ static void test_woken_getter_never_naps(void **state)
     /* Asleep. It also wakes every 100 ms to look for dead holders: if
        that wake stops it at "wait.woken" before our add, it still comes
        back from its sleep to 40 keys and a taken lock. */
-    wait_futex(pid, b);
+    wait_futex(pid, b, "a getter on an empty queue");
     struct iovec keys[PLENTY];
     char buf[PLENTY][8];
     for (int i = 0; i < PLENTY; i++) {
@@ -365,6 +368,9 @@ static void test_no_nap_behind_adder(void **state)
     (void)state;
     const char *name;
     wq *q = t_track(queue_of("behind", PLENTY, &name, 0));
+    /* The last holder a consumer: the adder's lock must clear that. */
+    assert_int_equal(wq__lock_consumer(wq__shm(q)), 0);
+    wq__unlock(wq__shm(q));
     struct board *b = t_shared_alloc(sizeof *b);
     pid_t pid = start_as(q, name, b, GET, false, false);
     expect_blocked(pid, b, "a consumer behind an adder, 40 keys queued");

@@ -35,7 +35,8 @@
  *         processed_per_s: the keys the consumers handled, over the same
  *         span. Read it beside adds/s: consumers that let the producer
  *         run alone make its adds coalesce, and adds/s rise while this
- *         falls (tools/PERFORMANCE.md, "Consumers that step aside").
+ *         falls (tools/PERFORMANCE.md, "The mpmc rows, measured the way
+ *         goqueue runs them").
  *         Variants "-b<n>" and "-dg": consumers as drain's.
  * tenants One worker. Tenant "a" adds TENANT_FLOOD keys, then tenant "b"
  *         adds one key: how long b's key waits for the worker, and how
@@ -289,7 +290,7 @@ struct mpmc_shared {
     uint64_t processed[MPMC_MAX];
     uint64_t nsamples[MPMC_MAX];
     _Atomic uint64_t stamp[HOT_KEYS];   /* oldest unserved add, 0 = none */
-    uint32_t samples[];                 /* [consumer][adds] latencies, ns */
+    uint32_t samples[];                 /* [consumer][adds] latencies, ns (paced) */
 };
 
 struct mpmc_rep {
@@ -299,7 +300,8 @@ struct mpmc_rep {
 
 static size_t mpmc_size(const struct wqb_mpmc *p)
 {
-    return sizeof(struct mpmc_shared) + MPMC_MAX * p->adds * sizeof(uint32_t);
+    /* samples: the paced variants' only */
+    return sizeof(struct mpmc_shared) + (p->pace_ns ? MPMC_MAX * p->adds * sizeof(uint32_t) : 0);
 }
 
 static uint64_t xorshift(uint64_t *s)
@@ -354,7 +356,7 @@ static void mpmc_consumer(const char *name, const struct wqb_mpmc *p,
     static struct taker t;
     t.q = wqb_attach(name);
     t.batch = p->batch;
-    uint32_t *samples = sh->samples + (size_t)id * p->adds;
+    uint32_t *samples = p->pace_ns ? sh->samples + (size_t)id * p->adds : NULL;
     uint64_t processed = 0, ns = 0;
     const char *key;
     int len;
@@ -389,6 +391,9 @@ static void mpmc_latency(const struct wqb_mpmc *p, struct mpmc_shared *sh,
                          struct mpmc_rep *out)
 {
     uint64_t n = 0;
+    out->p50 = out->p99 = 0;
+    if (!p->pace_ns)
+        return;   /* no samples taken, none allocated */
     for (int i = 0; i < p->consumers; i++) {   /* compact into consumer 0's area */
         memmove(sh->samples + n, sh->samples + (size_t)i * p->adds,
                 sh->nsamples[i] * sizeof(uint32_t));

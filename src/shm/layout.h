@@ -189,7 +189,8 @@ struct wq_hdr {
        it (relaxed) by a consumer that finds the lock taken: 1 if the
        holder takes or finishes keys (wq__lock_consumer), 0 for any other
        call. A hint: a consumer naps only behind another consumer
-       (lock.c). Nothing checks or repairs it. */
+       (lock.c). Nothing checks or repairs it. On ring_pos's line, not
+       the mutex's (which it fills up to `drainers`). */
     uint32_t holder_consumer;
     /* lock to write; read without it by wq_len and monitoring (relaxed).
        Front index (low 32 bits) and count (high 32 bits) in one word so a

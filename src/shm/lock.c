@@ -143,11 +143,13 @@ static void release(shmq *q)
  * read again before each nap. Adders never nap, so a producer is
  * not starved by its consumers; nor does a getter woken from its sleep
  * (wait.c), since a key waits for it. Nor does a consumer nap behind an
- * adder (or any call but a get or a done: hdr->holder_consumer says which
- * locked last): an adder holds the lock for one key and is gone, and
- * consumers that napped behind a producer adding hot keys flat out handed
- * it the queue, processing 0.76-0.85M keys/s against 1.35-1.43M
- * (tools/PERFORMANCE.md, "Consumers step aside for consumers only").
+ * adder, or any holder but a get or a done (hdr->holder_consumer says
+ * which locked last; a getter relocking after its sleep, or one that
+ * repairs first, counts as none): an adder holds the lock for one key
+ * and is gone, and consumers that napped behind a producer adding hot
+ * keys flat out handed it the queue, processing 0.67-0.72M keys/s
+ * against 1.40-1.49M (tools/PERFORMANCE.md, "Consumers step aside for
+ * consumers only").
  * With real work per key the lock is
  * seldom found taken five times in a row at all. Tried: a 10 us nap asked
  * (about 100 us) drained with two consumers at 0.70-0.77x of one, 100 us
@@ -184,6 +186,17 @@ WQ_INLINE bool plentiful(const shmq *q)
 WQ_INLINE bool behind_consumer(const shmq *q)
 {
     return wq_load_relaxed(&q->hdr->holder_consumer) != 0;
+}
+
+/* Lock held, just acquired. The word shares ring_pos's line, which
+   nappers read and gets and adds write; stored only when it changes, so
+   a caller that only looks (stats, a flush) leaves that line clean. A
+   holder that must repair first (EOWNERDEAD) is no consumer: it may hold
+   the lock for long. */
+static void note_holder(shmq *q, bool consumer)
+{
+    if (wq_load_relaxed(&q->hdr->holder_consumer) != (uint32_t)consumer)
+        wq_store_relaxed(&q->hdr->holder_consumer, (uint32_t)consumer);
 }
 
 static int back_off(shmq *q)
@@ -236,7 +249,7 @@ WQ_INLINE int lock_look(shmq *q, bool consumer)
     int rc = acquire(q, consumer);
     if (WQ_UNLIKELY(rc != 0 && rc != EOWNERDEAD))
         return rc == ENOTRECOVERABLE ? -ENOTRECOVERABLE : -rc;
-    wq_store_relaxed(&q->hdr->holder_consumer, (uint32_t)consumer);   /* our line now */
+    note_holder(q, consumer && rc == 0);
     return acquired(q, rc, true);
 }
 
@@ -286,7 +299,7 @@ int wq__lock_try(shmq *q)
         return -EBUSY;
     if (WQ_UNLIKELY(rc != 0 && rc != EOWNERDEAD))
         return rc == ENOTRECOVERABLE ? -ENOTRECOVERABLE : -rc;
-    wq_store_relaxed(&q->hdr->holder_consumer, 0u);
+    note_holder(q, false);
     return acquired(q, rc, false);
 }
 
