@@ -197,6 +197,24 @@ static pid_t start(wq *q, const char *name, struct board *b, enum op op, bool st
     return start_as(q, name, b, op, stop, true);
 }
 
+/* We release the lock; the child's get ends with k00, having napped or
+   not (again: a later nap too, or -1 to leave it unchecked), and `left`
+   keys stay queued. Frees the board, closes the queue. */
+static void release_expect_k00(wq *q, pid_t pid, struct board *b, int napped, int again,
+                               int left)
+{
+    wq__unlock(wq__shm(q));
+    assert_int_equal(t_wait(pid, 10000), 0);
+    assert_int_equal(b->rc, 3);
+    assert_string_equal(b->key, "k00");
+    assert_int_equal(b->napped, napped);
+    if (again >= 0)
+        assert_int_equal(b->again, again);
+    assert_int_equal(wq_len(q), left);
+    t_shared_free(b, sizeof *b);
+    t_close(q);
+}
+
 static void test_consumer_naps_then_blocks(void **state)
 {
     (void)state;
@@ -209,15 +227,7 @@ static void test_consumer_naps_then_blocks(void **state)
     assert_int_equal(kill(pid, SIGCONT), 0);
     /* ...and after its naps waits in the kernel, as any locker. */
     expect_blocked(pid, b, "a consumer with 40 keys queued");
-    wq__unlock(wq__shm(q));
-    assert_int_equal(t_wait(pid, 10000), 0);
-    assert_int_equal(b->rc, 3);
-    assert_string_equal(b->key, "k00");
-    assert_int_equal(b->napped, 1);
-    assert_int_equal(b->again, 1);
-    assert_int_equal(wq_len(q), PLENTY - 1);
-    t_shared_free(b, sizeof *b);
-    t_close(q);
+    release_expect_k00(q, pid, b, 1, 1, PLENTY - 1);
 }
 
 /* The length is a hint read without the lock before each nap: while the
@@ -238,15 +248,7 @@ static void test_length_read_before_each_nap(void **state)
     assert_int_equal(kill(pid, SIGCONT), 0);
     expect_blocked(pid, b, "a consumer that saw 31 keys queued after a nap");
     wq_store_relaxed(&h->ring_pos, pos);
-    wq__unlock(wq__shm(q));
-    assert_int_equal(t_wait(pid, 10000), 0);
-    assert_int_equal(b->rc, 3);
-    assert_string_equal(b->key, "k00");
-    assert_int_equal(b->napped, 1);
-    assert_int_equal(b->again, 0);
-    assert_int_equal(wq_len(q), PLENTY - 1);
-    t_shared_free(b, sizeof *b);
-    t_close(q);
+    release_expect_k00(q, pid, b, 1, 0, PLENTY - 1);
 }
 
 /* A getter asleep on an empty queue is woken by an add of 40 keys and
@@ -293,14 +295,7 @@ static void test_woken_getter_never_naps(void **state)
     assert_int_equal(wq__lock_consumer(wq__shm(q)), 0);
     assert_int_equal(kill(pid, SIGCONT), 0);
     expect_blocked(pid, b, "a woken getter with 40 keys queued");
-    wq__unlock(wq__shm(q));
-    assert_int_equal(t_wait(pid, 10000), 0);
-    assert_int_equal(b->rc, 3);
-    assert_string_equal(b->key, "k00");
-    assert_int_equal(b->napped, 0);
-    assert_int_equal(wq_len(q), PLENTY - 1);
-    t_shared_free(b, sizeof *b);
-    t_close(q);
+    release_expect_k00(q, pid, b, 0, -1, PLENTY - 1);
 }
 
 /* A done naps as a get does; fair mode's length is its own count. */
@@ -334,13 +329,7 @@ static void test_few_keys_no_nap(void **state)
     struct board *b = t_shared_alloc(sizeof *b);
     pid_t pid = start(q, name, b, GET, false);
     expect_blocked(pid, b, "a consumer with 31 keys queued");
-    wq__unlock(wq__shm(q));
-    assert_int_equal(t_wait(pid, 10000), 0);
-    assert_int_equal(b->rc, 3);
-    assert_string_equal(b->key, "k00");
-    assert_int_equal(b->napped, 0);
-    t_shared_free(b, sizeof *b);
-    t_close(q);
+    release_expect_k00(q, pid, b, 0, -1, 30);
 }
 
 static void test_adder_never_naps(void **state)
@@ -374,14 +363,7 @@ static void test_no_nap_behind_adder(void **state)
     struct board *b = t_shared_alloc(sizeof *b);
     pid_t pid = start_as(q, name, b, GET, false, false);
     expect_blocked(pid, b, "a consumer behind an adder, 40 keys queued");
-    wq__unlock(wq__shm(q));
-    assert_int_equal(t_wait(pid, 10000), 0);
-    assert_int_equal(b->rc, 3);
-    assert_string_equal(b->key, "k00");
-    assert_int_equal(b->napped, 0);
-    assert_int_equal(wq_len(q), PLENTY - 1);
-    t_shared_free(b, sizeof *b);
-    t_close(q);
+    release_expect_k00(q, pid, b, 0, -1, PLENTY - 1);
 }
 
 static void test_holder_dies_during_naps(void **state)
