@@ -23,7 +23,11 @@
  * durable The cycle loop against a queue with an LMDB store, per
  *         durability level; skipped while wq_open answers -ENOTSUP.
  *         fsync-p2: the fsync cycle in two processes at once (what fsync
- *         groups share); sqlite-full: the SQLite peer (wqbench-peers.c).
+ *         groups share); sqlite-full: the SQLite peer (wqbench-peers.c);
+ *         one-sync: no queue, one synced 512-byte write per cycle to a
+ *         file written once beforehand (O_DSYNC, beside the stores): the
+ *         best any design that makes an add durable with one device
+ *         flush can do on this disk (LMDB's commit makes two).
  * restore (the recover workload's second half) N keys are put in a store
  *         (WQ_DURABLE_NONE, filled at memory speed, then one wq_snapshot,
  *         timed as snapshot_ns); the region is removed and wq_open with
@@ -33,6 +37,7 @@
  * them (--toggle-collect=loop_memory).
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -419,12 +424,57 @@ static void durable_two(const struct wqb_cfg *c)
     wqb_unregister_path(dir);
 }
 
+/* The one-sync floor (see the top of this file). */
+static void durable_one_sync(const struct wqb_cfg *c)
+{
+    enum { SLOTS = 256, SLOT = 4096, REC = 512 };
+    if (!wqb_want(c, "one-sync"))
+        return;
+    char dir[64], path[96], rec[REC];
+    snprintf(dir, sizeof dir, "/tmp/wqbench-sync.%d.XXXXXX", (int)getpid());
+    if (!mkdtemp(dir))
+        wqb_die("durable one-sync: mkdtemp: %s", strerror(errno));
+    wqb_register_path(dir);
+    snprintf(path, sizeof path, "%s/journal", dir);
+    /* Written (not just allocated) and synced first: a synced write into
+       an unwritten extent also commits the file system's journal. */
+    int fd = open(path, O_RDWR | O_CREAT | O_EXCL, 0600);
+    if (fd < 0)
+        wqb_die("durable one-sync: %s: %s", path, strerror(errno));
+    memset(rec, 0, sizeof rec);
+    for (off_t o = 0; o < (off_t)SLOTS * SLOT; o += REC)
+        if (pwrite(fd, rec, REC, o) != REC)
+            wqb_die("durable one-sync: %s: write: %s", path, strerror(errno));
+    if (fsync(fd) != 0)
+        wqb_die("durable one-sync: %s: fsync: %s", path, strerror(errno));
+    close(fd);
+    if ((fd = open(path, O_RDWR | O_DSYNC)) < 0)
+        wqb_die("durable one-sync: %s: %s", path, strerror(errno));
+    uint64_t n = wqb_size(c, 500, 2000);
+    struct wqb_result r;
+    wqb_result_init(&r, "durable", "one-sync", "cycles/s");
+    for (int rep = 0; rep < wqb_reps(c); rep++) {
+        uint64_t t0 = wqb_now();
+        for (uint64_t i = 0; i < n; i++) {
+            memcpy(rec, &i, sizeof i);
+            if (pwrite(fd, rec, REC, (off_t)(i % SLOTS) * SLOT) != REC)
+                wqb_die("durable one-sync: %s: write: %s", path, strerror(errno));
+        }
+        wqb_result_add(&r, (double)n * 1e9 / (double)(wqb_now() - t0));
+    }
+    wqb_result_extra(&r, "n", (double)n, WQB_X_INT);
+    wqb_emit(c, &r);
+    close(fd);
+    wqb_unregister_path(dir);
+}
+
 void wqb_run_durable(const struct wqb_cfg *c)
 {
     for (size_t i = 0; i < sizeof durable_variants / sizeof durable_variants[0]; i++)
         durable_variant(c, (int)i);
     durable_two(c);
     wqb_peer_sqlite(c);
+    durable_one_sync(c);
 }
 
 /* ------------------------------------------------------------------ */
