@@ -267,14 +267,23 @@ static inline uint32_t wq__home(const shmq *q, uint32_t hash)
 
 /* Start loading the index slot a lookup of hash reads first. A hint: it
    never faults, whatever the hash, and may run without the lock (then
-   on whichever index the handle last saw). One cache line only:
-   prefetching the next line too (clusters at load 0.8 run past it) was
-   slower at 1e6 and 1e7 keys, the extra misses outnumbering the CPU's
-   fill buffers. */
+   on whichever index the handle last saw). The next line too only when
+   the home slot is one of the last two of its line (eight 8-byte slots
+   to a line, sections 64-byte aligned): a removal's backward shift reads
+   on past the slot it removes, and there it crossed into a line nobody
+   had loaded (16% of a rotation at 1e7 keys, in table_remove; the next
+   line as well, it ran 8-10% faster, tools/PERFORMANCE.md). Always
+   prefetching the next line was slower at 1e6 and 1e7 keys when the
+   index ran at load 0.8: the extra misses outnumbered the CPU's fill
+   buffers. */
 static inline void wq__table_prefetch(const shmq *q, uint32_t hash)
 {
     uint64_t at = wq_load_relaxed(&q->index_at);
-    __builtin_prefetch(&q->iarea[(at >> 32) & 1][wq__home_in((uint32_t)at, hash)], 1, 3);
+    uint32_t slots = (uint32_t)at, home = wq__home_in(slots, hash);
+    const struct wq_islot *t = q->iarea[(at >> 32) & 1];
+    __builtin_prefetch(&t[home], 1, 3);
+    if ((home & 7) >= 6 && home + 2 < slots)
+        __builtin_prefetch(&t[home + 2], 1, 3);
 }
 /* Queues with at least this many entries reserved (or index slots)
    prefetch ahead (queue.c): below it the index and entries stay in the
