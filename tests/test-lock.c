@@ -131,6 +131,15 @@ static void expect_blocked(pid_t pid, struct board *b, const char *who)
     }
 }
 
+/* The child stopped at its first nap while we hold the lock: let it go
+   on, and expect it in the futex wait after its naps, as any locker. */
+static void nap_then_block(pid_t pid, struct board *b, const char *who)
+{
+    t_wait_stopped(pid, "the consumer", "lock.nap");
+    assert_int_equal(kill(pid, SIGCONT), 0);
+    expect_blocked(pid, b, who);
+}
+
 /* Before the lock is taken: skip the test if this system hides the
    child's system call from us (Yama ptrace_scope 2, some sandboxes): the
    witness is missing, not the behaviour. */
@@ -222,11 +231,7 @@ static void test_consumer_naps_then_blocks(void **state)
     wq *q = t_track(queue_of("naps", PLENTY, &name, 0));
     struct board *b = t_shared_alloc(sizeof *b);
     pid_t pid = start(q, name, b, GET, true);
-    /* It reached a nap while we hold the lock... */
-    t_wait_stopped(pid, "the consumer", "lock.nap");
-    assert_int_equal(kill(pid, SIGCONT), 0);
-    /* ...and after its naps waits in the kernel, as any locker. */
-    expect_blocked(pid, b, "a consumer with 40 keys queued");
+    nap_then_block(pid, b, "a consumer with 40 keys queued");
     release_expect_k00(q, pid, b, 1, 1, PLENTY - 1);
 }
 
@@ -306,9 +311,7 @@ static void test_done_naps_fair(void **state)
     wq *q = t_track(queue_of("donefair", 33, &name, WQ_FAIR));
     struct board *b = t_shared_alloc(sizeof *b);
     pid_t pid = start(q, name, b, DONE, true);   /* it holds k00: 32 queued */
-    t_wait_stopped(pid, "the consumer", "lock.nap");
-    assert_int_equal(kill(pid, SIGCONT), 0);
-    expect_blocked(pid, b, "a done with 32 keys queued");
+    nap_then_block(pid, b, "a done with 32 keys queued");
     wq__unlock(wq__shm(q));
     assert_int_equal(t_wait(pid, 10000), 0);
     assert_int_equal(b->rc, 0);
@@ -464,9 +467,7 @@ static void test_nap_no_cancellation_point(void **state)
     assert_int_equal(wq__lock_consumer(wq__shm(q)), 0);
     atomic_store(&b->step, 1);
     /* in its first nap, with a cancellation pending */
-    t_wait_stopped(pid, "the consumer", "lock.nap");
-    assert_int_equal(kill(pid, SIGCONT), 0);
-    expect_blocked(pid, b, "a cancelled consumer");
+    nap_then_block(pid, b, "a cancelled consumer");
     wq__unlock(wq__shm(q));
     assert_int_equal(t_wait(pid, 10000), 0);
     assert_int_equal(b->rc, 3);

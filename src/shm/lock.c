@@ -149,9 +149,8 @@ static void release(shmq *q)
  * and is gone, and consumers that napped behind a producer adding hot
  * keys flat out handed it the queue, processing 0.67-0.72M keys/s
  * against 1.40-1.49M (tools/PERFORMANCE.md, "Consumers step aside for
- * consumers only").
- * With real work per key the lock is
- * seldom found taken five times in a row at all. Tried: a 10 us nap asked
+ * consumers only"). With real work per key the lock is seldom found
+ * taken five times in a row at all. Tried: a 10 us nap asked
  * (about 100 us) drained with two consumers at 0.70-0.77x of one, 100 us
  * at 0.82x; one try instead of five napped so readily that mpmc's
  * consumers processed half as many keys. The nap is a raw syscall, as

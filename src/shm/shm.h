@@ -272,18 +272,20 @@ static inline uint32_t wq__home(const shmq *q, uint32_t hash)
    to a line, sections 64-byte aligned): a removal's backward shift reads
    on past the slot it removes, and there it crossed into a line nobody
    had loaded (16% of a rotation at 1e7 keys, in table_remove; the next
-   line as well, it ran 8-10% faster, tools/PERFORMANCE.md). Always
+   line as well, it ran 7-11% faster, tools/PERFORMANCE.md). Always
    prefetching the next line was slower at 1e6 and 1e7 keys when the
    index ran at load 0.8: the extra misses outnumbered the CPU's fill
    buffers. */
 static inline void wq__table_prefetch(const shmq *q, uint32_t hash)
 {
+    enum { PER_LINE = WQ_ALIGN / sizeof(struct wq_islot) };
     uint64_t at = wq_load_relaxed(&q->index_at);
     uint32_t slots = (uint32_t)at, home = wq__home_in(slots, hash);
+    uint32_t next_line = (home | (PER_LINE - 1)) + 1;
     const struct wq_islot *t = q->iarea[(at >> 32) & 1];
     __builtin_prefetch(&t[home], 1, 3);
-    if ((home & 7) >= 6 && home + 2 < slots)
-        __builtin_prefetch(&t[home + 2], 1, 3);
+    if (next_line - home <= 2 && next_line < slots)
+        __builtin_prefetch(&t[next_line], 1, 3);
 }
 /* Queues with at least this many entries reserved (or index slots)
    prefetch ahead (queue.c): below it the index and entries stay in the
