@@ -95,11 +95,10 @@ void wqb_peer_sqlite(const struct wqb_cfg *c)
 {
     if (!wqb_want(c, "sqlite-full"))
         return;
-    char dir[64], path[96];
-    snprintf(dir, sizeof dir, "/tmp/wqbench-sqlite.%d.XXXXXX", (int)getpid());
-    if (!mkdtemp(dir))
-        wqb_die("durable sqlite-full: mkdtemp: %s", strerror(errno));
-    wqb_register_path(dir);
+    char dir[WQB_DIR_LEN], path[96];
+    int rc = wqb_temp_dir("sqlite", dir);
+    if (rc < 0)
+        wqb_die("durable sqlite-full: mkdtemp: %s", strerror(-rc));
     snprintf(path, sizeof path, "%s/q.db", dir);
     struct lite l;
     lite_open(&l, path);

@@ -322,15 +322,14 @@ static const struct {
 };
 
 /* Open a store-backed queue in a fresh directory; rc < 0 means skip. */
-static int durable_open(int durability, char dir[64], char name[WQB_NAME_LEN], wq **q)
+static int durable_open(int durability, char dir[WQB_DIR_LEN], char name[WQB_NAME_LEN], wq **q)
 {
-    snprintf(dir, 64, "/tmp/wqbench-store.%d.XXXXXX", (int)getpid());
-    if (!mkdtemp(dir))
-        return -errno;
-    wqb_register_path(dir);
+    int rc = wqb_temp_dir("store", dir);
+    if (rc < 0)
+        return rc;
     struct wq_options o = { .capacity = 1024, .store_path = dir,
                             .durability = durability };
-    int rc = wqb_open_new("durable", &o, q, name);
+    rc = wqb_open_new("durable", &o, q, name);
     if (rc < 0)
         wqb_unregister_path(dir);
     return rc;
@@ -338,7 +337,7 @@ static int durable_open(int durability, char dir[64], char name[WQB_NAME_LEN], w
 
 static void durable_variant(const struct wqb_cfg *c, int i)
 {
-    char dir[64], name[WQB_NAME_LEN], why[160];
+    char dir[WQB_DIR_LEN], name[WQB_NAME_LEN], why[160];
     wq *q;
     if (!wqb_want(c, durable_variants[i].variant))
         return;
@@ -393,7 +392,7 @@ static void dur2_child(const char *name, struct dur2_shared *sh, int id, uint64_
 
 static void durable_two(const struct wqb_cfg *c)
 {
-    char dir[64], name[WQB_NAME_LEN];
+    char dir[WQB_DIR_LEN], name[WQB_NAME_LEN];
     wq *q;
     if (!wqb_want(c, "fsync-p2"))
         return;
@@ -430,11 +429,10 @@ static void durable_one_sync(const struct wqb_cfg *c)
     enum { SLOTS = 256, SLOT = 4096, REC = 512 };
     if (!wqb_want(c, "one-sync"))
         return;
-    char dir[64], path[96], rec[REC];
-    snprintf(dir, sizeof dir, "/tmp/wqbench-sync.%d.XXXXXX", (int)getpid());
-    if (!mkdtemp(dir))
-        wqb_die("durable one-sync: mkdtemp: %s", strerror(errno));
-    wqb_register_path(dir);
+    char dir[WQB_DIR_LEN], path[96], rec[REC];
+    int rc = wqb_temp_dir("sync", dir);
+    if (rc < 0)
+        wqb_die("durable one-sync: mkdtemp: %s", strerror(-rc));
     snprintf(path, sizeof path, "%s/journal", dir);
     /* Written (not just allocated) and synced first: a synced write into
        an unwritten extent also commits the file system's journal. */
@@ -521,7 +519,7 @@ static double restore_once(const char *dir, const char *name, uint64_t n)
 
 void wqb_run_restore(const struct wqb_cfg *c)
 {
-    char dir[64], name[WQB_NAME_LEN], why[160];
+    char dir[WQB_DIR_LEN], name[WQB_NAME_LEN], why[160];
     wq *probe;
     if (!wqb_want(c, "restore"))
         return;
@@ -535,10 +533,8 @@ void wqb_run_restore(const struct wqb_cfg *c)
     wqb_queue_destroy(probe, name);
     wqb_unregister_path(dir);
     uint64_t n = wqb_size(c, 100000, 1000000);
-    snprintf(dir, sizeof dir, "/tmp/wqbench-store.%d.XXXXXX", (int)getpid());
-    if (!mkdtemp(dir))
-        wqb_die("mkdtemp: %s", strerror(errno));
-    wqb_register_path(dir);
+    if ((rc = wqb_temp_dir("store", dir)) < 0)
+        wqb_die("mkdtemp: %s", strerror(-rc));
     struct wqb_result r;
     wqb_result_init(&r, "recover", "restore", "ns");
     double snap_ns = restore_prepare(dir, n, name);

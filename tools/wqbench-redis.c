@@ -102,7 +102,7 @@ static struct {
     char host[128];
     int port;
     char user[64], pass[128];   /* AUTH, from --prefix only */
-    char dir[64];               /* our server's directory until it answers */
+    char dir[WQB_DIR_LEN];      /* our server's directory until it answers */
     int log_fd;                 /* memfd: our server's stdout and log */
     char bin[256];
     pid_t pid;                  /* our server, 0 for --prefix */
@@ -395,10 +395,9 @@ static int server_start(const char *pin)
 {
     server_binary();
     snprintf(srv.host, sizeof srv.host, "127.0.0.1");
-    snprintf(srv.dir, sizeof srv.dir, "/tmp/wqbench-redis.%d.XXXXXX", (int)getpid());
-    if (!mkdtemp(srv.dir))
-        wqb_die("mkdtemp %s: %s", srv.dir, strerror(errno));
-    wqb_register_path(srv.dir);
+    int rc = wqb_temp_dir("redis", srv.dir);
+    if (rc < 0)
+        wqb_die("mkdtemp %s: %s", srv.dir, strerror(-rc));
     pin_plan(pin);
     for (int t = 0, st = 0; t < START_TRIES; t++) {
         if (WIFEXITED(st) && WEXITSTATUS(st) >= 126)   /* could not run it */

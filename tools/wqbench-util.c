@@ -679,6 +679,15 @@ void wqb_register_path(const char *path)
     wqb_die("too many paths at once");
 }
 
+int wqb_temp_dir(const char *tag, char dir[WQB_DIR_LEN])
+{
+    snprintf(dir, WQB_DIR_LEN, "/tmp/wqbench-%s.%d.XXXXXX", tag, (int)getpid());
+    if (!mkdtemp(dir))
+        return -errno;
+    wqb_register_path(dir);
+    return 0;
+}
+
 /* Remove a registered path now and forget it. */
 void wqb_unregister_path(const char *path)
 {

@@ -109,6 +109,10 @@ wq *wqb_attach(const char *name);
 void wqb_fill(wq *q, uint64_t first, uint64_t n);
 void wqb_register_path(const char *path);
 void wqb_unregister_path(const char *path);
+/* A new directory /tmp/wqbench-<tag>.<pid>.XXXXXX in dir, registered
+   (removed at exit or by wqb_unregister_path); 0 or -errno. */
+#define WQB_DIR_LEN 64
+int wqb_temp_dir(const char *tag, char dir[WQB_DIR_LEN]);
 void wqb_register_server(pid_t pid);
 int wqb_stop_server(void);
 
