@@ -44,7 +44,7 @@
 #include <stdint.h>
 
 #define WQ_MAGIC        0x31515762696c0a57ull /* "W\nlibWQ1" little-endian */
-#define WQ_LAYOUT_VER   12u
+#define WQ_LAYOUT_VER   13u
 #define WQ_ALIGN        64u
 #define WQ_NIL          0xffffffffu          /* "no entry" */
 
@@ -313,6 +313,15 @@ struct wq_hdr {
     /* Store flushers (store.c): one at a time, from reading the store
        queue's front to popping it; robust, holds no state of its own. */
     pthread_mutex_t flush_lock;
+    /* The journal of an FSYNC store (store.c, journal.c): flush lock.
+       j_id is the store's journal id (written once, before publication);
+       j_lsn the last group number taken, taken before its group is
+       written (so a writer killed while writing leaves a number nobody
+       takes again); j_tail where the next group goes: groups below it
+       were written whole, since the last checkpoint. */
+    uint64_t j_id;
+    uint64_t j_lsn;
+    uint64_t j_tail;
 };
 
 /*

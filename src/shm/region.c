@@ -928,8 +928,11 @@ int wq__region_create(const char *path, const struct wq_options *opts)
         rc = img.has_meta ? wq__store_restore(&view, &img) : 0;
         if (rc > 0)
             view.hdr->restored = (uint64_t)rc;
+        uint64_t journal[2] = { 0, 0 };
         if (rc >= 0)   /* the meta current, a version 1 store rewritten */
-            rc = wq__store_init_meta(&view.g, &img);
+            rc = wq__store_init_meta(&view.g, &img, journal);
+        view.hdr->j_id = journal[0];
+        view.hdr->j_lsn = journal[1];
     }
     munmap(b.base, b.g.total_size);
     b.base = NULL;

@@ -33,7 +33,23 @@
  * little-endian machine reads on another. Both structs have no implicit
  * padding (asserted) and magic numbers that a foreign or big-endian
  * reader would not match. Version 1 stores (no checksums, no counts) are
- * read once and rewritten as version 2 by the restore that opens them.
+ * read once and rewritten by the restore that opens them; version 2
+ * stores (no journal fields in the meta) take them at their next meta
+ * write. A store of a version this library does not know is refused, so
+ * an older library never restores a store whose journal it would ignore.
+ *
+ * The journal (journal.c), a file WQ_JOURNAL_FILE beside data.mdb, of a
+ * WQ_DURABLE_FSYNC store: the store's changes since its last checkpoint,
+ * as groups of records in WQ_JOURNAL_BLOCK-aligned slots from offset 0:
+ *
+ *   struct wq_jgroup, then nrec records: struct wq_rec (check unused,
+ *   cls WQ_CLS_DELETE for a removal), the key, the message.
+ *
+ * A group's lsn is larger than every earlier group's; its check covers
+ * the header (check 0) and the payload; its id is the meta's journal_id,
+ * so another store's journal is never applied. Groups are applied in
+ * file order from offset 0 while they verify and their lsn rises;
+ * journal_lsn says which the LMDB records already hold.
  */
 #ifndef WQ_STORE_FORMAT_H
 #define WQ_STORE_FORMAT_H
@@ -54,7 +70,7 @@
 #define WQ_REC_MAGIC1 0x31525157u   /* "WQR1": version 1 records */
 #define WQ_REC_MAGIC  0x32525157u   /* "WQR2" */
 #define WQ_META_MAGIC "libwq-store-v1"  /* both versions; `version` tells */
-#define WQ_STORE_VERSION 2u
+#define WQ_STORE_VERSION 3u
 #define WQ_CHECK_SEED 0x6c6962777173746full   /* "libwqsto" */
 
 /* wq_rec.cls: what the key comes back as. */
@@ -96,12 +112,17 @@ struct wq_meta {
     /* version 2 */
     uint64_t records;         /* records in "records" */
     uint64_t sum;             /* their checks added up (mod 2^64) */
+    /* version 3 */
+    uint64_t journal_id;      /* the id the journal's groups carry; 0: none yet */
+    uint64_t journal_lsn;     /* the last journal group this store holds */
     uint64_t check;           /* checksum of this struct, check = 0 */
 };
-_Static_assert(sizeof(struct wq_meta) == 144, "store meta record is 144 bytes");
+_Static_assert(sizeof(struct wq_meta) == 160, "store meta record is 160 bytes");
 _Static_assert(offsetof(struct wq_meta, rl_base_delay_ns) == 64 &&
-               offsetof(struct wq_meta, records) == 120, "store meta layout");
+               offsetof(struct wq_meta, records) == 120 &&
+               offsetof(struct wq_meta, journal_id) == 136, "store meta layout");
 #define WQ_META1_SIZE 120     /* a version 1 meta: up to tenant_sep */
+#define WQ_META2_SIZE 144     /* a version 2 meta: up to sum, then check */
 
 /* One environment per store path and process (LMDB forbids opening one
    twice in a process, and using one across fork()). */
@@ -111,6 +132,7 @@ struct wq_env {
     MDB_env *env;
     MDB_dbi recs, meta;
     size_t mapsize;
+    int jfd;                  /* the journal's descriptor + 1; 0: not open */
     struct wq_env *next;
 };
 
@@ -157,5 +179,38 @@ int wq__lmdb_meta_get(MDB_txn *txn, struct wq_env *e, struct wq_meta *m);
 int wq__lmdb_meta_put(MDB_txn *txn, struct wq_env *e, struct wq_meta *m);
 void wq__lmdb_key(unsigned char out[10], const void *key, size_t len, uint16_t n);
 int wq__lmdb_env_close(const char *path);
+
+/* journal.c */
+#define WQ_JOURNAL_FILE  "journal"
+#define WQ_JOURNAL_SIZE  (4u << 20)
+#define WQ_JOURNAL_BLOCK 512u
+#define WQ_JGROUP_MAGIC  0x314a5157u   /* "WQJ1" */
+struct wq_jgroup {
+    uint32_t magic;           /* WQ_JGROUP_MAGIC */
+    uint32_t nrec;            /* records that follow, >= 1 */
+    uint64_t id;              /* the store's journal_id */
+    uint64_t lsn;             /* rises from group to group */
+    uint64_t bytes;           /* payload bytes after this header */
+    uint64_t check;           /* wq__hash64 of header (check 0) and payload */
+};
+_Static_assert(sizeof(struct wq_jgroup) == 40, "journal group header is 40 bytes");
+/* The journal's file descriptor in e (opened, created and filled to
+   WQ_JOURNAL_SIZE the first time, with mode): >= 0 or -errno. */
+int wq__journal_fd(struct wq_env *e, mode_t mode);
+/* Bytes the group of items takes in the journal (header, padding). */
+uint64_t wq__journal_bytes(const struct wq_item *items, uint32_t n);
+/* Write the group of items at off, with O_DSYNC: on disk on return. */
+int wq__journal_write(int fd, uint64_t id, uint64_t lsn, uint64_t off,
+                      const struct wq_item *items, uint32_t n);
+/* Apply to txn the groups of the journal (fd) that m->journal_lsn does
+   not cover: every group below `upto` must verify (else -EBADMSG: the
+   region says it was written); from there on, groups are applied while
+   they verify and their lsn rises. With `upto` 0 (a replay, nobody
+   knows where the groups end) a group that does not verify ends the
+   walk, unless a verified group of a higher lsn follows it somewhere:
+   then the journal is damaged (-EUCLEAN). m->journal_lsn is the last
+   group applied; *groups counts them. why: a message for an error. */
+int wq__journal_apply(MDB_txn *txn, struct wq_env *e, int fd, uint64_t upto,
+                      struct wq_meta *m, uint64_t *groups, char *why, size_t wn);
 
 #endif

@@ -586,21 +586,34 @@ int wq__meta_decode(const void *p, size_t n, struct wq_meta *m, const char **why
 {
     memset(m, 0, sizeof *m);
     *why = NULL;
-    if (n != sizeof *m && n != WQ_META1_SIZE)
-        *why = "meta record has the wrong size";
+    uint32_t version = 0;
+    if (n == sizeof *m || n == WQ_META2_SIZE || n == WQ_META1_SIZE)
+        memcpy(&version, (const char *)p + offsetof(struct wq_meta, version), sizeof version);
     else
-        memcpy(m, p, n);
-    if (!*why && memcmp(m->magic, WQ_META_MAGIC, sizeof WQ_META_MAGIC) != 0)
+        *why = "meta record has the wrong size";
+    if (!*why && memcmp(p, WQ_META_MAGIC, sizeof WQ_META_MAGIC) != 0)
         *why = "meta record magic is not libwq's";
-    else if (!*why && !((m->version == 1 && n == WQ_META1_SIZE) ||
-                        (m->version == WQ_STORE_VERSION && n == sizeof *m)))
+    else if (!*why && !((version == 1 && n == WQ_META1_SIZE) ||
+                        (version == 2 && n == WQ_META2_SIZE) ||
+                        (version == WQ_STORE_VERSION && n == sizeof *m)))
         *why = "meta record version unknown";
-    else if (!*why && m->version == WQ_STORE_VERSION) {
-        uint64_t c = m->check;
-        m->check = 0;
-        if (c != wq__hash64(WQ_CHECK_SEED, m, sizeof *m))
+    else if (!*why && version >= 2) {
+        /* The check is the record's last 8 bytes, over the record with
+           them 0: version 2's record is version 3's without the journal
+           fields. */
+        unsigned char b[sizeof *m];
+        uint64_t c;
+        memcpy(b, p, n);
+        memcpy(&c, b + n - sizeof c, sizeof c);
+        memset(b + n - sizeof c, 0, sizeof c);
+        if (c != wq__hash64(WQ_CHECK_SEED, b, n))
             *why = "meta record checksum mismatch";
-        m->check = c;
+    }
+    if (!*why) {
+        memcpy(m, p, n < offsetof(struct wq_meta, journal_id) ? n
+                                                                : offsetof(struct wq_meta, journal_id));
+        if (version == WQ_STORE_VERSION)
+            memcpy(m, p, n);
     }
     if (!*why && (m->capacity == 0 || m->capacity > WQ_MAX_CAPACITY || m->max_key_len == 0 ||
                   m->max_key_len > WQ_MAX_KEY_LEN || m->pad0 != 0))
@@ -639,6 +652,8 @@ int wq__lmdb_env_close(const char *path)
         if (e->pid == me && strcmp(e->path, path) == 0) {
             *pp = e->next;
             mdb_env_close(e->env);
+            if (e->jfd > 0)
+                close(e->jfd - 1);
             free(e);
             break;
         }

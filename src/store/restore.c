@@ -14,6 +14,12 @@
  * the queue and unique. Anything else fails the restore with -EUCLEAN
  * and a description naming the store (wq_last_error): a restore brings
  * back every stored record exactly, or nothing.
+ *
+ * An FSYNC store's journal (journal.c) may hold groups no checkpoint
+ * took: the queue went down (a power failure, or its region removed)
+ * before one did. They are applied to LMDB first, in one synced commit,
+ * and the store is read again: so the restore, and whatever reads the
+ * store after it, sees every add the journal holds.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -22,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -148,7 +155,7 @@ static int verify(const char *dir, struct wq_store_img *img)
     if (!img->has_meta)
         return img->n ? store_err(-EUCLEAN, dir, "records without a meta record: "
                                   "not a libwq store") : 0;
-    if (img->meta.version < WQ_STORE_VERSION)
+    if (img->meta.version < 2)
         return 0;   /* version 1: no counts to check (rewritten on restore) */
     if (img->v1)
         return store_err(-EUCLEAN, dir, "a version 1 record in a version 2 store");
@@ -180,6 +187,57 @@ static int mkdir_err(int rc, const char *dir)
         return store_err(rc, dir, "cannot make the directory: its parent '%s' does not exist",
                          parent);
     return store_err(rc, dir, "cannot make the directory: %s", strerror(-rc));
+}
+
+/*
+ * Apply the journal's groups that the store does not hold yet (see the
+ * top). Runs only while no region of the queue exists, in wq_open: two
+ * openers that both replay apply the same groups, which changes nothing
+ * the second time (a group is applied whole, in one commit, and sets the
+ * lsn that covers it). 1: the store changed, 0: nothing to apply, or
+ * -errno with the store named: -EUCLEAN for a damaged journal, which
+ * wq_store_salvage then reads as far as it verifies.
+ */
+static int replay(const char *abs, mode_t mode)
+{
+    char f[PATH_MAX + 16], why[256];
+    snprintf(f, sizeof f, "%s/%s", abs, WQ_JOURNAL_FILE);
+    int fd = open(f, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0)
+        return errno == ENOENT ? 0 : store_err(-errno, abs, "cannot open its journal: %s",
+                                               strerror(errno));
+    struct wq_env *e;
+    int rc = wq__lmdb_env(abs, mode, false, &e);
+    while (rc == 0) {
+        MDB_txn *txn;
+        struct wq_meta m;
+        uint64_t groups = 0;
+        why[0] = 0;
+        if ((rc = wq__lmdb_txn(e, 0, &txn)) < 0)
+            break;
+        if ((rc = wq__lmdb_meta_get(txn, e, &m)) == 0 &&
+            (rc = wq__journal_apply(txn, e, fd, 0, &m, &groups, why, sizeof why)) == 0 &&
+            groups > 0)
+            rc = wq__lmdb_meta_put(txn, e, &m);
+        if (rc < 0 || groups == 0) {
+            mdb_txn_abort(txn);
+            break;
+        }
+        /* Synced whatever the durability: the journal's adds were. */
+        mdb_env_set_flags(e->env, MDB_NOSYNC, 0);
+        WQ_FAULT("store.replay");
+        rc = wq__lmdb_err(mdb_txn_commit(txn));
+        if (rc == -ENOSPC && wq__lmdb_grow(e) == 0) {
+            rc = 0;
+            continue;
+        }
+        rc = rc < 0 ? rc : 1;
+        break;
+    }
+    close(fd);
+    if (rc < 0)
+        return store_err(rc, abs, "%s", why[0] ? why : strerror(-rc));
+    return rc;
 }
 
 /* The store's LMDB environment, made if need be: failures named. */
@@ -260,7 +318,21 @@ int wq__store_prepare(const struct wq_options *o, struct wq_options *eff, char *
         return store_err(-EUCLEAN, abs, "its meta record holds settings wq_open "
                          "would refuse");
     }
-    return env_open(abs, mode);   /* sound: now this process may open it */
+    if ((rc = env_open(abs, mode)) < 0)   /* sound: now this process may open it */
+        return rc;
+    if (!img->has_meta || (rc = replay(abs, mode)) <= 0)
+        return rc;
+    /* The store changed: read it again, as untrusted as the first time. */
+    struct wq_store_img in = *img;
+    wq__store_img_free(img);
+    img->salvage = in.salvage;
+    img->report = in.report;
+    img->report_arg = in.report_arg;
+    img->in_wait = in.in_wait;
+    img->in_wait_arg = in.in_wait_arg;
+    if ((rc = wq__store_read(abs, img, why, sizeof why)) < 0)
+        return store_err(rc, abs, "%s", why);
+    return verify(abs, img);
 }
 /* A store written by version 1 (no checksums, no counts): rewrite every
    record as version 2, in its first-add order, in the caller's txn. */
@@ -297,7 +369,8 @@ int wq__store_write_marker(const char *dir, mode_t mode)
     return rc;
 }
 
-int wq__store_init_meta(const struct wq_geom *g, const struct wq_store_img *img)
+int wq__store_init_meta(const struct wq_geom *g, const struct wq_store_img *img,
+                        uint64_t journal[2])
 {
     struct wq_env *e;
     int rc = wq__lmdb_env(g->store_path, (mode_t)g->mode, false, &e);
@@ -315,9 +388,16 @@ int wq__store_init_meta(const struct wq_geom *g, const struct wq_store_img *img)
             m.next_order = old.next_order;
             m.records = old.records;
             m.sum = old.sum;
+            m.journal_id = old.journal_id;
+            m.journal_lsn = old.journal_lsn;
         }
         rc = 0;
-        if (img && (img->v1 || (img->has_meta && img->meta.version < WQ_STORE_VERSION)))
+        /* The journal's groups carry the id, so that no other store's
+           journal is ever applied to this one. */
+        while (m.journal_id == 0)
+            if (getrandom(&m.journal_id, sizeof m.journal_id, 0) != sizeof m.journal_id)
+                m.journal_id = wq__now_real() ^ ((uint64_t)getpid() << 32);
+        if (img && (img->v1 || (img->has_meta && img->meta.version < 2)))
             rc = upgrade(txn, e, img, &m);
         if (rc == 0)
             rc = wq__lmdb_meta_put(txn, e, &m);
@@ -333,6 +413,8 @@ int wq__store_init_meta(const struct wq_geom *g, const struct wq_store_img *img)
             continue;
         if (rc < 0)
             return rc;
+        journal[0] = m.journal_id;
+        journal[1] = m.journal_lsn;
         return wq__store_write_marker(g->store_path, (mode_t)g->mode);
     }
 }

@@ -211,7 +211,7 @@ int wq__store_salvage(const char *path, const struct wq_options *opts, wq_report
     struct wq_meta m;
     if ((rc = settings(&img, opts, &m, report, arg)) < 0)
         goto out;
-    uint64_t missing = img.has_meta && img.meta.version >= WQ_STORE_VERSION &&
+    uint64_t missing = img.has_meta && img.meta.version >= 2 &&
                        img.meta.records > img.n + img.bad + dups
                            ? img.meta.records - img.n - img.bad - dups : 0;
     /* Keep the damaged store: a name that says when, never one in use. */

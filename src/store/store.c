@@ -205,6 +205,125 @@ static void group_arrive(shmq *q)
 }
 
 /* ------------------------------------------------------------------ */
+/* The journal                                                         */
+/* ------------------------------------------------------------------ */
+
+/*
+ * An FSYNC store writes what a flush reads from the store queue to the
+ * journal (journal.c), one group per flush, and settles it as if LMDB
+ * had committed it: a group is one flush of the disk, a synced LMDB
+ * commit two. LMDB takes the journal's groups in a checkpoint: one
+ * synced commit that applies them, in order, and records the last
+ * group's lsn in the meta; then the journal starts over at offset 0.
+ * A checkpoint runs when a group would not fit, and at the end of every
+ * flush of everything listed (the deferred changes' interval, wq_snapshot,
+ * wq_unlink, the last wq_close), so LMDB is as current as it was when it
+ * took every commit. Flush lock held throughout, which orders the groups
+ * (hdr->j_*). A process killed anywhere leaves either a group nobody
+ * counts (j_tail not moved: the next one is written over it) or a
+ * checkpoint LMDB holds (j_tail not reset: the next one applies nothing
+ * twice, since the meta's lsn covers it).
+ */
+static inline bool journaled(const shmq *q)
+{
+    return fsync_groups(q);
+}
+
+/* The journal's end, where the region says it is: -EBADMSG if that
+   cannot be (the next checkpoint walks what verifies). */
+static int j_tail(const struct wq_hdr *h, uint64_t *tail)
+{
+    *tail = wq_load_relaxed(&h->j_tail);
+    return *tail > WQ_JOURNAL_SIZE || *tail % WQ_JOURNAL_BLOCK ? -EBADMSG : 0;
+}
+
+/* Flush lock held: LMDB takes the journal's groups (see above). Returns
+   the groups applied, or -errno with wq_last_error set. */
+static int checkpoint(shmq *q, struct wq_env *e)
+{
+    struct wq_hdr *h = q->hdr;
+    int fd = wq__journal_fd(e, (mode_t)q->g.mode);
+    if (fd < 0)
+        return fd;
+    uint64_t tail, lsn = h->j_lsn, groups = 0;
+    if (j_tail(h, &tail) < 0)
+        tail = 0;   /* unknown: apply what verifies */
+    char why[256] = "";
+    int rc;
+    for (;;) {
+        MDB_txn *txn;
+        struct wq_meta m;
+        if ((rc = wq__lmdb_txn(e, 0, &txn)) < 0)
+            return rc;
+        if ((rc = wq__lmdb_meta_get(txn, e, &m)) == 0 && m.journal_id != h->j_id) {
+            snprintf(why, sizeof why, "its journal id is not the one the queue writes "
+                     "(the store was replaced while the queue was open)");
+            rc = -EUCLEAN;
+        }
+        if (rc == 0)
+            rc = wq__journal_apply(txn, e, fd, tail, &m, &groups, why, sizeof why);
+        if (rc == 0) {
+            if (m.journal_lsn < lsn)
+                m.journal_lsn = lsn;   /* numbers taken by writers killed before their write */
+            rc = wq__lmdb_meta_put(txn, e, &m);
+        }
+        if (rc < 0) {
+            mdb_txn_abort(txn);
+        } else {
+            mdb_env_set_flags(e->env, MDB_NOSYNC, 0);
+            WQ_FAULT("store.checkpoint");
+            rc = wq__lmdb_err(mdb_txn_commit(txn));
+        }
+        if (rc == -ENOSPC && wq__lmdb_grow(e) == 0)
+            continue;
+        break;
+    }
+    if (rc < 0) {
+        wq__errf("queue '%s': store %s: checkpoint of its journal: %s", q->pub.name,
+                 q->g.store_path, why[0] ? why : strerror(-rc));
+        return rc;
+    }
+    WQ_FAULT("store.checkpointed");
+    wq_store_relaxed(&h->j_tail, 0);
+    return (int)(groups > INT_MAX ? INT_MAX : groups);
+}
+
+/* Flush lock held: write the items as the journal's next group, on disk
+   when this returns (a checkpoint first if they do not fit). */
+static int journal_write(shmq *q, struct wq_env *e, const struct wq_item *items, uint32_t n)
+{
+    struct wq_hdr *h = q->hdr;
+    uint64_t tail, need = wq__journal_bytes(items, n);
+    int rc, fd = wq__journal_fd(e, (mode_t)q->g.mode);
+    if (fd < 0) {
+        wq__errf("queue '%s': store %s: cannot open its journal: %s", q->pub.name,
+                 q->g.store_path, strerror(-fd));
+        return fd;
+    }
+    if (h->j_id == 0) {
+        wq__errf("queue '%s': its region lost its store's journal id: reopen the queue "
+                 "from its store", q->pub.name);
+        return -EBADMSG;
+    }
+    if (j_tail(h, &tail) < 0 || need > WQ_JOURNAL_SIZE - tail) {
+        if ((rc = checkpoint(q, e)) < 0)
+            return rc;
+        tail = 0;
+    }
+    uint64_t lsn = h->j_lsn + 1;
+    wq_store_relaxed(&h->j_lsn, lsn);   /* taken before the write: never reused */
+    WQ_FAULT("store.journal");
+    if ((rc = wq__journal_write(fd, h->j_id, lsn, tail, items, n)) < 0) {
+        wq__errf("queue '%s': store %s: writing its journal: %s", q->pub.name,
+                 q->g.store_path, strerror(-rc));
+        return rc;
+    }
+    WQ_FAULT("store.journaled");
+    wq_store_relaxed(&h->j_tail, tail + need);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
 /* Marking                                                             */
 /* ------------------------------------------------------------------ */
 
@@ -386,8 +505,9 @@ static int flush_round(shmq *q, struct wq_env *e, int *written, const struct iov
                        size_t nmine, const int *stop)
 {
     struct wq_hdr *h = q->hdr;
-    MDB_txn *txn;
-    int rc = wq__lmdb_txn(e, 0, &txn);
+    MDB_txn *txn = NULL;
+    bool jrnl = journaled(q);
+    int rc = jrnl ? 0 : wq__lmdb_txn(e, 0, &txn);
     if (rc < 0)
         return rc;
     struct wq_item *items = NULL;
@@ -420,6 +540,11 @@ static int flush_round(shmq *q, struct wq_env *e, int *written, const struct iov
     size_t per = (size_t)q->max_key_len + 256;
     if (count > BATCH_BYTES / per)
         count = (uint32_t)(BATCH_BYTES / per) ? (uint32_t)(BATCH_BYTES / per) : 1;
+    /* A group is at most a quarter of the journal, so it always fits
+       after a checkpoint. */
+    size_t jper = sizeof(struct wq_rec) + (size_t)q->max_key_len + WQ_MSG_MAX;
+    if (jrnl && count > (WQ_JOURNAL_SIZE / 4 - sizeof(struct wq_jgroup)) / jper)
+        count = (uint32_t)((WQ_JOURNAL_SIZE / 4 - sizeof(struct wq_jgroup)) / jper);
     items = malloc(count * sizeof *items);
     buf = malloc(count * per);
     if (!items || !buf) {
@@ -462,6 +587,12 @@ static int flush_round(shmq *q, struct wq_env *e, int *written, const struct iov
     if (sync)
         group_arrive(q);
 
+    uint64_t t0 = sync ? wq__now_mono() : 0;
+    if (jrnl) {
+        if ((rc = journal_write(q, e, items, n)) < 0)
+            goto out;
+        goto written;
+    }
     struct wq_meta m;
     if ((rc = wq__lmdb_meta_get(txn, e, &m)) < 0)
         goto abort;
@@ -488,12 +619,12 @@ static int flush_round(shmq *q, struct wq_env *e, int *written, const struct iov
        is free meanwhile, so other processes keep marking: the next flush
        takes them all at once (group commit). */
     WQ_FAULT("store.commit");
-    uint64_t t0 = sync ? wq__now_mono() : 0;
     if ((rc = wq__lmdb_err(mdb_txn_commit(txn))) < 0) {
         txn = NULL;
         goto out;
     }
     WQ_FAULT("store.committed");
+written:
     if (sync) {   /* how long a group wait may last (group_wait) */
         uint64_t d = wq__now_mono() - t0, old = wq_load_relaxed(&q->sync_ns);
         wq_store_relaxed(&q->sync_ns, old ? (old * 7 + d) / 8 : d);
@@ -574,6 +705,11 @@ static int flush(shmq *q, bool all, const struct iovec *mine, size_t nmine, cons
             break;   /* an error, or nothing was left */
         if (!all && wq_load_relaxed(&q->hdr->sq_count) == 0)
             break;
+    }
+    uint64_t tail;
+    if (rc >= 0 && all && journaled(q) && (j_tail(q->hdr, &tail) < 0 || tail > 0)) {
+        int c = checkpoint(q, e);
+        rc = c < 0 ? c : rc;
     }
     pthread_mutex_unlock(&q->hdr->flush_lock);
     return rc < 0 ? rc : written;

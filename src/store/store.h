@@ -65,8 +65,11 @@ int wq__store_prepare(const struct wq_options *o, struct wq_options *eff, char *
    store has passed; a region built while it is read does it earlier).
    -EUCLEAN if the result breaks wq_open's rules. */
 int wq__store_options(struct wq_options *eff, const struct wq_meta *m);
-/* Write the meta record of a (new or restored) queue, and the marker. */
-int wq__store_init_meta(const struct wq_geom *g, const struct wq_store_img *img);
+/* Write the meta record of a (new or restored) queue, and the marker;
+   journal: the store's journal id and last journal group, for the
+   region's header (j_id, j_lsn). */
+int wq__store_init_meta(const struct wq_geom *g, const struct wq_store_img *img,
+                        uint64_t journal[2]);
 /* Fill a region nobody else sees yet from the store read by prepare:
    keys restored or -errno. */
 int wq__store_restore(struct wq_shm *view, struct wq_store_img *img);

@@ -1,0 +1,295 @@
+/*
+ * journal.c - the journal of a WQ_DURABLE_FSYNC store (format.h says
+ * what it holds): the file, its groups, and applying them to LMDB.
+ *
+ * Why a journal: a synced LMDB commit flushes the disk twice (its pages,
+ * then its meta page, which must not reach the disk before them), and an
+ * add is one commit. A group written here is one write with O_DSYNC into
+ * a file whose blocks were all written once before (so no file metadata
+ * changes with it): one flush. LMDB then takes the journal's groups in
+ * one synced commit now and then (a checkpoint, store.c), and a restore
+ * applies what no checkpoint took before it reads the store (restore.c).
+ *
+ * Each group starts on a WQ_JOURNAL_BLOCK boundary and no later group
+ * writes into its blocks before a checkpoint holds it: a write torn by a
+ * power failure damages only the group being written, whose add never
+ * returned.
+ *
+ * Knows LMDB (through lmdb.c's calls) and the format; knows nothing of
+ * regions.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "format.h"
+
+#define JSEED 0x6c6962776a726e6cull   /* "libwjrnl" */
+
+static uint64_t rec_bytes(const struct wq_item *it)
+{
+    return sizeof it->r + it->r.keylen + it->r.msglen;
+}
+
+uint64_t wq__journal_bytes(const struct wq_item *items, uint32_t n)
+{
+    uint64_t b = sizeof(struct wq_jgroup);
+    for (uint32_t i = 0; i < n; i++)
+        b += rec_bytes(&items[i]);
+    return (b + WQ_JOURNAL_BLOCK - 1) / WQ_JOURNAL_BLOCK * WQ_JOURNAL_BLOCK;
+}
+
+static uint64_t group_check(const struct wq_jgroup *g, const void *payload)
+{
+    struct wq_jgroup h = *g;
+    h.check = 0;
+    return wq__hash64(wq__hash64(JSEED, &h, sizeof h), payload, g->bytes);
+}
+
+static int pwrite_all(int fd, const void *buf, size_t n, uint64_t off)
+{
+    const char *p = buf;
+    while (n > 0) {
+        ssize_t w = pwrite(fd, p, n, (off_t)off);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0)
+            return -errno;
+        if (w == 0)
+            return -EIO;
+        p += w;
+        n -= (size_t)w;
+        off += (uint64_t)w;
+    }
+    return 0;
+}
+
+/* Bytes read (short at the end of the file) or -errno. */
+static ssize_t pread_all(int fd, void *buf, size_t n, uint64_t off)
+{
+    char *p = buf;
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = pread(fd, p + got, n - got, (off_t)(off + got));
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            return -errno;
+        if (r == 0)
+            break;
+        got += (size_t)r;
+    }
+    return (ssize_t)got;
+}
+
+/* Fill the file to WQ_JOURNAL_SIZE with written zeros: a write into a
+   block the file has never written (a hole, or fallocate's unwritten
+   extents) changes file metadata, which O_DSYNC then flushes too. */
+static int fill(int fd, const char *dir)
+{
+    struct stat sb;
+    if (fstat(fd, &sb) < 0)
+        return -errno;
+    if ((uint64_t)sb.st_size >= WQ_JOURNAL_SIZE)
+        return 0;
+    size_t chunk = 1u << 20;
+    char *z = calloc(1, chunk);
+    if (!z)
+        return -ENOMEM;
+    int rc = 0;
+    for (uint64_t off = (uint64_t)sb.st_size / WQ_JOURNAL_BLOCK * WQ_JOURNAL_BLOCK;
+         off < WQ_JOURNAL_SIZE && rc == 0; off += chunk) {
+        size_t n = WQ_JOURNAL_SIZE - off < chunk ? (size_t)(WQ_JOURNAL_SIZE - off) : chunk;
+        /* Never zero what a group may already hold: only past the end. */
+        uint64_t from = off < (uint64_t)sb.st_size ? (uint64_t)sb.st_size : off;
+        rc = pwrite_all(fd, z + (from - off), n - (size_t)(from - off), from);
+    }
+    free(z);
+    if (rc == 0 && fdatasync(fd) < 0)
+        rc = -errno;
+    int dfd = rc == 0 ? open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
+    if (dfd >= 0) {   /* the new file's name, on disk before any group */
+        if (fsync(dfd) < 0)
+            rc = -errno;
+        close(dfd);
+    }
+    return rc;
+}
+
+int wq__journal_fd(struct wq_env *e, mode_t mode)
+{
+    if (e->jfd > 0)
+        return e->jfd - 1;
+    char f[sizeof e->path + 16];
+    snprintf(f, sizeof f, "%s/%s", e->path, WQ_JOURNAL_FILE);
+    int fd = open(f, O_RDWR | O_CREAT | O_DSYNC | O_CLOEXEC | O_NOFOLLOW, mode & 0666);
+    if (fd < 0)
+        return -errno;
+    struct stat sb;
+    int rc = 0;
+    if (fstat(fd, &sb) < 0)
+        rc = -errno;
+    else if (!S_ISREG(sb.st_mode))
+        rc = -EUCLEAN;
+    else if (sb.st_size == 0 && fchmod(fd, mode & 0666) < 0)   /* not the umask's */
+        rc = -errno;
+    if (rc == 0)
+        rc = fill(fd, e->path);
+    if (rc < 0) {
+        close(fd);
+        return rc;
+    }
+    e->jfd = fd + 1;
+    return fd;
+}
+
+int wq__journal_write(int fd, uint64_t id, uint64_t lsn, uint64_t off,
+                      const struct wq_item *items, uint32_t n)
+{
+    uint64_t total = wq__journal_bytes(items, n);
+    if (n == 0 || off % WQ_JOURNAL_BLOCK || off > WQ_JOURNAL_SIZE ||
+        total > WQ_JOURNAL_SIZE - off)
+        return -ENOSPC;
+    char *buf = calloc(1, total);
+    if (!buf)
+        return -ENOMEM;
+    struct wq_jgroup g = { .magic = WQ_JGROUP_MAGIC, .nrec = n, .id = id, .lsn = lsn };
+    char *p = buf + sizeof g;
+    for (uint32_t i = 0; i < n; i++) {
+        struct wq_rec r = items[i].r;
+        r.magic = WQ_REC_MAGIC;
+        r.check = 0;
+        memcpy(p, &r, sizeof r);
+        memcpy(p + sizeof r, items[i].key, r.keylen);
+        memcpy(p + sizeof r + r.keylen, items[i].msg, r.msglen);
+        p += rec_bytes(&items[i]);
+    }
+    g.bytes = (uint64_t)(p - buf) - sizeof g;
+    g.check = group_check(&g, buf + sizeof g);
+    memcpy(buf, &g, sizeof g);
+    int rc = pwrite_all(fd, buf, total, off);
+    free(buf);
+    return rc;
+}
+
+/* Is there a verified group of this journal at off of the image? Its
+   header in *g, and the offset of the block after it in *next. */
+static bool group_at(const char *img, uint64_t len, uint64_t id, uint64_t off,
+                     struct wq_jgroup *g, uint64_t *next)
+{
+    if (off > len || len - off < sizeof *g)
+        return false;
+    memcpy(g, img + off, sizeof *g);
+    if (g->magic != WQ_JGROUP_MAGIC || g->id != id || g->nrec == 0 ||
+        g->bytes > len - off - sizeof *g || group_check(g, img + off + sizeof *g) != g->check)
+        return false;
+    uint64_t end = off + sizeof *g + g->bytes;
+    *next = (end + WQ_JOURNAL_BLOCK - 1) / WQ_JOURNAL_BLOCK * WQ_JOURNAL_BLOCK;
+    return true;
+}
+
+/* Apply one verified group's records. A record that does not decode is
+   damage the check cannot have let through, unless the writer was
+   wrong: -EUCLEAN all the same. */
+static int apply_group(MDB_txn *txn, struct wq_env *e, const char *gp, struct wq_meta *m)
+{
+    struct wq_jgroup g;
+    memcpy(&g, gp, sizeof g);
+    const char *p = gp + sizeof g, *end = p + g.bytes;
+    for (uint32_t i = 0; i < g.nrec; i++) {
+        struct wq_item it;
+        memset(&it, 0, sizeof it);
+        if ((size_t)(end - p) < sizeof it.r)
+            return -EUCLEAN;
+        memcpy(&it.r, p, sizeof it.r);
+        size_t len = sizeof it.r + it.r.keylen + it.r.msglen;
+        if (it.r.magic != WQ_REC_MAGIC || it.r.keylen == 0 || it.r.keylen > WQ_MAX_KEY_LEN ||
+            it.r.msglen > 255 || it.r.cls < WQ_CLS_PENDING || it.r.cls > WQ_CLS_DELETE ||
+            (size_t)(end - p) < len)
+            return -EUCLEAN;
+        it.key = (const unsigned char *)p + sizeof it.r;
+        it.msg = p + sizeof it.r + it.r.keylen;
+        int rc = wq__lmdb_put(txn, e, &it, m);
+        if (rc < 0)
+            return rc;
+        p += len;
+    }
+    return p == end ? 0 : -EUCLEAN;
+}
+
+int wq__journal_apply(MDB_txn *txn, struct wq_env *e, int fd, uint64_t upto,
+                      struct wq_meta *m, uint64_t *groups, char *why, size_t wn)
+{
+    uint64_t id = m->journal_id, off = 0, last = 0, next = 0;
+    *groups = 0;
+    why[0] = 0;
+    if (id == 0)
+        return 0;   /* no group was ever written for this store */
+    /* The whole file, in one read: a checkpoint reads it about once a
+       second, from the page cache, and a replay must look past the end
+       of the groups for damage. */
+    char *img = malloc(WQ_JOURNAL_SIZE);
+    if (!img)
+        return -ENOMEM;
+    ssize_t got = pread_all(fd, img, WQ_JOURNAL_SIZE, 0);
+    if (got < 0) {
+        snprintf(why, wn, "reading its journal: %s", strerror((int)-got));
+        free(img);
+        return (int)got;
+    }
+    uint64_t len = (uint64_t)got;
+    int rc = 0;
+    for (;;) {
+        struct wq_jgroup g;
+        bool ok = group_at(img, len, id, off, &g, &next);
+        if (ok && off > 0 && g.lsn <= last)
+            ok = false;   /* an older group: the newest ones end here */
+        if (!ok) {
+            if (off < upto) {
+                snprintf(why, wn, "its journal's group at offset %llu does not verify, "
+                         "though the queue wrote groups up to offset %llu",
+                         (unsigned long long)off, (unsigned long long)upto);
+                rc = -EBADMSG;
+                break;
+            }
+            if (upto > 0)
+                break;
+            /* A replay: a group that was being written when the system
+               went down does not verify, and nothing newer follows it.
+               A newer one after it means damage. */
+            uint64_t above = last > m->journal_lsn ? last : m->journal_lsn, n2;
+            for (uint64_t at = off + WQ_JOURNAL_BLOCK; at < len; at += WQ_JOURNAL_BLOCK) {
+                struct wq_jgroup h;
+                if (group_at(img, len, id, at, &h, &n2) && h.lsn > above) {
+                    snprintf(why, wn, "its journal's group at offset %llu does not verify, "
+                             "but a later one at offset %llu does: the journal is damaged",
+                             (unsigned long long)off, (unsigned long long)at);
+                    rc = -EUCLEAN;
+                    break;
+                }
+            }
+            break;
+        }
+        last = g.lsn;
+        if (g.lsn > m->journal_lsn) {
+            if ((rc = apply_group(txn, e, img + off, m)) < 0) {
+                if (rc == -EUCLEAN)
+                    snprintf(why, wn, "its journal's group at offset %llu holds a record "
+                             "that does not decode", (unsigned long long)off);
+                break;
+            }
+            m->journal_lsn = g.lsn;
+            ++*groups;
+        }
+        off = next;
+    }
+    free(img);
+    return rc;
+}
