@@ -1,14 +1,20 @@
 #!/bin/sh
 # What WQ_DURABLE_FSYNC pays for, seen from outside the library: strace
-# counts the sync system calls of each wqctl process, `wqctl stat` the
-# changes the store does not have yet. An add syncs once (its commit). The
-# done of a clean key (wqctl get: get and done) syncs nothing and commits
-# nothing while another process has the queue open: the removal is
-# deferred to the next commit that syncs anyway (the next add's), or to
-# the last process's close (one sync). wq_snapshot (wqctl snapshot) writes
-# and syncs what is deferred, and nothing when nothing is (every commit
-# of an FSYNC store is synced). Durability process never syncs.
-# Without strace: skipped (77), except in CI (CI=true), where that fails.
+# counts the disk flushes of each wqctl process (sync calls, and writes to
+# a file opened with O_DSYNC or O_SYNC), `wqctl stat` the changes the
+# store does not have yet. An add flushes once: its group in the store's
+# journal. The done of a clean key (wqctl get: get and done) flushes
+# nothing and writes nothing while another process has the queue open:
+# the removal is deferred to the next group that is written anyway (the
+# next add's), or to the last process's close. wq_snapshot (wqctl
+# snapshot), and the last close when something is deferred, write it as a
+# group and then checkpoint: LMDB takes the journal's groups in one
+# synced commit (two flushes: its pages, then its meta page). A snapshot
+# with nothing deferred and nothing in the journal flushes nothing; a
+# last close with nothing deferred leaves the journal as it is (a restore
+# replays it). Durability process never
+# flushes. Without strace: skipped (77), except in CI (CI=true), where
+# that fails.
 set -u
 WQCTL="${top_builddir:-.}/tools/wqctl"
 F="t-fsync-f-$$"
@@ -36,19 +42,38 @@ if ! strace -f -o /dev/null true 2>/dev/null; then
     exit 77
 fi
 
-# syncs WANT WANT_OUT CMD...: CMD prints WANT_OUT and makes WANT sync calls
-# (fsync, fdatasync, msync; the libtool wrapper's exec is followed).
+# syncs WANT WANT_OUT CMD...: CMD prints WANT_OUT and flushes the disk
+# WANT times: fsync, fdatasync, msync, sync_file_range, and each write to
+# a descriptor opened with O_DSYNC or O_SYNC (the libtool wrapper's exec
+# is followed; descriptors are tracked from open to close).
 syncs() {
     want=$1 want_out=$2; shift 2
     # LeakSanitizer cannot run under ptrace (an ASan build): leaks are
     # checked by the other tests.
     got_out=$(ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0" \
-        strace -f -qq -e trace=fsync,fdatasync,msync,sync_file_range \
+        strace -f -qq -e trace=fsync,fdatasync,msync,sync_file_range,open,openat,close,write,pwrite64,writev,pwritev,pwritev2 \
         -o "$DIR/trace" "$@" 2>&1) || fail "'$*' exited $?: $got_out"
     [ "$got_out" = "$want_out" ] || fail "'$*' printed '$got_out', want '$want_out'"
-    n=$(grep -cE '^[0-9]+ +(fsync|fdatasync|msync|sync_file_range)\(' "$DIR/trace")
+    n=$(awk '
+        /open(at)?\(/ {
+            if (/O_DSYNC|O_SYNC/ && match($0, /= [0-9]+$/))
+                dsync[substr($0, RSTART + 2)] = 1
+            next
+        }
+        / close\([0-9]+/ {
+            match($0, /close\([0-9]+/)
+            delete dsync[substr($0, RSTART + 6, RLENGTH - 6)]
+            next
+        }
+        / (fsync|fdatasync|msync|sync_file_range)\(/ { n++; next }
+        / (write|pwrite64|writev|pwritev|pwritev2)\([0-9]+/ {
+            match($0, /\([0-9]+/)
+            if (substr($0, RSTART + 1, RLENGTH - 1) in dsync)
+                n++
+        }
+        END { print n + 0 }' "$DIR/trace")
     [ "$n" = "$want" ] ||
-        fail "'$*' made $n sync calls, want $want: $(cat "$DIR/trace")"
+        fail "'$*' flushed $n times, want $want: $(cat "$DIR/trace")"
     PASS=$((PASS + 1))
 }
 
@@ -78,22 +103,22 @@ until "$WQCTL" stat "$F" | grep -q "^processes  *1$"; do
     sleep 0.05
 done
 
-syncs 1 "added 1, coalesced 0" "$WQCTL" add "$F" k1
+syncs 1 "added 1, coalesced 0" "$WQCTL" add "$F" k1  # its journal group
 syncs 0 "k1" "$WQCTL" get "$F"                        # get, done: a removal, deferred
 unsynced 1
-syncs 1 "added 2, coalesced 0" "$WQCTL" add "$F" k2 k3  # one commit, one sync, k1's removal in it
+syncs 1 "added 2, coalesced 0" "$WQCTL" add "$F" k2 k3  # one group, k1's removal in it
 unsynced 0
 syncs 0 "k2" "$WQCTL" get "$F"
 unsynced 1
-syncs 1 "wrote 1 record" "$WQCTL" snapshot "$F"        # k2's removal reaches disk
-syncs 0 "wrote 0 records" "$WQCTL" snapshot "$F"       # every commit was synced
+syncs 3 "wrote 1 record" "$WQCTL" snapshot "$F"        # k2's removal, then a checkpoint
+syncs 0 "wrote 0 records" "$WQCTL" snapshot "$F"       # nothing deferred, nothing journaled
 syncs 0 "k3" "$WQCTL" get "$F"
 unsynced 1
 exec 3>&-                                             # the holder reads EOF, closes last
 wait "$HOLDER" || fail "the holder exited $?: $(cat "$DIR/holder.out")"
 unsynced 0                                            # its close wrote k3's removal
-syncs 1 "added 1, coalesced 0" "$WQCTL" add "$F" k4
-syncs 1 "k4" "$WQCTL" get "$F"                        # the last to close writes the removal
+syncs 1 "added 1, coalesced 0" "$WQCTL" add "$F" k4   # the last close: nothing listed, no checkpoint
+syncs 3 "k4" "$WQCTL" get "$F"                        # the last close: the removal's group, a checkpoint
 unsynced 0
 syncs 0 "added 1, coalesced 0" "$WQCTL" add "$P" k1
 syncs 0 "k1" "$WQCTL" get "$P"

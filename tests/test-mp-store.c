@@ -713,8 +713,8 @@ static void test_commit_kills(void **state)
     t_watchdog(60 * t_scale());
     commit_kill("store.commit", WQ_DURABLE_PROCESS);
     commit_kill("store.committed", WQ_DURABLE_PROCESS);
-    commit_kill("store.commit", WQ_DURABLE_FSYNC);
-    commit_kill("store.committed", WQ_DURABLE_FSYNC);
+    commit_kill("store.journal", WQ_DURABLE_FSYNC);
+    commit_kill("store.journaled", WQ_DURABLE_FSYNC);
     done_kill("store.commit");
     done_kill("store.committed");
 }

@@ -30,6 +30,7 @@
 #include "t.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <signal.h>
@@ -585,6 +586,33 @@ static uint64_t store_txnid(const char *dir)
     return store_peek(dir).txnid;
 }
 
+/* The journal of an FSYNC store as its file shows it, read here without
+   the library: the highest group number (lsn) of a group header found at
+   a 512-byte boundary by its magic ("WQJ1"), 0 for none. Each flush that
+   writes the journal takes the next number, so the difference between
+   two readings counts the groups written in between. */
+static uint64_t journal_lsn(const char *dir)
+{
+    char f[300];
+    snprintf(f, sizeof f, "%s/journal", dir);
+    int fd = open(f, O_RDONLY);
+    if (fd < 0)
+        return 0;
+    static unsigned char buf[4u << 20];
+    ssize_t n = read(fd, buf, sizeof buf);
+    close(fd);
+    uint64_t best = 0;
+    for (ssize_t off = 0; off + 40 <= n; off += 512) {
+        uint32_t magic;
+        uint64_t lsn;
+        memcpy(&magic, buf + off, 4);
+        memcpy(&lsn, buf + off + 16, 8);
+        if (magic == 0x314a5157u && lsn > best)
+            best = lsn;
+    }
+    return best;
+}
+
 struct group_board {
     atomic_int stage;
 };
@@ -689,13 +717,15 @@ static void test_fsync_group(void **state)
     const char *store = g.store;
     struct group_board *b = g.b;
     /* The child was in the last group and has not added since: our add
-       waits for it, and its c2 joins the commit of p1. */
-    uint64_t t0 = store_txnid(store);
+       waits for it, and its c2 joins the journal group of p1. LMDB takes
+       no commit: the journal holds both. */
+    uint64_t t0 = store_txnid(store), j0 = journal_lsn(store);
     uint64_t a = t_now_ns();
     assert_int_equal(wq_add(q, KS("p1")), 0);
     uint64_t waited = t_now_ns() - a;
     assert_int_equal(t_wait_count(&b->stage, 2, 20000), 0);
-    assert_int_equal(store_txnid(store) - t0, 1);
+    assert_int_equal(journal_lsn(store) - j0, 1);
+    assert_int_equal(store_txnid(store), t0);
     assert_true(waited < 20000000000ull);   /* ended by c2, not the deadline */
     assert_int_equal(wq_len(q), 3);
     /* Again, but the child only takes c1 and dones it: our wait ends at
@@ -703,14 +733,15 @@ static void test_fsync_group(void **state)
        our commit writes c1's removal. */
     assert_int_equal(setenv("WQ_TEST_SYNC_WAIT_US", "3000000", 1), 0);
     atomic_store(&b->stage, 3);
-    t0 = store_txnid(store);
+    j0 = journal_lsn(store);
     a = t_now_ns();
     assert_int_equal(wq_add(q, KS("p2")), 0);
     waited = t_now_ns() - a;
     assert_int_equal(t_wait_count(&b->stage, 4, 20000), 0);
     printf("  p2's add waited %.3f s for an adder that did not come\n", (double)waited / 1e9);
     assert_true(waited >= 2990000000ull);
-    assert_int_equal(store_txnid(store) - t0, 1);   /* p2 and c1's removal */
+    assert_int_equal(journal_lsn(store) - j0, 1);   /* p2 and c1's removal */
+    assert_int_equal(store_txnid(store), t0);
     assert_int_equal(t_stats(q).store_unsynced, 0);
     /* The child left the groups: no wait now (the fsync alone). */
     a = t_now_ns();
@@ -787,19 +818,20 @@ static void test_fsync_group_kill(void **state)
     const char *store = g.store;
     pid_t c = g.child;
     assert_int_equal(until_waited_for(q), 0);   /* the child waits for us */
-    uint64_t t0 = store_txnid(store);
+    uint64_t t0 = store_txnid(store), j0 = journal_lsn(store);
     T_EXPECT_GET(q, "p1");
     assert_int_equal(wq_done(q, KS("p1")), 0);   /* left to the waiter */
-    assert_int_equal(store_txnid(store), t0);
+    assert_int_equal(journal_lsn(store), j0);
     assert_int_equal(t_stats(q).store_unsynced, 2);   /* p1's removal, w1 */
     assert_int_equal(kill(c, SIGKILL), 0);
     assert_int_equal(t_wait(c, 10000), 128 + SIGKILL);
     /* Our next add does not wait for a dead process's key: it writes
-       the removal and w1 with p2, in one commit. */
+       the removal and w1 with p2, in one journal group. */
     uint64_t a = t_now_ns();
     assert_int_equal(wq_add(q, KS("p2")), 0);
     assert_true(t_now_ns() - a < 10000000000ull);
-    assert_int_equal(store_txnid(store) - t0, 1);
+    assert_int_equal(journal_lsn(store) - j0, 1);
+    assert_int_equal(store_txnid(store), t0);
     assert_int_equal(t_stats(q).store_unsynced, 0);
     assert_int_equal(wq_check(q, 0), 0);
     T_EXPECT_GET(q, "w1");
@@ -866,11 +898,14 @@ static int deferred_child(const char *name, const char *k, struct group_board *b
         pause();
 }
 
-/* Every commit of an FSYNC store is synced (an unsynced one can leave the
-   store damaged by a power failure), so a removal is not committed on its
-   own: it waits for the next new key's commit, DEFER_MAX (1024) listed,
-   wq_snapshot, or the interval (an hour here: never). The witnesses: LMDB's
-   transaction count read by a child, and the store read alone. */
+/* An FSYNC store writes a journal group where it used to commit to
+   LMDB, and every group is synced, so a removal is not written on its
+   own: it waits for the next new key's group, DEFER_MAX (1024) listed,
+   wq_snapshot, or the interval (an hour here: never). The last three
+   write everything listed and then checkpoint: LMDB takes the journal's
+   groups in one commit. The witnesses: LMDB's transaction count read by
+   a child, the journal's group numbers read from its file, and the store
+   read alone. */
 static void test_fsync_deferred(void **state)
 {
     (void)state;
@@ -879,25 +914,31 @@ static void test_fsync_deferred(void **state)
     o.snapshot_interval_ms = 3600000;
     o.capacity = 4096;
     wq *q = t_track(T_OPEN(name, &o));
-    uint64_t t0 = store_txnid(store);
+    uint64_t t0 = store_txnid(store), j0 = journal_lsn(store);
+    assert_int_equal(j0, 0);   /* no group before the first add */
     assert_int_equal(wq_add(q, KS("a")), 0);
     assert_int_equal(wq_add(q, KS("b")), 0);
     assert_int_equal(wq_add(q, KS("c")), 0);
-    assert_int_equal(store_txnid(store) - t0, 3);   /* an add: a commit */
+    assert_int_equal(journal_lsn(store) - j0, 3);   /* an add: a group */
+    assert_int_equal(store_txnid(store), t0);       /* and no commit */
     cycle_out(q, "a");
     cycle_out(q, "b");
-    assert_int_equal(store_txnid(store) - t0, 3);   /* a done: none */
+    assert_int_equal(journal_lsn(store) - j0, 3);   /* a done: nothing */
     assert_int_equal(t_stats(q).store_unsynced, 2);
-    assert_int_equal(wq_add(q, KS("d")), 0);   /* one commit: d, a and b gone */
-    assert_int_equal(store_txnid(store) - t0, 4);
+    assert_int_equal(wq_add(q, KS("d")), 0);   /* one group: d, a and b gone */
+    assert_int_equal(journal_lsn(store) - j0, 4);
     assert_int_equal(t_stats(q).store_unsynced, 0);
     cycle_out(q, "c");
-    assert_int_equal(wq_snapshot(q), 1);   /* c's removal, synced */
-    assert_int_equal(store_txnid(store) - t0, 5);
-    assert_int_equal(wq_snapshot(q), 0);   /* nothing left: no commit */
-    assert_int_equal(store_txnid(store) - t0, 5);
+    assert_int_equal(wq_snapshot(q), 1);   /* c's removal, then a checkpoint */
+    assert_int_equal(journal_lsn(store) - j0, 5);
+    assert_int_equal(store_txnid(store) - t0, 1);
+    assert_int_equal(wq_snapshot(q), 0);   /* nothing left: nothing written */
+    assert_int_equal(journal_lsn(store) - j0, 5);
+    assert_int_equal(store_txnid(store) - t0, 1);
 
-    /* 1030 keys in one call; the 1024th listed removal is written at once. */
+    /* 1030 keys in one call: one group; the snapshot's checkpoint puts
+       them in LMDB. Then the 1024th listed removal writes them all, and
+       a checkpoint. */
     enum { N = 1030 };
     static char kb[N][8];
     struct iovec keys[N];
@@ -906,14 +947,19 @@ static void test_fsync_deferred(void **state)
         keys[i] = (struct iovec){ kb[i], strlen(kb[i]) };
     }
     assert_int_equal(wq_add_many(q, keys, N), 0);   /* none coalesced */
+    assert_int_equal(journal_lsn(store) - j0, 6);
+    assert_int_equal(wq_snapshot(q), 0);
+    assert_int_equal(store_txnid(store) - t0, 2);
     uint64_t t1 = store_txnid(store);
     cycle_out(q, "d");
     for (int i = 0; i < 1022; i++)
         cycle_out(q, kb[i]);
     assert_int_equal(t_stats(q).store_unsynced, 1023);
     assert_int_equal(store_txnid(store), t1);
+    assert_int_equal(journal_lsn(store) - j0, 6);
     cycle_out(q, kb[1022]);   /* the 1024th */
     assert_int_equal(t_stats(q).store_unsynced, 0);
+    assert_int_equal(journal_lsn(store) - j0, 7);
     assert_int_equal(store_txnid(store) - t1, 1);
     /* That commit freed pages it had allocated, and LMDB does not write
        those: data.mdb now ends before LMDB's last page. Such a store is
@@ -924,6 +970,8 @@ static void test_fsync_deferred(void **state)
     if (s1 == 0)
         _exit(add_child(name, "s1"));
     assert_int_equal(t_wait(s1, 20000), 0);
+    assert_int_equal(journal_lsn(store) - j0, 8);
+    assert_int_equal(store_txnid(store), t1 + 1);
     t1 = store_txnid(store);
 
     /* A process that made a deferred removal and was killed: the region
@@ -937,9 +985,10 @@ static void test_fsync_deferred(void **state)
     assert_int_equal(t_wait(c, 10000), 128 + SIGKILL);
     t_shared_free(b, sizeof *b);
     assert_int_equal(t_stats(q).store_unsynced, 1);
-    assert_int_equal(store_txnid(store), t1);
+    assert_int_equal(journal_lsn(store) - j0, 8);
     assert_int_equal(wq_add(q, KS("e")), 0);
-    assert_int_equal(store_txnid(store) - t1, 1);
+    assert_int_equal(journal_lsn(store) - j0, 9);
+    assert_int_equal(store_txnid(store), t1);
     assert_int_equal(t_stats(q).store_unsynced, 0);
     assert_int_equal(wq_check(q, 0), 0);
     const char *left[] = { kb[1024], kb[1025], kb[1026], kb[1027], kb[1028], kb[1029], "s1",
@@ -1136,13 +1185,15 @@ static void test_store_add_dropped(void **state)
 /* The lease thread's writes (idle queues)                             */
 /* ------------------------------------------------------------------ */
 
-/* Wait (at most 10 s, times t_scale) until the store queue is empty: a
-   relaxed read of the header, which takes no lock and writes nothing. */
+/* Wait (at most 10 s, times t_scale) until the store queue is empty and
+   an FSYNC store's journal checkpointed (j_tail back at 0): relaxed reads
+   of the header, which take no lock and write nothing. */
 static bool until_written(wq *q)
 {
     const struct wq_hdr *h = wq__shm(q)->hdr;
     uint64_t end = t_now_ns() + 10000000000ull * t_scale();
-    while (__atomic_load_n(&h->sq_count, __ATOMIC_RELAXED) != 0) {
+    while (__atomic_load_n(&h->sq_count, __ATOMIC_RELAXED) != 0 ||
+           __atomic_load_n(&h->j_tail, __ATOMIC_RELAXED) != 0) {
         if (t_now_ns() > end)
             return false;
         t_sleep_ms(5);
@@ -1184,12 +1235,12 @@ static void test_idle_writes(void **state)
     q = t_track(T_OPEN(name, &o));
     assert_int_equal(wq_add(q, KS("early")), 0);
     cycle_out(q, "early");   /* its removal deferred: not due for 1.5 s */
-    pid_t c = t_fork(60);   /* killed at its commit: "late" is STORING */
+    pid_t c = t_fork(60);   /* killed at its journal write: "late" is STORING */
     if (c == 0) {
         wq *cq = NULL;
         if (wq_open(name, NULL, &cq) < 0)
             _exit(1);
-        wq_fault_arm("store.commit", 1, WQ_FAULT_KILL);
+        wq_fault_arm("store.journal", 1, WQ_FAULT_KILL);
         wq_add(cq, KS("late"));
         _exit(2);
     }

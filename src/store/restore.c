@@ -413,6 +413,10 @@ int wq__store_init_meta(const struct wq_geom *g, const struct wq_store_img *img,
             continue;
         if (rc < 0)
             return rc;
+        /* The journal, made now rather than by the first add: filling
+           it takes a few ms. */
+        if (g->durability == WQ_DURABLE_FSYNC && (rc = wq__journal_fd(e, (mode_t)g->mode)) < 0)
+            return store_err(rc, g->store_path, "cannot make its journal: %s", strerror(-rc));
         journal[0] = m.journal_id;
         journal[1] = m.journal_lsn;
         return wq__store_write_marker(g->store_path, (mode_t)g->mode);

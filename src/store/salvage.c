@@ -106,10 +106,42 @@ static int settings(const struct wq_store_img *img, const struct wq_options *opt
     return 0;
 }
 
-/* Write the kept records and the meta into the new store at dir. */
-static int write_store(const char *dir, mode_t mode, struct wq_store_img *img,
-                       struct wq_meta *m)
+/* The old store's journal (in aside, with the id and checkpoint its meta
+   gave: journal_id 0 if none) applied to txn as far as its groups verify;
+   what is lost past a damaged one is reported. The new store starts a
+   journal of its own. */
+static int salvage_journal(MDB_txn *txn, struct wq_env *e, const char *aside,
+                           const struct wq_meta *old, struct wq_meta *m, wq_report_fn report,
+                           void *arg)
 {
+    char f[PATH_MAX + 80], why[256];
+    snprintf(f, sizeof f, "%s/%s", aside, WQ_JOURNAL_FILE);
+    int rc = 0, fd = old->journal_id ? open(f, O_RDONLY | O_CLOEXEC | O_NOFOLLOW) : -1;
+    uint64_t groups = 0;
+    if (fd >= 0) {
+        m->journal_id = old->journal_id;
+        m->journal_lsn = old->journal_lsn;
+        rc = wq__journal_apply(txn, e, fd, 0, m, &groups, why, sizeof why);
+        close(fd);
+        if (rc == -EUCLEAN) {
+            say(report, arg, "%s: the groups from there on are lost", why);
+            rc = 0;
+        }
+        if (groups > 0)
+            say(report, arg, "applied %llu journal group%s no checkpoint had taken",
+                (unsigned long long)groups, groups == 1 ? "" : "s");
+    }
+    m->journal_id = 0;
+    m->journal_lsn = 0;
+    return rc;
+}
+
+/* Write the kept records, what the old journal adds (in aside), and the
+   meta into the new store at dir. */
+static int write_store(const char *dir, mode_t mode, struct wq_store_img *img,
+                       struct wq_meta *m, const char *aside, wq_report_fn report, void *arg)
+{
+    const struct wq_meta old = *m;
     struct wq_env *e;
     wq__lmdb_env_close(dir);   /* this process may hold the old one open */
     int rc = wq__lmdb_env(dir, mode, true, &e);
@@ -129,6 +161,8 @@ static int write_store(const char *dir, mode_t mode, struct wq_store_img *img,
         }
         if (m->next_order < next)
             m->next_order = next;
+        if (rc == 0)
+            rc = salvage_journal(txn, e, aside, &old, m, report, arg);
         if (rc == 0)
             rc = wq__lmdb_meta_put(txn, e, m);
         /* Synced (pages before the meta page that points to them): the
@@ -235,7 +269,7 @@ int wq__store_salvage(const char *path, const struct wq_options *opts, wq_report
         goto out;
     }
     mode_t mode = db.st_mode & 0666;
-    if ((rc = write_store(dir, mode, &img, &m)) < 0) {
+    if ((rc = write_store(dir, mode, &img, &m, aside, report, arg)) < 0) {
         wq__errf("store '%s': writing the salvaged records failed: %s (the damaged store is "
                  "at %s)", dir, wq_strerror(rc), aside);
         goto out;

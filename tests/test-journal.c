@@ -1,0 +1,536 @@
+/*
+ * test-journal.c - the journal of a WQ_DURABLE_FSYNC store: what a queue
+ * that went down without closing (every process SIGKILLed, then its
+ * region removed, as a reboot removes /dev/shm) gets back from it.
+ *
+ *   - replay: the adds, removals, results and failure counts since the
+ *     last checkpoint are in no LMDB commit (LMDB's transaction count is
+ *     unchanged) and all come back, in add order; LMDB holds them after;
+ *   - a torn last group (the write a power failure cut) is not applied,
+ *     and the restore succeeds with the groups before it;
+ *   - a damaged group with a verified later one: the open fails with
+ *     -EUCLEAN, names the store and the offset, and changes nothing;
+ *     wq_store_salvage keeps the records and the groups before the damage;
+ *   - a process SIGKILLed at each journal point (its number taken, its
+ *     group written, a checkpoint before and after its commit): the next
+ *     add in another process works, wq_check is clean, and after the
+ *     queue goes down every acknowledged key comes back exactly once;
+ *   - a journal that fills: a checkpoint makes room, and nothing is lost;
+ *   - another store's journal put in place of this one's: none of its
+ *     groups is applied (the journal id).
+ *
+ * Every queue operation runs in a child, so that no clean wq_close (which
+ * writes what is listed) hides what a crash leaves. The witnesses are
+ * outside the library: LMDB read by a child of its own, the journal's
+ * file read here, the region's file removed here.
+ *
+ * Linked against libwq-fault.la (WQ_FAULT_KILL at the journal's points).
+ */
+#include "t.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <lmdb.h>
+
+#define JMAGIC 0x314a5157u   /* "WQJ1": a group header */
+#define JSIZE  (4u << 20)
+
+/* LMDB as a child with an environment of its own sees it: the last
+   transaction id and the records in "records". */
+struct peek {
+    uint64_t txnid;
+    uint64_t records;
+};
+
+static struct peek peek(const char *dir)
+{
+    struct peek *out = t_shared_alloc(sizeof *out);
+    pid_t c = t_fork(20);
+    if (c == 0) {
+        MDB_env *env;
+        MDB_envinfo info;
+        MDB_txn *txn;
+        MDB_dbi dbi;
+        MDB_stat st;
+        if (mdb_env_create(&env) != 0 || mdb_env_set_maxdbs(env, 4) != 0 ||
+            mdb_env_open(env, dir, MDB_RDONLY | MDB_NOLOCK, 0600) != 0 ||
+            mdb_env_info(env, &info) != 0 || mdb_txn_begin(env, NULL, MDB_RDONLY, &txn) != 0 ||
+            mdb_dbi_open(txn, "records", 0, &dbi) != 0 || mdb_stat(txn, dbi, &st) != 0)
+            _exit(1);
+        out->txnid = info.me_last_txnid;
+        out->records = st.ms_entries;
+        _exit(0);
+    }
+    assert_int_equal(t_wait(c, 10000), 0);
+    struct peek v = *out;
+    t_shared_free(out, sizeof *out);
+    return v;
+}
+
+/* The journal file, read here: the offsets of its group headers (found
+   by their magic at 512-byte boundaries) and their numbers. */
+struct jgroups {
+    unsigned n;
+    uint64_t off[64], lsn[64];
+    uint64_t max_lsn;
+};
+
+static struct jgroups jgroups(const char *dir)
+{
+    struct jgroups g;
+    memset(&g, 0, sizeof g);
+    char f[300];
+    snprintf(f, sizeof f, "%s/journal", dir);
+    int fd = open(f, O_RDONLY);
+    assert_true(fd >= 0);
+    static unsigned char buf[JSIZE];
+    ssize_t n = read(fd, buf, sizeof buf);
+    close(fd);
+    assert_int_equal(n, JSIZE);
+    for (ssize_t off = 0; off + 40 <= n; off += 512) {
+        uint32_t magic;
+        uint64_t lsn;
+        memcpy(&magic, buf + off, 4);
+        memcpy(&lsn, buf + off + 16, 8);
+        if (magic != JMAGIC)
+            continue;
+        if (g.n < 64) {
+            g.off[g.n] = (uint64_t)off;
+            g.lsn[g.n] = lsn;
+            g.n++;
+        }
+        if (lsn > g.max_lsn)
+            g.max_lsn = lsn;
+    }
+    return g;
+}
+
+/* Flip one byte of the journal at off. */
+static void flip(const char *dir, uint64_t off)
+{
+    char f[300];
+    snprintf(f, sizeof f, "%s/journal", dir);
+    int fd = open(f, O_RDWR);
+    assert_true(fd >= 0);
+    unsigned char b;
+    assert_int_equal(pread(fd, &b, 1, (off_t)off), 1);
+    b ^= 0x5a;
+    assert_int_equal(pwrite(fd, &b, 1, (off_t)off), 1);
+    close(fd);
+}
+
+/* The queue goes down: its processes are gone (SIGKILLed by the caller),
+   and its region is removed, as a reboot removes /dev/shm. */
+static void go_down(const char *name)
+{
+    char path[300];
+    t_shm_path(name, path, sizeof path);
+    assert_int_equal(unlink(path), 0);
+}
+
+/* A child that opens the queue, runs fn, tells the parent (stage 1) and
+   waits to be killed: it never closes. */
+struct board {
+    atomic_int stage;
+    int rc;
+};
+
+static pid_t run_killed(const char *name, struct board *b, int (*fn)(wq *q, void *arg),
+                        void *arg)
+{
+    atomic_store(&b->stage, 0);
+    pid_t c = t_fork(60);
+    if (c == 0) {
+        wq *q = NULL;
+        T_CHECK_EQ(wq_open(name, NULL, &q), 0);
+        b->rc = fn(q, arg);
+        atomic_store(&b->stage, 1);
+        for (;;)
+            pause();
+    }
+    assert_int_equal(t_wait_count(&b->stage, 1, 20000), 0);
+    assert_int_equal(kill(c, SIGKILL), 0);
+    assert_int_equal(t_wait(c, 10000), 128 + SIGKILL);
+    return c;
+}
+
+static struct wq_options jopts(const char *store)
+{
+    struct wq_options o = t_store_opts(store, WQ_DURABLE_FSYNC);
+    o.snapshot_interval_ms = 3600000;   /* no checkpoint by time */
+    return o;
+}
+
+/* Open (restore) and expect exactly `keys` queued, in this order; the
+   queue stays open for the caller. */
+static wq *expect_restored(const char *name, const struct wq_options *o,
+                           const char *const *keys, size_t n)
+{
+    wq *q = t_track(T_OPEN(name, o));
+    assert_int_equal(wq_check(q, 0), 0);
+    assert_int_equal(t_queued(q), n);
+    for (size_t i = 0; i < n; i++)
+        T_EXPECT_GET(q, keys[i]);
+    return q;
+}
+
+/* ------------------------------------------------------------------ */
+/* Replay                                                              */
+/* ------------------------------------------------------------------ */
+
+/* a, b, c, d added; a done (its removal deferred, then in d's group);
+   b finished with a result (deferred) and added again: five groups. */
+static int replay_work(wq *q, void *arg)
+{
+    (void)arg;
+    char buf[T_KEYBUF];
+    T_CHECK_EQ(wq_add(q, KS("a")), 0);
+    T_CHECK_EQ(wq_add(q, KS("b")), 0);
+    T_CHECK_EQ(wq_add(q, KS("c")), 0);
+    T_CHECK_EQ(wq_get(q, buf, sizeof buf, 0), 1);
+    T_CHECK_EQ(memcmp(buf, "a", 1), 0);
+    T_CHECK_EQ(wq_done(q, KS("a")), 0);
+    T_CHECK_EQ(wq_add(q, KS("d")), 0);
+    T_CHECK_EQ(wq_get(q, buf, sizeof buf, 0), 1);
+    T_CHECK_EQ(memcmp(buf, "b", 1), 0);
+    T_CHECK_EQ(wq_finish(q, KS("b"), 7, "seven"), 0);
+    T_CHECK_EQ(wq_add(q, KS("b")), 0);   /* queued again, result kept */
+    return 0;
+}
+
+static void test_replay(void **state)
+{
+    (void)state;
+    const char *store = t_mkstore(), *name = t_qname("jreplay");
+    struct wq_options o = jopts(store);
+    wq *q = t_track(T_OPEN(name, &o));
+    t_close(q);
+    struct peek p0 = peek(store);
+    assert_int_equal(p0.records, 0);
+    struct board *b = t_shared_alloc(sizeof *b);
+    run_killed(name, b, replay_work, NULL);
+    assert_int_equal(b->rc, 0);
+    /* None of it is in LMDB: every change went to the journal. */
+    struct peek p1 = peek(store);
+    assert_int_equal(p1.txnid, p0.txnid);
+    assert_int_equal(p1.records, 0);
+    struct jgroups g = jgroups(store);
+    assert_int_equal(g.max_lsn, 5);
+    go_down(name);
+    /* In first-add order, as every restore (b was requeued after d). */
+    const char *keys[] = { "b", "c", "d" };
+    q = expect_restored(name, &o, keys, 3);
+    struct wq_result r = t_result(q, "b");
+    assert_int_equal(r.code, 7);
+    assert_string_equal(r.message, "seven");
+    /* LMDB now holds them: the replay's commit, and the open's meta. */
+    struct peek p2 = peek(store);
+    assert_int_equal(p2.records, 3);
+    assert_true(p2.txnid > p1.txnid);
+    t_close(q);
+    /* A second restore applies nothing again. */
+    go_down(name);
+    q = expect_restored(name, &o, keys, 3);
+    assert_int_equal(peek(store).records, 3);
+    t_close(q);
+    t_shared_free(b, sizeof *b);
+}
+
+static int add_three(wq *q, void *arg)
+{
+    const char *const *k = arg;
+    for (int i = 0; i < 3; i++)
+        T_CHECK_EQ(wq_add(q, k[i], strlen(k[i])), 0);
+    return 0;
+}
+
+/* The group being written when the power failed is torn: it does not
+   verify, nothing follows it, and the restore takes the groups before. */
+static void test_torn_last(void **state)
+{
+    (void)state;
+    const char *store = t_mkstore(), *name = t_qname("jtorn");
+    struct wq_options o = jopts(store);
+    t_close(t_track(T_OPEN(name, &o)));
+    struct board *b = t_shared_alloc(sizeof *b);
+    const char *k[] = { "t1", "t2", "t3" };
+    run_killed(name, b, add_three, (void *)k);
+    struct jgroups g = jgroups(store);
+    assert_int_equal(g.n, 3);
+    assert_int_equal(g.off[2], 1024);   /* one 512-byte block each */
+    flip(store, g.off[2] + 40 + 8);     /* inside t3's record */
+    go_down(name);
+    const char *keys[] = { "t1", "t2" };
+    t_close(expect_restored(name, &o, keys, 2));
+    t_shared_free(b, sizeof *b);
+}
+
+struct lines {
+    int n;
+    char s[16][512];
+};
+
+static void add_line(const char *what, void *arg)
+{
+    struct lines *l = arg;
+    if (l->n < 16)
+        snprintf(l->s[l->n++], sizeof l->s[0], "%s", what);
+}
+
+/* A group that does not verify with a verified later one is damage, not
+   a torn write: the open fails and says where; salvage keeps what the
+   store and the journal before the damage hold. */
+static void test_damaged_middle(void **state)
+{
+    (void)state;
+    const char *store = t_mkstore(), *name = t_qname("jdamage");
+    struct wq_options o = jopts(store);
+    t_close(t_track(T_OPEN(name, &o)));
+    struct board *b = t_shared_alloc(sizeof *b);
+    const char *k[] = { "m1", "m2", "m3" };
+    run_killed(name, b, add_three, (void *)k);
+    struct jgroups g = jgroups(store);
+    assert_int_equal(g.n, 3);
+    flip(store, g.off[1] + 40 + 8);
+    go_down(name);
+    wq *q = NULL;
+    assert_int_equal(wq_open(name, &o, &q), -EUCLEAN);
+    char want[512];
+    snprintf(want, sizeof want, "its journal's group at offset 512 does not verify, but a "
+             "later one at offset 1024 does: the journal is damaged");
+    if (!strstr(wq_last_error(), want) || !strstr(wq_last_error(), store))
+        fail_msg("wq_last_error: '%s'", wq_last_error());
+    char path[300];
+    t_shm_path(name, path, sizeof path);
+    assert_int_equal(access(path, F_OK), -1);   /* no region was made */
+    assert_int_equal(peek(store).records, 0);   /* the store is as it was */
+    assert_int_equal(wq_open(name, &o, &q), -EUCLEAN);   /* and stays refused */
+    /* Salvage: LMDB's records (none), and the journal up to the damage:
+       m1's group; m2's is damaged, and m3's follows it. */
+    struct lines l = { .n = 0 };
+    assert_int_equal(wq_store_salvage(store, NULL, add_line, &l), 0);
+    bool applied = false, lost = false;
+    for (int i = 0; i < l.n; i++) {
+        printf("  salvage: %s\n", l.s[i]);
+        applied |= strcmp(l.s[i], "applied 1 journal group no checkpoint had taken") == 0;
+        lost |= strstr(l.s[i], "offset 512 does not verify") &&
+                strstr(l.s[i], "the groups from there on are lost");
+    }
+    assert_true(applied && lost);
+    const char *keys[] = { "m1" };
+    t_close(expect_restored(name, &o, keys, 1));
+    t_shared_free(b, sizeof *b);
+}
+
+/* ------------------------------------------------------------------ */
+/* Kills at the journal's points                                       */
+/* ------------------------------------------------------------------ */
+
+struct kill_arg {
+    const char *point;
+};
+
+/* k1 k2 k3 added; for a checkpoint point, k1 done (listed) and then
+   wq_snapshot (a group, then the checkpoint); for a journal point, the
+   add of "victim". Killed at the point. */
+static int kill_work(wq *q, void *arg)
+{
+    const struct kill_arg *a = arg;
+    char buf[T_KEYBUF];
+    T_CHECK_EQ(wq_add(q, KS("k1")), 0);
+    T_CHECK_EQ(wq_add(q, KS("k2")), 0);
+    T_CHECK_EQ(wq_add(q, KS("k3")), 0);
+    bool ckpt = strstr(a->point, "checkpoint") != NULL;
+    if (ckpt) {
+        T_CHECK_EQ(wq_get(q, buf, sizeof buf, 0), 2);
+        T_CHECK_EQ(wq_done(q, KS("k1")), 0);
+    }
+    T_CHECK_EQ(wq_fault_arm(a->point, 1, WQ_FAULT_KILL), 0);
+    if (ckpt)
+        wq_snapshot(q);
+    else
+        wq_add(q, KS("victim"));
+    return 1;   /* not reached: killed at the point */
+}
+
+static int after_work(wq *q, void *arg)
+{
+    (void)arg;
+    T_CHECK_EQ(wq_add(q, KS("after")), 0);
+    T_CHECK_EQ(wq_check(q, WQ_CHECK_REAP), 0);
+    return 0;
+}
+
+static void kill_at(const char *point)
+{
+    const char *store = t_mkstore(), *name = t_qname("jkill");
+    struct wq_options o = jopts(store);
+    t_close(t_track(T_OPEN(name, &o)));
+    struct board *b = t_shared_alloc(sizeof *b);
+    struct kill_arg a = { point };
+    pid_t c = t_fork(60);
+    if (c == 0) {
+        wq *q = NULL;
+        _exit(wq_open(name, NULL, &q) == 0 ? kill_work(q, &a) : 2);
+    }
+    int st = t_wait(c, 20000);
+    if (st != 128 + SIGKILL)
+        fail_msg("%s: the child ended with %d, expected to die at the point", point, st);
+    /* Another process: its add works at once (the flush lock is
+       recovered), and the region checks clean. */
+    run_killed(name, b, after_work, NULL);
+    assert_int_equal(b->rc, 0);
+    go_down(name);
+    bool ckpt = strstr(point, "checkpoint") != NULL;
+    /* Acknowledged keys exactly once, in add order; the victim's add
+       never returned, but its key was listed, so the next group wrote
+       it: it is back too. */
+    const char *with_victim[] = { "k1", "k2", "k3", "victim", "after" };
+    const char *with_k1_done[] = { "k2", "k3", "after" };
+    wq *q = ckpt ? expect_restored(name, &o, with_k1_done, 3)
+                 : expect_restored(name, &o, with_victim, 5);
+    printf("  %s: restored %s\n", point, ckpt ? "k2 k3 after" : "k1 k2 k3 victim after");
+    t_close(q);
+    t_shared_free(b, sizeof *b);
+}
+
+static void test_kill_points(void **state)
+{
+    (void)state;
+    kill_at("store.journal");
+    kill_at("store.journaled");
+    kill_at("store.checkpoint");
+    kill_at("store.checkpointed");
+}
+
+/* ------------------------------------------------------------------ */
+/* A full journal; a foreign journal                                   */
+/* ------------------------------------------------------------------ */
+
+enum { FULL_KEYS = 3000 };
+
+static void full_key(char *k, int i)
+{
+    memset(k, 'x', 1000);
+    snprintf(k, 16, "f%05d", i);
+    k[6] = 'x';
+}
+
+/* 3000 adds of 1000-byte keys: a group of 1.5 KiB each, 4.4 MiB in all,
+   more than the journal holds: one checkpoint at least happens on the
+   way (LMDB's transaction count), and every key comes back in order. */
+static int full_work(wq *q, void *arg)
+{
+    (void)arg;
+    char k[1000];
+    for (int i = 0; i < FULL_KEYS; i++) {
+        full_key(k, i);
+        T_CHECK_EQ(wq_add(q, k, sizeof k), 0);
+    }
+    return 0;
+}
+
+static void test_full_journal(void **state)
+{
+    (void)state;
+    const char *store = t_mkstore(), *name = t_qname("jfull");
+    struct wq_options o = jopts(store);
+    o.capacity = 4096;
+    o.max_key_len = 1000;
+    t_close(t_track(T_OPEN(name, &o)));
+    struct peek p0 = peek(store);
+    struct board *b = t_shared_alloc(sizeof *b);
+    run_killed(name, b, full_work, NULL);
+    assert_int_equal(b->rc, 0);
+    struct peek p1 = peek(store);
+    printf("  LMDB commits during 3000 adds: %llu; records in LMDB: %llu\n",
+           (unsigned long long)(p1.txnid - p0.txnid), (unsigned long long)p1.records);
+    assert_true(p1.txnid > p0.txnid);
+    assert_true(p1.records > 0 && p1.records < FULL_KEYS);
+    go_down(name);
+    wq *q = t_track(T_OPEN(name, &o));
+    assert_int_equal(t_queued(q), FULL_KEYS);
+    char k[1000];
+    for (int i = 0; i < FULL_KEYS; i++) {
+        full_key(k, i);
+        T_EXPECT_GETN(q, k, sizeof k);
+    }
+    assert_int_equal(peek(store).records, FULL_KEYS);
+    t_close(q);
+    t_shared_free(b, sizeof *b);
+}
+
+static int add_one(wq *q, void *arg)
+{
+    T_CHECK_EQ(wq_add(q, arg, strlen(arg)), 0);
+    return 0;
+}
+
+static void copy_file(const char *from, const char *to)
+{
+    static char buf[JSIZE];
+    int in = open(from, O_RDONLY), out = open(to, O_WRONLY);
+    assert_true(in >= 0 && out >= 0);
+    ssize_t n = read(in, buf, sizeof buf);
+    assert_int_equal(n, JSIZE);
+    assert_int_equal(write(out, buf, (size_t)n), n);
+    close(in);
+    close(out);
+}
+
+/* Store B's journal replaced by store A's (both groups in the same
+   place, both verify): B's restore applies none of A's groups. */
+static void test_foreign_journal(void **state)
+{
+    (void)state;
+    const char *sa = t_mkstore(), *sb = t_mkstore();
+    const char *na = t_qname("jforeigna"), *nb = t_qname("jforeignb");
+    struct wq_options oa = jopts(sa), ob = jopts(sb);
+    t_close(t_track(T_OPEN(na, &oa)));
+    t_close(t_track(T_OPEN(nb, &ob)));
+    struct board *b = t_shared_alloc(sizeof *b);
+    run_killed(na, b, add_one, "from-a");
+    run_killed(nb, b, add_one, "from-b");
+    go_down(na);
+    go_down(nb);
+    char fa[300], fb[300];
+    snprintf(fa, sizeof fa, "%s/journal", sa);
+    snprintf(fb, sizeof fb, "%s/journal", sb);
+    copy_file(fa, fb);
+    assert_int_equal(jgroups(sb).n, 1);
+    wq *q = t_track(T_OPEN(nb, &ob));
+    assert_int_equal(wq_len(q), 0);   /* from-b's group is gone; from-a's is not ours */
+    struct wq_key_info ki;
+    assert_int_equal(t_key_info(q, "from-a", &ki), 0);
+    t_close(q);
+    const char *ka[] = { "from-a" };
+    t_close(expect_restored(na, &oa, ka, 1));
+    t_shared_free(b, sizeof *b);
+}
+
+int main(void)
+{
+    static const struct CMUnitTest tests[] = {
+        T_STORE_TEST(test_replay),
+        T_STORE_TEST(test_torn_last),
+        T_STORE_TEST(test_damaged_middle),
+        T_STORE_TEST(test_kill_points),
+        T_STORE_TEST(test_full_journal),
+        T_STORE_TEST(test_foreign_journal),
+        T_NO_LEFTOVERS,
+    };
+    static const struct t_guard g = {
+        .prog = "test-journal",
+        .max_stores = 32,
+        .deadline_s = 300,
+        T_GUARD_TESTS(tests),
+    };
+    return t_guard_main(&g);
+}
