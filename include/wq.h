@@ -989,19 +989,35 @@ WQ_API int wq_run_workers_opts(wq *q, unsigned workers, wq_reconcile_fn fn, void
  *                       order without fsync): a restore then fails with
  *                       -EUCLEAN, and wq_store_salvage keeps every record
  *                       that verifies.
- *   WQ_DURABLE_FSYNC    ... and fsync'ed: survives power loss too, and
- *                       every commit is fsync'ed, so a power failure
- *                       never damages the store. Concurrent adders, in
- *                       any process, share fsyncs (group commit through
- *                       LMDB's writer lock). Changes that need no fsync
- *                       wait for a commit that carries a new key (see
- *                       removals below): a cycle costs one fsync, at its
+ *   WQ_DURABLE_FSYNC    ... and on disk: survives power loss too. The
+ *                       add writes its key to the store's journal (a
+ *                       file "journal" of 4 MiB beside LMDB's, made when
+ *                       the queue is created) with one synchronous write:
+ *                       one disk flush, where a synced LMDB commit takes
+ *                       two. LMDB takes the journal's contents in a
+ *                       checkpoint, one synced commit, when the journal
+ *                       is full and whenever the deferred changes below
+ *                       are written as a whole (so at least every
+ *                       snapshot_interval_ms while changes are listed);
+ *                       every LMDB commit of such a store is synced, so
+ *                       a power failure never damages it. When the queue
+ *                       is restored (its region gone: a reboot, every
+ *                       process killed), wq_open first applies what the
+ *                       journal holds beyond the last checkpoint. A
+ *                       journal write cut by a power failure is that of
+ *                       an add that never returned: it is ignored. The
+ *                       journal must stay with the store (copy the whole
+ *                       directory). Concurrent adders, in any process,
+ *                       share journal writes (group commit through the
+ *                       store's flush lock). Changes that need no flush
+ *                       wait for a write that carries a new key (see
+ *                       removals below): a cycle costs one flush, at its
  *                       add. Processes that keep
  *                       adding are gathered: a new key's add first waits
- *                       for the processes that were in the previous fsync
+ *                       for the processes that were in the previous write
  *                       and have not added since (at most twice this
- *                       process's recent fsync time, and 2 ms), so their
- *                       next keys share one fsync (two processes adding
+ *                       process's recent write time, and 2 ms), so their
+ *                       next keys share one flush (two processes adding
  *                       in turn: 1.7-2.2x the adds/s of one, not 1x). A
  *                       lone adder never waits. An add that coalesces
  *                       into another process's new key returns once
@@ -1016,9 +1032,10 @@ WQ_API int wq_run_workers_opts(wq *q, unsigned workers, wq_reconcile_fn fn, void
  * Removals (wq_done of a clean key, wq_forget) and the other changes that
  * need no fsync (results, failure counts, a waiting key's time):
  *   PROCESS  written before the call returns.
- *   FSYNC    deferred, so that they cost no fsync of their own: they stay
+ *   FSYNC    deferred, so that they cost no flush of their own: they stay
  *            listed in the region (wq_stats.store_unsynced) and are
- *            written by the next commit of a new key (any process's), by
+ *            written by the next journal write of a new key (any
+ *            process's), by
  *            the first call that finds snapshot_interval_ms (default 1 s)
  *            passed since such a write or 1024 of them listed, and by
  *            wq_snapshot, wq_unlink and the last handle's wq_close. A
@@ -1073,7 +1090,14 @@ WQ_API int wq_run_workers_opts(wq *q, unsigned workers, wq_reconcile_fn fn, void
  * its checksum, records lost or added, a meta record that is damaged or
  * holds settings wq_open would refuse, a data.mdb that is missing or
  * empty where the marker says a queue was. A store damaged while a
- * region uses it is not re-checked (only at restore).
+ * region uses it is not re-checked (only at restore). The journal of an
+ * FSYNC store is checked likewise: each write carries a checksum, a
+ * number that rises and the store's journal id (so another store's
+ * journal is never applied); a write that does not verify and is
+ * followed by none that does is one a power failure cut, and is ignored;
+ * one followed by a later write that verifies is damage: -EUCLEAN, with
+ * the journal's offset named. A checkpoint that meets damage where the
+ * queue wrote fails the same way.
  */
 
 /*
@@ -1088,8 +1112,11 @@ WQ_API int wq_run_workers_opts(wq *q, unsigned workers, wq_reconcile_fn fn, void
  * of pages, is killed and resumed likewise, and three such walks in a row
  * end the salvage), and report (may be NULL) gets one line per loss and
  * a summary naming the kept and dropped counts and where the damaged
- * store went. The queue's settings come from the old meta record when it
- * is readable, else from opts (NULL or zero fields: defaults). No region
+ * store went. An FSYNC store's journal is applied to the new store as far
+ * as it verifies (the report says how many writes, and names the first
+ * that does not verify when later ones are lost). The queue's settings
+ * come from the old meta record when it is readable, else from opts
+ * (NULL or zero fields: defaults). No region
  * is touched: restore the queue afterwards with wq_open(WQ_CREATE |
  * WQ_RESTORE). Returns the number of records kept (>= 0), -ENODATA when
  * there is no data.mdb to salvage, -EINVAL, or the system's error
@@ -1100,7 +1127,8 @@ WQ_API int wq_store_salvage(const char *store_path, const struct wq_options *opt
 
 /*
  * wq_snapshot - write every change the store does not have yet, now
- * (with WQ_DURABLE_FSYNC, and fsync it: removals included).
+ * (with WQ_DURABLE_FSYNC, on disk: removals included, and then a
+ * checkpoint, so LMDB alone holds everything).
  * Returns the number of records written or removed (>= 0), or -EIO,
  * -ENOSPC; -ENOENT when the queue has no store; -EBADMSG when the
  * region's list of changes was damaged and its repair failed (a repair

@@ -3,12 +3,13 @@
  * from it, never hangs it, and never restores anything but exactly what
  * was stored.
  *
- * A real store is built once: a queue with a PROCESS store holds N keys
+ * A real store is built once: a queue with an FSYNC store holds N keys
  * in every class the store knows (pending, waiting an hour, idle with a
  * failure count, idle with a result, pending with a result and a failure
- * count, binary keys and keys of max_key_len bytes); then its region is
- * removed. Each round copies the store and damages the copy in one of the
- * ways stores are damaged:
+ * count, binary keys and keys of max_key_len bytes), checkpointed into
+ * LMDB, and N/8 more keys ("jr/...") that only its journal holds; then
+ * its region is removed, as a reboot would. Each round copies the store
+ * and damages the copy in one of the ways stores are damaged:
  *   flip     1..16 random bytes of data.mdb flipped
  *   zero     one random 4 KiB page of data.mdb zeroed
  *   trunc    data.mdb cut to a random length (0: an empty file)
@@ -20,17 +21,25 @@
  *   meta     the meta record edited: a field changed with or without its
  *            checksum recomputed (durability 7, tenant separator 1000,
  *            capacity 0, a record count off by one)
+ *   journal  1..16 random bytes of the journal's written part flipped, or
+ *            one 512-byte block of it zeroed, or the journal cut to a
+ *            random length, or removed
  * and a child process restores the queue from the copy (wq_open with
  * WQ_CREATE|WQ_EXCL|WQ_RESTORE). The round passes when the child exits
  * normally within its deadline and either wq_open failed with a clean
  * errno (-EUCLEAN, -ENODATA, -EIO, -ENOSPC, -EMSGSIZE) or the restored
  * queue holds exactly the stored keys, each in its class with its
- * failure count and result. Under AddressSanitizer (--enable-asan) any
- * report in the restoring process fails the round.
+ * failure count and result, or (journal damage only) a subset of them,
+ * every key there exact and every key missing one of the journal's: the
+ * journal is applied up to a write that does not verify, as after a
+ * power failure cut it. The undamaged copy (round 0) must restore
+ * exactly, the journal's keys included. Under AddressSanitizer
+ * (--enable-asan) any report in the restoring process fails the round.
  *
  * Usage: fuzz-store [--rounds R] [--keys N] [--seed S] [--verbose]
  * Last line: "fuzz-store: R tried, E clean errors, X restored exactly,
- * C crashes/hangs/mismatches" (exit 0 only when C is 0).
+ * J restored up to journal damage, C crashes/hangs/mismatches" (exit 0
+ * only when C is 0).
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -152,8 +161,9 @@ static void build_master(void)
     char name[64];
     snprintf(name, sizeof name, "t-fuzzstore-%d", (int)getpid());
     join(master, sizeof master, top, "master");
-    struct wq_options o = { .capacity = nkeys + 64, .max_key_len = KEYLEN,
+    struct wq_options o = { .capacity = nkeys + nkeys / 8 + 64, .max_key_len = KEYLEN,
                             .store_path = master, .flags = WQ_CREATE | WQ_EXCL,
+                            .durability = WQ_DURABLE_FSYNC,
                             .rl_base_delay_ns = 3600ull * 1000000000,
                             .rl_max_delay_ns = 7200ull * 1000000000 };
     wq *q;
@@ -208,14 +218,30 @@ static void build_master(void)
         if (handled >= nkeys / 2)
             break;
     }
+    /* Everything so far into LMDB (a journal write, then a checkpoint);
+       then keys only the journal holds: each add one journal write, which
+       also takes what is listed, so nothing is left for the close. */
+    if ((rc = wq_snapshot(q)) < 0)
+        die("wq_snapshot: %s", wq_strerror(rc));
+    for (unsigned i = 0; i < nkeys / 8; i++) {
+        int kn = snprintf(k, sizeof k, "jr/key-%u", i);
+        if ((rc = wq_add(q, k, (size_t)kn)) < 0)
+            die("add: %s", wq_strerror(rc));
+    }
     /* Rate limited keys wait an hour: count them as waiting. */
     if ((rc = wq_dump(q, collect, NULL)) != 0)
         die("wq_dump(master): %d", rc);
-    if ((rc = wq_snapshot(q)) < 0)
-        die("wq_snapshot: %s", wq_strerror(rc));
-    /* What a restore reports: processing keys come back queued. */
+    struct wq_stats st;
+    if (wq_stats(q, &st) < 0 || st.store_unsynced != 0)
+        die("the master's store lacks %llu changes", (unsigned long long)st.store_unsynced);
+    /* The region goes as at a reboot: not wq_unlink, which would write a
+       checkpoint. What a restore reports: processing keys come back
+       queued. */
     wq_close(q);
-    wq_unlink(name);
+    char path[128];
+    snprintf(path, sizeof path, "/dev/shm/wq.%s", name);
+    if (unlink(path) < 0)
+        die("unlink %s: %s", path, strerror(errno));
     for (size_t i = 0; i < nwant; i++) {
         if (want[i].result == WQ_STATE_RUNNING || want[i].result == WQ_STATE_PENDING)
             want[i].result = WQ_STATE_PENDING;
@@ -249,8 +275,8 @@ static void copy_store(const char *dir)
     char a[400], b[400];
     if (mkdir(dir, 0700) < 0 && errno != EEXIST)
         die("mkdir %s: %s", dir, strerror(errno));
-    static const char *const files[] = { "data.mdb", "libwq-store" };
-    for (size_t i = 0; i < 2; i++) {
+    static const char *const files[] = { "data.mdb", "libwq-store", "journal" };
+    for (size_t i = 0; i < 3; i++) {
         join(a, sizeof a, master, files[i]);
         join(b, sizeof b, dir, files[i]);
         copy_file(a, b);
@@ -349,13 +375,70 @@ static const char *lmdb_edit(const char *dir)
     return what ? what : "edit: nothing";
 }
 
-static const char *damage(const char *dir)
+/* The journal's written part: its groups (one 512-byte block per add of
+   the master's, and the first write's few more). */
+static long journal_written(void)
+{
+    return (long)(nkeys / 8 + 8) * 512;
+}
+
+static const char *journal_damage(const char *dir)
+{
+    char jf[400];
+    join(jf, sizeof jf, dir, "journal");
+    long size = file_size(jf), written = journal_written();
+    static char what[128];
+    if (written > size)
+        written = size;
+    switch (rnd() % 4) {
+    case 0: {
+        unsigned n = 1 + (unsigned)(rnd() % 16);
+        for (unsigned i = 0; i < n; i++) {
+            unsigned char b = (unsigned char)(1 + rnd() % 255), cur;
+            long off = (long)(rnd() % (uint64_t)written);
+            int fd = open(jf, O_RDWR | O_CLOEXEC);
+            if (fd < 0 || pread(fd, &cur, 1, off) != 1)
+                die("read %s", jf);
+            cur ^= b;
+            if (pwrite(fd, &cur, 1, off) != 1)
+                die("write %s", jf);
+            close(fd);
+        }
+        snprintf(what, sizeof what, "journal: %u bytes flipped", n);
+        return what;
+    }
+    case 1: {
+        static const char zero[512];
+        long block = (long)(rnd() % (uint64_t)(written / 512));
+        patch(jf, block * 512, zero, sizeof zero);
+        snprintf(what, sizeof what, "journal: block %ld zeroed", block);
+        return what;
+    }
+    case 2: {
+        long len = (long)(rnd() % (uint64_t)(written + 1));
+        if (truncate(jf, len) < 0)
+            die("truncate");
+        snprintf(what, sizeof what, "journal: cut to %ld bytes", len);
+        return what;
+    }
+    default:
+        unlink(jf);
+        return "journal: removed";
+    }
+}
+
+static const char *damage(const char *dir, bool *journal)
 {
     char data[400];
     join(data, sizeof data, dir, "data.mdb");
     long size = file_size(data);
     static char what[128];
-    switch (rnd() % 9) {
+    *journal = false;
+    switch (rnd() % 11) {
+    case 9:
+    case 10:
+        *journal = true;
+        return journal_damage(dir);
     case 0:
     case 1: {
         unsigned n = 1 + (unsigned)(rnd() % 16);
@@ -415,7 +498,7 @@ static const char *damage(const char *dir)
 /* One round                                                           */
 /* ------------------------------------------------------------------ */
 
-enum { R_CLEAN, R_EXACT, R_BAD };
+enum { R_CLEAN, R_EXACT, R_SUBSET, R_BAD };
 
 static int round_(unsigned r, const char *dir, bool undamaged)
 {
@@ -423,7 +506,8 @@ static int round_(unsigned r, const char *dir, bool undamaged)
     copy_store(dir);
     join(lock, sizeof lock, dir, "lock.mdb");
     unlink(lock);
-    const char *what = undamaged ? "none" : damage(dir);
+    bool journal = false;
+    const char *what = undamaged ? "none" : damage(dir, &journal);
     char name[64];
     snprintf(name, sizeof name, "t-fuzzstore-%d-%u", (int)getpid(), r);
     pid_t pid = fork();
@@ -443,10 +527,15 @@ static int round_(unsigned r, const char *dir, bool undamaged)
                         wq_last_error()[0] ? ": " : "", wq_last_error());
             _exit(clean ? 10 : 11);
         }
-        int bad = 0;
+        int bad = 0, missing = 0;
         wq_dump(q, compare, &bad);
         for (size_t i = 0; i < nwant; i++)
             if (!want[i].seen) {
+                /* Journal damage may lose the journal's keys, no other. */
+                if (journal && want[i].len > 3 && memcmp(want[i].key, "jr/", 3) == 0) {
+                    missing++;
+                    continue;
+                }
                 bad++;
                 if (verbose)
                     fprintf(stderr, "  stored key %.*s not restored\n", (int)want[i].len,
@@ -458,7 +547,7 @@ static int round_(unsigned r, const char *dir, bool undamaged)
         if (bad || checked != 0)
             fprintf(stderr, "  round %u (%s): restored %d wrong keys, wq_check %d\n", r, what,
                     bad, checked);
-        _exit(bad || checked ? 12 : 0);
+        _exit(bad || checked ? 12 : missing ? 13 : 0);
     }
     int st = 0;
     pid_t w;
@@ -479,6 +568,11 @@ static int round_(unsigned r, const char *dir, bool undamaged)
     int code = WEXITSTATUS(st);
     if (code == 10)
         return R_CLEAN;
+    if (code == 13) {
+        if (verbose)
+            fprintf(stderr, "  round %u (%s): restored up to the journal's damage\n", r, what);
+        return R_SUBSET;
+    }
     if (code == 0) {
         if (verbose)
             fprintf(stderr, "  round %u (%s): restored exactly\n", r, what);
@@ -520,7 +614,7 @@ int main(int argc, char **argv)
         die("out of memory");
     build_master();
     printf("fuzz-store: seed %" PRIu64 ", %zu stored keys, %u rounds\n", seed, nwant, rounds);
-    unsigned count[3] = { 0 };
+    unsigned count[4] = { 0 };
     char dir[400];
     for (unsigned r = 0; r <= rounds; r++) {
         snprintf(dir, sizeof dir, "%s/r%u", top, r);
@@ -538,7 +632,8 @@ int main(int argc, char **argv)
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", top);
     if (system(cmd) != 0)
         die("rm %s", top);
-    printf("fuzz-store: %u tried, %u clean errors, %u restored exactly, %u crashes/hangs/"
-           "mismatches\n", rounds, count[R_CLEAN], count[R_EXACT], count[R_BAD]);
+    printf("fuzz-store: %u tried, %u clean errors, %u restored exactly, %u restored up to "
+           "journal damage, %u crashes/hangs/mismatches\n", rounds, count[R_CLEAN],
+           count[R_EXACT], count[R_SUBSET], count[R_BAD]);
     return count[R_BAD] ? 1 : 0;
 }

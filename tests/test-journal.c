@@ -11,6 +11,9 @@
  *   - a damaged group with a verified later one: the open fails with
  *     -EUCLEAN, names the store and the offset, and changes nothing;
  *     wq_store_salvage keeps the records and the groups before the damage;
+ *   - a store older than its journal (LMDB back at an earlier commit):
+ *     the open fails with -EUCLEAN rather than restore the newest groups
+ *     alone;
  *   - a process SIGKILLed at each journal point (its number taken, its
  *     group written, a checkpoint before and after its commit): the next
  *     add in another process works, wq_check is clean, and after the
@@ -110,6 +113,20 @@ static struct jgroups jgroups(const char *dir)
             g.max_lsn = lsn;
     }
     return g;
+}
+
+/* Copy a file (made or truncated, mode 0600). */
+static void copy_file(const char *from, const char *to)
+{
+    static char buf[1 << 16];
+    int in = open(from, O_RDONLY), out = open(to, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    assert_true(in >= 0 && out >= 0);
+    ssize_t n;
+    while ((n = read(in, buf, sizeof buf)) > 0)
+        assert_int_equal(write(out, buf, (size_t)n), n);
+    assert_int_equal(n, 0);
+    close(in);
+    close(out);
 }
 
 /* Flip one byte of the journal at off. */
@@ -329,6 +346,65 @@ static void test_damaged_middle(void **state)
     t_shared_free(b, sizeof *b);
 }
 
+static int snapshot_add(wq *q, void *arg)
+{
+    T_CHECK_EQ(wq_snapshot(q), 0);   /* nothing listed: a checkpoint only */
+    T_CHECK_EQ(wq_add(q, arg, strlen(arg)), 0);
+    return 0;
+}
+
+struct open_board {
+    int rc;
+    char err[512];
+};
+
+/* A store older than its journal (LMDB back at a commit before the last
+   checkpoint: here its data file from then put back, as a damaged newest
+   meta page makes LMDB fall back to the one before): the groups the
+   checkpoint took are behind the new ones and cannot be reached. The
+   open fails and says so; it does not restore the new groups alone. The
+   open runs in a child: this process's LMDB environment has the
+   replaced file mapped. */
+static void test_store_older(void **state)
+{
+    (void)state;
+    const char *store = t_mkstore(), *name = t_qname("jolder");
+    struct wq_options o = jopts(store);
+    t_close(t_track(T_OPEN(name, &o)));
+    struct board *b = t_shared_alloc(sizeof *b);
+    const char *k[] = { "o1", "o2", "o3" };
+    run_killed(name, b, add_three, (void *)k);
+    char data[300], old[300];
+    snprintf(data, sizeof data, "%s/data.mdb", store);
+    snprintf(old, sizeof old, "%s/data.mdb.old", store);
+    copy_file(data, old);
+    run_killed(name, b, snapshot_add, "n1");   /* checkpoint: o1-o3 in LMDB; n1 at 0 */
+    struct jgroups g = jgroups(store);
+    assert_int_equal(g.off[0], 0);
+    assert_int_equal(g.lsn[0], 4);
+    go_down(name);
+    assert_int_equal(rename(old, data), 0);
+    char lock[300];   /* its readers' table still names the newer commit */
+    snprintf(lock, sizeof lock, "%s/lock.mdb", store);
+    assert_int_equal(unlink(lock), 0);
+    struct open_board *ob = t_shared_alloc(sizeof *ob);
+    pid_t c = t_fork(60);
+    if (c == 0) {
+        wq *q = NULL;
+        ob->rc = wq_open(name, &o, &q);
+        snprintf(ob->err, sizeof ob->err, "%s", wq_last_error());
+        _exit(0);
+    }
+    assert_int_equal(t_wait(c, 20000), 0);
+    assert_int_equal(ob->rc, -EUCLEAN);
+    if (!strstr(ob->err, "its journal's group at offset 512 (number 2) is newer than the "
+                         "store's last checkpoint (0), but the groups before it do not lead "
+                         "to it: the store or its journal is damaged"))
+        fail_msg("wq_last_error: '%s'", ob->err);
+    t_shared_free(ob, sizeof *ob);
+    t_shared_free(b, sizeof *b);
+}
+
 /* ------------------------------------------------------------------ */
 /* Kills at the journal's points                                       */
 /* ------------------------------------------------------------------ */
@@ -473,18 +549,6 @@ static int add_one(wq *q, void *arg)
     return 0;
 }
 
-static void copy_file(const char *from, const char *to)
-{
-    static char buf[JSIZE];
-    int in = open(from, O_RDONLY), out = open(to, O_WRONLY);
-    assert_true(in >= 0 && out >= 0);
-    ssize_t n = read(in, buf, sizeof buf);
-    assert_int_equal(n, JSIZE);
-    assert_int_equal(write(out, buf, (size_t)n), n);
-    close(in);
-    close(out);
-}
-
 /* Store B's journal replaced by store A's (both groups in the same
    place, both verify): B's restore applies none of A's groups. */
 static void test_foreign_journal(void **state)
@@ -521,6 +585,7 @@ int main(void)
         T_STORE_TEST(test_replay),
         T_STORE_TEST(test_torn_last),
         T_STORE_TEST(test_damaged_middle),
+        T_STORE_TEST(test_store_older),
         T_STORE_TEST(test_kill_points),
         T_STORE_TEST(test_full_journal),
         T_STORE_TEST(test_foreign_journal),

@@ -227,11 +227,9 @@ static int apply_group(MDB_txn *txn, struct wq_env *e, const char *gp, struct wq
 int wq__journal_apply(MDB_txn *txn, struct wq_env *e, int fd, uint64_t upto,
                       struct wq_meta *m, uint64_t *groups, char *why, size_t wn)
 {
-    uint64_t id = m->journal_id, off = 0, last = 0, next = 0;
+    uint64_t id = m->journal_id, ckpt = m->journal_lsn, off = 0, last = 0, next = 0;
     *groups = 0;
     why[0] = 0;
-    if (id == 0)
-        return 0;   /* no group was ever written for this store */
     /* The whole file, in one read: a checkpoint reads it about once a
        second, from the page cache, and a replay must look past the end
        of the groups for damage. */
@@ -246,9 +244,27 @@ int wq__journal_apply(MDB_txn *txn, struct wq_env *e, int fd, uint64_t upto,
     }
     uint64_t len = (uint64_t)got;
     int rc = 0;
+    if (id == 0) {
+        /* No journal id in the meta: no group can be this store's. A
+           file that holds any is another store's, or the meta record is
+           damaged into one that names none (a version 1 or 2 record). */
+        for (uint64_t at = 0; at + sizeof(uint32_t) <= len; at += WQ_JOURNAL_BLOCK) {
+            uint32_t magic;
+            memcpy(&magic, img + at, sizeof magic);
+            if (magic == WQ_JGROUP_MAGIC) {
+                snprintf(why, wn, "its journal holds a write at offset %llu, but its meta "
+                         "record names no journal (damaged, or from a library without "
+                         "journals)", (unsigned long long)at);
+                rc = -EUCLEAN;
+                break;
+            }
+        }
+        free(img);
+        return rc;
+    }
     for (;;) {
         struct wq_jgroup g;
-        bool ok = group_at(img, len, id, off, &g, &next);
+        bool ok = group_at(img, len, id, off, &g, &next), ok_at_off = ok;
         if (ok && off > 0 && g.lsn <= last)
             ok = false;   /* an older group: the newest ones end here */
         if (!ok) {
@@ -261,16 +277,28 @@ int wq__journal_apply(MDB_txn *txn, struct wq_env *e, int fd, uint64_t upto,
             }
             if (upto > 0)
                 break;
-            /* A replay: a group that was being written when the system
-               went down does not verify, and nothing newer follows it.
-               A newer one after it means damage. */
-            uint64_t above = last > m->journal_lsn ? last : m->journal_lsn, n2;
-            for (uint64_t at = off + WQ_JOURNAL_BLOCK; at < len; at += WQ_JOURNAL_BLOCK) {
+            /* A replay: the groups end here. A group that was being
+               written when the system went down does not verify, and the
+               groups behind it are older than the store's checkpoint. A
+               verified group newer than that checkpoint from here on is
+               one the walk cannot reach: a damaged group before it, or a
+               store older than its journal (LMDB back at an earlier
+               commit): either way acknowledged writes would be lost. */
+            uint64_t n2;
+            for (uint64_t at = off; at < len; at += WQ_JOURNAL_BLOCK) {
                 struct wq_jgroup h;
-                if (group_at(img, len, id, at, &h, &n2) && h.lsn > above) {
-                    snprintf(why, wn, "its journal's group at offset %llu does not verify, "
-                             "but a later one at offset %llu does: the journal is damaged",
-                             (unsigned long long)off, (unsigned long long)at);
+                if (group_at(img, len, id, at, &h, &n2) && h.lsn > ckpt) {
+                    if (!ok_at_off)
+                        snprintf(why, wn, "its journal's group at offset %llu does not "
+                                 "verify, but a later one at offset %llu does: the journal "
+                                 "is damaged", (unsigned long long)off,
+                                 (unsigned long long)at);
+                    else
+                        snprintf(why, wn, "its journal's group at offset %llu (number %llu) "
+                                 "is newer than the store's last checkpoint (%llu), but the "
+                                 "groups before it do not lead to it: the store or its "
+                                 "journal is damaged", (unsigned long long)at,
+                                 (unsigned long long)h.lsn, (unsigned long long)ckpt);
                     rc = -EUCLEAN;
                     break;
                 }

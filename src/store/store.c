@@ -29,8 +29,8 @@
  *   - Group commit: a caller that needs durability flushes everything
  *     queued so far (with FSYNC, up to its own keys: "Fsync groups").
  *     Callers blocked behind it find their changes already written (often
- *     with nothing left to do), so concurrent adders share commits and
- *     fsyncs.
+ *     with nothing left to do), so concurrent adders share commits, or
+ *     with FSYNC journal writes ("The journal").
  */
 #include <limits.h>
 #include <stdlib.h>
@@ -53,15 +53,16 @@
  * leaves a meta page pointing at pages that never reached the disk: a
  * damaged store (LMDB's own warning for MDB_NOSYNC). Unsynced removals
  * between synced adds made an FSYNC store exactly that fragile. So every
- * commit of an FSYNC store is synced, and so that this does not cost an
- * fsync per wq_done, changes that need none (removals, results, failure
- * counts, a waiting key's time) are not committed on their own: they stay
+ * LMDB commit of an FSYNC store is synced (they are checkpoints now: "The
+ * journal"), and every journal write too; so that this does not cost a
+ * flush per wq_done, changes that need none (removals, results, failure
+ * counts, a waiting key's time) are not written on their own: they stay
  * listed in the store queue, which the region keeps across any process
- * crash, and go with the next commit that syncs anyway (a new key's), or
- * with the first call that finds the snapshot interval (1 s) passed since
- * the last such write or DEFER_MAX listed, and with wq_snapshot,
- * wq_unlink and the last wq_close. A cycle (add, get, done) is then one
- * synced commit, where it was a synced and an unsynced one. Lost with the
+ * crash, and go with the next journal write that flushes anyway (a new
+ * key's), or with the first call that finds the snapshot interval (1 s)
+ * passed since the last such write or DEFER_MAX listed, and with
+ * wq_snapshot, wq_unlink and the last wq_close (those three write all and
+ * checkpoint). A cycle (add, get, done) is then one flush. Lost with the
  * region (power failure, reboot), a deferred removal means a key processed
  * once more, which is what a power failure always meant for a removal.
  */
@@ -471,7 +472,7 @@ static bool any_storing(shmq *q, const struct iovec *keys, size_t n)
 
 /*
  * One flush: read the front of the store queue, write it in one LMDB
- * transaction, settle it. An FSYNC adder passes every key of its call
+ * transaction (FSYNC: one journal group), settle it. An FSYNC adder passes every key of its call
  * (mine, coalesced ones included: one may be another process's new key,
  * which must be stored before our add returns): once none of them is
  * STORING it writes no other adder's key, since that one's adder flushes
@@ -602,15 +603,8 @@ static int flush_round(shmq *q, struct wq_env *e, int *written, const struct iov
     }
     if (rc == 0)
         rc = wq__lmdb_meta_put(txn, e, &m);
-    /* FSYNC syncs every commit ("Deferred changes" says why that costs
-       nothing), inside the commit, while LMDB still holds its writer lock:
-       adders blocked on that lock then find their records committed AND
-       on disk, so one fsync serves the whole group (a sync after the
-       commit would let the next writer commit meanwhile and need its
-       own). The flag is the environment's, and only the holder of the
-       writer lock (us) commits, so setting it here is safe. */
-    if (rc == 0 && q->g.durability == WQ_DURABLE_FSYNC)
-        mdb_env_set_flags(e->env, MDB_NOSYNC, 0);
+    /* Unsynced (PROCESS, NONE): an FSYNC store never gets here, it writes
+       the journal. */
     if (rc < 0)
         goto abort;
     /* The commit releases LMDB's writer lock; the next flusher must still
@@ -873,6 +867,6 @@ int wq__shm_snapshot(wq *pub)
     shmq *q = wq__shm(pub);
     if (!q->g.has_store)
         return -ENOENT;
-    /* FSYNC: every commit is synced, the deferred changes' too. */
+    /* FSYNC: the deferred changes in a journal write, then a checkpoint. */
     return wq__store_flush(q, true);
 }
