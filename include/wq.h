@@ -82,6 +82,9 @@
  *   -ENODATA      wq_open with WQ_RESTORE: the store_path holds no store.
  *   -EIO          the store could not be read or written; a Redis server
  *                 answered a command with an error (wq_last_error quotes it).
+ *   -EIDRM        a store write of a region that wq_unlink removed while
+ *                 this process had it open, with a WQ_DURABLE_FSYNC store
+ *                 (see wq_unlink); and for Redis queues, below.
  *   Redis queues only (see "Redis"):
  *   -ESTALE       wq_done / wq_finish / wq_finish_get of a key whose lease
  *                 this handle lost: it was requeued and may be another
@@ -479,7 +482,10 @@ WQ_API void wq_close(wq *q);
 /*
  * wq_unlink - remove the shared region of queue `name`.
  * Processes still attached keep working on their mapping until they close;
- * a later wq_open with WQ_CREATE makes a new, empty queue.
+ * a later wq_open with WQ_CREATE makes a new, empty queue. (A queue with
+ * a WQ_DURABLE_FSYNC store is written first, and from then on the store
+ * belongs to whatever queue of that name is made from it: the removed
+ * region's store writes, and so its adds of new keys, fail with -EIDRM.)
  * Returns 0, -EINVAL (bad name), -ENOENT, -EACCES.
  */
 WQ_API int wq_unlink(const char *name);
@@ -996,9 +1002,10 @@ WQ_API int wq_run_workers_opts(wq *q, unsigned workers, wq_reconcile_fn fn, void
  *                       one disk flush, where a synced LMDB commit takes
  *                       two. LMDB takes the journal's contents in a
  *                       checkpoint, one synced commit, when the journal
- *                       is full and whenever the deferred changes below
- *                       are written as a whole (so at least every
- *                       snapshot_interval_ms while changes are listed);
+ *                       is full, whenever the deferred changes below
+ *                       are written as a whole, and every
+ *                       snapshot_interval_ms while the journal holds
+ *                       writes;
  *                       every LMDB commit of such a store is synced, so
  *                       a power failure never damages it. When the queue
  *                       is restored (its region gone: a reboot, every

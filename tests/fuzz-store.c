@@ -22,7 +22,7 @@
  *            checksum recomputed (durability 7, tenant separator 1000,
  *            capacity 0, a record count off by one)
  *   journal  1..16 random bytes of the journal's written part flipped, or
- *            one 512-byte block of it zeroed, or the journal cut to a
+ *            one 4 KiB block of it zeroed, or the journal cut to a
  *            random length, or removed
  * and a child process restores the queue from the copy (wq_open with
  * WQ_CREATE|WQ_EXCL|WQ_RESTORE). The round passes when the child exits
@@ -375,11 +375,11 @@ static const char *lmdb_edit(const char *dir)
     return what ? what : "edit: nothing";
 }
 
-/* The journal's written part: its groups (one 512-byte block per add of
-   the master's, and the first write's few more). */
+/* The journal's written part: its groups (one 4 KiB block per add of
+   the master's, and a few more). */
 static long journal_written(void)
 {
-    return (long)(nkeys / 8 + 8) * 512;
+    return (long)(nkeys / 8 + 8) * 4096;
 }
 
 static const char *journal_damage(const char *dir)
@@ -408,9 +408,9 @@ static const char *journal_damage(const char *dir)
         return what;
     }
     case 1: {
-        static const char zero[512];
-        long block = (long)(rnd() % (uint64_t)(written / 512));
-        patch(jf, block * 512, zero, sizeof zero);
+        static const char zero[4096];
+        long block = (long)(rnd() % (uint64_t)(written / 4096));
+        patch(jf, block * 4096, zero, sizeof zero);
         snprintf(what, sizeof what, "journal: block %ld zeroed", block);
         return what;
     }

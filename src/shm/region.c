@@ -795,7 +795,7 @@ static bool early_build(struct early *e, const struct wq_store_img *img)
     char data[sizeof e->g.store_path + 16];
     mode_t mode;
     snprintf(data, sizeof data, "%s/data.mdb", e->abs);
-    if (img->meta.version < WQ_STORE_VERSION || img->meta.records == 0 ||
+    if (img->meta.version < 2 || img->meta.records == 0 ||
         stat(data, &sb) < 0 || wq__store_options(&eff, &img->meta) < 0 ||
         geom_of(&eff, e->abs, &e->g, &mode) < 0)
         return false;

@@ -45,6 +45,11 @@
  *   struct wq_jgroup, then nrec records: struct wq_rec (check unused,
  *   cls WQ_CLS_DELETE for a removal), the key, the message.
  *
+ * The alignment is the file system's block: a group never shares a
+ * block with an earlier one, so a write torn by a power failure (which
+ * may tear the whole block it wrote) damages only its own group.
+ * A record's `order` and `check` are unused in the journal: the apply
+ * assigns the one and computes the other.
  * A group's lsn is larger than every earlier group's; its check covers
  * the header (check 0) and the payload; its id is the meta's journal_id,
  * so another store's journal is never applied. Groups are applied in
@@ -55,6 +60,7 @@
 #define WQ_STORE_FORMAT_H
 
 #include <lmdb.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -133,6 +139,8 @@ struct wq_env {
     MDB_dbi recs, meta;
     size_t mapsize;
     int jfd;                  /* the journal's descriptor + 1; 0: not open */
+    pthread_mutex_t jmu;      /* jfd's opening, and this process's side of
+                                 the journal lock (journal.c) */
     struct wq_env *next;
 };
 
@@ -183,7 +191,7 @@ int wq__lmdb_env_close(const char *path);
 /* journal.c */
 #define WQ_JOURNAL_FILE  "journal"
 #define WQ_JOURNAL_SIZE  (4u << 20)
-#define WQ_JOURNAL_BLOCK 512u
+#define WQ_JOURNAL_BLOCK 4096u
 #define WQ_JGROUP_MAGIC  0x314a5157u   /* "WQJ1" */
 struct wq_jgroup {
     uint32_t magic;           /* WQ_JGROUP_MAGIC */
@@ -194,9 +202,18 @@ struct wq_jgroup {
     uint64_t check;           /* wq__hash64 of header (check 0) and payload */
 };
 _Static_assert(sizeof(struct wq_jgroup) == 40, "journal group header is 40 bytes");
-/* The journal's file descriptor in e (opened, created and filled to
-   WQ_JOURNAL_SIZE the first time, with mode): >= 0 or -errno. */
-int wq__journal_fd(struct wq_env *e, mode_t mode);
+/* The journal lock: one writer (or replays, shared) of the file at a
+   time, across processes (an open file description lock, which the
+   kernel drops with a dead holder's descriptors) and across this
+   process's threads (e->jmu). 0 or -errno. */
+int wq__journal_lock(struct wq_env *e, int fd, bool shared);
+void wq__journal_unlock(struct wq_env *e, int fd);
+/* The journal of e, open (made and filled to WQ_JOURNAL_SIZE the first
+   time, with mode; opened again when its name leads to another file)
+   and locked for writing: its descriptor, valid until the release, or
+   -errno. */
+int wq__journal_acquire(struct wq_env *e, mode_t mode);
+void wq__journal_release(struct wq_env *e, int fd);
 /* Bytes the group of items takes in the journal (header, padding). */
 uint64_t wq__journal_bytes(const struct wq_item *items, uint32_t n);
 /* Write the group of items at off, with O_DSYNC: on disk on return. */

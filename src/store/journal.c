@@ -89,10 +89,12 @@ static ssize_t pread_all(int fd, void *buf, size_t n, uint64_t off)
     return (ssize_t)got;
 }
 
-/* Fill the file to WQ_JOURNAL_SIZE with written zeros: a write into a
-   block the file has never written (a hole, or fallocate's unwritten
-   extents) changes file metadata, which O_DSYNC then flushes too. */
-static int fill(int fd, const char *dir)
+/* Lock held: fill the file to WQ_JOURNAL_SIZE with written zeros. A
+   write into a block the file has never written (a hole, or fallocate's
+   unwritten extents) changes file metadata, which O_DSYNC then flushes
+   too. Only past the end: the lock keeps every writer out, so what the
+   file holds is groups, never zeros being written. */
+static int fill(int fd, const char *dir, bool made)
 {
     struct stat sb;
     if (fstat(fd, &sb) < 0)
@@ -104,17 +106,15 @@ static int fill(int fd, const char *dir)
     if (!z)
         return -ENOMEM;
     int rc = 0;
-    for (uint64_t off = (uint64_t)sb.st_size / WQ_JOURNAL_BLOCK * WQ_JOURNAL_BLOCK;
-         off < WQ_JOURNAL_SIZE && rc == 0; off += chunk) {
+    for (uint64_t off = (uint64_t)sb.st_size; off < WQ_JOURNAL_SIZE && rc == 0;) {
         size_t n = WQ_JOURNAL_SIZE - off < chunk ? (size_t)(WQ_JOURNAL_SIZE - off) : chunk;
-        /* Never zero what a group may already hold: only past the end. */
-        uint64_t from = off < (uint64_t)sb.st_size ? (uint64_t)sb.st_size : off;
-        rc = pwrite_all(fd, z + (from - off), n - (size_t)(from - off), from);
+        rc = pwrite_all(fd, z, n, off);
+        off += n;
     }
     free(z);
     if (rc == 0 && fdatasync(fd) < 0)
         rc = -errno;
-    int dfd = rc == 0 ? open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
+    int dfd = rc == 0 && made ? open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
     if (dfd >= 0) {   /* the new file's name, on disk before any group */
         if (fsync(dfd) < 0)
             rc = -errno;
@@ -123,13 +123,33 @@ static int fill(int fd, const char *dir)
     return rc;
 }
 
-int wq__journal_fd(struct wq_env *e, mode_t mode)
+/* Does the journal's name still lead to the file fd has open? Not once
+   somebody removed or replaced it: groups written there would be lost. */
+static bool current(const struct wq_env *e, int fd)
 {
-    if (e->jfd > 0)
-        return e->jfd - 1;
+    char f[sizeof e->path + 16];
+    struct stat a, b;
+    snprintf(f, sizeof f, "%s/%s", e->path, WQ_JOURNAL_FILE);
+    return fstat(fd, &a) == 0 && stat(f, &b) == 0 && a.st_dev == b.st_dev &&
+           a.st_ino == b.st_ino;
+}
+
+/* e->jmu held: open (or make) the journal; *made when we made it. */
+static int open_journal(struct wq_env *e, mode_t mode, bool *made)
+{
     char f[sizeof e->path + 16];
     snprintf(f, sizeof f, "%s/%s", e->path, WQ_JOURNAL_FILE);
-    int fd = open(f, O_RDWR | O_CREAT | O_DSYNC | O_CLOEXEC | O_NOFOLLOW, mode & 0666);
+    /* O_NONBLOCK: a FIFO of that name must not hang us (it is refused
+       below); on a regular file it changes nothing. */
+    int flags = O_RDWR | O_DSYNC | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK;
+    *made = false;
+    int fd = open(f, flags);
+    if (fd < 0 && errno == ENOENT) {
+        fd = open(f, flags | O_CREAT | O_EXCL, mode & 0666);
+        *made = fd >= 0;
+        if (fd < 0 && errno == EEXIST)   /* another creator was first */
+            fd = open(f, flags);
+    }
     if (fd < 0)
         return -errno;
     struct stat sb;
@@ -138,16 +158,71 @@ int wq__journal_fd(struct wq_env *e, mode_t mode)
         rc = -errno;
     else if (!S_ISREG(sb.st_mode))
         rc = -EUCLEAN;
-    else if (sb.st_size == 0 && fchmod(fd, mode & 0666) < 0)   /* not the umask's */
+    else if (*made && fchmod(fd, mode & 0666) < 0)   /* not the umask's */
         rc = -errno;
-    if (rc == 0)
-        rc = fill(fd, e->path);
     if (rc < 0) {
         close(fd);
         return rc;
     }
-    e->jfd = fd + 1;
     return fd;
+}
+
+static int ofd_lock(int fd, short type)
+{
+    struct flock l = { .l_type = type, .l_whence = SEEK_SET };
+    while (fcntl(fd, F_OFD_SETLKW, &l) < 0) {
+        if (errno != EINTR)
+            return -errno;
+    }
+    return 0;
+}
+
+int wq__journal_lock(struct wq_env *e, int fd, bool shared)
+{
+    pthread_mutex_lock(&e->jmu);
+    int rc = ofd_lock(fd, shared ? F_RDLCK : F_WRLCK);
+    if (rc < 0)
+        pthread_mutex_unlock(&e->jmu);
+    return rc;
+}
+
+void wq__journal_unlock(struct wq_env *e, int fd)
+{
+    (void)ofd_lock(fd, F_UNLCK);
+    pthread_mutex_unlock(&e->jmu);
+}
+
+int wq__journal_acquire(struct wq_env *e, mode_t mode)
+{
+    pthread_mutex_lock(&e->jmu);
+    int fd = e->jfd - 1, rc = 0;
+    bool made = false;
+    if (fd >= 0 && !current(e, fd)) {
+        close(fd);
+        e->jfd = 0;
+        fd = -1;
+    }
+    if (fd < 0) {
+        if ((fd = open_journal(e, mode, &made)) < 0) {
+            pthread_mutex_unlock(&e->jmu);
+            return fd;
+        }
+        e->jfd = fd + 1;
+    }
+    if ((rc = ofd_lock(fd, F_WRLCK)) < 0) {
+        pthread_mutex_unlock(&e->jmu);
+        return rc;
+    }
+    if ((rc = fill(fd, e->path, made)) < 0) {   /* nothing to do once it is full */
+        wq__journal_unlock(e, fd);
+        return rc;
+    }
+    return fd;
+}
+
+void wq__journal_release(struct wq_env *e, int fd)
+{
+    wq__journal_unlock(e, fd);
 }
 
 int wq__journal_write(int fd, uint64_t id, uint64_t lsn, uint64_t off,
@@ -156,7 +231,7 @@ int wq__journal_write(int fd, uint64_t id, uint64_t lsn, uint64_t off,
     uint64_t total = wq__journal_bytes(items, n);
     if (n == 0 || off % WQ_JOURNAL_BLOCK || off > WQ_JOURNAL_SIZE ||
         total > WQ_JOURNAL_SIZE - off)
-        return -ENOSPC;
+        return -EFBIG;   /* the caller checkpoints first: never happens */
     char *buf = calloc(1, total);
     if (!buf)
         return -ENOMEM;
@@ -210,9 +285,9 @@ static int apply_group(MDB_txn *txn, struct wq_env *e, const char *gp, struct wq
             return -EUCLEAN;
         memcpy(&it.r, p, sizeof it.r);
         size_t len = sizeof it.r + it.r.keylen + it.r.msglen;
-        if (it.r.magic != WQ_REC_MAGIC || it.r.keylen == 0 || it.r.keylen > WQ_MAX_KEY_LEN ||
+        if (it.r.magic != WQ_REC_MAGIC || it.r.keylen == 0 || it.r.keylen > m->max_key_len ||
             it.r.msglen > 255 || it.r.cls < WQ_CLS_PENDING || it.r.cls > WQ_CLS_DELETE ||
-            (size_t)(end - p) < len)
+            it.r.has_result > 1 || it.r.pad0 != 0 || (size_t)(end - p) < len)
             return -EUCLEAN;
         it.key = (const unsigned char *)p + sizeof it.r;
         it.msg = p + sizeof it.r + it.r.keylen;
@@ -230,13 +305,18 @@ int wq__journal_apply(MDB_txn *txn, struct wq_env *e, int fd, uint64_t upto,
     uint64_t id = m->journal_id, ckpt = m->journal_lsn, off = 0, last = 0, next = 0;
     *groups = 0;
     why[0] = 0;
-    /* The whole file, in one read: a checkpoint reads it about once a
-       second, from the page cache, and a replay must look past the end
-       of the groups for damage. */
-    char *img = malloc(WQ_JOURNAL_SIZE);
+    /* In one read, from the page cache: a checkpoint what the queue wrote
+       and one group more (one a writer killed before it moved the tail
+       may have left there, which is at most a quarter of the file); a
+       replay the whole file, as it must look past the end of the groups
+       for damage. */
+    uint64_t want = WQ_JOURNAL_SIZE;
+    if (upto > 0 && upto < WQ_JOURNAL_SIZE - WQ_JOURNAL_SIZE / 4)
+        want = upto + WQ_JOURNAL_SIZE / 4;
+    char *img = malloc(want);
     if (!img)
         return -ENOMEM;
-    ssize_t got = pread_all(fd, img, WQ_JOURNAL_SIZE, 0);
+    ssize_t got = pread_all(fd, img, want, 0);
     if (got < 0) {
         snprintf(why, wn, "reading its journal: %s", strerror((int)-got));
         free(img);

@@ -293,6 +293,7 @@ int wq__lmdb_env(const char *path, mode_t mode, bool create, struct wq_env **out
         goto fail;
     }
     snprintf(e->path, sizeof e->path, "%s", path);
+    pthread_mutex_init(&e->jmu, NULL);
     e->pid = me;
     e->mapsize = INITIAL_MAP;
     if (e->mapsize > max_map())
@@ -654,6 +655,7 @@ int wq__lmdb_env_close(const char *path)
             mdb_env_close(e->env);
             if (e->jfd > 0)
                 close(e->jfd - 1);
+            pthread_mutex_destroy(&e->jmu);
             free(e);
             break;
         }

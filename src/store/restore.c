@@ -200,14 +200,27 @@ static int mkdir_err(int rc, const char *dir)
  */
 static int replay(const char *abs, mode_t mode)
 {
-    char f[PATH_MAX + 16], why[256];
+    char f[PATH_MAX + 16], why[256] = "";
     snprintf(f, sizeof f, "%s/%s", abs, WQ_JOURNAL_FILE);
-    int fd = open(f, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    /* O_NONBLOCK: a FIFO of that name must not hang the open. */
+    int fd = open(f, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (fd < 0)
         return errno == ENOENT ? 0 : store_err(-errno, abs, "cannot open its journal: %s",
                                                strerror(errno));
+    struct stat sb;
+    if (fstat(fd, &sb) < 0 || !S_ISREG(sb.st_mode)) {
+        close(fd);
+        return store_err(-EUCLEAN, abs, "its journal is not a regular file");
+    }
     struct wq_env *e;
     int rc = wq__lmdb_env(abs, mode, false, &e);
+    /* Shared: no writer (a region of the queue made meanwhile, by another
+       opener) is between its number and its group while we read. */
+    if (rc == 0 && (rc = wq__journal_lock(e, fd, true)) < 0) {
+        close(fd);
+        return store_err(rc, abs, "cannot lock its journal: %s", strerror(-rc));
+    }
+    bool locked = rc == 0;
     while (rc == 0) {
         MDB_txn *txn;
         struct wq_meta m;
@@ -234,9 +247,11 @@ static int replay(const char *abs, mode_t mode)
         rc = rc < 0 ? rc : 1;
         break;
     }
+    if (locked)
+        wq__journal_unlock(e, fd);
     close(fd);
     if (rc < 0)
-        return store_err(rc, abs, "%s", why[0] ? why : strerror(-rc));
+        return store_err(rc, abs, "replaying its journal: %s", why[0] ? why : strerror(-rc));
     return rc;
 }
 
@@ -415,8 +430,12 @@ int wq__store_init_meta(const struct wq_geom *g, const struct wq_store_img *img,
             return rc;
         /* The journal, made now rather than by the first add: filling
            it takes a few ms. */
-        if (g->durability == WQ_DURABLE_FSYNC && (rc = wq__journal_fd(e, (mode_t)g->mode)) < 0)
-            return store_err(rc, g->store_path, "cannot make its journal: %s", strerror(-rc));
+        if (g->durability == WQ_DURABLE_FSYNC) {
+            if ((rc = wq__journal_acquire(e, (mode_t)g->mode)) < 0)
+                return store_err(rc, g->store_path, "cannot make its journal: %s",
+                                 strerror(-rc));
+            wq__journal_release(e, rc);
+        }
         journal[0] = m.journal_id;
         journal[1] = m.journal_lsn;
         return wq__store_write_marker(g->store_path, (mode_t)g->mode);

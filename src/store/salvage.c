@@ -107,8 +107,11 @@ static int settings(const struct wq_store_img *img, const struct wq_options *opt
 }
 
 /* The old store's journal (in aside, with the id and checkpoint its meta
-   gave: journal_id 0 if none) applied to txn as far as its groups verify;
-   what is lost past a damaged one is reported. The new store starts a
+   gave) applied to txn as far as its groups verify; what is lost past a
+   damaged one is reported. Without an id (the meta was damaged), the
+   first group's is taken, and every group from the start applied: the
+   walk from offset 0 holds the newest groups, applied in order, and a
+   group the store already held changes nothing. The new store starts a
    journal of its own. */
 static int salvage_journal(MDB_txn *txn, struct wq_env *e, const char *aside,
                            const struct wq_meta *old, struct wq_meta *m, wq_report_fn report,
@@ -116,21 +119,34 @@ static int salvage_journal(MDB_txn *txn, struct wq_env *e, const char *aside,
 {
     char f[PATH_MAX + 80], why[256];
     snprintf(f, sizeof f, "%s/%s", aside, WQ_JOURNAL_FILE);
-    int rc = 0, fd = old->journal_id ? open(f, O_RDONLY | O_CLOEXEC | O_NOFOLLOW) : -1;
+    int rc = 0, fd = open(f, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    struct stat sb;
     uint64_t groups = 0;
-    if (fd >= 0) {
-        m->journal_id = old->journal_id;
-        m->journal_lsn = old->journal_lsn;
+    struct wq_jgroup g;
+    m->journal_id = old->journal_id;
+    m->journal_lsn = old->journal_lsn;
+    if (fd >= 0 && (fstat(fd, &sb) < 0 || !S_ISREG(sb.st_mode))) {
+        say(report, arg, "its journal is not a regular file: not read");
+    } else if (fd >= 0 && m->journal_id == 0 && pread(fd, &g, sizeof g, 0) == sizeof g &&
+               g.magic == WQ_JGROUP_MAGIC) {
+        say(report, arg, "the meta record names no journal: its journal is read with the id "
+            "of its first write");
+        m->journal_id = g.id;
+        m->journal_lsn = 0;
+    }
+    if (fd >= 0 && S_ISREG(sb.st_mode) && m->journal_id != 0) {
         rc = wq__journal_apply(txn, e, fd, 0, m, &groups, why, sizeof why);
-        close(fd);
         if (rc == -EUCLEAN) {
-            say(report, arg, "%s: the groups from there on are lost", why);
+            say(report, arg, "%s: the writes from there on are lost (of a write that does not "
+                "decode, the records before the damage are kept)", why);
             rc = 0;
         }
         if (groups > 0)
             say(report, arg, "applied %llu journal group%s no checkpoint had taken",
                 (unsigned long long)groups, groups == 1 ? "" : "s");
     }
+    if (fd >= 0)
+        close(fd);
     m->journal_id = 0;
     m->journal_lsn = 0;
     return rc;

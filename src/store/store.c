@@ -34,6 +34,7 @@
  */
 #include <limits.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
 #include <time.h>
 
@@ -215,15 +216,22 @@ static void group_arrive(shmq *q)
  * had committed it: a group is one flush of the disk, a synced LMDB
  * commit two. LMDB takes the journal's groups in a checkpoint: one
  * synced commit that applies them, in order, and records the last
- * group's lsn in the meta; then the journal starts over at offset 0.
- * A checkpoint runs when a group would not fit, and at the end of every
- * flush of everything listed (the deferred changes' interval, wq_snapshot,
- * wq_unlink, the last wq_close), so LMDB is as current as it was when it
- * took every commit. Flush lock held throughout, which orders the groups
- * (hdr->j_*). A process killed anywhere leaves either a group nobody
- * counts (j_tail not moved: the next one is written over it) or a
- * checkpoint LMDB holds (j_tail not reset: the next one applies nothing
- * twice, since the meta's lsn covers it).
+ * group's number in the meta; then the journal starts over at offset 0.
+ * A checkpoint runs when a group would not fit, at the end of every
+ * flush of everything listed (wq_snapshot, wq_unlink, the last wq_close
+ * with changes listed, the deferred changes' interval), and at that
+ * interval while the journal holds groups ("due"): LMDB is at most about
+ * an interval behind the journal.
+ *
+ * Flush lock held throughout, which orders one region's groups
+ * (hdr->j_*), and the journal lock (journal.c), which orders them with
+ * the replay of a region being made. A process killed anywhere leaves
+ * either a group nobody counted (j_tail not moved: the next group is
+ * written over it, or a checkpoint applies it, which changes nothing the
+ * region does not hold: its records are the region's, still listed) or
+ * a checkpoint LMDB holds (j_tail not reset: the next one skips the
+ * groups the meta's number covers). Only the region linked at the
+ * queue's name writes the journal (linked()).
  */
 static inline bool journaled(const shmq *q)
 {
@@ -238,14 +246,46 @@ static int j_tail(const struct wq_hdr *h, uint64_t *tail)
     return *tail > WQ_JOURNAL_SIZE || *tail % WQ_JOURNAL_BLOCK ? -EBADMSG : 0;
 }
 
-/* Flush lock held: LMDB takes the journal's groups (see above). Returns
-   the groups applied, or -errno with wq_last_error set. */
-static int checkpoint(shmq *q, struct wq_env *e)
+/* Is our region the one linked at the queue's name? One that wq_unlink
+   removed while we had it open is not: a later wq_open makes a new
+   region on the same store, whose replay took our groups, and which
+   writes the journal from its start. So only the linked region writes
+   the journal (under its lock, which that replay takes too), and an
+   unlinked one's store writes fail with -EIDRM. */
+static int linked(shmq *q)
+{
+    char path[WQ_REGION_PATH_MAX];
+    struct stat mine, there;
+    if (q->fd < 0 || fstat(q->fd, &mine) < 0)
+        return 0;   /* cannot tell: as before journals */
+    if (wq__region_path(path, sizeof path, q->pub.name) == 0 &&
+        stat(path, &there) == 0 && there.st_dev == mine.st_dev && there.st_ino == mine.st_ino)
+        return 0;
+    wq__errf("queue '%s': its region was removed (wq_unlink) while this process had it "
+             "open; the store %s belongs to the queue of that name now, and this region "
+             "no longer writes to it", q->pub.name, q->g.store_path);
+    return -EIDRM;
+}
+
+/* The journal, locked, for our region (-EIDRM: see linked()). */
+static int j_lock(shmq *q, struct wq_env *e, int *fd)
+{
+    if ((*fd = wq__journal_acquire(e, (mode_t)q->g.mode)) < 0) {
+        wq__errf("queue '%s': store %s: cannot open its journal: %s", q->pub.name,
+                 q->g.store_path, strerror(-*fd));
+        return *fd;
+    }
+    int rc = linked(q);
+    if (rc < 0)
+        wq__journal_release(e, *fd);
+    return rc;
+}
+
+/* Flush lock and journal lock held: LMDB takes the journal's groups (see
+   above). Returns the groups applied, or -errno with wq_last_error set. */
+static int checkpoint(shmq *q, struct wq_env *e, int fd)
 {
     struct wq_hdr *h = q->hdr;
-    int fd = wq__journal_fd(e, (mode_t)q->g.mode);
-    if (fd < 0)
-        return fd;
     uint64_t tail, lsn = h->j_lsn, groups = 0;
     if (j_tail(h, &tail) < 0)
         tail = 0;   /* unknown: apply what verifies */
@@ -255,11 +295,20 @@ static int checkpoint(shmq *q, struct wq_env *e)
         MDB_txn *txn;
         struct wq_meta m;
         if ((rc = wq__lmdb_txn(e, 0, &txn)) < 0)
-            return rc;
-        if ((rc = wq__lmdb_meta_get(txn, e, &m)) == 0 && m.journal_id != h->j_id) {
+            break;
+        if ((rc = wq__lmdb_meta_get(txn, e, &m)) < 0) {
+            snprintf(why, sizeof why, "its meta record: %s", wq_strerror(rc));
+        } else if (m.journal_id != h->j_id) {
             snprintf(why, sizeof why, "its journal id is not the one the queue writes "
                      "(the store was replaced while the queue was open)");
             rc = -EUCLEAN;
+        } else if (lsn < m.journal_lsn) {
+            /* The region's count is behind the store's: groups it writes
+               would look old to every later checkpoint and replay. */
+            snprintf(why, sizeof why, "the queue's journal count (%llu) is behind the "
+                     "store's (%llu): the region is damaged",
+                     (unsigned long long)lsn, (unsigned long long)m.journal_lsn);
+            rc = -EBADMSG;
         }
         if (rc == 0)
             rc = wq__journal_apply(txn, e, fd, tail, &m, &groups, why, sizeof why);
@@ -281,12 +330,26 @@ static int checkpoint(shmq *q, struct wq_env *e)
     }
     if (rc < 0) {
         wq__errf("queue '%s': store %s: checkpoint of its journal: %s", q->pub.name,
-                 q->g.store_path, why[0] ? why : strerror(-rc));
+                 q->g.store_path, why[0] ? why : wq_strerror(rc));
         return rc;
     }
     WQ_FAULT("store.checkpointed");
     wq_store_relaxed(&h->j_tail, 0);
     return (int)(groups > INT_MAX ? INT_MAX : groups);
+}
+
+/* Flush lock held: LMDB takes the journal's groups, if there are any. */
+static int checkpoint_locked(shmq *q, struct wq_env *e)
+{
+    uint64_t tail;
+    if (j_tail(q->hdr, &tail) == 0 && tail == 0)
+        return 0;
+    int fd, rc = j_lock(q, e, &fd);
+    if (rc < 0)
+        return rc;
+    rc = checkpoint(q, e, fd);
+    wq__journal_release(e, fd);
+    return rc;
 }
 
 /* Flush lock held: write the items as the journal's next group, on disk
@@ -295,20 +358,17 @@ static int journal_write(shmq *q, struct wq_env *e, const struct wq_item *items,
 {
     struct wq_hdr *h = q->hdr;
     uint64_t tail, need = wq__journal_bytes(items, n);
-    int rc, fd = wq__journal_fd(e, (mode_t)q->g.mode);
-    if (fd < 0) {
-        wq__errf("queue '%s': store %s: cannot open its journal: %s", q->pub.name,
-                 q->g.store_path, strerror(-fd));
-        return fd;
-    }
-    if (h->j_id == 0) {
-        wq__errf("queue '%s': its region lost its store's journal id: reopen the queue "
-                 "from its store", q->pub.name);
+    int fd, rc;
+    if (h->j_id == 0 || h->j_lsn == UINT64_MAX) {
+        wq__errf("queue '%s': its region's journal %s is damaged: reopen the queue from its "
+                 "store", q->pub.name, h->j_id ? "count" : "id");
         return -EBADMSG;
     }
+    if ((rc = j_lock(q, e, &fd)) < 0)
+        return rc;
     if (j_tail(h, &tail) < 0 || need > WQ_JOURNAL_SIZE - tail) {
-        if ((rc = checkpoint(q, e)) < 0)
-            return rc;
+        if ((rc = checkpoint(q, e, fd)) < 0)
+            goto out;
         tail = 0;
     }
     uint64_t lsn = h->j_lsn + 1;
@@ -317,11 +377,13 @@ static int journal_write(shmq *q, struct wq_env *e, const struct wq_item *items,
     if ((rc = wq__journal_write(fd, h->j_id, lsn, tail, items, n)) < 0) {
         wq__errf("queue '%s': store %s: writing its journal: %s", q->pub.name,
                  q->g.store_path, strerror(-rc));
-        return rc;
+        goto out;
     }
     WQ_FAULT("store.journaled");
     wq_store_relaxed(&h->j_tail, tail + need);
-    return 0;
+out:
+    wq__journal_release(e, fd);
+    return rc;
 }
 
 /* ------------------------------------------------------------------ */
@@ -686,7 +748,7 @@ static int flush(shmq *q, bool all, const struct iovec *mine, size_t nmine, cons
     bool repaired = false;
     for (int rounds = 0; rounds < 1000000; rounds++) {
         rc = flush_round(q, e, &written, mine, nmine, stop);
-        if (rc == -ENOSPC) {
+        if (rc == -ENOSPC && !journaled(q)) {   /* a checkpoint grows the map itself */
             if ((rc = wq__lmdb_grow(e)) < 0)
                 break;
             continue;
@@ -700,9 +762,8 @@ static int flush(shmq *q, bool all, const struct iovec *mine, size_t nmine, cons
         if (!all && wq_load_relaxed(&q->hdr->sq_count) == 0)
             break;
     }
-    uint64_t tail;
-    if (rc >= 0 && all && journaled(q) && (j_tail(q->hdr, &tail) < 0 || tail > 0)) {
-        int c = checkpoint(q, e);
+    if (rc >= 0 && all && journaled(q)) {
+        int c = checkpoint_locked(q, e);
         rc = c < 0 ? c : rc;
     }
     pthread_mutex_unlock(&q->hdr->flush_lock);
@@ -722,8 +783,13 @@ static bool due(shmq *q, bool *interval)
     struct wq_hdr *h = q->hdr;
     uint32_t listed = wq_load_relaxed(&h->sq_count);
     *interval = q->g.durability != WQ_DURABLE_PROCESS;
-    if (listed == 0)
-        return false;
+    if (listed == 0) {
+        /* FSYNC: a journal that no checkpoint took is due at the interval
+           too, so that LMDB stays that current with adds alone. */
+        uint64_t tail;
+        return journaled(q) && j_tail(h, &tail) == 0 && tail > 0 &&
+               wq__now_mono() >= wq_load_relaxed(&h->next_snapshot_ns);
+    }
     if (fsync_groups(q) && group_waiting(h))
         return false;   /* the waiting adder writes it (see "Fsync groups") */
     /* PROCESS: at once. NONE: a snapshot every interval. FSYNC: deferred
