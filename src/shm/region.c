@@ -1001,6 +1001,7 @@ int wq__region_attach(shmq *q, const char *path)
         goto out;
     }
     map_view(q, base, (size_t)st.st_size, &g, fd);
+    snprintf(q->path, sizeof q->path, "%s", path);
     return 0;   /* the handle keeps fd: growth reserves through it */
 out:
     close(fd);

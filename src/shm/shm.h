@@ -48,6 +48,10 @@ struct wq_lease;
  * shared memory, so a later corruption of the header cannot move our
  * bounds. Fields below `slot` are written under the region lock.
  */
+/* The longest WQ_SHM_DIR, and room for a region path under it. */
+#define WQ_MAX_SHM_DIR 200
+#define WQ_REGION_PATH_MAX (WQ_MAX_SHM_DIR + WQ_MAX_NAME_LEN + 8)
+
 typedef struct wq_shm {
     struct wq pub;                 /* engine, max_key_len, fair, name */
     unsigned char *base;
@@ -74,6 +78,9 @@ typedef struct wq_shm {
     uint32_t result_capacity;
     bool metrics;                  /* duration metrics on (no WQ_NO_METRICS) */
     int fd;                        /* the shm object, for growing it; -1 if none */
+    char path[WQ_REGION_PATH_MAX]; /* where it was opened ("" for a view being
+                                      built): whether it is still linked
+                                      there (store.c) */
     /* Bounds for indices read from shared memory: entries and result
        slots whose pages are reserved (hdr->grown_*, clamped). Refreshed
        at every lock acquisition and by our own growth; region lock, but
@@ -178,9 +185,6 @@ int wq__region_create(const char *path, const struct wq_options *opts);
 int wq__region_attach(shmq *q, const char *path);
 int wq__region_path(char *buf, size_t cap, const char *name);
 const char *wq__shm_dir(void);
-/* The longest WQ_SHM_DIR, and room for a region path under it. */
-#define WQ_MAX_SHM_DIR 200
-#define WQ_REGION_PATH_MAX (WQ_MAX_SHM_DIR + WQ_MAX_NAME_LEN + 8)
 int wq__geometry(struct wq_geom *g, const struct wq_conf *c);
 int wq__region_validate(const struct wq_geom *g, uint64_t file_size);
 void wq__geom_conf(const struct wq_geom *g, struct wq_conf *c);

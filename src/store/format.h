@@ -139,6 +139,9 @@ struct wq_env {
     MDB_dbi recs, meta;
     size_t mapsize;
     int jfd;                  /* the journal's descriptor + 1; 0: not open */
+    int rfd;                  /* a replay's locked descriptor + 1, or 0 */
+    bool jstale;              /* the journal's name leads to another file:
+                                 open it again before the next write */
     pthread_mutex_t jmu;      /* jfd's opening, and this process's side of
                                  the journal lock (journal.c) */
     struct wq_env *next;
@@ -209,11 +212,14 @@ _Static_assert(sizeof(struct wq_jgroup) == 40, "journal group header is 40 bytes
 int wq__journal_lock(struct wq_env *e, int fd, bool shared);
 void wq__journal_unlock(struct wq_env *e, int fd);
 /* The journal of e, open (made and filled to WQ_JOURNAL_SIZE the first
-   time, with mode; opened again when its name leads to another file)
-   and locked for writing: its descriptor, valid until the release, or
-   -errno. */
+   time, with mode; opened again once wq__journal_replaced said so) and
+   locked for writing: its descriptor, valid until the release, or
+   -errno (-EUCLEAN: not a regular file). */
 int wq__journal_acquire(struct wq_env *e, mode_t mode);
 void wq__journal_release(struct wq_env *e, int fd);
+/* Locked: does the journal's name lead to another file than fd's (it was
+   removed or replaced)? Then the next acquire opens that one. */
+bool wq__journal_replaced(struct wq_env *e, int fd);
 /* Bytes the group of items takes in the journal (header, padding). */
 uint64_t wq__journal_bytes(const struct wq_item *items, uint32_t n);
 /* Write the group of items at off, with O_DSYNC: on disk on return. */

@@ -44,6 +44,17 @@ static struct wq_env *envs;
 static void envs_child(void)
 {
     pthread_mutex_init(&envs_mu, NULL);
+    /* The journal's descriptors: the locks on them belong to their open
+       file descriptions, which a copy here would keep alive after the
+       parent died holding one (every writer of the queue would wait for
+       this child). The child opens its own. */
+    for (struct wq_env *e = envs; e; e = e->next) {
+        if (e->jfd > 0)
+            close(e->jfd - 1);
+        if (e->rfd > 0)
+            close(e->rfd - 1);
+        e->jfd = e->rfd = 0;
+    }
 }
 
 static void envs_fork_setup(void)

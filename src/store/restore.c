@@ -221,6 +221,8 @@ static int replay(const char *abs, mode_t mode)
         return store_err(rc, abs, "cannot lock its journal: %s", strerror(-rc));
     }
     bool locked = rc == 0;
+    if (locked)
+        e->rfd = fd + 1;   /* a fork meanwhile closes the child's copy (lmdb.c) */
     while (rc == 0) {
         MDB_txn *txn;
         struct wq_meta m;
@@ -247,8 +249,10 @@ static int replay(const char *abs, mode_t mode)
         rc = rc < 0 ? rc : 1;
         break;
     }
-    if (locked)
+    if (locked) {
+        e->rfd = 0;
         wq__journal_unlock(e, fd);
+    }
     close(fd);
     if (rc < 0)
         return store_err(rc, abs, "replaying its journal: %s", why[0] ? why : strerror(-rc));

@@ -120,12 +120,14 @@ static int salvage_journal(MDB_txn *txn, struct wq_env *e, const char *aside,
     char f[PATH_MAX + 80], why[256];
     snprintf(f, sizeof f, "%s/%s", aside, WQ_JOURNAL_FILE);
     int rc = 0, fd = open(f, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-    struct stat sb;
+    struct stat sb = { .st_mode = 0 };
     uint64_t groups = 0;
     struct wq_jgroup g;
     m->journal_id = old->journal_id;
     m->journal_lsn = old->journal_lsn;
-    if (fd >= 0 && (fstat(fd, &sb) < 0 || !S_ISREG(sb.st_mode))) {
+    if (fd >= 0 && fstat(fd, &sb) < 0) {
+        say(report, arg, "its journal cannot be read: %s", strerror(errno));
+    } else if (fd >= 0 && !S_ISREG(sb.st_mode)) {
         say(report, arg, "its journal is not a regular file: not read");
     } else if (fd >= 0 && m->journal_id == 0 && pread(fd, &g, sizeof g, 0) == sizeof g &&
                g.magic == WQ_JGROUP_MAGIC) {

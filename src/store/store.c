@@ -251,15 +251,16 @@ static int j_tail(const struct wq_hdr *h, uint64_t *tail)
    region on the same store, whose replay took our groups, and which
    writes the journal from its start. So only the linked region writes
    the journal (under its lock, which that replay takes too), and an
-   unlinked one's store writes fail with -EIDRM. */
+   unlinked one's store writes fail with -EIDRM. The path is the one the
+   handle was opened at (WQ_SHM_DIR may change since); a path we cannot
+   look at (EACCES, say) tells nothing, and the write goes on. */
 static int linked(shmq *q)
 {
-    char path[WQ_REGION_PATH_MAX];
     struct stat mine, there;
-    if (q->fd < 0 || fstat(q->fd, &mine) < 0)
-        return 0;   /* cannot tell: as before journals */
-    if (wq__region_path(path, sizeof path, q->pub.name) == 0 &&
-        stat(path, &there) == 0 && there.st_dev == mine.st_dev && there.st_ino == mine.st_ino)
+    if (q->fd < 0 || !q->path[0] || fstat(q->fd, &mine) < 0)
+        return 0;   /* cannot tell */
+    if (stat(q->path, &there) == 0 ? there.st_dev == mine.st_dev && there.st_ino == mine.st_ino
+                                   : errno != ENOENT)
         return 0;
     wq__errf("queue '%s': its region was removed (wq_unlink) while this process had it "
              "open; the store %s belongs to the queue of that name now, and this region "
@@ -271,8 +272,8 @@ static int linked(shmq *q)
 static int j_lock(shmq *q, struct wq_env *e, int *fd)
 {
     if ((*fd = wq__journal_acquire(e, (mode_t)q->g.mode)) < 0) {
-        wq__errf("queue '%s': store %s: cannot open its journal: %s", q->pub.name,
-                 q->g.store_path, strerror(-*fd));
+        wq__errf("queue '%s': store %s: its journal: %s", q->pub.name, q->g.store_path,
+                 *fd == -EUCLEAN ? "not a regular file" : strerror(-*fd));
         return *fd;
     }
     int rc = linked(q);
@@ -334,6 +335,12 @@ static int checkpoint(shmq *q, struct wq_env *e, int fd)
         return rc;
     }
     WQ_FAULT("store.checkpointed");
+    /* Everything the file we wrote holds is in LMDB now: if the journal's
+       name leads elsewhere (removed or replaced meanwhile), the next
+       group goes to the file there. (Looked at here only: a stat of the
+       file between two synchronous writes makes the second one wait for
+       more than it writes.) */
+    (void)wq__journal_replaced(e, fd);
     wq_store_relaxed(&h->j_tail, 0);
     return (int)(groups > INT_MAX ? INT_MAX : groups);
 }
@@ -370,6 +377,11 @@ static int journal_write(shmq *q, struct wq_env *e, const struct wq_item *items,
         if ((rc = checkpoint(q, e, fd)) < 0)
             goto out;
         tail = 0;
+        if (e->jstale) {   /* the checkpoint found another file at the name */
+            wq__journal_release(e, fd);
+            if ((rc = j_lock(q, e, &fd)) < 0)
+                return rc;
+        }
     }
     uint64_t lsn = h->j_lsn + 1;
     wq_store_relaxed(&h->j_lsn, lsn);   /* taken before the write: never reused */
@@ -787,7 +799,7 @@ static bool due(shmq *q, bool *interval)
         /* FSYNC: a journal that no checkpoint took is due at the interval
            too, so that LMDB stays that current with adds alone. */
         uint64_t tail;
-        return journaled(q) && j_tail(h, &tail) == 0 && tail > 0 &&
+        return journaled(q) && j_tail(h, &tail) == 0 && tail > 0 && !group_waiting(h) &&
                wq__now_mono() >= wq_load_relaxed(&h->next_snapshot_ns);
     }
     if (fsync_groups(q) && group_waiting(h))
