@@ -28,6 +28,10 @@
  *     checkpoint fails with -EBADMSG and moves nothing; an open killed in
  *     its replay's commit replays at the next open;
  *   - a version 2 meta record restores, and is version 3 after;
+ *   - a writer that forked dies holding the journal lock: its child does
+ *     not keep the lock, the next add works;
+ *   - with adds alone, the lease thread checkpoints within an interval;
+ *   - the journal's file removed under a live queue: nothing is lost;
  *   - another store's journal put in place of this one's: none of its
  *     groups is applied (the journal id).
  *
@@ -894,6 +898,128 @@ static void test_store_v2(void **state)
         fail_msg("wq_last_error: '%s'", wq_last_error());
 }
 
+/* ------------------------------------------------------------------ */
+/* A fork, the lease thread's checkpoints, a journal removed           */
+/* ------------------------------------------------------------------ */
+
+/* A writer that forked (a pool's parent, say) dies holding the journal
+   lock: its child must not keep the lock alive, or every writer of the
+   queue waits for that child forever. */
+static void test_fork_holder_dies(void **state)
+{
+    (void)state;
+    const char *store = t_mkstore(), *name = t_qname("jfork");
+    struct wq_options o = jopts(store);
+    t_close(t_track(T_OPEN(name, &o)));
+    struct board *b = t_shared_alloc(sizeof *b);
+    pid_t *grandchild = t_shared_alloc(sizeof *grandchild);
+    pid_t c = t_fork(60);
+    if (c == 0) {
+        wq *q = NULL;
+        if (wq_open(name, NULL, &q) < 0 || wq_add(q, KS("f1")) != 0)
+            _exit(2);
+        pid_t g = fork();   /* sleeps on, with whatever it inherited */
+        if (g == 0) {
+            for (;;)
+                pause();
+        }
+        *grandchild = g;
+        wq_fault_arm("store.journal", 1, WQ_FAULT_KILL);
+        wq_add(q, KS("f2"));
+        _exit(3);
+    }
+    assert_int_equal(t_wait(c, 20000), 128 + SIGKILL);
+    assert_true(*grandchild > 0);
+    run_killed(name, b, add_one, "after");   /* its add must not wait */
+    assert_int_equal(b->rc, 0);
+    kill(*grandchild, SIGKILL);
+    go_down(name);
+    /* f2's add never returned, but it was listed: the next group took it. */
+    const char *keys[] = { "f1", "f2", "after" };
+    t_close(expect_restored(name, &o, keys, 3));
+    t_shared_free(grandchild, sizeof *grandchild);
+    t_shared_free(b, sizeof *b);
+}
+
+static int add_three_wait(wq *q, void *arg)
+{
+    add_three(q, arg);
+    /* Open, idle: the lease thread checkpoints once the interval passed. */
+    t_sleep_ms(1500 * t_scale());
+    return 0;
+}
+
+/* With adds alone, LMDB takes the journal within about an interval
+   (300 ms here), from the lease thread of a process that merely has the
+   queue open. */
+static void test_interval_checkpoint(void **state)
+{
+    (void)state;
+    const char *store = t_mkstore(), *name = t_qname("jivl");
+    struct wq_options o = t_store_opts(store, WQ_DURABLE_FSYNC);
+    o.snapshot_interval_ms = 300;
+    t_close(t_track(T_OPEN(name, &o)));
+    struct board *b = t_shared_alloc(sizeof *b);
+    const char *k[] = { "i1", "i2", "i3" };
+    run_killed(name, b, add_three_wait, (void *)k);
+    assert_int_equal(peek(store).records, 3);
+    go_down(name);
+    t_close(expect_restored(name, &o, k, 3));
+    t_shared_free(b, sizeof *b);
+}
+
+struct replaced_board {
+    atomic_int stage;
+    int rc[3];
+};
+
+/* The journal's file removed under a live queue: the groups written to
+   the removed file go to LMDB at the next checkpoint, and the groups
+   after it to a new file at the name. */
+static void test_journal_removed(void **state)
+{
+    (void)state;
+    const char *store = t_mkstore(), *name = t_qname("jrm");
+    struct wq_options o = jopts(store);
+    t_close(t_track(T_OPEN(name, &o)));
+    struct replaced_board *rb = t_shared_alloc(sizeof *rb);
+    char jf[300];
+    snprintf(jf, sizeof jf, "%s/journal", store);
+    pid_t c = t_fork(60);
+    if (c == 0) {
+        wq *q = NULL;
+        if (wq_open(name, NULL, &q) < 0)
+            _exit(2);
+        rb->rc[0] = wq_add(q, KS("a1"));
+        atomic_store(&rb->stage, 1);
+        if (t_wait_count(&rb->stage, 2, 20000) != 0)
+            _exit(2);
+        rb->rc[1] = wq_add(q, KS("a2"));   /* into the removed file */
+        rb->rc[2] = wq_snapshot(q);        /* a1, a2 to LMDB */
+        wq_add(q, KS("a3"));               /* into a new file */
+        atomic_store(&rb->stage, 3);
+        for (;;)
+            pause();
+    }
+    assert_int_equal(t_wait_count(&rb->stage, 1, 20000), 0);
+    assert_int_equal(unlink(jf), 0);
+    atomic_store(&rb->stage, 2);
+    assert_int_equal(t_wait_count(&rb->stage, 3, 20000), 0);
+    assert_int_equal(kill(c, SIGKILL), 0);
+    assert_int_equal(t_wait(c, 10000), 128 + SIGKILL);
+    assert_int_equal(rb->rc[0], 0);
+    assert_int_equal(rb->rc[1], 0);
+    assert_int_equal(rb->rc[2], 0);
+    assert_int_equal(peek(store).records, 2);
+    struct jgroups g = jgroups(store);   /* the new file: a3's group alone */
+    assert_int_equal(g.n, 1);
+    assert_int_equal(g.off[0], 0);
+    go_down(name);
+    const char *keys[] = { "a1", "a2", "a3" };
+    t_close(expect_restored(name, &o, keys, 3));
+    t_shared_free(rb, sizeof *rb);
+}
+
 int main(void)
 {
     static const struct CMUnitTest tests[] = {
@@ -909,6 +1035,9 @@ int main(void)
         T_STORE_TEST(test_checkpoint_damage),
         T_STORE_TEST(test_replay_killed),
         T_STORE_TEST(test_store_v2),
+        T_STORE_TEST(test_fork_holder_dies),
+        T_STORE_TEST(test_interval_checkpoint),
+        T_STORE_TEST(test_journal_removed),
         T_NO_LEFTOVERS,
     };
     static const struct t_guard g = {

@@ -435,10 +435,17 @@ int wq__store_init_meta(const struct wq_geom *g, const struct wq_store_img *img,
         /* The journal, made now rather than by the first add: filling
            it takes a few ms. */
         if (g->durability == WQ_DURABLE_FSYNC) {
-            if ((rc = wq__journal_acquire(e, (mode_t)g->mode)) < 0)
-                return store_err(rc, g->store_path, "cannot make its journal: %s",
-                                 strerror(-rc));
-            wq__journal_release(e, rc);
+            /* Twice when this process had a journal open that is no
+               longer the one at the name. */
+            for (int i = 0; i < 2; i++) {
+                if ((rc = wq__journal_acquire(e, (mode_t)g->mode)) < 0)
+                    return store_err(rc, g->store_path, "cannot make its journal: %s",
+                                     rc == -EUCLEAN ? "not a regular file" : strerror(-rc));
+                bool again = wq__journal_replaced(e, rc);
+                wq__journal_release(e, rc);
+                if (!again)
+                    break;
+            }
         }
         journal[0] = m.journal_id;
         journal[1] = m.journal_lsn;
