@@ -1014,7 +1014,14 @@ WQ_API int wq_run_workers_opts(wq *q, unsigned workers, wq_reconcile_fn fn, void
  *                       journal write cut by a power failure is that of
  *                       an add that never returned: it is ignored. The
  *                       journal must stay with the store (copy the whole
- *                       directory). Concurrent adders, in any process,
+ *                       directory); one removed while the queue is open
+ *                       is found at the next checkpoint, which takes
+ *                       what was written to it, and a new one is made
+ *                       (a power failure before that checkpoint loses
+ *                       the adds written since the removal). A store
+ *                       serves one queue: two queues (two names, or two
+ *                       WQ_SHM_DIRs) on one store_path would write over
+ *                       each other's journal. Concurrent adders, in any process,
  *                       share journal writes (group commit through the
  *                       store's flush lock). Changes that need no flush
  *                       wait for a write that carries a new key (see
