@@ -375,6 +375,24 @@ static const char *lmdb_edit(const char *dir)
     return what ? what : "edit: nothing";
 }
 
+/* 1..16 random bytes of path's first `len` flipped: how many. */
+static unsigned flip_bytes(const char *path, long len)
+{
+    unsigned n = 1 + (unsigned)(rnd() % 16);
+    for (unsigned i = 0; i < n; i++) {
+        unsigned char b = (unsigned char)(1 + rnd() % 255), cur;
+        long off = (long)(rnd() % (uint64_t)len);
+        int fd = open(path, O_RDWR | O_CLOEXEC);
+        if (fd < 0 || pread(fd, &cur, 1, off) != 1)
+            die("read %s", path);
+        cur ^= b;
+        if (pwrite(fd, &cur, 1, off) != 1)
+            die("write %s", path);
+        close(fd);
+    }
+    return n;
+}
+
 /* The journal's written part: its groups (one 4 KiB block per add of
    the master's, and a few more). */
 static long journal_written(void)
@@ -392,18 +410,7 @@ static const char *journal_damage(const char *dir)
         written = size;
     switch (rnd() % 4) {
     case 0: {
-        unsigned n = 1 + (unsigned)(rnd() % 16);
-        for (unsigned i = 0; i < n; i++) {
-            unsigned char b = (unsigned char)(1 + rnd() % 255), cur;
-            long off = (long)(rnd() % (uint64_t)written);
-            int fd = open(jf, O_RDWR | O_CLOEXEC);
-            if (fd < 0 || pread(fd, &cur, 1, off) != 1)
-                die("read %s", jf);
-            cur ^= b;
-            if (pwrite(fd, &cur, 1, off) != 1)
-                die("write %s", jf);
-            close(fd);
-        }
+        unsigned n = flip_bytes(jf, written);
         snprintf(what, sizeof what, "journal: %u bytes flipped", n);
         return what;
     }
@@ -441,19 +448,7 @@ static const char *damage(const char *dir, bool *journal)
         return journal_damage(dir);
     case 0:
     case 1: {
-        unsigned n = 1 + (unsigned)(rnd() % 16);
-        for (unsigned i = 0; i < n; i++) {
-            unsigned char b = (unsigned char)(1 + rnd() % 255);
-            long off = (long)(rnd() % (uint64_t)size);
-            unsigned char cur;
-            int fd = open(data, O_RDWR | O_CLOEXEC);
-            if (fd < 0 || pread(fd, &cur, 1, off) != 1)
-                die("read %s", data);
-            cur ^= b;
-            if (pwrite(fd, &cur, 1, off) != 1)
-                die("write %s", data);
-            close(fd);
-        }
+        unsigned n = flip_bytes(data, size);
         snprintf(what, sizeof what, "flip: %u bytes", n);
         return what;
     }

@@ -201,6 +201,18 @@ static struct wq_options jopts(const char *store)
     return o;
 }
 
+/* A test's queue: a new store, the queue created on it (FSYNC, no
+   checkpoint by time) and closed, and a board for its children. */
+static struct board *jq_begin(const char *tag, const char **store, const char **name,
+                              struct wq_options *o)
+{
+    *store = t_mkstore();
+    *name = t_qname(tag);
+    *o = jopts(*store);
+    t_close(t_track(T_OPEN(*name, o)));
+    return t_shared_alloc(sizeof(struct board));
+}
+
 /* Open (restore) and expect exactly `keys` queued, in this order; the
    queue stays open for the caller. */
 static wq *expect_restored(const char *name, const struct wq_options *o,
@@ -289,10 +301,9 @@ static int add_three(wq *q, void *arg)
 static void test_torn_last(void **state)
 {
     (void)state;
-    const char *store = t_mkstore(), *name = t_qname("jtorn");
-    struct wq_options o = jopts(store);
-    t_close(t_track(T_OPEN(name, &o)));
-    struct board *b = t_shared_alloc(sizeof *b);
+    const char *store, *name;
+    struct wq_options o;
+    struct board *b = jq_begin("jtorn", &store, &name, &o);
     const char *k[] = { "t1", "t2", "t3" };
     run_killed(name, b, add_three, (void *)k);
     struct jgroups g = jgroups(store);
@@ -323,10 +334,9 @@ static void add_line(const char *what, void *arg)
 static void test_damaged_middle(void **state)
 {
     (void)state;
-    const char *store = t_mkstore(), *name = t_qname("jdamage");
-    struct wq_options o = jopts(store);
-    t_close(t_track(T_OPEN(name, &o)));
-    struct board *b = t_shared_alloc(sizeof *b);
+    const char *store, *name;
+    struct wq_options o;
+    struct board *b = jq_begin("jdamage", &store, &name, &o);
     const char *k[] = { "m1", "m2", "m3" };
     run_killed(name, b, add_three, (void *)k);
     struct jgroups g = jgroups(store);
@@ -384,10 +394,9 @@ struct open_board {
 static void test_store_older(void **state)
 {
     (void)state;
-    const char *store = t_mkstore(), *name = t_qname("jolder");
-    struct wq_options o = jopts(store);
-    t_close(t_track(T_OPEN(name, &o)));
-    struct board *b = t_shared_alloc(sizeof *b);
+    const char *store, *name;
+    struct wq_options o;
+    struct board *b = jq_begin("jolder", &store, &name, &o);
     const char *k[] = { "o1", "o2", "o3" };
     run_killed(name, b, add_three, (void *)k);
     char data[300], old[300];
@@ -462,10 +471,9 @@ static int after_work(wq *q, void *arg)
 
 static void kill_at(const char *point)
 {
-    const char *store = t_mkstore(), *name = t_qname("jkill");
-    struct wq_options o = jopts(store);
-    t_close(t_track(T_OPEN(name, &o)));
-    struct board *b = t_shared_alloc(sizeof *b);
+    const char *store, *name;
+    struct wq_options o;
+    struct board *b = jq_begin("jkill", &store, &name, &o);
     struct kill_arg a = { point };
     pid_t c = t_fork(60);
     if (c == 0) {
@@ -750,10 +758,9 @@ struct snap_board {
 static void test_checkpoint_damage(void **state)
 {
     (void)state;
-    const char *store = t_mkstore(), *name = t_qname("jckdmg");
-    struct wq_options o = jopts(store);
-    t_close(t_track(T_OPEN(name, &o)));
-    struct board *b = t_shared_alloc(sizeof *b);
+    const char *store, *name;
+    struct wq_options o;
+    struct board *b = jq_begin("jckdmg", &store, &name, &o);
     const char *k[] = { "c1", "c2", "c3" };
     run_killed(name, b, add_three, (void *)k);
     flip(store, 40 + 8);   /* inside c1's record */
@@ -791,10 +798,9 @@ static void test_checkpoint_damage(void **state)
 static void test_replay_killed(void **state)
 {
     (void)state;
-    const char *store = t_mkstore(), *name = t_qname("jrkill");
-    struct wq_options o = jopts(store);
-    t_close(t_track(T_OPEN(name, &o)));
-    struct board *b = t_shared_alloc(sizeof *b);
+    const char *store, *name;
+    struct wq_options o;
+    struct board *b = jq_begin("jrkill", &store, &name, &o);
     const char *k[] = { "r1", "r2", "r3" };
     run_killed(name, b, add_three, (void *)k);
     go_down(name);
@@ -908,10 +914,9 @@ static void test_store_v2(void **state)
 static void test_fork_holder_dies(void **state)
 {
     (void)state;
-    const char *store = t_mkstore(), *name = t_qname("jfork");
-    struct wq_options o = jopts(store);
-    t_close(t_track(T_OPEN(name, &o)));
-    struct board *b = t_shared_alloc(sizeof *b);
+    const char *store, *name;
+    struct wq_options o;
+    struct board *b = jq_begin("jfork", &store, &name, &o);
     pid_t *grandchild = t_shared_alloc(sizeof *grandchild);
     pid_t c = t_fork(60);
     if (c == 0) {
