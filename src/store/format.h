@@ -215,8 +215,7 @@ void wq__journal_unlock(struct wq_env *e, int fd);
    time, with mode; opened again once wq__journal_replaced said so) and
    locked for writing: its descriptor, valid until the release, or
    -errno (-EUCLEAN: not a regular file). */
-int wq__journal_acquire(struct wq_env *e, mode_t mode);
-void wq__journal_release(struct wq_env *e, int fd);
+int wq__journal_acquire(struct wq_env *e, mode_t mode);   /* wq__journal_unlock releases */
 /* Locked: does the journal's name lead to another file than fd's (it was
    removed or replaced)? Then the next acquire opens that one. */
 bool wq__journal_replaced(struct wq_env *e, int fd);
@@ -235,5 +234,16 @@ int wq__journal_write(int fd, uint64_t id, uint64_t lsn, uint64_t off,
    group applied; *groups counts them. why: a message for an error. */
 int wq__journal_apply(MDB_txn *txn, struct wq_env *e, int fd, uint64_t upto,
                       struct wq_meta *m, uint64_t *groups, char *why, size_t wn);
+/* The same in one synced commit of e's store (its map grown as needed):
+   a checkpoint or a replay. id: the journal id the caller writes with (a
+   store whose meta names another is -EUCLEAN; 0: a replay, no check);
+   floor: the number the store must cover afterwards (a checkpoint: the
+   region's last number taken; with an id, a store beyond it is
+   -EBADMSG). always:
+   commit even with nothing applied (a checkpoint records floor); else
+   nothing is written then. point: the fault point before the commit.
+   Returns the groups applied, or -errno with why saying what failed. */
+int wq__journal_commit(struct wq_env *e, int fd, uint64_t upto, uint64_t id, uint64_t floor,
+                       bool always, const char *point, char *why, size_t wn);
 
 #endif

@@ -94,16 +94,16 @@ static ssize_t pread_all(int fd, void *buf, size_t n, uint64_t off)
    unwritten extents) changes file metadata, which O_DSYNC then flushes
    too. Only past the end: the lock keeps every writer out, so what the
    file holds is groups, never zeros being written. */
-static int fill(int fd, const char *dir, mode_t mode, bool made)
+static int fill(int fd, const char *dir, mode_t mode)
 {
     struct stat sb;
     if (fstat(fd, &sb) < 0)
         return -errno;
     if ((uint64_t)sb.st_size >= WQ_JOURNAL_SIZE)
         return 0;
-    /* A file its maker did not fill (killed first) gets its mode and its
-       name's fsync from whoever fills it. */
-    made |= sb.st_size == 0;
+    /* An empty file is a new one (its maker may have been killed before
+       it filled it): whoever fills it sets its mode and syncs its name. */
+    bool made = sb.st_size == 0;
     if (made && fchmod(fd, mode & 0666) < 0)   /* not the umask's */
         return -errno;
     size_t chunk = 1u << 20;
@@ -139,19 +139,17 @@ static bool current(const struct wq_env *e, int fd)
            a.st_ino == b.st_ino;
 }
 
-/* e->jmu held: open (or make) the journal; *made when we made it. */
-static int open_journal(const struct wq_env *e, mode_t mode, bool *made)
+/* e->jmu held: open (or make) the journal. */
+static int open_journal(const struct wq_env *e, mode_t mode)
 {
     char f[sizeof e->path + 16];
     snprintf(f, sizeof f, "%s/%s", e->path, WQ_JOURNAL_FILE);
     /* O_NONBLOCK: a FIFO of that name must not hang us (it is refused
        below); on a regular file it changes nothing. */
     int flags = O_RDWR | O_DSYNC | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK;
-    *made = false;
     int fd = open(f, flags);
     if (fd < 0 && errno == ENOENT) {
         fd = open(f, flags | O_CREAT | O_EXCL, mode & 0666);
-        *made = fd >= 0;
         if (fd < 0 && errno == EEXIST)   /* another creator was first */
             fd = open(f, flags);
     }
@@ -199,7 +197,7 @@ int wq__journal_acquire(struct wq_env *e, mode_t mode)
 {
     pthread_mutex_lock(&e->jmu);
     int fd = e->jfd - 1, rc = 0;
-    bool made = false, opened = false;
+    bool opened = false;
     if (fd >= 0 && e->jstale) {
         close(fd);
         e->jfd = 0;
@@ -207,7 +205,7 @@ int wq__journal_acquire(struct wq_env *e, mode_t mode)
     }
     e->jstale = false;
     if (fd < 0) {
-        if ((fd = open_journal(e, mode, &made)) < 0) {
+        if ((fd = open_journal(e, mode)) < 0) {
             pthread_mutex_unlock(&e->jmu);
             return fd;
         }
@@ -221,7 +219,7 @@ int wq__journal_acquire(struct wq_env *e, mode_t mode)
     /* Filled once, when opened: a stat of the file between two of its
        synchronous writes makes the second wait much longer (measured:
        8k writes/s without, 5.4k with). */
-    if (opened && (rc = fill(fd, e->path, mode, made)) < 0) {
+    if (opened && (rc = fill(fd, e->path, mode)) < 0) {
         wq__journal_unlock(e, fd);
         return rc;
     }
@@ -233,11 +231,6 @@ bool wq__journal_replaced(struct wq_env *e, int fd)
     if (!current(e, fd))
         e->jstale = true;
     return e->jstale;
-}
-
-void wq__journal_release(struct wq_env *e, int fd)
-{
-    wq__journal_unlock(e, fd);
 }
 
 int wq__journal_write(int fd, uint64_t id, uint64_t lsn, uint64_t off,
@@ -415,4 +408,54 @@ int wq__journal_apply(MDB_txn *txn, struct wq_env *e, int fd, uint64_t upto,
     }
     free(img);
     return rc;
+}
+
+int wq__journal_commit(struct wq_env *e, int fd, uint64_t upto, uint64_t id, uint64_t floor,
+                       bool always, const char *point, char *why, size_t wn)
+{
+    uint64_t groups = 0;
+    int rc;
+    why[0] = 0;
+    for (;;) {
+        MDB_txn *txn;
+        struct wq_meta m;
+        if ((rc = wq__lmdb_txn(e, 0, &txn)) < 0)
+            return rc;
+        if ((rc = wq__lmdb_meta_get(txn, e, &m)) < 0) {
+            snprintf(why, wn, "its meta record: %s", wq_strerror(rc));
+        } else if (id && m.journal_id != id) {
+            snprintf(why, wn, "its journal id is not the one the queue writes "
+                     "(the store was replaced while the queue was open)");
+            rc = -EUCLEAN;
+        } else if (id && floor < m.journal_lsn) {
+            /* The queue's count is behind the store's: groups it writes
+               would look old to every later checkpoint and replay. */
+            snprintf(why, wn, "the queue's journal count (%llu) is behind the store's "
+                     "(%llu): the region is damaged", (unsigned long long)floor,
+                     (unsigned long long)m.journal_lsn);
+            rc = -EBADMSG;
+        }
+        if (rc == 0)
+            rc = wq__journal_apply(txn, e, fd, upto, &m, &groups, why, wn);
+        if (rc == 0 && !always && groups == 0) {
+            mdb_txn_abort(txn);   /* nothing to record */
+            return 0;
+        }
+        if (rc == 0) {
+            if (m.journal_lsn < floor)
+                m.journal_lsn = floor;   /* numbers taken by writers killed before their write */
+            rc = wq__lmdb_meta_put(txn, e, &m);
+        }
+        if (rc < 0) {
+            mdb_txn_abort(txn);
+        } else {
+            /* Synced whatever the durability: the journal's adds were. */
+            mdb_env_set_flags(e->env, MDB_NOSYNC, 0);
+            WQ_FAULT(point);
+            rc = wq__lmdb_err(mdb_txn_commit(txn));
+        }
+        if (rc == -ENOSPC && wq__lmdb_grow(e) == 0)
+            continue;
+        return rc < 0 ? rc : (int)(groups > INT_MAX ? INT_MAX : groups);
+    }
 }

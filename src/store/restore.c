@@ -223,32 +223,8 @@ static int replay(const char *abs, mode_t mode)
     bool locked = rc == 0;
     if (locked)
         e->rfd = fd + 1;   /* a fork meanwhile closes the child's copy (lmdb.c) */
-    while (rc == 0) {
-        MDB_txn *txn;
-        struct wq_meta m;
-        uint64_t groups = 0;
-        why[0] = 0;
-        if ((rc = wq__lmdb_txn(e, 0, &txn)) < 0)
-            break;
-        if ((rc = wq__lmdb_meta_get(txn, e, &m)) == 0 &&
-            (rc = wq__journal_apply(txn, e, fd, 0, &m, &groups, why, sizeof why)) == 0 &&
-            groups > 0)
-            rc = wq__lmdb_meta_put(txn, e, &m);
-        if (rc < 0 || groups == 0) {
-            mdb_txn_abort(txn);
-            break;
-        }
-        /* Synced whatever the durability: the journal's adds were. */
-        mdb_env_set_flags(e->env, MDB_NOSYNC, 0);
-        WQ_FAULT("store.replay");
-        rc = wq__lmdb_err(mdb_txn_commit(txn));
-        if (rc == -ENOSPC && wq__lmdb_grow(e) == 0) {
-            rc = 0;
-            continue;
-        }
-        rc = rc < 0 ? rc : 1;
-        break;
-    }
+    if (rc == 0)
+        rc = wq__journal_commit(e, fd, 0, 0, 0, false, "store.replay", why, sizeof why);
     if (locked) {
         e->rfd = 0;
         wq__journal_unlock(e, fd);
@@ -256,7 +232,7 @@ static int replay(const char *abs, mode_t mode)
     close(fd);
     if (rc < 0)
         return store_err(rc, abs, "replaying its journal: %s", why[0] ? why : strerror(-rc));
-    return rc;
+    return rc > 0;
 }
 
 /* The store's LMDB environment, made if need be: failures named. */
@@ -442,7 +418,7 @@ int wq__store_init_meta(const struct wq_geom *g, const struct wq_store_img *img,
                     return store_err(rc, g->store_path, "cannot make its journal: %s",
                                      rc == -EUCLEAN ? "not a regular file" : strerror(-rc));
                 bool again = wq__journal_replaced(e, rc);
-                wq__journal_release(e, rc);
+                wq__journal_unlock(e, rc);
                 if (!again)
                     break;
             }

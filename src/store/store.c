@@ -278,7 +278,7 @@ static int j_lock(shmq *q, struct wq_env *e, int *fd)
     }
     int rc = linked(q);
     if (rc < 0)
-        wq__journal_release(e, *fd);
+        wq__journal_unlock(e, *fd);
     return rc;
 }
 
@@ -287,48 +287,12 @@ static int j_lock(shmq *q, struct wq_env *e, int *fd)
 static int checkpoint(shmq *q, struct wq_env *e, int fd)
 {
     struct wq_hdr *h = q->hdr;
-    uint64_t tail, lsn = h->j_lsn, groups = 0;
+    uint64_t tail, lsn = h->j_lsn;
     if (j_tail(h, &tail) < 0)
         tail = 0;   /* unknown: apply what verifies */
-    char why[256] = "";
-    int rc;
-    for (;;) {
-        MDB_txn *txn;
-        struct wq_meta m;
-        if ((rc = wq__lmdb_txn(e, 0, &txn)) < 0)
-            break;
-        if ((rc = wq__lmdb_meta_get(txn, e, &m)) < 0) {
-            snprintf(why, sizeof why, "its meta record: %s", wq_strerror(rc));
-        } else if (m.journal_id != h->j_id) {
-            snprintf(why, sizeof why, "its journal id is not the one the queue writes "
-                     "(the store was replaced while the queue was open)");
-            rc = -EUCLEAN;
-        } else if (lsn < m.journal_lsn) {
-            /* The region's count is behind the store's: groups it writes
-               would look old to every later checkpoint and replay. */
-            snprintf(why, sizeof why, "the queue's journal count (%llu) is behind the "
-                     "store's (%llu): the region is damaged",
-                     (unsigned long long)lsn, (unsigned long long)m.journal_lsn);
-            rc = -EBADMSG;
-        }
-        if (rc == 0)
-            rc = wq__journal_apply(txn, e, fd, tail, &m, &groups, why, sizeof why);
-        if (rc == 0) {
-            if (m.journal_lsn < lsn)
-                m.journal_lsn = lsn;   /* numbers taken by writers killed before their write */
-            rc = wq__lmdb_meta_put(txn, e, &m);
-        }
-        if (rc < 0) {
-            mdb_txn_abort(txn);
-        } else {
-            mdb_env_set_flags(e->env, MDB_NOSYNC, 0);
-            WQ_FAULT("store.checkpoint");
-            rc = wq__lmdb_err(mdb_txn_commit(txn));
-        }
-        if (rc == -ENOSPC && wq__lmdb_grow(e) == 0)
-            continue;
-        break;
-    }
+    char why[256];
+    int rc = wq__journal_commit(e, fd, tail, h->j_id, lsn, true, "store.checkpoint", why,
+                                sizeof why);
     if (rc < 0) {
         wq__errf("queue '%s': store %s: checkpoint of its journal: %s", q->pub.name,
                  q->g.store_path, why[0] ? why : wq_strerror(rc));
@@ -342,7 +306,7 @@ static int checkpoint(shmq *q, struct wq_env *e, int fd)
        more than it writes.) */
     (void)wq__journal_replaced(e, fd);
     wq_store_relaxed(&h->j_tail, 0);
-    return (int)(groups > INT_MAX ? INT_MAX : groups);
+    return rc;
 }
 
 /* Flush lock held: LMDB takes the journal's groups, if there are any. */
@@ -355,7 +319,7 @@ static int checkpoint_locked(shmq *q, struct wq_env *e)
     if (rc < 0)
         return rc;
     rc = checkpoint(q, e, fd);
-    wq__journal_release(e, fd);
+    wq__journal_unlock(e, fd);
     return rc;
 }
 
@@ -378,7 +342,7 @@ static int journal_write(shmq *q, struct wq_env *e, const struct wq_item *items,
             goto out;
         tail = 0;
         if (e->jstale) {   /* the checkpoint found another file at the name */
-            wq__journal_release(e, fd);
+            wq__journal_unlock(e, fd);
             if ((rc = j_lock(q, e, &fd)) < 0)
                 return rc;
         }
@@ -394,7 +358,7 @@ static int journal_write(shmq *q, struct wq_env *e, const struct wq_item *items,
     WQ_FAULT("store.journaled");
     wq_store_relaxed(&h->j_tail, tail + need);
 out:
-    wq__journal_release(e, fd);
+    wq__journal_unlock(e, fd);
     return rc;
 }
 
