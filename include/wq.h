@@ -84,7 +84,12 @@
  *                 answered a command with an error (wq_last_error quotes it).
  *   -EIDRM        a store write of a region that wq_unlink removed while
  *                 this process had it open, with a WQ_DURABLE_FSYNC store
- *                 (see wq_unlink); and for Redis queues, below.
+ *                 (see wq_unlink), or whose store another queue's region
+ *                 has claimed since (see "Persistence"); and for Redis
+ *                 queues, below.
+ *   -EBUSY        wq_open: the store_path serves another queue, whose
+ *                 region exists (see "Persistence"); wq_remove: the key
+ *                 is processing.
  *   Redis queues only (see "Redis"):
  *   -ESTALE       wq_done / wq_finish / wq_finish_get of a key whose lease
  *                 this handle lost: it was requeued and may be another
@@ -451,6 +456,7 @@ struct wq_options {
  *   -EINVAL  bad name or options;
  *   -EUCLEAN a damaged or foreign store (wq_last_error says what);
  *   -ENODATA WQ_RESTORE and the store_path holds no store;  -EIO;
+ *   -EBUSY   the store_path serves another queue (see "Persistence");
  *   -EPROTO  not a libwq region of a compatible version, or it fails
  *            validation (magic, version, geometry, checksum, size);
  *   -EACCES  permissions;  -EUSERS process table full;  -ENOMEM ...
@@ -985,6 +991,17 @@ WQ_API int wq_run_workers_opts(wq *q, unsigned workers, wq_reconcile_fn fn, void
  * in the region, so every process attached writes to the same store (each
  * opens its own LMDB environment, lazily, and again after fork).
  *
+ * A store serves one queue. The region made from a store claims it (in a
+ * file "owner" beside LMDB's) before it reads it, and creators of one
+ * store take turns. wq_open that would make a second queue on a store
+ * whose queue's region exists (another name, or the same name in another
+ * WQ_SHM_DIR) fails with -EBUSY, names that region in wq_last_error, and
+ * makes nothing. Where that region cannot be seen (another container,
+ * with a /dev/shm of its own, on a shared store directory) the new queue
+ * takes the store over, with every key it holds, and the old region's
+ * store writes, and so its adds of new keys, fail with -EIDRM from then
+ * on. A copy of a store directory at another path is another store.
+ *
  * Durability of wq_add / wq_add_after / wq_add_rate_limited (of a key the
  * store did not have yet):
  *   WQ_DURABLE_PROCESS  when the call returns the key is committed to LMDB
@@ -1018,10 +1035,8 @@ WQ_API int wq_run_workers_opts(wq *q, unsigned workers, wq_reconcile_fn fn, void
  *                       is found at the next checkpoint, which takes
  *                       what was written to it, and a new one is made
  *                       (a power failure before that checkpoint loses
- *                       the adds written since the removal). A store
- *                       serves one queue: two queues (two names, or two
- *                       WQ_SHM_DIRs) on one store_path would write over
- *                       each other's journal. Concurrent adders, in any process,
+ *                       the adds written since the removal). Concurrent
+ *                       adders, in any process,
  *                       share journal writes (group commit through the
  *                       store's flush lock). Changes that need no flush
  *                       wait for a write that carries a new key (see

@@ -24,6 +24,12 @@
  *   - wq_unlink while a process has the queue open, and a new queue made
  *     from the store: the removed region's adds fail with -EIDRM, and
  *     only the new region writes the journal;
+ *   - a store serves one queue (FSYNC and PROCESS): a second queue on it
+ *     (another name, another WQ_SHM_DIR) is refused with -EBUSY while the
+ *     first one's region exists; one made where that region cannot be
+ *     seen (a mount namespace with its own tmpfs) takes the store over,
+ *     and the old region's adds fail with -EIDRM; a copied store is
+ *     another store; four creators racing for one new queue all work;
  *   - a group the live queue wrote that no longer verifies: its
  *     checkpoint fails with -EBADMSG and moves nothing; an open killed in
  *     its replay's commit replays at the next open;
@@ -50,6 +56,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -685,9 +693,13 @@ static void test_dead_group_checkpoint(void **state)
 struct orphan_board {
     atomic_int stage;
     int rc;
+    int late_found;   /* "late" in the region after its add */
     char err[512];
 };
 
+/* The old region's process: adds o1..o3 (stage 1); at stage 2 adds
+   "late" (its rc, wq_last_error and whether the region holds it after),
+   stage 3; then waits to be killed. */
 static int orphan_main(const char *name, struct orphan_board *ob)
 {
     wq *q = NULL;
@@ -700,10 +712,29 @@ static int orphan_main(const char *name, struct orphan_board *ob)
     ob->rc = wq_add(q, KS("late"));
     snprintf(ob->err, sizeof ob->err, "%s", wq_last_error());
     struct wq_key_info ki;
-    T_CHECK_EQ(t_key_info(q, "late", &ki), 0);   /* the add was undone */
+    ob->late_found = t_key_info(q, "late", &ki);
     atomic_store(&ob->stage, 3);
     for (;;)
         pause();
+}
+
+/* Start orphan_main in a child and wait for its o1..o3. */
+static pid_t orphan_start(const char *name, struct orphan_board *ob)
+{
+    pid_t c = t_fork(60);
+    if (c == 0)
+        _exit(orphan_main(name, ob));
+    assert_int_equal(t_wait_count(&ob->stage, 1, 20000), 0);
+    return c;
+}
+
+/* Its "late" add, then its end (SIGKILL). */
+static void orphan_finish(pid_t c, struct orphan_board *ob)
+{
+    atomic_store(&ob->stage, 2);
+    assert_int_equal(t_wait_count(&ob->stage, 3, 20000), 0);
+    assert_int_equal(kill(c, SIGKILL), 0);
+    assert_int_equal(t_wait(c, 10000), 128 + SIGKILL);
 }
 
 /* wq_unlink while a process has the queue open, then a new queue of that
@@ -719,27 +750,221 @@ static void test_unlinked_region(void **state)
     struct wq_options o = jopts(store);
     t_close(t_track(T_OPEN(name, &o)));
     struct orphan_board *ob = t_shared_alloc(sizeof *ob);
-    pid_t c = t_fork(60);
-    if (c == 0)
-        _exit(orphan_main(name, ob));
-    assert_int_equal(t_wait_count(&ob->stage, 1, 20000), 0);
+    pid_t c = orphan_start(name, ob);
     assert_int_equal(wq_unlink(name), 0);   /* writes the store first */
     t_close(t_track(T_OPEN(name, &o)));     /* a new region, from the store */
     struct board *b = t_shared_alloc(sizeof *b);
     const char *k[] = { "n1", "n2", "n3" };
     run_killed(name, b, add_three, (void *)k);
-    atomic_store(&ob->stage, 2);
-    assert_int_equal(t_wait_count(&ob->stage, 3, 20000), 0);
+    orphan_finish(c, ob);
     assert_int_equal(ob->rc, -EIDRM);
+    assert_int_equal(ob->late_found, 0);   /* the add was undone */
     if (!strstr(ob->err, "its region was removed (wq_unlink) while this process had it open"))
         fail_msg("wq_last_error: '%s'", ob->err);
-    assert_int_equal(kill(c, SIGKILL), 0);
-    assert_int_equal(t_wait(c, 10000), 128 + SIGKILL);
     go_down(name);
     const char *keys[] = { "o1", "o2", "o3", "n1", "n2", "n3" };
     t_close(expect_restored(name, &o, keys, 6));
     t_shared_free(b, sizeof *b);
     t_shared_free(ob, sizeof *ob);
+}
+
+/* ------------------------------------------------------------------ */
+/* A store serves one queue                                            */
+/* ------------------------------------------------------------------ */
+
+static const int durabilities[] = { WQ_DURABLE_FSYNC, WQ_DURABLE_PROCESS };
+
+static struct wq_options dopts(const char *store, int durability)
+{
+    return durability == WQ_DURABLE_FSYNC ? jopts(store) : t_store_opts(store, durability);
+}
+
+/* A second queue on a store whose queue exists: another name, or the
+   same name in another WQ_SHM_DIR. Its wq_open fails with -EBUSY and
+   says which region has the store; no region of it is left; the first
+   queue's adds go on, and all of them come back. */
+static void test_second_queue(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < 2; i++) {
+        const char *store = t_mkstore(), *name = t_qname(i ? "jsecp" : "jsecf"),
+                   *other = t_qname(i ? "jsecp2" : "jsecf2");
+        struct wq_options o = dopts(store, durabilities[i]);
+        t_close(t_track(T_OPEN(name, &o)));
+        struct orphan_board *ob = t_shared_alloc(sizeof *ob);
+        pid_t c = orphan_start(name, ob);
+        char region[300], want[1400], err[1400];
+        t_shm_path(name, region, sizeof region);
+        snprintf(want, sizeof want, "store '%s': it serves the queue whose region is %s; a "
+                 "store serves one queue: give this queue a store_path of its own, or remove "
+                 "that queue first (wq_unlink)", store, region);
+        wq *q = NULL;
+        assert_int_equal(wq_open(other, &o, &q), -EBUSY);
+        if (strcmp(wq_last_error(), want) != 0)
+            fail_msg("%s: wq_last_error: '%s'", t_durability_name(durabilities[i]),
+                     wq_last_error());
+        T_EXPECT_NO_SHM(other, "a queue refused its store");
+        const char *dir = t_mkstore();
+        setenv("WQ_SHM_DIR", dir, 1);
+        int rc = wq_open(name, &o, &q);
+        snprintf(err, sizeof err, "%s", wq_last_error());
+        unsetenv("WQ_SHM_DIR");
+        assert_int_equal(rc, -EBUSY);
+        if (strcmp(err, want) != 0)
+            fail_msg("another WQ_SHM_DIR: wq_last_error: '%s'", err);
+        char there[400];
+        snprintf(there, sizeof there, "%s/wq.%s", dir, name);
+        assert_int_equal(access(there, F_OK), -1);
+        orphan_finish(c, ob);
+        assert_int_equal(ob->rc, 0);
+        assert_int_equal(ob->late_found, 1);
+        go_down(name);
+        const char *keys[] = { "o1", "o2", "o3", "late" };
+        t_close(expect_restored(name, &o, keys, 4));
+        t_shared_free(ob, sizeof *ob);
+    }
+}
+
+/* In a mount namespace of its own, with a new tmpfs at shm: the queue
+   made there from the store, n1..n3 added, and no close (as if killed).
+   77: no right to unshare. */
+static int unseen_main(const char *name, const struct wq_options *o, const char *shm)
+{
+    if (unshare(CLONE_NEWNS) < 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0 ||
+        mount("tmpfs", shm, "tmpfs", 0, "mode=0700") < 0)
+        return 77;
+    wq *q = NULL;
+    T_CHECK_EQ(wq_open(name, o, &q), 0);
+    const char *k[] = { "n1", "n2", "n3" };
+    for (int j = 0; j < 3; j++)
+        T_CHECK_EQ(wq_add(q, KS(k[j])), 0);
+    return 0;
+}
+
+/* A queue made from the store where the region that has it cannot be
+   seen: another container, with its own tmpfs at WQ_SHM_DIR (a mount
+   namespace here). The new region claims the store and gets the old
+   one's keys; the old region's next add fails with -EIDRM and changes
+   nothing; both regions' keys come back exactly once. Needs the right
+   to unshare the mount namespace (root): skipped without it. */
+static void test_unseen_queue(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < 2; i++) {
+        const char *shm = t_mkstore(), *store = t_mkstore(),
+                   *name = t_qname(i ? "junseenp" : "junseenf");
+        struct wq_options o = dopts(store, durabilities[i]);
+        struct orphan_board *ob = t_shared_alloc(sizeof *ob);
+        setenv("WQ_SHM_DIR", shm, 1);
+        wq *q = NULL;
+        int rc = wq_open(name, &o, &q);
+        if (rc == 0)
+            wq_close(q);
+        pid_t c = rc == 0 ? orphan_start(name, ob) : -1;
+        pid_t n = rc == 0 ? t_fork(60) : -1;
+        if (n == 0)
+            _exit(unseen_main(name, &o, shm));
+        unsetenv("WQ_SHM_DIR");
+        assert_int_equal(rc, 0);
+        int st = t_wait(n, 20000);
+        if (st == 77) {
+            orphan_finish(c, ob);
+            skip();
+        }
+        assert_int_equal(st, 0);
+        orphan_finish(c, ob);
+        char want[1400];
+        snprintf(want, sizeof want, "queue '%s': store %s was claimed by the queue whose "
+                 "region is %s/wq.%s (made from it where this queue's region could not be "
+                 "seen); a store serves one queue, and this region no longer writes to it",
+                 name, store, shm, name);
+        if (ob->rc != -EIDRM || strcmp(ob->err, want) != 0)
+            fail_msg("%s: late add: %d, '%s'", t_durability_name(durabilities[i]), ob->rc,
+                     ob->err);
+        assert_int_equal(ob->late_found, 0);   /* the add was undone */
+        char old[400];
+        snprintf(old, sizeof old, "%s/wq.%s", shm, name);
+        assert_int_equal(unlink(old), 0);   /* down: a reboot */
+        const char *keys[] = { "o1", "o2", "o3", "n1", "n2", "n3" };
+        t_close(expect_restored(name, &o, keys, 6));
+        t_shared_free(ob, sizeof *ob);
+    }
+}
+
+/* A copy of a store directory (cp -r) is another store: a queue of
+   another name is made from it while the original's queue exists, and
+   both write their own. */
+static void test_store_copy(void **state)
+{
+    (void)state;
+    const char *store = t_mkstore(), *copy = t_mkstore(), *name = t_qname("jcopy"),
+               *other = t_qname("jcopy2");
+    struct wq_options o = jopts(store), oc = jopts(copy);
+    wq *q = t_track(T_OPEN(name, &o));
+    o.flags = WQ_CREATE;   /* then attach */
+    assert_int_equal(wq_add(q, KS("c1")), 0);
+    assert_int_equal(wq_add(q, KS("c2")), 0);
+    t_close(q);   /* checkpointed, and its region stays */
+    const char *files[] = { "data.mdb", "journal", "owner", WQ_STORE_MARKER };
+    for (size_t i = 0; i < 4; i++) {
+        char from[400], to[400];
+        snprintf(from, sizeof from, "%s/%s", store, files[i]);
+        snprintf(to, sizeof to, "%s/%s", copy, files[i]);
+        copy_file(from, to);
+    }
+    wq *c = t_track(T_OPEN(other, &oc));
+    assert_int_equal(wq_add(c, KS("x1")), 0);
+    q = t_track(T_OPEN(name, &o));
+    assert_int_equal(wq_add(q, KS("c3")), 0);
+    T_EXPECT_GET(c, "c1");
+    T_EXPECT_GET(c, "c2");
+    T_EXPECT_GET(c, "x1");
+    T_EXPECT_GET_RC(c, -EAGAIN);
+    T_EXPECT_GET(q, "c1");
+    T_EXPECT_GET(q, "c2");
+    T_EXPECT_GET(q, "c3");
+    t_close(c);
+    t_close(q);
+}
+
+static int racer_main(const char *name, const struct wq_options *o, atomic_int *go, int i)
+{
+    T_CHECK_EQ(t_wait_count(go, 1, 20000), 0);
+    wq *q = NULL;
+    T_CHECK_EQ(wq_open(name, o, &q), 0);
+    for (int j = 0; j < 10; j++) {
+        char k[16];
+        snprintf(k, sizeof k, "r%d-%d", i, j);
+        T_CHECK_EQ(wq_add(q, KS(k)), 0);
+    }
+    wq_close(q);
+    return 0;
+}
+
+/* Four processes make one new FSYNC queue at once: the losers of the
+   creation race attach to the winner's region (none of them claims the
+   store over it), and every add of every process succeeds. */
+static void test_creators_race(void **state)
+{
+    (void)state;
+    const char *store = t_mkstore(), *name = t_qname("jrace");
+    struct wq_options o = jopts(store);
+    o.flags = WQ_CREATE;   /* the losers attach */
+    atomic_int *go = t_shared_alloc(sizeof *go);
+    pid_t c[4];
+    for (int i = 0; i < 4; i++) {
+        if ((c[i] = t_fork(60)) == 0)
+            _exit(racer_main(name, &o, go, i));
+    }
+    atomic_store(go, 1);
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(t_wait(c[i], 30000), 0);
+    go_down(name);
+    wq *q = t_track(T_OPEN(name, &o));
+    assert_int_equal(wq_check(q, 0), 0);
+    assert_int_equal(t_queued(q), 40);
+    t_close(q);
+    t_shared_free(go, sizeof *go);
 }
 
 /* ------------------------------------------------------------------ */
@@ -1037,6 +1262,10 @@ int main(void)
         T_STORE_TEST(test_foreign_journal),
         T_STORE_TEST(test_dead_group_checkpoint),
         T_STORE_TEST(test_unlinked_region),
+        T_STORE_TEST(test_second_queue),
+        T_STORE_TEST(test_unseen_queue),
+        T_STORE_TEST(test_store_copy),
+        T_STORE_TEST(test_creators_race),
         T_STORE_TEST(test_checkpoint_damage),
         T_STORE_TEST(test_replay_killed),
         T_STORE_TEST(test_store_v2),

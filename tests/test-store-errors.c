@@ -557,6 +557,7 @@ static void test_shared_store_mode(void **state)
     assert_int_equal(mode_of(dir, "data.mdb"), 0666);
     assert_int_equal(mode_of(dir, "lock.mdb"), 0666);
     assert_int_equal(mode_of(dir, "libwq-store"), 0666);
+    assert_int_equal(mode_of(dir, "owner"), 0666);   /* the claim (owner.c) */
     assert_int_equal(nobody_adds(name, "from-nobody"), 0);
     assert_int_equal(t_key_state(q, "from-nobody"), WQ_KEY_QUEUED | WQ_KEY_DIRTY);
     t_close(q);
@@ -575,6 +576,7 @@ static void test_shared_store_mode(void **state)
     q = t_track(T_OPEN(t_qname("group"), &o));
     assert_int_equal(mode_of(dir, NULL), 0750);
     assert_int_equal(mode_of(dir, "data.mdb"), 0640);
+    assert_int_equal(mode_of(dir, "owner"), 0640);
     t_close(q);
     umask(old);
 }

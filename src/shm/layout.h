@@ -44,7 +44,7 @@
 #include <stdint.h>
 
 #define WQ_MAGIC        0x31515762696c0a57ull /* "W\nlibWQ1" little-endian */
-#define WQ_LAYOUT_VER   13u
+#define WQ_LAYOUT_VER   14u
 #define WQ_ALIGN        64u
 #define WQ_NIL          0xffffffffu          /* "no entry" */
 
@@ -322,6 +322,9 @@ struct wq_hdr {
     uint64_t j_id;
     uint64_t j_lsn;
     uint64_t j_tail;
+    /* Its claim of the store (store/owner.c): random, never 0, written
+       once, before publication; 0 for a region without a store. */
+    uint64_t claim;
 };
 
 /*

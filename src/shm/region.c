@@ -878,8 +878,26 @@ static bool early_wait(void *arg, const struct wq_store_img *img)
     return pages > 0;
 }
 
+/* Is the region at path the one that made this claim of its store
+   (store/owner.c)? 1 yes, 0 no (gone, not a region of ours), -errno when
+   it cannot be looked at. */
+static int claim_live(const char *path, uint64_t claim)
+{
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0)
+        return errno == ENOENT || errno == ELOOP ? 0 : -errno;
+    struct wq_hdr h;
+    struct stat st;
+    int rc = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
+             pread(fd, &h, sizeof h, 0) == (ssize_t)sizeof h && h.g.magic == WQ_MAGIC &&
+             h.g.version == WQ_LAYOUT_VER && h.claim == claim;
+    close(fd);
+    return rc;
+}
+
 /* Build a new region from the options (and its store) and link it at
-   path: -EEXIST if one appeared meanwhile. */
+   path: -EEXIST if one appeared meanwhile, -EBUSY if the store serves
+   another queue's region. */
 int wq__region_create(const char *path, const struct wq_options *opts)
 {
     struct wq_geom g;
@@ -904,6 +922,11 @@ int wq__region_create(const char *path, const struct wq_options *opts)
     e.opts = &asked;
     img.in_wait = early_wait;
     img.in_wait_arg = &e;
+    img.region = path;
+    img.live = claim_live;
+    while (opts->store_path && img.claim == 0)
+        if (getrandom(&img.claim, sizeof img.claim, 0) != sizeof img.claim)
+            img.claim = wq__now_real() ^ ((uint64_t)getpid() << 32);
     if (opts->store_path &&
         (rc = wq__store_prepare(&eff, &eff, abs, sizeof abs, &img)) < 0)
         goto out;
@@ -933,10 +956,11 @@ int wq__region_create(const char *path, const struct wq_options *opts)
             rc = wq__store_init_meta(&view.g, &img, journal);
         view.hdr->j_id = journal[0];
         view.hdr->j_lsn = journal[1];
+        view.hdr->claim = img.claim;
     }
     munmap(b.base, b.g.total_size);
     b.base = NULL;
-    if (rc >= 0) {
+    if (rc >= 0) {   /* the claim's lock is held till here (img) */
         rc = publish(b.fd, b.tmpname, path);
         b.tmpname[0] = 0;
     }

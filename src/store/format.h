@@ -144,6 +144,8 @@ struct wq_env {
                                  open it again before the next write */
     pthread_mutex_t jmu;      /* jfd's opening, and this process's side of
                                  the journal lock (journal.c) */
+    int ofd;                  /* the owner file's descriptor + 1 (owner.c),
+                                 set once (atomically); 0: not open */
     struct wq_env *next;
 };
 
@@ -190,6 +192,40 @@ int wq__lmdb_meta_get(MDB_txn *txn, struct wq_env *e, struct wq_meta *m);
 int wq__lmdb_meta_put(MDB_txn *txn, struct wq_env *e, struct wq_meta *m);
 void wq__lmdb_key(unsigned char out[10], const void *key, size_t len, uint16_t n);
 int wq__lmdb_env_close(const char *path);
+
+/* owner.c. Which region a store serves: a file WQ_OWNER_FILE beside
+   data.mdb holds the claim of the region last made from the store. A
+   region claims the store before it replays the journal and reads the
+   store, and keeps the file's lock until it is published (creators of
+   one store take turns); every store write compares the region's claim
+   with the file's. Never synced: no region outlives a reboot, nor does
+   its claim need to. */
+#define WQ_OWNER_FILE  "owner"
+#define WQ_OWNER_MAGIC 0x3152454e574f5157ull   /* "WQOWNER1" */
+struct wq_owner {
+    uint64_t magic;           /* WQ_OWNER_MAGIC */
+    uint64_t claim;           /* the region's wq_hdr.claim (never 0) */
+    char store[1024];         /* the store's absolute path, as the claimer saw it */
+    char region[1024];        /* the claiming region's path */
+    uint64_t check;           /* wq__hash64 of the above */
+};
+_Static_assert(sizeof(struct wq_owner) == 2072, "owner record is 2072 bytes");
+/* Does a region at path hold claim? (region.c answers: 1 yes, 0 no, or
+   -errno when it cannot be looked at.) */
+typedef int (*wq_claim_live_fn)(const char *region, uint64_t claim);
+/* Claim the store at abs (absolute) for the region to be published at
+   region, with claim (never 0), under the owner file's lock, which
+   *lockfd keeps (close it once the region is published, or given up).
+   -EEXIST: a region is at `region` already (a creation race was lost:
+   attach to it); -EBUSY: the store serves another region that exists
+   (wq_last_error names it); else 0 or -errno with wq_last_error set. */
+int wq__owner_claim(const char *abs, mode_t mode, const char *region, uint64_t claim,
+                    wq_claim_live_fn live, int *lockfd);
+/* A store write of the region holding claim (0: a region made before
+   claims, never refused): 0, or -EIDRM when another region has claimed
+   the store since (its path in who). Cannot tell (no file, a damaged
+   record, another store's): 0. */
+int wq__owner_check(struct wq_env *e, uint64_t claim, char *who, size_t wn);
 
 /* journal.c */
 #define WQ_JOURNAL_FILE  "journal"

@@ -723,6 +723,8 @@ void wq__store_img_free(struct wq_store_img *img)
     if (img->map)
         munmap(img->map, img->map_len);
     free(img->recs);
+    if (img->owner_fd > 0)
+        close(img->owner_fd - 1);
     memset(img, 0, sizeof *img);
 }
 

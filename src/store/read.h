@@ -57,7 +57,15 @@ struct wq_store_img {
        did some. wq_open builds the new region there (region.c, `early`). */
     bool (*in_wait)(void *arg, const struct wq_store_img *img);
     void *in_wait_arg;
+    /* wq_open: claim the store for the region to be published at region
+       with claim (owner.c), before its journal is replayed; live says
+       whether another region that claimed it still exists. */
+    uint64_t claim;
+    const char *region;
+    int (*live)(const char *region, uint64_t claim);
     /* out: */
+    int owner_fd;                  /* the claim's lock + 1, until the
+                                      region is published: img_free */
     bool has_meta, bad_meta;
     struct wq_meta meta;
     const char *meta_why;          /* bad_meta: what is wrong with it */

@@ -246,6 +246,18 @@ static int env_open(const char *abs, mode_t mode)
     return rc;
 }
 
+/* wq_open's claim of the store (owner.c), kept in img until publication;
+   nothing to claim for other callers. */
+static int claim(const char *abs, mode_t mode, struct wq_store_img *img)
+{
+    if (!img->claim)
+        return 0;
+    int fd, rc = wq__owner_claim(abs, mode, img->region, img->claim, img->live, &fd);
+    if (rc == 0)
+        img->owner_fd = fd + 1;
+    return rc;
+}
+
 int wq__store_prepare(const struct wq_options *o, struct wq_options *eff, char *abs,
                       size_t abslen, struct wq_store_img *img)
 {
@@ -293,8 +305,13 @@ int wq__store_prepare(const struct wq_options *o, struct wq_options *eff, char *
     if (!data || size == 0) {
         if (restore)   /* never make a store out of a mistyped path */
             return store_err(-ENODATA, abs, "holds no store (no data.mdb): nothing to restore");
+        if ((rc = claim(abs, mode, img)) < 0)
+            return rc;
         return env_open(abs, mode);   /* a new store */
     }
+    /* Ours before we read it: what an old owner writes later is refused. */
+    if ((rc = claim(abs, mode, img)) < 0)
+        return rc;
     /* A store nothing has vouched for yet: read it without trusting it. */
     char why[256];
     rc = wq__store_read(abs, img, why, sizeof why);
@@ -319,7 +336,12 @@ int wq__store_prepare(const struct wq_options *o, struct wq_options *eff, char *
         return rc;
     /* The store changed: read it again, as untrusted as the first time. */
     struct wq_store_img in = *img;
+    img->owner_fd = 0;   /* the claim stays */
     wq__store_img_free(img);
+    img->claim = in.claim;
+    img->region = in.region;
+    img->live = in.live;
+    img->owner_fd = in.owner_fd;
     img->salvage = in.salvage;
     img->report = in.report;
     img->report_arg = in.report_arg;

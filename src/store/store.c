@@ -268,7 +268,24 @@ static int linked(shmq *q)
     return -EIDRM;
 }
 
-/* The journal, locked, for our region (-EIDRM: see linked()). */
+/* Does the store still serve our region? Not once another region was
+   made from it (store/owner.c): a queue of another name or WQ_SHM_DIR,
+   or of another container's /dev/shm, which could not see ours. Checked
+   under the journal lock or LMDB's writer lock, which the new region's
+   maker takes after its claim: a write checked before the claim is one
+   it replays or reads. */
+static int owned(shmq *q, struct wq_env *e)
+{
+    char who[1024];
+    if (wq__owner_check(e, wq_load_relaxed(&q->hdr->claim), who, sizeof who) == 0)
+        return 0;
+    wq__errf("queue '%s': store %s was claimed by the queue whose region is %s (made from "
+             "it where this queue's region could not be seen); a store serves one queue, "
+             "and this region no longer writes to it", q->pub.name, q->g.store_path, who);
+    return -EIDRM;
+}
+
+/* The journal, locked, for our region (-EIDRM: see linked(), owned()). */
 static int j_lock(shmq *q, struct wq_env *e, int *fd)
 {
     if ((*fd = wq__journal_acquire(e, (mode_t)q->g.mode)) < 0) {
@@ -277,6 +294,8 @@ static int j_lock(shmq *q, struct wq_env *e, int *fd)
         return *fd;
     }
     int rc = linked(q);
+    if (rc == 0)
+        rc = owned(q, e);
     if (rc < 0)
         wq__journal_unlock(e, *fd);
     return rc;
@@ -633,7 +652,7 @@ static int flush_round(shmq *q, struct wq_env *e, int *written, const struct iov
         goto written;
     }
     struct wq_meta m;
-    if ((rc = wq__lmdb_meta_get(txn, e, &m)) < 0)
+    if ((rc = owned(q, e)) < 0 || (rc = wq__lmdb_meta_get(txn, e, &m)) < 0)
         goto abort;
     for (uint32_t i = 0; i < n && rc == 0; i++) {
         rc = wq__lmdb_put(txn, e, &items[i], &m);

@@ -1,12 +1,15 @@
 /*
  * store.h - persistence of a shared-memory queue in LMDB, as the region
- * sees it. Three files:
+ * sees it. Its files:
  *   lmdb.c     environments, transactions, map growth and the on-disk
  *              format (format.h): knows LMDB, knows nothing of regions;
  *   store.c    the region side: marks, the store queue, flush and settle,
  *              the add epilogue, wq_snapshot;
  *   read.c     reading a store of unknown health in a child process;
- *   restore.c  building a new region from a store at wq_open.
+ *   restore.c  building a new region from a store at wq_open;
+ *   journal.c  the FSYNC journal, its checkpoints and replay;
+ *   owner.c    which region the store serves (its claim);
+ *   salvage.c  wq_store_salvage.
  */
 #ifndef WQ_STORE_H
 #define WQ_STORE_H

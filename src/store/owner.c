@@ -1,0 +1,169 @@
+/*
+ * owner.c - a store serves one queue: the region last made from it.
+ *
+ * Two regions writing one store lose acknowledged writes: each writes
+ * the journal from where it thinks the end is, over the other's groups,
+ * and each deletes records the other may still need. That happens when
+ * two queues (two names, two WQ_SHM_DIRs, two containers with their own
+ * /dev/shm) are given one store_path. So a region claims the store when
+ * it is made from it (format.h, struct wq_owner):
+ *   - The claim is written before the region's maker replays the
+ *     journal and reads the store: a group the old owner writes after
+ *     the claim is refused, one written before is replayed.
+ *   - The file's lock is kept until the region is published, so creators
+ *     of one store take turns: the loser of a creation race finds the
+ *     winner's region at its own path and attaches to it, without
+ *     claiming (-EEXIST).
+ *   - A claim by a region that still exists is refused (-EBUSY): a
+ *     misconfiguration, which the second queue's maker hears about
+ *     instead of the first queue's adds. One the maker cannot see (a
+ *     region in another container's /dev/shm) is taken over: the old
+ *     region's store writes then fail with -EIDRM.
+ * The record names the store's path too: a copy of a store directory
+ * (cp -r) is not claimed by the original's region.
+ *
+ * Knows the file and its format; what a live region is, region.c says.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "format.h"
+
+#define OSEED 0x6c6962776f776e72ull   /* "libwownr" */
+
+static uint64_t owner_check(const struct wq_owner *o)
+{
+    return wq__hash64(OSEED, o, offsetof(struct wq_owner, check));
+}
+
+/* Read and verify the record: 0, or -ENODATA (none, short, damaged). */
+static int owner_read(int fd, struct wq_owner *o)
+{
+    ssize_t n;
+    do
+        n = pread(fd, o, sizeof *o, 0);
+    while (n < 0 && errno == EINTR);
+    if (n < 0)
+        return -errno;
+    if ((size_t)n != sizeof *o || o->magic != WQ_OWNER_MAGIC || o->claim == 0 ||
+        o->check != owner_check(o) || !memchr(o->store, 0, sizeof o->store) ||
+        !memchr(o->region, 0, sizeof o->region))
+        return -ENODATA;
+    return 0;
+}
+
+static int claim_err(int rc, const char *abs, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int claim_err(int rc, const char *abs, const char *fmt, ...)
+{
+    char what[1400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    wq__errf("store '%s': %s", abs, what);
+    return rc;
+}
+
+int wq__owner_claim(const char *abs, mode_t mode, const char *region, uint64_t claim,
+                    wq_claim_live_fn live, int *lockfd)
+{
+    char f[PATH_MAX];
+    struct wq_owner o;
+    *lockfd = -1;
+    if (claim == 0 || strlen(abs) >= sizeof o.store || strlen(region) >= sizeof o.region)
+        return claim_err(-ENAMETOOLONG, abs, "path too long to claim");
+    snprintf(f, sizeof f, "%s/%s", abs, WQ_OWNER_FILE);
+    int fd = open(f, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, mode & 0666);
+    if (fd < 0)
+        return claim_err(-errno, abs, "claiming it (file %s): %s", WQ_OWNER_FILE,
+                         strerror(errno));
+    struct stat sb;
+    int rc = fstat(fd, &sb) < 0 ? -errno : 0;
+    if (rc == 0 && !S_ISREG(sb.st_mode))
+        rc = claim_err(-EUCLEAN, abs, "claiming it (file %s): not a regular file",
+                       WQ_OWNER_FILE);
+    /* A new file gets the store's mode, not the umask's: the store's
+       other users claim it too. */
+    if (rc == 0 && sb.st_size == 0 && sb.st_uid == geteuid() && fchmod(fd, mode & 0666) < 0)
+        rc = claim_err(-errno, abs, "claiming it (file %s): %s", WQ_OWNER_FILE,
+                       strerror(errno));
+    struct flock l = { .l_type = F_WRLCK, .l_whence = SEEK_SET };
+    while (rc == 0 && fcntl(fd, F_OFD_SETLKW, &l) < 0)
+        if (errno != EINTR)
+            rc = claim_err(-errno, abs, "claiming it (file %s): cannot lock it: %s",
+                           WQ_OWNER_FILE, strerror(errno));
+    if (rc < 0)
+        goto fail;
+    /* Our own path first: a region there won a creation race while we
+       waited for the lock (publish would refuse ours anyway). */
+    if (access(region, F_OK) == 0) {
+        rc = -EEXIST;
+        goto fail;
+    }
+    if (owner_read(fd, &o) == 0 && strcmp(o.store, abs) == 0 &&
+        strcmp(o.region, region) != 0) {
+        int alive = live(o.region, o.claim);
+        if (alive != 0) {
+            rc = claim_err(-EBUSY, abs, "it serves the queue whose region is %s%s; a store "
+                           "serves one queue: give this queue a store_path of its own, or "
+                           "remove that queue first (wq_unlink)", o.region,
+                           alive < 0 ? " (which this process cannot look at)" : "");
+            goto fail;
+        }
+    }
+    memset(&o, 0, sizeof o);
+    o.magic = WQ_OWNER_MAGIC;
+    o.claim = claim;
+    snprintf(o.store, sizeof o.store, "%s", abs);
+    snprintf(o.region, sizeof o.region, "%s", region);
+    o.check = owner_check(&o);
+    ssize_t w;
+    do
+        w = pwrite(fd, &o, sizeof o, 0);
+    while (w < 0 && errno == EINTR);
+    if (w != (ssize_t)sizeof o) {
+        rc = claim_err(w < 0 ? -errno : -EIO, abs, "claiming it (file %s): %s", WQ_OWNER_FILE,
+                       w < 0 ? strerror(errno) : "short write");
+        goto fail;
+    }
+    *lockfd = fd;
+    return 0;
+fail:
+    close(fd);
+    return rc;
+}
+
+int wq__owner_check(struct wq_env *e, uint64_t claim, char *who, size_t wn)
+{
+    who[0] = 0;
+    if (claim == 0)
+        return 0;
+    int fd = __atomic_load_n(&e->ofd, __ATOMIC_ACQUIRE) - 1;
+    if (fd < 0) {
+        char f[sizeof e->path + 16];
+        snprintf(f, sizeof f, "%s/%s", e->path, WQ_OWNER_FILE);
+        fd = open(f, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+        if (fd < 0)
+            return 0;   /* cannot tell */
+        int none = 0;
+        if (!__atomic_compare_exchange_n(&e->ofd, &none, fd + 1, false, __ATOMIC_ACQ_REL,
+                                         __ATOMIC_ACQUIRE)) {
+            close(fd);   /* another thread was first */
+            fd = none - 1;
+        }
+    }
+    struct wq_owner o;
+    if (owner_read(fd, &o) < 0 || strcmp(o.store, e->path) != 0 || o.claim == claim)
+        return 0;
+    snprintf(who, wn, "%s", o.region);
+    return -EIDRM;
+}
