@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -53,9 +54,7 @@ static void envs_child(void)
             close(e->jfd - 1);
         if (e->rfd > 0)
             close(e->rfd - 1);
-        if (e->ofd > 0)   /* no lock on it: closed for tidiness */
-            close(e->ofd - 1);
-        e->jfd = e->rfd = e->ofd = 0;
+        e->jfd = e->rfd = 0;
     }
 }
 
@@ -668,8 +667,8 @@ int wq__lmdb_env_close(const char *path)
             mdb_env_close(e->env);
             if (e->jfd > 0)
                 close(e->jfd - 1);
-            if (e->ofd > 0)
-                close(e->ofd - 1);
+            if (e->omap)
+                munmap(e->omap, sizeof(struct wq_owner));
             pthread_mutex_destroy(&e->jmu);
             free(e);
             break;

@@ -31,6 +31,7 @@
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -44,8 +45,17 @@ static uint64_t owner_check(const struct wq_owner *o)
     return wq__hash64(OSEED, o, offsetof(struct wq_owner, check));
 }
 
-/* Read and verify the record: 0, or -ENODATA (none, short, damaged). */
-static int owner_read(int fd, struct wq_owner *o)
+/* Is the record whole and of the store at abs? */
+static bool owner_ok(const struct wq_owner *o, const char *abs)
+{
+    return o->magic == WQ_OWNER_MAGIC && o->claim != 0 && o->check == owner_check(o) &&
+           memchr(o->store, 0, sizeof o->store) && memchr(o->region, 0, sizeof o->region) &&
+           strcmp(o->store, abs) == 0;
+}
+
+/* Read the record: 0 when it is whole and of this store, else -ENODATA
+   (none, short, damaged, another store's: a copy's) or -errno. */
+static int owner_read(int fd, const char *abs, struct wq_owner *o)
 {
     ssize_t n;
     do
@@ -53,11 +63,7 @@ static int owner_read(int fd, struct wq_owner *o)
     while (n < 0 && errno == EINTR);
     if (n < 0)
         return -errno;
-    if ((size_t)n != sizeof *o || o->magic != WQ_OWNER_MAGIC || o->claim == 0 ||
-        o->check != owner_check(o) || !memchr(o->store, 0, sizeof o->store) ||
-        !memchr(o->region, 0, sizeof o->region))
-        return -ENODATA;
-    return 0;
+    return (size_t)n == sizeof *o && owner_ok(o, abs) ? 0 : -ENODATA;
 }
 
 static int claim_err(int rc, const char *abs, const char *fmt, ...)
@@ -109,8 +115,7 @@ int wq__owner_claim(const char *abs, mode_t mode, const char *region, uint64_t c
         rc = -EEXIST;
         goto fail;
     }
-    if (owner_read(fd, &o) == 0 && strcmp(o.store, abs) == 0 &&
-        strcmp(o.region, region) != 0) {
+    if (owner_read(fd, abs, &o) == 0 && strcmp(o.region, region) != 0) {
         int alive = live(o.region, o.claim);
         if (alive != 0) {
             rc = claim_err(-EBUSY, abs, "it serves the queue whose region is %s%s; a store "
@@ -142,27 +147,45 @@ fail:
     return rc;
 }
 
+/* The owner file of e, mapped (or NULL: none there yet, or too short). */
+static const struct wq_owner *owner_map(struct wq_env *e)
+{
+    char f[sizeof e->path + 16];
+    snprintf(f, sizeof f, "%s/%s", e->path, WQ_OWNER_FILE);
+    int fd = open(f, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0)
+        return NULL;
+    struct stat sb;
+    void *m = MAP_FAILED;
+    if (fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) && (uint64_t)sb.st_size >= sizeof(struct wq_owner))
+        m = mmap(NULL, sizeof(struct wq_owner), PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    if (m == MAP_FAILED)
+        return NULL;
+    void *none = NULL;
+    if (!__atomic_compare_exchange_n(&e->omap, &none, m, false, __ATOMIC_ACQ_REL,
+                                     __ATOMIC_ACQUIRE)) {
+        munmap(m, sizeof(struct wq_owner));   /* another thread was first */
+        m = none;
+    }
+    return m;
+}
+
 int wq__owner_check(struct wq_env *e, uint64_t claim, char *who, size_t wn)
 {
     who[0] = 0;
     if (claim == 0)
         return 0;
-    int fd = __atomic_load_n(&e->ofd, __ATOMIC_ACQUIRE) - 1;
-    if (fd < 0) {
-        char f[sizeof e->path + 16];
-        snprintf(f, sizeof f, "%s/%s", e->path, WQ_OWNER_FILE);
-        fd = open(f, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-        if (fd < 0)
-            return 0;   /* cannot tell */
-        int none = 0;
-        if (!__atomic_compare_exchange_n(&e->ofd, &none, fd + 1, false, __ATOMIC_ACQ_REL,
-                                         __ATOMIC_ACQUIRE)) {
-            close(fd);   /* another thread was first */
-            fd = none - 1;
-        }
-    }
+    const struct wq_owner *m = __atomic_load_n(&e->omap, __ATOMIC_ACQUIRE);
+    if (!m && !(m = owner_map(e)))
+        return 0;   /* cannot tell */
+    if (__atomic_load_n(&m->claim, __ATOMIC_RELAXED) == claim)
+        return 0;
+    /* Another claim, or a record being written, or damage: a copy that
+       verifies, of this store, says which. */
     struct wq_owner o;
-    if (owner_read(fd, &o) < 0 || strcmp(o.store, e->path) != 0 || o.claim == claim)
+    memcpy(&o, m, sizeof o);
+    if (!owner_ok(&o, e->path) || o.claim == claim)
         return 0;
     snprintf(who, wn, "%s", o.region);
     return -EIDRM;
