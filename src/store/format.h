@@ -193,6 +193,10 @@ int wq__lmdb_meta_put(MDB_txn *txn, struct wq_env *e, struct wq_meta *m);
 void wq__lmdb_key(unsigned char out[10], const void *key, size_t len, uint16_t n);
 int wq__lmdb_env_close(const char *path);
 
+/* restore.c. wq_last_error = "store '<dir>': <what>"; returns rc. */
+int wq__store_err(int rc, const char *dir, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
 /* owner.c. Which region a store serves: a file WQ_OWNER_FILE beside
    data.mdb holds the claim of the region last made from the store. A
    region claims the store before it replays the journal and reads the

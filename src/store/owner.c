@@ -27,7 +27,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
@@ -66,19 +65,6 @@ static int owner_read(int fd, const char *abs, struct wq_owner *o)
     return (size_t)n == sizeof *o && owner_ok(o, abs) ? 0 : -ENODATA;
 }
 
-static int claim_err(int rc, const char *abs, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int claim_err(int rc, const char *abs, const char *fmt, ...)
-{
-    char what[1400];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(what, sizeof what, fmt, ap);
-    va_end(ap);
-    wq__errf("store '%s': %s", abs, what);
-    return rc;
-}
-
 int wq__owner_claim(const char *abs, mode_t mode, const char *region, uint64_t claim,
                     wq_claim_live_fn live, int *lockfd)
 {
@@ -86,26 +72,26 @@ int wq__owner_claim(const char *abs, mode_t mode, const char *region, uint64_t c
     struct wq_owner o;
     *lockfd = -1;
     if (claim == 0 || strlen(abs) >= sizeof o.store || strlen(region) >= sizeof o.region)
-        return claim_err(-ENAMETOOLONG, abs, "path too long to claim");
+        return wq__store_err(-ENAMETOOLONG, abs, "path too long to claim");
     snprintf(f, sizeof f, "%s/%s", abs, WQ_OWNER_FILE);
     int fd = open(f, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, mode & 0666);
     if (fd < 0)
-        return claim_err(-errno, abs, "claiming it (file %s): %s", WQ_OWNER_FILE,
+        return wq__store_err(-errno, abs, "claiming it (file %s): %s", WQ_OWNER_FILE,
                          strerror(errno));
     struct stat sb;
     int rc = fstat(fd, &sb) < 0 ? -errno : 0;
     if (rc == 0 && !S_ISREG(sb.st_mode))
-        rc = claim_err(-EUCLEAN, abs, "claiming it (file %s): not a regular file",
+        rc = wq__store_err(-EUCLEAN, abs, "claiming it (file %s): not a regular file",
                        WQ_OWNER_FILE);
     /* A new file gets the store's mode, not the umask's: the store's
        other users claim it too. */
     if (rc == 0 && sb.st_size == 0 && sb.st_uid == geteuid() && fchmod(fd, mode & 0666) < 0)
-        rc = claim_err(-errno, abs, "claiming it (file %s): %s", WQ_OWNER_FILE,
+        rc = wq__store_err(-errno, abs, "claiming it (file %s): %s", WQ_OWNER_FILE,
                        strerror(errno));
     struct flock l = { .l_type = F_WRLCK, .l_whence = SEEK_SET };
     while (rc == 0 && fcntl(fd, F_OFD_SETLKW, &l) < 0)
         if (errno != EINTR)
-            rc = claim_err(-errno, abs, "claiming it (file %s): cannot lock it: %s",
+            rc = wq__store_err(-errno, abs, "claiming it (file %s): cannot lock it: %s",
                            WQ_OWNER_FILE, strerror(errno));
     if (rc < 0)
         goto fail;
@@ -118,7 +104,7 @@ int wq__owner_claim(const char *abs, mode_t mode, const char *region, uint64_t c
     if (owner_read(fd, abs, &o) == 0 && strcmp(o.region, region) != 0) {
         int alive = live(o.region, o.claim);
         if (alive != 0) {
-            rc = claim_err(-EBUSY, abs, "it serves the queue whose region is %s%s; a store "
+            rc = wq__store_err(-EBUSY, abs, "it serves the queue whose region is %s%s; a store "
                            "serves one queue: give this queue a store_path of its own, or "
                            "remove that queue first (wq_unlink)", o.region,
                            alive < 0 ? " (which this process cannot look at)" : "");
@@ -136,7 +122,7 @@ int wq__owner_claim(const char *abs, mode_t mode, const char *region, uint64_t c
         w = pwrite(fd, &o, sizeof o, 0);
     while (w < 0 && errno == EINTR);
     if (w != (ssize_t)sizeof o) {
-        rc = claim_err(w < 0 ? -errno : -EIO, abs, "claiming it (file %s): %s", WQ_OWNER_FILE,
+        rc = wq__store_err(w < 0 ? -errno : -EIO, abs, "claiming it (file %s): %s", WQ_OWNER_FILE,
                        w < 0 ? strerror(errno) : "short write");
         goto fail;
     }

@@ -104,11 +104,9 @@ int wq__store_options(struct wq_options *eff, const struct wq_meta *m)
     return wq__options_check(eff) < 0 ? -EUCLEAN : 0;
 }
 
-static int store_err(int rc, const char *dir, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int store_err(int rc, const char *dir, const char *fmt, ...)
+int wq__store_err(int rc, const char *dir, const char *fmt, ...)
 {
-    char what[400];
+    char what[1400];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(what, sizeof what, fmt, ap);
@@ -148,23 +146,23 @@ static int look(const char *dir, const char *file, off_t *size, char *link, size
 static int verify(const char *dir, struct wq_store_img *img)
 {
     if (img->bad_meta)
-        return store_err(-EUCLEAN, dir, "its meta record is damaged (%s)", img->meta_why);
+        return wq__store_err(-EUCLEAN, dir, "its meta record is damaged (%s)", img->meta_why);
     if (img->bad)
-        return store_err(-EUCLEAN, dir, "%zu damaged record%s (%s)", img->bad,
+        return wq__store_err(-EUCLEAN, dir, "%zu damaged record%s (%s)", img->bad,
                          img->bad == 1 ? "" : "s", img->first_bad);
     if (!img->has_meta)
-        return img->n ? store_err(-EUCLEAN, dir, "records without a meta record: "
+        return img->n ? wq__store_err(-EUCLEAN, dir, "records without a meta record: "
                                   "not a libwq store") : 0;
     if (img->meta.version < 2)
         return 0;   /* version 1: no counts to check (rewritten on restore) */
     if (img->v1)
-        return store_err(-EUCLEAN, dir, "a version 1 record in a version 2 store");
+        return wq__store_err(-EUCLEAN, dir, "a version 1 record in a version 2 store");
     if (img->n != img->meta.records)
-        return store_err(-EUCLEAN, dir, "holds %zu records, its meta record says %llu "
+        return wq__store_err(-EUCLEAN, dir, "holds %zu records, its meta record says %llu "
                          "(records lost or added)", img->n,
                          (unsigned long long)img->meta.records);
     if (img->sum != img->meta.sum)
-        return store_err(-EUCLEAN, dir, "its records do not add up to its meta record's "
+        return wq__store_err(-EUCLEAN, dir, "its records do not add up to its meta record's "
                          "checksum (a record was altered or replaced)");
     return 0;
 }
@@ -184,9 +182,9 @@ static int mkdir_err(int rc, const char *dir)
     else
         slash[slash == parent] = 0;   /* "/x" -> "/" */
     if (rc == -ENOENT && stat(parent, &sb) < 0 && errno == ENOENT)
-        return store_err(rc, dir, "cannot make the directory: its parent '%s' does not exist",
+        return wq__store_err(rc, dir, "cannot make the directory: its parent '%s' does not exist",
                          parent);
-    return store_err(rc, dir, "cannot make the directory: %s", strerror(-rc));
+    return wq__store_err(rc, dir, "cannot make the directory: %s", strerror(-rc));
 }
 
 /*
@@ -205,12 +203,12 @@ static int replay(const char *abs, mode_t mode)
     /* O_NONBLOCK: a FIFO of that name must not hang the open. */
     int fd = open(f, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (fd < 0)
-        return errno == ENOENT ? 0 : store_err(-errno, abs, "cannot open its journal: %s",
+        return errno == ENOENT ? 0 : wq__store_err(-errno, abs, "cannot open its journal: %s",
                                                strerror(errno));
     struct stat sb;
     if (fstat(fd, &sb) < 0 || !S_ISREG(sb.st_mode)) {
         close(fd);
-        return store_err(-EUCLEAN, abs, "its journal is not a regular file");
+        return wq__store_err(-EUCLEAN, abs, "its journal is not a regular file");
     }
     struct wq_env *e;
     int rc = wq__lmdb_env(abs, mode, false, &e);
@@ -218,7 +216,7 @@ static int replay(const char *abs, mode_t mode)
        opener) is between its number and its group while we read. */
     if (rc == 0 && (rc = wq__journal_lock(e, fd, true)) < 0) {
         close(fd);
-        return store_err(rc, abs, "cannot lock its journal: %s", strerror(-rc));
+        return wq__store_err(rc, abs, "cannot lock its journal: %s", strerror(-rc));
     }
     bool locked = rc == 0;
     if (locked)
@@ -231,7 +229,7 @@ static int replay(const char *abs, mode_t mode)
     }
     close(fd);
     if (rc < 0)
-        return store_err(rc, abs, "replaying its journal: %s", why[0] ? why : strerror(-rc));
+        return wq__store_err(rc, abs, "replaying its journal: %s", why[0] ? why : strerror(-rc));
     return rc > 0;
 }
 
@@ -241,7 +239,7 @@ static int env_open(const char *abs, mode_t mode)
     struct wq_env *e;
     int rc = wq__lmdb_env(abs, mode, true, &e);
     if (rc < 0)
-        store_err(rc, abs, "opening the environment: %s",
+        wq__store_err(rc, abs, "opening the environment: %s",
                   rc == -EUCLEAN ? "not an LMDB environment" : strerror(-rc));
     return rc;
 }
@@ -267,44 +265,44 @@ int wq__store_prepare(const struct wq_options *o, struct wq_options *eff, char *
     if (eff != o)
         *eff = *o;
     if (strlen(o->store_path) >= abslen - 1)
-        return store_err(-ENAMETOOLONG, o->store_path, "path too long (at most %zu bytes)",
+        return wq__store_err(-ENAMETOOLONG, o->store_path, "path too long (at most %zu bytes)",
                          abslen - 2);
     if (!restore && (rc = wq__store_mkdir(o->store_path, mode)) < 0)
         return mkdir_err(rc, o->store_path);
     if (!realpath(o->store_path, abs)) {
         rc = -errno;
         if (restore && rc == -ENOENT)   /* never make a store of a mistyped path */
-            return store_err(-ENODATA, o->store_path, "no such directory: nothing to restore");
-        return store_err(rc, o->store_path, "%s", strerror(-rc));
+            return wq__store_err(-ENODATA, o->store_path, "no such directory: nothing to restore");
+        return wq__store_err(rc, o->store_path, "%s", strerror(-rc));
     }
     struct stat sb;
     if (stat(abs, &sb) < 0)
-        return store_err(-errno, abs, "%s", strerror(errno));
+        return wq__store_err(-errno, abs, "%s", strerror(errno));
     if (!S_ISDIR(sb.st_mode))
-        return store_err(-ENOTDIR, abs, "not a directory");
+        return wq__store_err(-ENOTDIR, abs, "not a directory");
     off_t size = 0;
     char link[PATH_MAX];
     int mrc = look(abs, WQ_STORE_MARKER, NULL, link, sizeof link);
     int drc = look(abs, "data.mdb", &size, link, sizeof link);
     if (mrc == -EACCES || drc == -EACCES)
-        return store_err(-EACCES, abs, "permission denied (the directory cannot be searched)");
+        return wq__store_err(-EACCES, abs, "permission denied (the directory cannot be searched)");
     if (mrc < 0 && mrc != -ENOENT)
-        return store_err(mrc, abs, "cannot look at %s: %s", WQ_STORE_MARKER, strerror(-mrc));
+        return wq__store_err(mrc, abs, "cannot look at %s: %s", WQ_STORE_MARKER, strerror(-mrc));
     if (drc < 0 && drc != -ENOENT)
-        return store_err(drc, abs, "cannot look at data.mdb: %s", strerror(-drc));
+        return wq__store_err(drc, abs, "cannot look at data.mdb: %s", strerror(-drc));
     bool marker = mrc == 0, data = drc == 0;
     if (link[0] && marker)
-        return store_err(-EUCLEAN, abs, "it held a queue (%s is there) but data.mdb is a "
+        return wq__store_err(-EUCLEAN, abs, "it held a queue (%s is there) but data.mdb is a "
                          "symbolic link to '%s', which does not exist", WQ_STORE_MARKER, link);
     if (link[0])
-        return store_err(restore ? -ENODATA : -ENOENT, abs, "data.mdb is a symbolic link to "
+        return wq__store_err(restore ? -ENODATA : -ENOENT, abs, "data.mdb is a symbolic link to "
                          "'%s', which does not exist", link);
     if (marker && (!data || size == 0))
-        return store_err(-EUCLEAN, abs, "it held a queue (%s is there) but data.mdb is %s",
+        return wq__store_err(-EUCLEAN, abs, "it held a queue (%s is there) but data.mdb is %s",
                          WQ_STORE_MARKER, data ? "empty" : "missing");
     if (!data || size == 0) {
         if (restore)   /* never make a store out of a mistyped path */
-            return store_err(-ENODATA, abs, "holds no store (no data.mdb): nothing to restore");
+            return wq__store_err(-ENODATA, abs, "holds no store (no data.mdb): nothing to restore");
         if ((rc = claim(abs, mode, img)) < 0)
             return rc;
         return env_open(abs, mode);   /* a new store */
@@ -316,18 +314,18 @@ int wq__store_prepare(const struct wq_options *o, struct wq_options *eff, char *
     char why[256];
     rc = wq__store_read(abs, img, why, sizeof why);
     if (rc < 0)
-        return store_err(rc, abs, "%s", why);
+        return wq__store_err(rc, abs, "%s", why);
     if ((rc = verify(abs, img)) < 0)
         return rc;
     if (!img->has_meta) {
         if (marker)
-            return store_err(-EUCLEAN, abs, "it held a queue (%s is there) but data.mdb "
+            return wq__store_err(-EUCLEAN, abs, "it held a queue (%s is there) but data.mdb "
                              "holds none", WQ_STORE_MARKER);
         if (restore)
-            return store_err(-ENODATA, abs, "holds no store (data.mdb holds no queue): "
+            return wq__store_err(-ENODATA, abs, "holds no store (data.mdb holds no queue): "
                              "nothing to restore");
     } else if (wq__store_options(eff, &img->meta) < 0) {
-        return store_err(-EUCLEAN, abs, "its meta record holds settings wq_open "
+        return wq__store_err(-EUCLEAN, abs, "its meta record holds settings wq_open "
                          "would refuse");
     }
     if ((rc = env_open(abs, mode)) < 0)   /* sound: now this process may open it */
@@ -348,7 +346,7 @@ int wq__store_prepare(const struct wq_options *o, struct wq_options *eff, char *
     img->in_wait = in.in_wait;
     img->in_wait_arg = in.in_wait_arg;
     if ((rc = wq__store_read(abs, img, why, sizeof why)) < 0)
-        return store_err(rc, abs, "%s", why);
+        return wq__store_err(rc, abs, "%s", why);
     return verify(abs, img);
 }
 /* A store written by version 1 (no checksums, no counts): rewrite every
@@ -437,7 +435,7 @@ int wq__store_init_meta(const struct wq_geom *g, const struct wq_store_img *img,
                longer the one at the name. */
             for (int i = 0; i < 2; i++) {
                 if ((rc = wq__journal_acquire(e, (mode_t)g->mode)) < 0)
-                    return store_err(rc, g->store_path, "cannot make its journal: %s",
+                    return wq__store_err(rc, g->store_path, "cannot make its journal: %s",
                                      rc == -EUCLEAN ? "not a regular file" : strerror(-rc));
                 bool again = wq__journal_replaced(e, rc);
                 wq__journal_unlock(e, rc);
@@ -506,19 +504,19 @@ static int restore_one(shmq *view, const struct dec *d, struct visit *v)
     if (r->cls == WQ_CLS_IDLE && !r->failures && !r->has_result)
         return 0;   /* nothing to keep (never written so; takes no entry) */
     if (r->keylen > view->max_key_len)
-        return store_err(-EUCLEAN, view->g.store_path, "holds a key of %u bytes, longer "
+        return wq__store_err(-EUCLEAN, view->g.store_path, "holds a key of %u bytes, longer "
                          "than the queue's max_key_len %u", r->keylen, view->max_key_len);
     if (r->msglen > 255)   /* verified when read; m below holds no more */
-        return store_err(-EUCLEAN, view->g.store_path, "holds a message of %u bytes",
+        return wq__store_err(-EUCLEAN, view->g.store_path, "holds a message of %u bytes",
                          r->msglen);
     if (wq__table_lookup(view, d->key, r->keylen, d->hash) != WQ_NIL)
-        return store_err(-EUCLEAN, view->g.store_path, "holds one key twice");
+        return wq__store_err(-EUCLEAN, view->g.store_path, "holds one key twice");
     int rc = 0;
     uint32_t idx = wq__entry_new(view, d->key, r->keylen, d->hash, &rc);
     if (rc == -WQ_EFLUSH)   /* every entry taken, some by idle keys */
         rc = -ENOSPC;
     if (idx == WQ_NIL)   /* full, or no room in /dev/shm (said by region.c) */
-        return rc == -ENOSPC && view->hdr->e_fresh >= view->capacity ? store_err(rc, view->g.store_path, "holds more keys than the "
+        return rc == -ENOSPC && view->hdr->e_fresh >= view->capacity ? wq__store_err(rc, view->g.store_path, "holds more keys than the "
                                          "queue's capacity %u", view->capacity) : rc;
     struct wq_entry *en = wq__entry(view, idx);
     if (v->slot)
