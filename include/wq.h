@@ -83,10 +83,9 @@
  *   -EIO          the store could not be read or written; a Redis server
  *                 answered a command with an error (wq_last_error quotes it).
  *   -EIDRM        a store write of a region that wq_unlink removed while
- *                 this process had it open, with a WQ_DURABLE_FSYNC store
- *                 (see wq_unlink), or whose store another queue's region
- *                 has claimed since (see "Persistence"); and for Redis
- *                 queues, below.
+ *                 this process had it open (see wq_unlink), or whose
+ *                 store another queue's region has claimed since (see
+ *                 "Persistence"); and for Redis queues, below.
  *   -EBUSY        wq_open: the store_path serves another queue, whose
  *                 region exists (see "Persistence"); wq_remove: the key
  *                 is processing.
@@ -489,9 +488,11 @@ WQ_API void wq_close(wq *q);
  * wq_unlink - remove the shared region of queue `name`.
  * Processes still attached keep working on their mapping until they close;
  * a later wq_open with WQ_CREATE makes a new, empty queue. (A queue with
- * a WQ_DURABLE_FSYNC store is written first, and from then on the store
- * belongs to whatever queue of that name is made from it: the removed
- * region's store writes, and so its adds of new keys, fail with -EIDRM.)
+ * a store is written first, and from then on the store belongs to
+ * whatever queue of that name is made from it: the removed region's
+ * store writes, and so its adds of new keys, fail with -EIDRM; with a
+ * WQ_DURABLE_FSYNC store at once, with the others once that queue is
+ * made.)
  * Returns 0, -EINVAL (bad name), -ENOENT, -EACCES.
  */
 WQ_API int wq_unlink(const char *name);
@@ -995,12 +996,14 @@ WQ_API int wq_run_workers_opts(wq *q, unsigned workers, wq_reconcile_fn fn, void
  * file "owner" beside LMDB's) before it reads it, and creators of one
  * store take turns. wq_open that would make a second queue on a store
  * whose queue's region exists (another name, or the same name in another
- * WQ_SHM_DIR) fails with -EBUSY, names that region in wq_last_error, and
- * makes nothing. Where that region cannot be seen (another container,
- * with a /dev/shm of its own, on a shared store directory) the new queue
- * takes the store over, with every key it holds, and the old region's
- * store writes, and so its adds of new keys, fail with -EIDRM from then
- * on. A copy of a store directory at another path is another store.
+ * WQ_SHM_DIR, or the store reached through another path) fails with
+ * -EBUSY, names that region in wq_last_error, and makes nothing. Where
+ * that region cannot be seen (another container, with a /dev/shm of its
+ * own, on a shared store directory) the new queue takes the store over,
+ * with every key it holds (an add the old region acknowledged meanwhile
+ * included), and the old region's store writes, and so its adds of new
+ * keys, fail with -EIDRM from then on. A copy of a store directory
+ * (cp -r) is another store. Keep the file "owner" with the store.
  *
  * Durability of wq_add / wq_add_after / wq_add_rate_limited (of a key the
  * store did not have yet):

@@ -737,6 +737,13 @@ static void orphan_finish(pid_t c, struct orphan_board *ob)
     assert_int_equal(t_wait(c, 10000), 128 + SIGKILL);
 }
 
+static const int durabilities[] = { WQ_DURABLE_FSYNC, WQ_DURABLE_PROCESS };
+
+static struct wq_options dopts(const char *store, int durability)
+{
+    return durability == WQ_DURABLE_FSYNC ? jopts(store) : t_store_opts(store, durability);
+}
+
 /* wq_unlink while a process has the queue open, then a new queue of that
    name made from the store: only the linked region writes the journal.
    The removed region's add of a new key fails with -EIDRM and changes
@@ -746,38 +753,37 @@ static void orphan_finish(pid_t c, struct orphan_board *ob)
 static void test_unlinked_region(void **state)
 {
     (void)state;
-    const char *store = t_mkstore(), *name = t_qname("jorphan");
-    struct wq_options o = jopts(store);
-    t_close(t_track(T_OPEN(name, &o)));
-    struct orphan_board *ob = t_shared_alloc(sizeof *ob);
-    pid_t c = orphan_start(name, ob);
-    assert_int_equal(wq_unlink(name), 0);   /* writes the store first */
-    t_close(t_track(T_OPEN(name, &o)));     /* a new region, from the store */
-    struct board *b = t_shared_alloc(sizeof *b);
-    const char *k[] = { "n1", "n2", "n3" };
-    run_killed(name, b, add_three, (void *)k);
-    orphan_finish(c, ob);
-    assert_int_equal(ob->rc, -EIDRM);
-    assert_int_equal(ob->late_found, 0);   /* the add was undone */
-    if (!strstr(ob->err, "its region was removed (wq_unlink) while this process had it open"))
-        fail_msg("wq_last_error: '%s'", ob->err);
-    go_down(name);
-    const char *keys[] = { "o1", "o2", "o3", "n1", "n2", "n3" };
-    t_close(expect_restored(name, &o, keys, 6));
-    t_shared_free(b, sizeof *b);
-    t_shared_free(ob, sizeof *ob);
+    for (size_t i = 0; i < 2; i++) {
+        const char *store = t_mkstore(), *name = t_qname(i ? "jorphanp" : "jorphan");
+        struct wq_options o = dopts(store, durabilities[i]);
+        t_close(t_track(T_OPEN(name, &o)));
+        struct orphan_board *ob = t_shared_alloc(sizeof *ob);
+        pid_t c = orphan_start(name, ob);
+        assert_int_equal(wq_unlink(name), 0);   /* writes the store first */
+        t_close(t_track(T_OPEN(name, &o)));     /* a new region, from the store */
+        struct board *b = t_shared_alloc(sizeof *b);
+        const char *k[] = { "n1", "n2", "n3" };
+        run_killed(name, b, add_three, (void *)k);
+        orphan_finish(c, ob);
+        char want[800];
+        snprintf(want, sizeof want, "queue '%s': its region was removed (wq_unlink) while "
+                 "this process had it open; the store %s belongs to the queue of that name "
+                 "now, and this region no longer writes to it", name, store);
+        if (ob->rc != -EIDRM || strcmp(ob->err, want) != 0)
+            fail_msg("%s: late add: %d, '%s'", t_durability_name(durabilities[i]), ob->rc,
+                     ob->err);
+        assert_int_equal(ob->late_found, 0);   /* the add was undone */
+        go_down(name);
+        const char *keys[] = { "o1", "o2", "o3", "n1", "n2", "n3" };
+        t_close(expect_restored(name, &o, keys, 6));
+        t_shared_free(b, sizeof *b);
+        t_shared_free(ob, sizeof *ob);
+    }
 }
 
 /* ------------------------------------------------------------------ */
 /* A store serves one queue                                            */
 /* ------------------------------------------------------------------ */
-
-static const int durabilities[] = { WQ_DURABLE_FSYNC, WQ_DURABLE_PROCESS };
-
-static struct wq_options dopts(const char *store, int durability)
-{
-    return durability == WQ_DURABLE_FSYNC ? jopts(store) : t_store_opts(store, durability);
-}
 
 /* A second queue on a store whose queue exists: another name, or the
    same name in another WQ_SHM_DIR. Its wq_open fails with -EBUSY and
@@ -890,6 +896,63 @@ static void test_unseen_queue(void **state)
         const char *keys[] = { "o1", "o2", "o3", "n1", "n2", "n3" };
         t_close(expect_restored(name, &o, keys, 6));
         t_shared_free(ob, sizeof *ob);
+    }
+}
+
+/* In a mount namespace of its own, the store bound at alias too: a
+   queue of another name on the alias. Its wq_open's result; 77: no
+   right to unshare. */
+static int alias_main(const char *other, const char *store, const char *alias,
+                      struct wq_options o)
+{
+    if (unshare(CLONE_NEWNS) < 0 || mount("none", "/", "none", MS_REC | MS_PRIVATE, NULL) < 0 ||
+        mount(store, alias, "none", MS_BIND, NULL) < 0)
+        return 77;
+    o.store_path = alias;
+    wq *q = NULL;
+    int rc = wq_open(other, &o, &q);
+    return rc == -EBUSY && strstr(wq_last_error(), "a store serves one queue") ? 0 : 1;
+}
+
+/* One store directory reached by two paths (a bind mount, a volume
+   mounted elsewhere in another container) is one store: a second queue
+   through the other path is refused too. */
+static void test_store_alias(void **state)
+{
+    (void)state;
+    const char *store = t_mkstore(), *alias = t_mkstore(), *name = t_qname("jalias"),
+               *other = t_qname("jalias2");
+    struct wq_options o = jopts(store);
+    t_close(t_track(T_OPEN(name, &o)));
+    pid_t c = t_fork(60);
+    if (c == 0)
+        _exit(alias_main(other, store, alias, o));
+    int st = t_wait(c, 20000);
+    if (st == 77)
+        skip();
+    assert_int_equal(st, 0);
+    T_EXPECT_NO_SHM(other, "a queue refused its store through another path");
+}
+
+/* The owner file truncated (or replaced by a shorter one) under a live
+   queue: its writes go on (no SIGBUS: the file is read, not mapped). */
+static void test_owner_truncated(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < 2; i++) {
+        const char *store = t_mkstore(), *name = t_qname(i ? "jtruncp" : "jtruncf");
+        struct wq_options o = dopts(store, durabilities[i]);
+        wq *q = t_track(T_OPEN(name, &o));
+        assert_int_equal(wq_add(q, KS("t1")), 0);
+        char f[400];
+        snprintf(f, sizeof f, "%s/owner", store);
+        assert_int_equal(truncate(f, 0), 0);
+        assert_int_equal(wq_add(q, KS("t2")), 0);
+        T_EXPECT_GET(q, "t1");
+        T_EXPECT_DONE(q, "t1");
+        assert_true(wq_snapshot(q) >= 0);
+        T_EXPECT_GET(q, "t2");
+        t_close(q);
     }
 }
 
@@ -1266,6 +1329,8 @@ int main(void)
         T_STORE_TEST(test_unlinked_region),
         T_STORE_TEST(test_second_queue),
         T_STORE_TEST(test_unseen_queue),
+        T_STORE_TEST(test_store_alias),
+        T_STORE_TEST(test_owner_truncated),
         T_STORE_TEST(test_store_copy),
         T_STORE_TEST(test_creators_race),
         T_STORE_TEST(test_checkpoint_damage),

@@ -963,6 +963,7 @@ int wq__region_create(const char *path, const struct wq_options *opts)
     if (rc >= 0) {   /* the claim's lock is held till here (img) */
         rc = publish(b.fd, b.tmpname, path);
         b.tmpname[0] = 0;
+        img.published = rc >= 0;
     }
 out:
     build_close(&b);

@@ -144,8 +144,9 @@ struct wq_env {
                                  open it again before the next write */
     pthread_mutex_t jmu;      /* jfd's opening, and this process's side of
                                  the journal lock (journal.c) */
-    void *omap;               /* the owner file, mapped read-only (owner.c),
-                                 set once (atomically); NULL: not yet */
+    int ofd;                  /* the owner file's descriptor + 1 (owner.c),
+                                 set once (atomically); 0: not open */
+    uint64_t oino;            /* its inode (set before ofd) */
     struct wq_env *next;
 };
 
@@ -209,27 +210,31 @@ int wq__store_err(int rc, const char *dir, const char *fmt, ...)
 struct wq_owner {
     uint64_t magic;           /* WQ_OWNER_MAGIC */
     uint64_t claim;           /* the region's wq_hdr.claim (never 0) */
+    uint64_t ino;             /* the inode of the file it was written to: a
+                                 copied file's record is no claim */
     char store[1024];         /* the store's absolute path, as the claimer saw it */
     char region[1024];        /* the claiming region's path */
     uint64_t check;           /* wq__hash64 of the above */
 };
-_Static_assert(sizeof(struct wq_owner) == 2072, "owner record is 2072 bytes");
+_Static_assert(sizeof(struct wq_owner) == 2080, "owner record is 2080 bytes");
 /* Does a region at path hold claim? (region.c answers: 1 yes, 0 no, or
    -errno when it cannot be looked at.) */
 typedef int (*wq_claim_live_fn)(const char *region, uint64_t claim);
 /* Claim the store at abs (absolute) for the region to be published at
    region, with claim (never 0), under the owner file's lock, which
-   *lockfd keeps (close it once the region is published, or given up).
+   *hold keeps until wq__owner_release (published: the region is out;
+   else the record found is put back).
    -EEXIST: a region is at `region` already (a creation race was lost:
    attach to it); -EBUSY: the store serves another region that exists
    (wq_last_error names it); else 0 or -errno with wq_last_error set. */
+struct wq_claim_hold;
 int wq__owner_claim(const char *abs, mode_t mode, const char *region, uint64_t claim,
-                    wq_claim_live_fn live, int *lockfd);
+                    wq_claim_live_fn live, struct wq_claim_hold **hold);
+void wq__owner_release(struct wq_claim_hold *hold, bool published);
 /* A store write of the region holding claim (0: a region made before
    claims, never refused): 0, or -EIDRM when another region has claimed
    the store since (its path in who). Cannot tell (no file, a damaged
-   record, another store's): 0. No system call once the file is mapped:
-   a PROCESS cycle makes two store writes of a few microseconds each. */
+   record, another store's): 0. One small pread when the claim is ours. */
 int wq__owner_check(struct wq_env *e, uint64_t claim, char *who, size_t wn);
 
 /* journal.c */

@@ -54,7 +54,9 @@ static void envs_child(void)
             close(e->jfd - 1);
         if (e->rfd > 0)
             close(e->rfd - 1);
-        e->jfd = e->rfd = 0;
+        if (e->ofd > 0)   /* no lock on it: closed for tidiness */
+            close(e->ofd - 1);
+        e->jfd = e->rfd = e->ofd = 0;
     }
 }
 
@@ -667,8 +669,8 @@ int wq__lmdb_env_close(const char *path)
             mdb_env_close(e->env);
             if (e->jfd > 0)
                 close(e->jfd - 1);
-            if (e->omap)
-                munmap(e->omap, sizeof(struct wq_owner));
+            if (e->ofd > 0)
+                close(e->ofd - 1);
             pthread_mutex_destroy(&e->jmu);
             free(e);
             break;

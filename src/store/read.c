@@ -723,8 +723,7 @@ void wq__store_img_free(struct wq_store_img *img)
     if (img->map)
         munmap(img->map, img->map_len);
     free(img->recs);
-    if (img->owner_fd > 0)
-        close(img->owner_fd - 1);
+    wq__owner_release(img->owner, img->published);
     memset(img, 0, sizeof *img);
 }
 

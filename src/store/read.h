@@ -63,9 +63,9 @@ struct wq_store_img {
     uint64_t claim;
     const char *region;
     int (*live)(const char *region, uint64_t claim);
+    bool published;                /* set by the maker: the claim stays */
     /* out: */
-    int owner_fd;                  /* the claim's lock + 1, until the
-                                      region is published: img_free */
+    struct wq_claim_hold *owner;   /* the claim's lock, until img_free */
     bool has_meta, bad_meta;
     struct wq_meta meta;
     const char *meta_why;          /* bad_meta: what is wrong with it */

@@ -244,16 +244,37 @@ static int env_open(const char *abs, mode_t mode)
     return rc;
 }
 
+/* Claimed and read: a writer of the old owner that passed its owner
+   check before the claim may have committed after our read (a read is
+   a snapshot, which LMDB's writer lock does not hold up), its add
+   acknowledged. Once we hold that lock every such writer is done and
+   later ones are refused: 1 if the meta moved since the read (read
+   again), 0, or -errno. */
+static int moved(const char *abs, mode_t mode, const struct wq_store_img *img)
+{
+    struct wq_env *e;
+    MDB_txn *txn;
+    struct wq_meta m;
+    int rc = wq__lmdb_env(abs, mode, false, &e);
+    if (rc == 0)
+        rc = wq__lmdb_txn(e, 0, &txn);
+    if (rc < 0)
+        return wq__store_err(rc, abs, "cannot begin a write: %s", wq_strerror(rc));
+    rc = wq__lmdb_meta_get(txn, e, &m);
+    mdb_txn_abort(txn);
+    if (rc < 0)
+        return wq__store_err(rc, abs, "its meta record: %s", wq_strerror(rc));
+    return m.records != img->meta.records || m.sum != img->meta.sum ||
+           m.next_order != img->meta.next_order || m.journal_lsn != img->meta.journal_lsn;
+}
+
 /* wq_open's claim of the store (owner.c), kept in img until publication;
    nothing to claim for other callers. */
 static int claim(const char *abs, mode_t mode, struct wq_store_img *img)
 {
     if (!img->claim)
         return 0;
-    int fd, rc = wq__owner_claim(abs, mode, img->region, img->claim, img->live, &fd);
-    if (rc == 0)
-        img->owner_fd = fd + 1;
-    return rc;
+    return wq__owner_claim(abs, mode, img->region, img->claim, img->live, &img->owner);
 }
 
 int wq__store_prepare(const struct wq_options *o, struct wq_options *eff, char *abs,
@@ -330,16 +351,18 @@ int wq__store_prepare(const struct wq_options *o, struct wq_options *eff, char *
     }
     if ((rc = env_open(abs, mode)) < 0)   /* sound: now this process may open it */
         return rc;
-    if (!img->has_meta || (rc = replay(abs, mode)) <= 0)
+    if (!img->has_meta || (rc = replay(abs, mode)) < 0)
+        return rc;
+    if (rc == 0 && (!img->claim || (rc = moved(abs, mode, img)) <= 0))
         return rc;
     /* The store changed: read it again, as untrusted as the first time. */
     struct wq_store_img in = *img;
-    img->owner_fd = 0;   /* the claim stays */
+    img->owner = NULL;   /* the claim stays */
     wq__store_img_free(img);
     img->claim = in.claim;
     img->region = in.region;
     img->live = in.live;
-    img->owner_fd = in.owner_fd;
+    img->owner = in.owner;
     img->salvage = in.salvage;
     img->report = in.report;
     img->report_arg = in.report_arg;

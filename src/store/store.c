@@ -272,13 +272,17 @@ static int linked(shmq *q)
    made from it (store/owner.c): a queue of another name or WQ_SHM_DIR,
    or of another container's /dev/shm, which could not see ours. Checked
    under the journal lock or LMDB's writer lock, which the new region's
-   maker takes after its claim: a write checked before the claim is one
-   it replays or reads. */
+   maker takes after its claim and its read: a write checked before the
+   claim is one it replays, or reads (again, restore.c moved()). */
 static int owned(shmq *q, struct wq_env *e)
 {
     char who[1024];
     if (wq__owner_check(e, wq_load_relaxed(&q->hdr->claim), who, sizeof who) == 0)
         return 0;
+    /* Our own path: removed and made again (wq_unlink), unless ours is
+       still there (then another container made one at the same path). */
+    if (strcmp(who, q->path) == 0 && linked(q) < 0)
+        return -EIDRM;
     wq__errf("queue '%s': store %s was claimed by the queue whose region is %s (made from "
              "it where this queue's region could not be seen); a store serves one queue, "
              "and this region no longer writes to it", q->pub.name, q->g.store_path, who);
