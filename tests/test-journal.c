@@ -28,8 +28,13 @@
  *     (another name, another WQ_SHM_DIR) is refused with -EBUSY while the
  *     first one's region exists; one made where that region cannot be
  *     seen (a mount namespace with its own tmpfs) takes the store over,
- *     and the old region's adds fail with -EIDRM; a copied store is
- *     another store; four creators racing for one new queue all work;
+ *     and the old region's adds fail with -EIDRM; an add the old region
+ *     commits while the new one is made is in the new one; a maker that
+ *     fails after its claim puts the old claim back; a store reached by
+ *     a second path (bind mount) is one store, a copied store another;
+ *     an owner file truncated under a live queue changes nothing; four
+ *     creators racing for one new queue all work; wq_unlink then a new
+ *     queue of that name: the removed region's adds fail (PROCESS too);
  *   - a group the live queue wrote that no longer verifies: its
  *     checkpoint fails with -EBADMSG and moves nothing; an open killed in
  *     its replay's commit replays at the next open;
@@ -914,6 +919,148 @@ static int alias_main(const char *other, const char *store, const char *alias,
     return rc == -EBUSY && strstr(wq_last_error(), "a store serves one queue") ? 0 : 1;
 }
 
+/* The old owner, for test_takeover_commit: k0 added, then k1's commit
+   stopped (SIGSTOP at store.commit, LMDB's writer lock held) until the
+   test continues it; then "late" at stage 2. */
+struct takeover_board {
+    atomic_int stage;
+    int k1, late;
+    int got;              /* keys the new region's maker got */
+    char keys[4][8];
+};
+
+static int takeover_old(const char *name, struct takeover_board *tb)
+{
+    wq *q = NULL;
+    T_CHECK_EQ(wq_open(name, NULL, &q), 0);
+    T_CHECK_EQ(wq_add(q, KS("k0")), 0);
+    T_CHECK_EQ(wq_fault_arm("store.commit", 1, WQ_FAULT_STOP), 0);
+    tb->k1 = wq_add(q, KS("k1"));
+    atomic_store(&tb->stage, 1);
+    T_CHECK_EQ(t_wait_count(&tb->stage, 2, 20000), 0);
+    tb->late = wq_add(q, KS("late"));
+    atomic_store(&tb->stage, 3);
+    for (;;)
+        pause();
+}
+
+/* The new region's maker, where the old region cannot be seen: every
+   key it gets. */
+static int takeover_new(const char *name, const struct wq_options *o, const char *shm,
+                        struct takeover_board *tb)
+{
+    if (unshare(CLONE_NEWNS) < 0 || mount("none", "/", "none", MS_REC | MS_PRIVATE, NULL) < 0 ||
+        mount("tmpfs", shm, "tmpfs", 0, "mode=0700") < 0)
+        return 77;
+    wq *q = NULL;
+    T_CHECK_EQ(wq_open(name, o, &q), 0);
+    char k[64];
+    int n;
+    while (tb->got < 4 && (n = wq_get(q, k, sizeof k, 0)) > 0)
+        snprintf(tb->keys[tb->got++], sizeof tb->keys[0], "%.*s", n, k);
+    return 0;
+}
+
+/* A takeover while the old owner commits an add (PROCESS): the new
+   maker claims and reads the store while k1's commit waits; the commit
+   then completes and the add is acknowledged. The new region must hold
+   k1 (its maker takes LMDB's writer lock after its read and reads again
+   if the store moved), and the old region's next add fails. */
+static void test_takeover_commit(void **state)
+{
+    (void)state;
+    const char *shm = t_mkstore(), *store = t_mkstore(), *name = t_qname("jtakeover");
+    struct wq_options o = dopts(store, WQ_DURABLE_PROCESS);
+    struct takeover_board *tb = t_shared_alloc(sizeof *tb);
+    setenv("WQ_SHM_DIR", shm, 1);
+    wq *q = NULL;
+    int rc = wq_open(name, &o, &q);
+    if (rc == 0)
+        wq_close(q);
+    pid_t a = rc == 0 ? t_fork(60) : -1;
+    if (a == 0)
+        _exit(takeover_old(name, tb));
+    unsetenv("WQ_SHM_DIR");
+    assert_int_equal(rc, 0);
+    t_wait_stopped(a, "the old owner", "store.commit");
+    setenv("WQ_SHM_DIR", shm, 1);
+    pid_t b = t_fork(60);
+    if (b == 0)
+        _exit(takeover_new(name, &o, shm, tb));
+    unsetenv("WQ_SHM_DIR");
+    usleep(300000);   /* b claims and reads, then waits for the writer lock */
+    assert_int_equal(kill(a, SIGCONT), 0);
+    int st = t_wait(b, 20000);
+    if (st == 77) {
+        kill(a, SIGKILL);
+        t_wait(a, 10000);
+        skip();
+    }
+    assert_int_equal(st, 0);
+    assert_int_equal(t_wait_count(&tb->stage, 1, 20000), 0);
+    assert_int_equal(tb->k1, 0);
+    assert_int_equal(tb->got, 2);
+    assert_string_equal(tb->keys[0], "k0");
+    assert_string_equal(tb->keys[1], "k1");
+    atomic_store(&tb->stage, 2);
+    assert_int_equal(t_wait_count(&tb->stage, 3, 20000), 0);
+    assert_int_equal(tb->late, -EIDRM);
+    assert_int_equal(kill(a, SIGKILL), 0);
+    assert_int_equal(t_wait(a, 10000), 128 + SIGKILL);
+    char old[400];
+    snprintf(old, sizeof old, "%s/wq.%s", shm, name);
+    assert_int_equal(unlink(old), 0);
+    t_shared_free(tb, sizeof *tb);
+}
+
+/* A maker, where the old region cannot be seen, whose region does not
+   fit its /dev/shm (a 16 KiB tmpfs): 0 if its wq_open failed, 77: no
+   right to unshare. */
+static int failed_maker(const char *name, const struct wq_options *o, const char *shm)
+{
+    if (unshare(CLONE_NEWNS) < 0 || mount("none", "/", "none", MS_REC | MS_PRIVATE, NULL) < 0 ||
+        mount("tmpfs", shm, "tmpfs", 0, "mode=0700,size=16k") < 0)
+        return 77;
+    wq *q = NULL;
+    return wq_open(name, o, &q) < 0 ? 0 : 1;
+}
+
+/* A maker that claims the store and then fails (its region does not
+   fit) puts the old record back: the old region's adds go on, and all
+   of its keys come back. */
+static void test_failed_maker(void **state)
+{
+    (void)state;
+    const char *shm = t_mkstore(), *store = t_mkstore(), *name = t_qname("jfailmk");
+    struct wq_options o = jopts(store);
+    struct orphan_board *ob = t_shared_alloc(sizeof *ob);
+    setenv("WQ_SHM_DIR", shm, 1);
+    wq *q = NULL;
+    int rc = wq_open(name, &o, &q);
+    if (rc == 0)
+        wq_close(q);
+    pid_t c = rc == 0 ? orphan_start(name, ob) : -1;
+    pid_t n = rc == 0 ? t_fork(60) : -1;
+    if (n == 0)
+        _exit(failed_maker(name, &o, shm));
+    unsetenv("WQ_SHM_DIR");
+    assert_int_equal(rc, 0);
+    int st = t_wait(n, 20000);
+    orphan_finish(c, ob);
+    if (st == 77)
+        skip();
+    assert_int_equal(st, 0);
+    if (ob->rc != 0)
+        fail_msg("late add: %d, '%s'", ob->rc, ob->err);
+    assert_int_equal(ob->late_found, 1);
+    char old[400];
+    snprintf(old, sizeof old, "%s/wq.%s", shm, name);
+    assert_int_equal(unlink(old), 0);
+    const char *keys[] = { "o1", "o2", "o3", "late" };
+    t_close(expect_restored(name, &o, keys, 4));
+    t_shared_free(ob, sizeof *ob);
+}
+
 /* One store directory reached by two paths (a bind mount, a volume
    mounted elsewhere in another container) is one store: a second queue
    through the other path is refused too. */
@@ -1329,6 +1476,8 @@ int main(void)
         T_STORE_TEST(test_unlinked_region),
         T_STORE_TEST(test_second_queue),
         T_STORE_TEST(test_unseen_queue),
+        T_STORE_TEST(test_takeover_commit),
+        T_STORE_TEST(test_failed_maker),
         T_STORE_TEST(test_store_alias),
         T_STORE_TEST(test_owner_truncated),
         T_STORE_TEST(test_store_copy),
