@@ -241,3 +241,16 @@ int wq__owner_check(struct wq_env *e, uint64_t claim, char *who, size_t wn)
     snprintf(who, wn, "%s", o.region);
     return -EIDRM;
 }
+
+int wq__owner_check_lmdb(struct wq_env *e, uint64_t claim, char *who, size_t wn)
+{
+    uint64_t now = wq__now_mono();
+    if (claim != 0 && e->oclaim == claim && now - e->oseen < WQ_OWNER_FRESH_NS) {
+        who[0] = 0;
+        return 0;
+    }
+    int rc = wq__owner_check(e, claim, who, wn);
+    e->oseen = now;
+    e->oclaim = rc == 0 ? claim : 0;
+    return rc;
+}

@@ -66,6 +66,7 @@ struct wq_store_img {
     bool published;                /* set by the maker: the claim stays */
     /* out: */
     struct wq_claim_hold *owner;   /* the claim's lock, until img_free */
+    uint64_t claimed_ns;           /* when it was written (CLOCK_MONOTONIC) */
     bool has_meta, bad_meta;
     struct wq_meta meta;
     const char *meta_why;          /* bad_meta: what is wrong with it */

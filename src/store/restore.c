@@ -30,6 +30,7 @@
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "shm/shm.h"
@@ -255,6 +256,12 @@ static int moved(const char *abs, mode_t mode, const struct wq_store_img *img)
     struct wq_env *e;
     MDB_txn *txn;
     struct wq_meta m;
+    /* Writers may skip their check for a while after one (format.h). */
+    for (uint64_t now; (now = wq__now_mono()) - img->claimed_ns < WQ_OWNER_SETTLE_NS;) {
+        uint64_t left = WQ_OWNER_SETTLE_NS - (now - img->claimed_ns);
+        struct timespec ts = { 0, (long)left };
+        nanosleep(&ts, NULL);
+    }
     int rc = wq__lmdb_env(abs, mode, false, &e);
     if (rc == 0)
         rc = wq__lmdb_txn(e, 0, &txn);
@@ -274,7 +281,9 @@ static int claim(const char *abs, mode_t mode, struct wq_store_img *img)
 {
     if (!img->claim)
         return 0;
-    return wq__owner_claim(abs, mode, img->region, img->claim, img->live, &img->owner);
+    int rc = wq__owner_claim(abs, mode, img->region, img->claim, img->live, &img->owner);
+    img->claimed_ns = wq__now_mono();
+    return rc;
 }
 
 int wq__store_prepare(const struct wq_options *o, struct wq_options *eff, char *abs,
@@ -363,6 +372,7 @@ int wq__store_prepare(const struct wq_options *o, struct wq_options *eff, char *
     img->region = in.region;
     img->live = in.live;
     img->owner = in.owner;
+    img->claimed_ns = in.claimed_ns;
     img->salvage = in.salvage;
     img->report = in.report;
     img->report_arg = in.report_arg;

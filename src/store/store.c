@@ -274,10 +274,12 @@ static int linked(shmq *q)
    under the journal lock or LMDB's writer lock, which the new region's
    maker takes after its claim and its read: a write checked before the
    claim is one it replays, or reads (again, restore.c moved()). */
-static int owned(shmq *q, struct wq_env *e)
+static int owned(shmq *q, struct wq_env *e, bool lmdb)
 {
     char who[1024];
-    if (wq__owner_check(e, wq_load_relaxed(&q->hdr->claim), who, sizeof who) == 0)
+    uint64_t claim = wq_load_relaxed(&q->hdr->claim);
+    if ((lmdb ? wq__owner_check_lmdb(e, claim, who, sizeof who)
+              : wq__owner_check(e, claim, who, sizeof who)) == 0)
         return 0;
     /* Our own path: removed and made again (wq_unlink), unless ours is
        still there (then another container made one at the same path). */
@@ -299,7 +301,7 @@ static int j_lock(shmq *q, struct wq_env *e, int *fd)
     }
     int rc = linked(q);
     if (rc == 0)
-        rc = owned(q, e);
+        rc = owned(q, e, false);
     if (rc < 0)
         wq__journal_unlock(e, *fd);
     return rc;
@@ -656,7 +658,7 @@ static int flush_round(shmq *q, struct wq_env *e, int *written, const struct iov
         goto written;
     }
     struct wq_meta m;
-    if ((rc = owned(q, e)) < 0 || (rc = wq__lmdb_meta_get(txn, e, &m)) < 0)
+    if ((rc = owned(q, e, true)) < 0 || (rc = wq__lmdb_meta_get(txn, e, &m)) < 0)
         goto abort;
     for (uint32_t i = 0; i < n && rc == 0; i++) {
         rc = wq__lmdb_put(txn, e, &items[i], &m);
