@@ -166,7 +166,7 @@ if is_root; then
     expect 1 "wqctl: store '$DIR/p': permission denied (the directory cannot be searched)" \
         as_nobody "$WQCTL" create "$P-p" --store "$DIR/p"
     chmod 755 "$DIR/p"   # its files stay 0600: the claim (owner.c) is the first write
-    expect 1 "wqctl: store '$DIR/p': claiming it (file owner): Permission denied" \
+    expect 1 "wqctl: store '$DIR/p': cannot open its owner file $DIR/p/owner: Permission denied" \
         as_nobody "$WQCTL" restore "$P-p" --store "$DIR/p"
     no_shm "$P-p"
     # A queue of another user's, mode 0600.
