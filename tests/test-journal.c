@@ -836,15 +836,47 @@ static void test_second_queue(void **state)
     }
 }
 
+/* In a child: a mount namespace of its own (another container's view),
+   where src is mounted at target as mount(2) would. false: no right to
+   (not root). (The type and source of the propagation change are
+   ignored; given, for valgrind.) */
+static bool own_mount(const char *src, const char *target, const char *type,
+                      unsigned long flags, const char *data)
+{
+    return unshare(CLONE_NEWNS) == 0 &&
+           mount("none", "/", "none", MS_REC | MS_PRIVATE, NULL) == 0 &&
+           mount(src, target, type, flags, data) == 0;
+}
+
+/* The old region made in shm and used by orphan_main (o1..o3), then a
+   maker running fn in a child, then the old region's "late" add and its
+   end. Returns the maker's exit code (77: no right to unshare). */
+static int hidden_takeover(const char *shm, const char *name, const struct wq_options *o,
+                           struct orphan_board *ob,
+                           int (*fn)(const char *, const struct wq_options *, const char *))
+{
+    setenv("WQ_SHM_DIR", shm, 1);
+    wq *q = NULL;
+    int rc = wq_open(name, o, &q);
+    if (rc == 0)
+        wq_close(q);
+    pid_t c = rc == 0 ? orphan_start(name, ob) : -1;
+    pid_t n = rc == 0 ? t_fork(60) : -1;
+    if (n == 0)
+        _exit(fn(name, o, shm));
+    unsetenv("WQ_SHM_DIR");
+    assert_int_equal(rc, 0);
+    int st = t_wait(n, 20000);
+    orphan_finish(c, ob);
+    return st;
+}
+
 /* In a mount namespace of its own, with a new tmpfs at shm: the queue
    made there from the store, n1..n3 added, and no close (as if killed).
    77: no right to unshare. */
 static int unseen_main(const char *name, const struct wq_options *o, const char *shm)
 {
-    /* (The type and source of a propagation change are ignored; given,
-       for valgrind.) */
-    if (unshare(CLONE_NEWNS) < 0 || mount("none", "/", "none", MS_REC | MS_PRIVATE, NULL) < 0 ||
-        mount("tmpfs", shm, "tmpfs", 0, "mode=0700") < 0)
+    if (!own_mount("tmpfs", shm, "tmpfs", 0, "mode=0700"))
         return 77;
     wq *q = NULL;
     T_CHECK_EQ(wq_open(name, o, &q), 0);
@@ -868,24 +900,10 @@ static void test_unseen_queue(void **state)
                    *name = t_qname(i ? "junseenp" : "junseenf");
         struct wq_options o = dopts(store, durabilities[i]);
         struct orphan_board *ob = t_shared_alloc(sizeof *ob);
-        setenv("WQ_SHM_DIR", shm, 1);
-        wq *q = NULL;
-        int rc = wq_open(name, &o, &q);
-        if (rc == 0)
-            wq_close(q);
-        pid_t c = rc == 0 ? orphan_start(name, ob) : -1;
-        pid_t n = rc == 0 ? t_fork(60) : -1;
-        if (n == 0)
-            _exit(unseen_main(name, &o, shm));
-        unsetenv("WQ_SHM_DIR");
-        assert_int_equal(rc, 0);
-        int st = t_wait(n, 20000);
-        if (st == 77) {
-            orphan_finish(c, ob);
+        int st = hidden_takeover(shm, name, &o, ob, unseen_main);
+        if (st == 77)
             skip();
-        }
         assert_int_equal(st, 0);
-        orphan_finish(c, ob);
         char want[1400];
         snprintf(want, sizeof want, "queue '%s': store %s was claimed by the queue whose "
                  "region is %s/wq.%s (made from it where this queue's region could not be "
@@ -910,8 +928,7 @@ static void test_unseen_queue(void **state)
 static int alias_main(const char *other, const char *store, const char *alias,
                       struct wq_options o)
 {
-    if (unshare(CLONE_NEWNS) < 0 || mount("none", "/", "none", MS_REC | MS_PRIVATE, NULL) < 0 ||
-        mount(store, alias, "none", MS_BIND, NULL) < 0)
+    if (!own_mount(store, alias, "none", MS_BIND, NULL))
         return 77;
     o.store_path = alias;
     wq *q = NULL;
@@ -949,8 +966,7 @@ static int takeover_old(const char *name, struct takeover_board *tb)
 static int takeover_new(const char *name, const struct wq_options *o, const char *shm,
                         struct takeover_board *tb)
 {
-    if (unshare(CLONE_NEWNS) < 0 || mount("none", "/", "none", MS_REC | MS_PRIVATE, NULL) < 0 ||
-        mount("tmpfs", shm, "tmpfs", 0, "mode=0700") < 0)
+    if (!own_mount("tmpfs", shm, "tmpfs", 0, "mode=0700"))
         return 77;
     wq *q = NULL;
     T_CHECK_EQ(wq_open(name, o, &q), 0);
@@ -1018,8 +1034,7 @@ static void test_takeover_commit(void **state)
    right to unshare. */
 static int failed_maker(const char *name, const struct wq_options *o, const char *shm)
 {
-    if (unshare(CLONE_NEWNS) < 0 || mount("none", "/", "none", MS_REC | MS_PRIVATE, NULL) < 0 ||
-        mount("tmpfs", shm, "tmpfs", 0, "mode=0700,size=16k") < 0)
+    if (!own_mount("tmpfs", shm, "tmpfs", 0, "mode=0700,size=16k"))
         return 77;
     wq *q = NULL;
     return wq_open(name, o, &q) < 0 ? 0 : 1;
@@ -1034,19 +1049,7 @@ static void test_failed_maker(void **state)
     const char *shm = t_mkstore(), *store = t_mkstore(), *name = t_qname("jfailmk");
     struct wq_options o = jopts(store);
     struct orphan_board *ob = t_shared_alloc(sizeof *ob);
-    setenv("WQ_SHM_DIR", shm, 1);
-    wq *q = NULL;
-    int rc = wq_open(name, &o, &q);
-    if (rc == 0)
-        wq_close(q);
-    pid_t c = rc == 0 ? orphan_start(name, ob) : -1;
-    pid_t n = rc == 0 ? t_fork(60) : -1;
-    if (n == 0)
-        _exit(failed_maker(name, &o, shm));
-    unsetenv("WQ_SHM_DIR");
-    assert_int_equal(rc, 0);
-    int st = t_wait(n, 20000);
-    orphan_finish(c, ob);
+    int st = hidden_takeover(shm, name, &o, ob, failed_maker);
     if (st == 77)
         skip();
     assert_int_equal(st, 0);
