@@ -226,8 +226,8 @@
  *
  * MEMORY
  *   A queue's shm object has the size of its whole layout (wq_stats
- *   region_bytes: about 1180 bytes per unit of capacity with the default
- *   max_key_len and result_capacity, 77 MB for a default queue), but it
+ *   region_bytes: about 1160 bytes per unit of capacity with the default
+ *   max_key_len and result_capacity, 76 MB for a default queue), but it
  *   is a sparse file: it takes memory (pages of /dev/shm, counted against
  *   the tmpfs size limit and the memory cgroup) only for what is used
  *   (wq_stats region_used):
@@ -253,16 +253,16 @@
  *       capacity keys of max_key_len, virtual), the add that meets it
  *       merges the free bytes under the lock, one pass over the entries,
  *       and goes on: a queue with room never refuses a key for this;
- *     - and the hash index and the ring: 8-byte index slots, a power of
- *       two of them and at least twice the entries ever used (16 to 32
+ *     - and the hash index and the ring: 4-byte index slots, a power of
+ *       two of them and at least twice the entries ever used (8 to 16
  *       bytes per key; a full queue's is 2 x capacity + 1 slots), and a
  *       4-byte ring slot per entry ever used (rounded up to a power of
  *       two, at most capacity). Each doubles under the lock when a new
- *       key needs it, copying itself into a table twice as large and
- *       giving the old one's pages back: on the 2-vCPU VM of
- *       tools/PERFORMANCE.md the add that doubles the index takes 6 ms at
- *       131,072 keys, 42 ms at 1M and about 80 ms at 2M (every other add,
- *       and every other process, waits for it meanwhile).
+ *       key needs it, building a table twice as large and giving the old
+ *       one's pages back: on the 2-vCPU VM of tools/PERFORMANCE.md the
+ *       add that doubles the index takes 2 ms at 131,072 keys, 20 ms at
+ *       1M and about 43 ms at 2M (every other add, and every other
+ *       process, waits for it meanwhile).
  *   When the system refuses pages (the tmpfs is full or at its size limit:
  *   Docker gives containers 64 MiB by default, `--shm-size` changes it),
  *   the add or wq_finish that needed them fails with -ENOSPC and changes

@@ -194,7 +194,7 @@ if [ "$(id -u)" = 0 ] && unshare -m true 2>/dev/null; then
     unshare -m sh -c 'mount -t tmpfs -o size=2M tmpfs /dev/shm || exit 9
         W=$1 Q=$2 O=$3
         "$W" create "$Q" || exit 8
-        seq 1 20000 | sed s/^/key-/ | "$W" add "$Q" - >"$O.add" 2>"$O.adderr"
+        seq 1 40000 | sed s/^/key-/ | "$W" add "$Q" - >"$O.add" 2>"$O.adderr"
         echo $? >"$O.addrc"
         "$W" stat "$Q" >"$O.stat" 2>&1
         "$W" check "$Q" >"$O.check" 2>&1 || echo "check failed" >>"$O.check"
@@ -210,7 +210,7 @@ if [ "$(id -u)" = 0 ] && unshare -m true 2>/dev/null; then
     grep -Eqx "wqctl: queue '$P-grow': no room in /dev/shm to grow its region to [0-9]+ (entries|index slots|ring slots) \([0-9]+ bytes more, [0-9]+ free\)" \
         "$OUT.adderr" || fail "add past a full /dev/shm said: $(cat "$OUT.adderr")"
     added=$(sed -n 's/^added \([0-9]*\), coalesced 0$/\1/p' "$OUT.add")
-    [ -n "$added" ] && [ "$added" -gt 1000 ] && [ "$added" -lt 20000 ] ||
+    [ -n "$added" ] && [ "$added" -gt 1000 ] && [ "$added" -lt 40000 ] ||
         fail "add past a full /dev/shm reported: $(cat "$OUT.add")"
     grep -qx "live  *$added" "$OUT.stat" || fail "$added added, but: $(cat "$OUT.stat")"
     [ "$(grep -c "^queue '$P-grow': clean$" "$OUT.check")" = 2 ] ||

@@ -648,7 +648,7 @@ static void test_every_point(void **state)
     static const char *const required[] = {
         "procs.register.fields", "procs.register.live", "add.busy", "add.alloc",
         "add.fresh", "region.grow.results",
-        "add.key", "add.state", "table.insert.hash", "add.index", "ring.push.slot",
+        "add.key", "add.state", "table.insert", "add.index", "ring.push.slot",
         "add.ring", "add.counters", "mark.busy", "add.mark", "mark.counters", "get.busy", "get.owner", "get.state",
         "get.ring", "get.counters", "done.busy", "done.state", "done.ring",
         "release.state", "release.index", "table.remove.shift", "table.free.link",

@@ -470,7 +470,7 @@ static void test_region_grows_with_keys(void **state)
     uint32_t grown = s->hdr->grown_ent;
     assert_int_equal(s->hdr->e_fresh, 5000);
     assert_true(grown >= 5000 && grown <= 5000 + 5000 / 8 + 65536 / unit + 1);
-    assert_int_equal(s->hdr->index_at, 1ull << 32 | 16384);
+    assert_int_equal(s->hdr->index_at, 16384);   /* 1024, 2048, .., 16384: area 0 */
     assert_int_equal(s->hdr->ring_at, 1ull << 32 | 8192);   /* 1024, 2048, 4096, 8192 */
     uint64_t used = shm_used(name);
     uint64_t index = (16384 - WQ_INDEX_MIN) * sizeof(struct wq_islot) +
@@ -484,7 +484,7 @@ static void test_region_grows_with_keys(void **state)
     add_keys(q, "second", 5000);
     assert_int_equal(s->hdr->e_fresh, 5000);
     assert_int_equal(s->hdr->grown_ent, grown);
-    assert_int_equal(s->hdr->index_at, 1ull << 32 | 16384);
+    assert_int_equal(s->hdr->index_at, 16384);
     assert_int_equal(shm_used(name), used);
     assert_int_equal(wq_len(q), 5000);
     t_check_clean(q, __func__);
@@ -746,34 +746,34 @@ static void test_index_grows(void **state)
     wq *q = t_track(t_create("idxgrow", T_OPTS(.capacity = 4000, .max_key_len = 16), &name));
     struct wq_shm *s = wq__shm(q);
     assert_int_equal(s->hdr->index_at, WQ_INDEX_MIN);
-    add_keys(q, "k", 255);   /* 2 * 255 + 1 <= 512 */
+    add_keys(q, "k", 511);   /* 2 * 511 + 1 <= 1024 */
     assert_int_equal(s->hdr->index_at, WQ_INDEX_MIN);
     uint64_t used = shm_used(name);
-    add_keys_from(q, "k", 255, 256);
-    assert_int_equal(s->hdr->index_at, 1ull << 32 | 1024);
+    add_keys_from(q, "k", 511, 512);
+    assert_int_equal(s->hdr->index_at, 1ull << 32 | 2048);
     /* Entries were reserved ahead (64 KiB at least): only the index moved. */
     assert_int_equal(shm_used(name), used - 4096 + 8192);
     t_check_clean(q, __func__);
 
-    add_keys_from(q, "k", 256, 511);
-    assert_int_equal(s->hdr->index_at, 1ull << 32 | 1024);
+    add_keys_from(q, "k", 512, 1023);
+    assert_int_equal(s->hdr->index_at, 1ull << 32 | 2048);
     wq_fault_arm("region.index", 1, WQ_FAULT_FAIL_ON);
-    assert_int_equal(wq_add(q, KS("k-00511")), -ENOSPC);
+    assert_int_equal(wq_add(q, KS("k-01023")), -ENOSPC);
     char want[160];
     snprintf(want, sizeof want, "queue '%s': no room in /dev/shm to grow its region to "
-             "2048 index slots (16384 bytes more, ", wq_name(q));
+             "4096 index slots (16384 bytes more, ", wq_name(q));
     assert_memory_equal(wq_last_error(), want, strlen(want));
-    struct iovec batch[2] = { { "k-00511", 7 }, { "k-00512", 7 } };
+    struct iovec batch[2] = { { "k-01023", 7 }, { "k-01024", 7 } };
     assert_int_equal(wq_add_many(q, batch, 2), -ENOSPC);
     assert_int_equal(wq_add(q, KS("k-00000")), 1);   /* coalesced: needs no room */
-    assert_int_equal(wq_len(q), 511);
-    assert_int_equal(t_key_state(q, "k-00511"), 0);
-    assert_int_equal(s->hdr->index_at, 1ull << 32 | 1024);
+    assert_int_equal(wq_len(q), 1023);
+    assert_int_equal(t_key_state(q, "k-01023"), 0);
+    assert_int_equal(s->hdr->index_at, 1ull << 32 | 2048);
     wq_fault_arm(NULL, 0, 0);
     assert_int_equal(wq_add_many(q, batch, 2), 0);
-    assert_int_equal(s->hdr->index_at, 2048);   /* back in area 0 */
-    add_keys_from(q, "k", 513, 4000);   /* 4096, then a full queue's 8001 */
-    assert_int_equal(s->hdr->index_at, 8001);
+    assert_int_equal(s->hdr->index_at, 4096);   /* back in area 0 */
+    add_keys_from(q, "k", 1025, 4000);   /* a full queue's 8001, in area 1 */
+    assert_int_equal(s->hdr->index_at, 1ull << 32 | 8001);
     assert_int_equal(wq_add(q, KS("one-more")), -ENOSPC);
     t_check_clean(q, __func__);
     drain_in_order(q, "k", 4000);
@@ -807,7 +807,7 @@ static void test_index_grown_by_another(void **state)
     assert_int_equal(waitpid(pid, &status, 0), pid);
     assert_true(WIFEXITED(status));
     assert_int_equal(WEXITSTATUS(status), 0);
-    assert_int_equal(wq__shm(q)->hdr->index_at, 8192);   /* 4 doublings: area 0 */
+    assert_int_equal(wq__shm(q)->hdr->index_at, 1ull << 32 | 8192);   /* 3 doublings: area 1 */
     for (int i = 0; i < 3000; i++) {
         char k[16];
         snprintf(k, sizeof k, "k-%05d", i);
@@ -859,29 +859,29 @@ static void test_killed_while_growing_index(void **state)
         snprintf(qn, sizeof qn, "idxkill%d", p);
         wq *q = t_track(t_create(qn, T_OPTS(.capacity = 4000, .max_key_len = 16), &name));
         struct wq_shm *s = wq__shm(q);
-        add_keys(q, "k", 255);
+        add_keys(q, "k", 511);
         uint64_t used = shm_used(name);
-        struct iovec batch[2] = { { "k-00255", 7 }, { "k-00256", 7 } };
+        struct iovec batch[2] = { { "k-00511", 7 }, { "k-00512", 7 } };
         die_adding(name, points[p], batch, p < 2 ? 1 : 2);
-        assert_int_equal(wq_len(q), 255);   /* the lock's holder died */
-        assert_int_equal(t_key_state(q, "k-00255"), 0);
-        assert_int_equal(t_key_state(q, "k-00256"), 0);
+        assert_int_equal(wq_len(q), 511);   /* the lock's holder died */
+        assert_int_equal(t_key_state(q, "k-00511"), 0);
+        assert_int_equal(t_key_state(q, "k-00512"), 0);
         if (p < 2) {
-            /* Repaired: sized for the 255 entries used, in the area in use. */
+            /* Repaired: sized for the 511 entries used, in the area in use. */
             assert_int_equal(s->hdr->index_at, p ? (1ull << 32 | WQ_INDEX_MIN) : WQ_INDEX_MIN);
             assert_int_equal(shm_used(name), used);
         } else {
             /* The doubled table stands; the old one's page is given back. */
-            assert_int_equal(s->hdr->index_at, 1ull << 32 | 1024);
+            assert_int_equal(s->hdr->index_at, 1ull << 32 | 2048);
             assert_int_equal(shm_used(name), used - 4096 + 8192);
         }
         t_check_clean(q, __func__);
-        assert_int_equal(wq_add(q, KS("k-00255")), 0);   /* doubles now, or did */
-        assert_int_equal(wq_add(q, KS("k-00256")), 0);
-        assert_int_equal(s->hdr->index_at, p == 1 ? 1024 : 1ull << 32 | 1024);
+        assert_int_equal(wq_add(q, KS("k-00511")), 0);   /* doubles now, or did */
+        assert_int_equal(wq_add(q, KS("k-00512")), 0);
+        assert_int_equal(s->hdr->index_at, p == 1 ? 2048 : 1ull << 32 | 2048);
         assert_int_equal(shm_used(name), used - 4096 + 8192);
         t_check_clean(q, __func__);
-        drain_in_order(q, "k", 257);
+        drain_in_order(q, "k", 513);
         t_close(q);
     }
 }
@@ -905,13 +905,13 @@ static void test_index_word_damaged(void **state)
 {
     (void)state;
     static const uint64_t bad[] = { 1000, 1000, 5ull << 32 | 1024, 5ull << 32 | 1024,
-                                    512, 512, 0, 0 };
+                                    1024, 1024, 0, 0 };
     for (size_t b = 0; b < sizeof bad / sizeof bad[0]; b++) {
         const char *name;
         wq *q = t_track(t_create("idxbad", T_OPTS(.capacity = 4000, .max_key_len = 16), &name));
         struct wq_shm *s = wq__shm(q);
         add_keys(q, "k", 600);
-        assert_int_equal(s->hdr->index_at, 2048);
+        assert_int_equal(s->hdr->index_at, 1ull << 32 | 2048);
         s->hdr->index_at = bad[b];
         forget_hints(q);
         wq *r = q;
@@ -924,6 +924,90 @@ static void test_index_word_damaged(void **state)
         assert_int_equal(wq_len(q), 600);
         t_check_clean(q, __func__);
         drain_in_order(q, "k", 600);
+        t_close(q);
+    }
+}
+
+/* Names "c-<i>" whose home slot in a table of `slots` is `home`, n of
+   them, found by trying (about slots tries each). */
+static void same_home(const struct wq_shm *s, uint32_t slots, uint32_t home, int n,
+                      char (*keys)[16])
+{
+    for (int i = 0, found = 0; found < n; i++) {
+        snprintf(keys[found], 16, "c-%d", i);
+        if (wq__home_in(slots, wq__hash(s->seed, keys[found], strlen(keys[found]))) == home)
+            found++;
+    }
+}
+
+/* One get and done of the queue's front, which must be `want`. */
+static void take(wq *q, const char *want)
+{
+    T_EXPECT_GET(q, want);
+    T_EXPECT_DONE(q, want);
+}
+
+/* A long cluster in the index (layout.h: a slot's tag holds distances up
+   to 14, "15 or more" sends the reader to the entry; a capacity of 2^24
+   leaves 7 tag bits and no distance at all). 40 keys share home slot
+   100 and 10 more home at 110, inside the first run, so they sit 10 to
+   19 slots from home and the last 20 of the first kind 30 to 49. Every
+   key is found (an add coalesces), the repair check finds every tag
+   right, and removals from the cluster's head shift the rest back with
+   their distances made shorter; the FIFO order is kept. */
+static void test_index_long_cluster(void **state)
+{
+    (void)state;
+    static const uint32_t caps[] = { 4000, 1u << 24 };
+    for (size_t c = 0; c < sizeof caps / sizeof caps[0]; c++) {
+        wq *q = t_track(t_create("cluster", T_OPTS(.capacity = caps[c], .max_key_len = 16), NULL));
+        struct wq_shm *s = wq__shm(q);
+        assert_int_equal(s->hdr->index_at, WQ_INDEX_MIN);
+        assert_int_equal(s->ibits, c ? 25 : 12);
+        assert_int_equal(s->idmax, c ? 0 : 15);
+        char a[40][16], b[10][16];
+        same_home(s, WQ_INDEX_MIN, 100, 40, a);
+        same_home(s, WQ_INDEX_MIN, 110, 10, b);
+        for (int i = 0; i < 20; i++)
+            assert_int_equal(wq_add(q, a[i], strlen(a[i])), 0);
+        for (int i = 0; i < 10; i++)
+            assert_int_equal(wq_add(q, b[i], strlen(b[i])), 0);
+        for (int i = 20; i < 40; i++)
+            assert_int_equal(wq_add(q, a[i], strlen(a[i])), 0);
+        /* Slots 100..149, in add order; the last one 49 from its home. */
+        for (uint32_t i = 100; i < 150; i++)
+            assert_int_not_equal(s->index[i].w, 0);
+        assert_int_equal(s->index[150].w, 0);
+        uint32_t last = s->index[149].w;
+        assert_int_equal(last & ~s->irmask, wq__table_tag(s, wq__hash(s->seed, a[39], strlen(a[39])), 49));
+        if (!c)
+            assert_int_equal(last >> s->ibits >> s->ifbits, 15);
+        t_check_clean(q, __func__);
+        forget_hints(q);
+        for (int i = 0; i < 40; i++)
+            assert_int_equal(wq_add(q, a[i], strlen(a[i])), 1);
+        for (int i = 0; i < 10; i++)
+            assert_int_equal(wq_add(q, b[i], strlen(b[i])), 1);
+        for (int i = 0; i < 5; i++) {
+            take(q, a[i]);
+            t_check_clean(q, __func__);
+        }
+        assert_int_equal(s->index[145].w, 0);
+        forget_hints(q);
+        for (int i = 5; i < 40; i++)
+            assert_int_equal(wq_add(q, a[i], strlen(a[i])), 1);
+        for (int i = 0; i < 10; i++)
+            assert_int_equal(wq_add(q, b[i], strlen(b[i])), 1);
+        for (int i = 5; i < 20; i++)
+            take(q, a[i]);
+        for (int i = 0; i < 10; i++)
+            take(q, b[i]);
+        for (int i = 20; i < 40; i++)
+            take(q, a[i]);
+        T_EXPECT_GET_RC(q, -EAGAIN);
+        for (uint32_t i = 0; i < WQ_INDEX_MIN; i++)
+            assert_int_equal(s->index[i].w, 0);
+        t_check_clean(q, __func__);
         t_close(q);
     }
 }
@@ -1015,7 +1099,7 @@ static void test_ring_fair_stays(void **state)
     struct wq_shm *s = wq__shm(q);
     add_keys(q, "k", 1500);
     assert_int_equal(s->hdr->ring_at, WQ_RING_MIN);
-    assert_int_equal(s->hdr->index_at, 1ull << 32 | 4096);   /* the index grows as ever */
+    assert_int_equal(s->hdr->index_at, 4096);   /* the index grows as ever */
     t_check_clean(q, __func__);
     s->hdr->ring_at = 7ull << 32 | 2048;
     assert_int_equal(wq_add(q, KS("k-00007")), 1);
@@ -1104,6 +1188,7 @@ int main(void)
         T_TEST(test_index_grown_by_another),
         T_TEST(test_killed_while_growing_index),
         T_TEST(test_index_word_damaged),
+        T_TEST(test_index_long_cluster),
         T_TEST(test_ring_grows),
         T_TEST(test_killed_while_growing_ring),
         T_TEST(test_ring_fair_stays),

@@ -44,7 +44,7 @@
 #include <stdint.h>
 
 #define WQ_MAGIC        0x31515762696c0a57ull /* "W\nlibWQ1" little-endian */
-#define WQ_LAYOUT_VER   14u
+#define WQ_LAYOUT_VER   15u
 #define WQ_ALIGN        64u
 #define WQ_NIL          0xffffffffu          /* "no entry" */
 
@@ -407,14 +407,19 @@ struct wq_entry {
 #define WQ_OWNER_NONE 0xffffu
 
 /*
- * A hash index slot: (entry index + 1, hash). 0 in `ref` means empty.
+ * A hash index slot: one 32-bit word, 0 when empty. Its low `rbits` bits
+ * hold the entry index + 1, where rbits is the fewest bits that hold
+ * `capacity` (17 for the default 65536); the bits above are a tag that
+ * spares probes the entry's line: the distance from the key's home slot
+ * in the top 4 bits (15: that far or farther, the entry's hash tells;
+ * no distance bits when fewer than 8 bits are left) and the low bits of
+ * the key's hash below it (a 2^31 capacity leaves no tag at all).
  * Linear probing from slot (hash * slots) >> 32, backward-shift
  * deletion: no tombstones, so the table never degrades. The table has
  * at least twice as many slots as entries ever used (table.c).
  */
 struct wq_islot {
-    uint32_t ref;
-    uint32_t hash;
+    uint32_t w;
 };
 
 _Static_assert(sizeof(struct wq_entry) == 64, "an entry is one cache line");
@@ -459,7 +464,7 @@ struct wq_rslot {
     } m;
 };
 _Static_assert(sizeof(struct wq_rslot) == 48, "result slot is 48 bytes");
-_Static_assert(sizeof(struct wq_islot) == 8, "index slot is 8 bytes");
+_Static_assert(sizeof(struct wq_islot) == 4, "index slot is 4 bytes");
 _Static_assert(offsetof(struct wq_hdr, lock) % WQ_ALIGN == 0, "lock on its own line");
 _Static_assert(offsetof(struct wq_hdr, wake_seq) % 4 == 0, "futex word aligned");
 _Static_assert(sizeof(struct wq_geom) % 8 == 0, "geometry 8-aligned");

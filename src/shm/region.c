@@ -631,6 +631,7 @@ static void map_view(shmq *q, unsigned char *base, size_t size, const struct wq_
     q->max_procs = g->max_procs;
     q->entry_size = g->entry_size;
     q->index_max = g->index_max;
+    wq__table_format(q);
     /* No index until the first lock takes the header's (areas_load). */
     wq__index_view(q, 0, 0);
     q->index_seen = ~((const struct wq_hdr *)base)->index_at;

@@ -312,7 +312,7 @@ static void verify_index(struct ctx *c)
         violation(c, "index: %u slots for %u entries used, %u needed", n,
                   wq__entries_used(q), want);
     for (uint32_t i = 0; i < n; i++)
-        if (q->index[i].ref == 0) {
+        if (q->index[i].w == 0) {
             start = i;
             break;
         }
@@ -323,24 +323,24 @@ static void verify_index(struct ctx *c)
     uint32_t run = 0;   /* occupied slots since the last empty one */
     for (uint32_t k = 1; k <= n; k++) {
         uint32_t i = (uint32_t)(((uint64_t)start + k) % n);
-        struct wq_islot s = q->index[i];
-        if (s.ref == 0) {
+        uint32_t w = q->index[i].w;
+        if (w == 0) {
             run = 0;
             continue;
         }
         run++;
-        uint32_t idx = s.ref - 1;
+        uint32_t idx = wq__islot_ref(q, w) - 1;
         if (idx >= wq__entries_used(q)) {
             violation(c, "index slot %u: entry %u out of range", i, idx);
             continue;
         }
         const struct wq_entry *e = wq__entry(q, idx);
+        uint32_t home = wq__home(q, e->hash);
+        uint32_t dist = i >= home ? i - home : i + n - home;
         if (norm_state(q, idx) == 0)
             violation(c, "index slot %u: entry %u is free", i, idx);
-        else if (s.hash != e->hash)
-            violation(c, "index slot %u: hash differs from entry %u", i, idx);
-        uint32_t home = wq__home(q, s.hash);
-        uint32_t dist = i >= home ? i - home : i + n - home;
+        else if ((w & ~q->irmask) != wq__table_tag(q, e->hash, dist))
+            violation(c, "index slot %u: its tag does not match entry %u's hash", i, idx);
         if (dist >= run)
             violation(c, "index slot %u: unreachable from its home slot %u", i, home);
         if (bit_get(c->in_index, idx))

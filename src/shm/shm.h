@@ -94,6 +94,10 @@ typedef struct wq_shm {
        before locking (atomics.h, relaxed). */
     struct wq_islot *index;
     uint32_t index_slots;          /* 0: no usable index (damaged word) */
+    /* The slot word's fields (layout.h), from the capacity: the entry
+       reference's bits, the hash fragment's bits above them, the largest
+       distance the tag holds (0: none, the entry's hash tells). */
+    uint32_t ibits, irmask, ifbits, idmax;
     uint32_t index_cover;          /* entries [0, index_cover) fit in it */
     uint64_t index_at;
     uint64_t index_seen;
@@ -227,6 +231,17 @@ int wq__lock_lookup(shmq *q, const void *key, size_t len, uint32_t *idx);
    system refuses the pages (nothing changed, message set), or -EBADMSG
    when the index in use is damaged (the region is flagged). Lock held. */
 int wq__table_grow(shmq *q, uint32_t need);
+/* Set the handle's slot-word fields (ibits, irmask, ifbits, idmax) from
+   its capacity; at attach. */
+void wq__table_format(shmq *q);
+/* The tag (the word without its entry reference) of a slot holding a key
+   of this hash at this distance from its home slot. */
+uint32_t wq__table_tag(const shmq *q, uint32_t hash, uint32_t dist);
+/* The entry index + 1 a slot word names (0: empty). */
+static inline uint32_t wq__islot_ref(const shmq *q, uint32_t w)
+{
+    return w & q->irmask;
+}
 /* Repair: build the index afresh from the entries, sized for those
    used; -ENOSPC if its pages are refused. */
 int wq__table_rebuild(shmq *q, void (*dup)(void *c, uint32_t idx, uint32_t other, uint16_t st),
@@ -247,7 +262,7 @@ static inline bool wq__area_size_ok(uint32_t min, uint32_t max, uint32_t s)
     return s == max || (s >= min && s < max && (s & (s - 1)) == 0);
 }
 /* The index has at least 2 * used + 1 slots for the entries used. */
-#define WQ_INDEX_MIN 512u
+#define WQ_INDEX_MIN 1024u
 static inline uint32_t wq__index_size(uint32_t index_max, uint64_t used)
 {
     return wq__area_size(WQ_INDEX_MIN, index_max, 2 * used + 1);
@@ -272,8 +287,8 @@ static inline uint32_t wq__home(const shmq *q, uint32_t hash)
 /* Start loading the index slot a lookup of hash reads first. A hint: it
    never faults, whatever the hash, and may run without the lock (then
    on whichever index the handle last saw). The next line too only when
-   the home slot is one of the last two of its line (eight 8-byte slots
-   to a line, sections 64-byte aligned): a removal's backward shift reads
+   the home slot is one of the last two of its line (sixteen 4-byte
+   slots to a line, sections 64-byte aligned): a removal's backward shift reads
    on past the slot it removes, and there it crossed into a line nobody
    had loaded (16% of a rotation at 1e7 keys, in table_remove; the next
    line as well, it ran 7-11% faster, tools/PERFORMANCE.md). Always
