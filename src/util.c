@@ -214,8 +214,10 @@ int wq__deadline(int64_t timeout_ns, uint64_t *deadline)
 }
 
 /* The description of the last error that had more to say than its errno
-   (wq_last_error): per thread, written only on error paths. */
-static _Thread_local char detail[512];
+   (wq_last_error): per thread, written only on error paths. Room for
+   the longest there is: a store's -EBUSY and -EIDRM name the store and
+   another region, each up to PATH_MAX, and then say what to do. */
+static _Thread_local char detail[4096];
 
 void wq__errf(const char *fmt, ...)
 {

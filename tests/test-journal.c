@@ -57,12 +57,14 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sched.h>
 #include <sys/mount.h>
+#include <sys/wait.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -1182,6 +1184,99 @@ static void test_creators_race(void **state)
     t_shared_free(go, sizeof *go);
 }
 
+/* Children forked by another thread while wq_open holds its claim of
+   the store (owner.c): each would keep a copy of the claim's lock (an
+   OFD lock lives as long as any descriptor of its file), so the next
+   creator of the store would wait for the children to end. The opener
+   reads 20,000 records meanwhile, so the claim is held for a while; the
+   children pause until killed. */
+enum { FORKERS_MAX = 512 };
+struct fork_board {
+    atomic_int stage;
+    atomic_int stop;
+    int rc, forked, opened;
+    pid_t kids[FORKERS_MAX];
+};
+
+static void *fork_loop(void *arg)
+{
+    struct fork_board *fb = arg;
+    while (!atomic_load(&fb->stop) && fb->forked < FORKERS_MAX) {
+        pid_t p = fork();
+        if (p == 0) {
+            alarm(120);   /* gone even if nobody kills it */
+            for (;;)
+                pause();
+        }
+        if (p > 0)
+            fb->kids[fb->forked++] = p;
+        usleep(100);
+    }
+    return NULL;
+}
+
+static int claim_forker(const char *name, const struct wq_options *o, struct fork_board *fb)
+{
+    pthread_t t;
+    T_CHECK_EQ(pthread_create(&t, NULL, fork_loop, fb), 0);
+    wq *q = NULL;
+    fb->rc = wq_open(name, o, &q);
+    atomic_store(&fb->stop, 1);
+    T_CHECK_EQ(pthread_join(t, NULL), 0);
+    if (fb->rc == 0) {
+        wq_close(q);
+        T_CHECK_EQ(wq_unlink(name), 0);   /* the next open makes a region, and claims */
+    }
+    atomic_store(&fb->stage, 1);
+    T_CHECK_EQ(t_wait_count(&fb->stage, 2, 60000), 0);
+    for (int i = 0; i < fb->forked; i++)
+        kill(fb->kids[i], SIGKILL);
+    for (int i = 0; i < fb->forked; i++)
+        waitpid(fb->kids[i], NULL, 0);
+    return 0;
+}
+
+static void test_fork_during_claim(void **state)
+{
+    (void)state;
+    const char *store = t_mkstore(), *name = t_qname("jforkc");
+    struct wq_options o = jopts(store);
+    o.capacity = 32768;
+    wq *q = t_track(T_OPEN(name, &o));
+    static char keys[1000][16];
+    struct iovec batch[1000];
+    for (int b = 0; b < 20; b++) {
+        for (int i = 0; i < 1000; i++) {
+            int n = snprintf(keys[i], sizeof keys[i], "key-%05d", b * 1000 + i);
+            batch[i] = (struct iovec){ keys[i], (size_t)n };
+        }
+        assert_int_equal(wq_add_many(q, batch, 1000), 0);
+    }
+    t_close(q);
+    go_down(name);
+    struct fork_board *fb = t_shared_alloc(sizeof *fb);
+    pid_t p = t_fork(120);
+    if (p == 0)
+        _exit(claim_forker(name, &o, fb));
+    assert_int_equal(t_wait_count(&fb->stage, 1, 60000), 0);
+    assert_int_equal(fb->rc, 0);
+    assert_true(fb->forked > 0);
+    /* The next creator claims at once: 5 s is the bound, it takes ms. */
+    pid_t c = t_fork(5);
+    if (c == 0) {
+        wq *n = NULL;
+        if (wq_open(name, &o, &n) != 0)
+            _exit(1);
+        _exit(wq_len(n) == 20000 ? 0 : 2);
+    }
+    int st = t_wait(c, 30000);
+    atomic_store(&fb->stage, 2);
+    assert_int_equal(t_wait(p, 30000), 0);
+    assert_int_equal(st, 0);   /* 128 + SIGALRM (142): it waited for the children */
+    go_down(name);
+    t_shared_free(fb, sizeof *fb);
+}
+
 /* ------------------------------------------------------------------ */
 /* Damage a live queue meets; a replay killed                          */
 /* ------------------------------------------------------------------ */
@@ -1480,6 +1575,7 @@ int main(void)
         T_STORE_TEST(test_second_queue),
         T_STORE_TEST(test_unseen_queue),
         T_STORE_TEST(test_takeover_commit),
+        T_STORE_TEST(test_fork_during_claim),
         T_STORE_TEST(test_failed_maker),
         T_STORE_TEST(test_store_alias),
         T_STORE_TEST(test_owner_truncated),

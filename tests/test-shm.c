@@ -981,7 +981,7 @@ static void test_index_long_cluster(void **state)
         uint32_t last = s->index[149].w;
         assert_int_equal(last & ~s->irmask, wq__table_tag(s, wq__hash(s->seed, a[39], strlen(a[39])), 49));
         if (!c)
-            assert_int_equal(last >> s->ibits >> s->ifbits, 15);
+            assert_int_equal(last >> s->idshift, 15);
         t_check_clean(q, __func__);
         forget_hints(q);
         for (int i = 0; i < 40; i++)

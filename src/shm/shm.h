@@ -94,10 +94,11 @@ typedef struct wq_shm {
        before locking (atomics.h, relaxed). */
     struct wq_islot *index;
     uint32_t index_slots;          /* 0: no usable index (damaged word) */
-    /* The slot word's fields (layout.h), from the capacity: the entry
-       reference's bits, the hash fragment's bits above them, the largest
-       distance the tag holds (0: none, the entry's hash tells). */
-    uint32_t ibits, irmask, ifbits, idmax;
+    /* The slot word's fields (layout.h), from the capacity (table.c):
+       the entry reference's bits and mask; the hash fragment's mask and
+       shift; the largest distance the tag holds (0: none, the entry's
+       hash tells) and its shift. Shifts are 0 where a field is empty. */
+    uint32_t ibits, irmask, ifmask, ifshift, idmax, idshift;
     uint32_t index_cover;          /* entries [0, index_cover) fit in it */
     uint64_t index_at;
     uint64_t index_seen;
@@ -231,8 +232,8 @@ int wq__lock_lookup(shmq *q, const void *key, size_t len, uint32_t *idx);
    system refuses the pages (nothing changed, message set), or -EBADMSG
    when the index in use is damaged (the region is flagged). Lock held. */
 int wq__table_grow(shmq *q, uint32_t need);
-/* Set the handle's slot-word fields (ibits, irmask, ifbits, idmax) from
-   its capacity; at attach. */
+/* Set the handle's slot-word fields (ibits .. idshift) from its
+   capacity; at attach. */
 void wq__table_format(shmq *q);
 /* The tag (the word without its entry reference) of a slot holding a key
    of this hash at this distance from its home slot. */

@@ -48,25 +48,35 @@ static inline uint32_t next_slot(const shmq *q, uint32_t i)
 void wq__table_format(shmq *q)
 {
     uint32_t bits = 32 - (uint32_t)__builtin_clz(q->capacity | 1);
-    uint32_t tag = 32 - bits, dist = tag >= 8 ? 4 : 0;
+    uint32_t tag = 32 - bits, dist = tag >= 8 ? 4 : 0, frag = tag - dist;
     q->ibits = bits;
     q->irmask = bits >= 32 ? UINT32_MAX : (1u << bits) - 1;
-    q->ifbits = tag - dist;
+    q->ifmask = (1u << frag) - 1;   /* frag <= 27 */
+    q->ifshift = frag ? bits : 0;
     q->idmax = (1u << dist) - 1;
+    q->idshift = dist ? bits + frag : 0;
+}
+
+/* The tag's parts: the hash fragment, once per key; with the distance. */
+static inline uint32_t frag_of(const shmq *q, uint32_t hash)
+{
+    return (hash & q->ifmask) << q->ifshift;
+}
+
+static inline uint32_t tag_at(const shmq *q, uint32_t frag, uint32_t dist)
+{
+    return frag | (dist < q->idmax ? dist : q->idmax) << q->idshift;
 }
 
 uint32_t wq__table_tag(const shmq *q, uint32_t hash, uint32_t dist)
 {
-    if (q->ibits >= 32)
-        return 0;
-    uint32_t frag = hash & ((1u << q->ifbits) - 1);
-    return ((dist < q->idmax ? dist : q->idmax) << q->ifbits | frag) << q->ibits;
+    return tag_at(q, frag_of(q, hash), dist);
 }
 
 /* The distance field's bits of a slot word. */
 static inline uint32_t dist_mask(const shmq *q)
 {
-    return q->ibits >= 32 ? 0 : q->idmax << q->ifbits << q->ibits;
+    return q->idmax << q->idshift;
 }
 
 /* Put (idx, hash) in the first empty slot from its home: one store. */
@@ -76,7 +86,7 @@ static int put(const shmq *q, struct wq_islot *t, uint32_t slots, uint32_t idx, 
     for (uint32_t n = 0; n < slots; n++, i = i + 1 == slots ? 0 : i + 1) {
         if (t[i].w == 0) {
             WQ_STEP("table.insert");
-            t[i].w = wq__table_tag(q, hash, n) | (idx + 1);
+            t[i].w = tag_at(q, frag_of(q, hash), n) | (idx + 1);
             return 0;
         }
     }
@@ -86,12 +96,12 @@ static int put(const shmq *q, struct wq_islot *t, uint32_t slots, uint32_t idx, 
 uint32_t wq__table_lookup(shmq *q, const void *key, size_t len, uint32_t hash)
 {
     WQ_ASSERT_LOCKED(q);
-    uint32_t i = wq__home(q, hash), rm = q->irmask;
+    uint32_t i = wq__home(q, hash), rm = q->irmask, frag = frag_of(q, hash);
     for (uint32_t n = 0; n < q->index_slots; n++, i = next_slot(q, i)) {
         uint32_t w = q->index[i].w;
         if (w == 0)
             return WQ_NIL;
-        if ((w & ~rm) != wq__table_tag(q, hash, n))
+        if ((w & ~rm) != tag_at(q, frag, n))
             continue;
         uint32_t idx = (w & rm) - 1;
         if (WQ_UNLIKELY(idx >= q->nent))
@@ -230,7 +240,7 @@ int wq__table_rebuild(shmq *q, void (*dup)(void *c, uint32_t idx, uint32_t other
    "15 or more". WQ_CORRUPT for a word naming no entry. */
 static uint32_t dist_of(shmq *q, uint32_t j, uint32_t w)
 {
-    uint32_t d = q->ibits >= 32 ? q->idmax : (w >> q->ibits >> q->ifbits) & q->idmax;
+    uint32_t d = (w >> q->idshift) & q->idmax;
     if (d < q->idmax)
         return d;
     uint32_t idx = (w & q->irmask) - 1;
@@ -245,10 +255,10 @@ int wq__table_remove(shmq *q, uint32_t idx, uint32_t hash)
     WQ_ASSERT_MUTATING(q);
     uint32_t i = wq__home(q, hash), n, rm = q->irmask;
     for (n = 0; n < q->index_slots; n++, i = next_slot(q, i)) {
-        uint32_t ref = q->index[i].w & rm;
-        if (q->index[i].w == 0)
+        uint32_t w = q->index[i].w;
+        if (w == 0)
             return -EBADMSG;    /* live entry missing from the index */
-        if (ref == idx + 1)
+        if ((w & rm) == idx + 1)
             break;
     }
     if (n == q->index_slots)
@@ -269,7 +279,7 @@ int wq__table_remove(shmq *q, uint32_t idx, uint32_t hash)
         uint32_t dist_hole = j >= hole ? j - hole : j + q->index_slots - hole;
         if (dist_home >= dist_hole) {
             uint32_t d = dist_home - dist_hole;
-            q->index[hole].w = (w & ~dm) | (wq__table_tag(q, 0, d) & dm);
+            q->index[hole].w = (w & ~dm) | tag_at(q, 0, d);
             WQ_STEP("table.remove.shift");
             hole = j;
         }

@@ -32,6 +32,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -725,6 +726,15 @@ void wq__store_img_free(struct wq_store_img *img)
     free(img->recs);
     wq__owner_release(img->owner, img->published);
     memset(img, 0, sizeof *img);
+}
+
+void wq__store_img_clear_read(struct wq_store_img *img)
+{
+    if (img->map)
+        munmap(img->map, img->map_len);
+    free(img->recs);
+    size_t from = offsetof(struct wq_store_img, has_meta);
+    memset((char *)img + from, 0, sizeof *img - from);
 }
 
 int wq__srec_put(MDB_txn *txn, struct wq_env *e, struct wq_srec s, struct wq_meta *m)

@@ -67,6 +67,7 @@ struct wq_store_img {
     /* out: */
     struct wq_claim_hold *owner;   /* the claim's lock, until img_free */
     uint64_t claimed_ns;           /* when it was written (CLOCK_MONOTONIC) */
+    /* What a read found, from here to the end (wq__store_img_clear_read): */
     bool has_meta, bad_meta;
     struct wq_meta meta;
     const char *meta_why;          /* bad_meta: what is wrong with it */
@@ -90,6 +91,9 @@ struct wq_store_img {
    -EUCLEAN with why set when the walk failed and img->salvage is off. */
 int wq__store_read(const char *dir, struct wq_store_img *img, char *why, size_t wn);
 void wq__store_img_free(struct wq_store_img *img);
+/* Forget what a read found, keeping the in fields and the claim: before
+   reading the store again. */
+void wq__store_img_clear_read(struct wq_store_img *img);
 
 /* Write a read record into txn as a version 2 record (rewriting a
    version 1 store, or a salvaged one); counted into m's records and sum.

@@ -107,7 +107,7 @@ int wq__store_options(struct wq_options *eff, const struct wq_meta *m)
 
 int wq__store_err(int rc, const char *dir, const char *fmt, ...)
 {
-    char what[1400];
+    char what[3584];   /* wq_last_error holds 4096 bytes with "store '<dir>': " */
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(what, sizeof what, fmt, ap);
@@ -150,21 +150,21 @@ static int verify(const char *dir, struct wq_store_img *img)
         return wq__store_err(-EUCLEAN, dir, "its meta record is damaged (%s)", img->meta_why);
     if (img->bad)
         return wq__store_err(-EUCLEAN, dir, "%zu damaged record%s (%s)", img->bad,
-                         img->bad == 1 ? "" : "s", img->first_bad);
+                             img->bad == 1 ? "" : "s", img->first_bad);
     if (!img->has_meta)
         return img->n ? wq__store_err(-EUCLEAN, dir, "records without a meta record: "
-                                  "not a libwq store") : 0;
+                                      "not a libwq store") : 0;
     if (img->meta.version < 2)
         return 0;   /* version 1: no counts to check (rewritten on restore) */
     if (img->v1)
         return wq__store_err(-EUCLEAN, dir, "a version 1 record in a version 2 store");
     if (img->n != img->meta.records)
         return wq__store_err(-EUCLEAN, dir, "holds %zu records, its meta record says %llu "
-                         "(records lost or added)", img->n,
-                         (unsigned long long)img->meta.records);
+                             "(records lost or added)", img->n,
+                             (unsigned long long)img->meta.records);
     if (img->sum != img->meta.sum)
         return wq__store_err(-EUCLEAN, dir, "its records do not add up to its meta record's "
-                         "checksum (a record was altered or replaced)");
+                             "checksum (a record was altered or replaced)");
     return 0;
 }
 
@@ -184,7 +184,7 @@ static int mkdir_err(int rc, const char *dir)
         slash[slash == parent] = 0;   /* "/x" -> "/" */
     if (rc == -ENOENT && stat(parent, &sb) < 0 && errno == ENOENT)
         return wq__store_err(rc, dir, "cannot make the directory: its parent '%s' does not exist",
-                         parent);
+                             parent);
     return wq__store_err(rc, dir, "cannot make the directory: %s", strerror(-rc));
 }
 
@@ -205,7 +205,7 @@ static int replay(const char *abs, mode_t mode)
     int fd = open(f, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (fd < 0)
         return errno == ENOENT ? 0 : wq__store_err(-errno, abs, "cannot open its journal: %s",
-                                               strerror(errno));
+                                                   strerror(errno));
     struct stat sb;
     if (fstat(fd, &sb) < 0 || !S_ISREG(sb.st_mode)) {
         close(fd);
@@ -241,7 +241,7 @@ static int env_open(const char *abs, mode_t mode)
     int rc = wq__lmdb_env(abs, mode, true, &e);
     if (rc < 0)
         wq__store_err(rc, abs, "opening the environment: %s",
-                  rc == -EUCLEAN ? "not an LMDB environment" : strerror(-rc));
+                      rc == -EUCLEAN ? "not an LMDB environment" : strerror(-rc));
     return rc;
 }
 
@@ -296,7 +296,7 @@ int wq__store_prepare(const struct wq_options *o, struct wq_options *eff, char *
         *eff = *o;
     if (strlen(o->store_path) >= abslen - 1)
         return wq__store_err(-ENAMETOOLONG, o->store_path, "path too long (at most %zu bytes)",
-                         abslen - 2);
+                             abslen - 2);
     if (!restore && (rc = wq__store_mkdir(o->store_path, mode)) < 0)
         return mkdir_err(rc, o->store_path);
     if (!realpath(o->store_path, abs)) {
@@ -323,23 +323,21 @@ int wq__store_prepare(const struct wq_options *o, struct wq_options *eff, char *
     bool marker = mrc == 0, data = drc == 0;
     if (link[0] && marker)
         return wq__store_err(-EUCLEAN, abs, "it held a queue (%s is there) but data.mdb is a "
-                         "symbolic link to '%s', which does not exist", WQ_STORE_MARKER, link);
+                             "symbolic link to '%s', which does not exist", WQ_STORE_MARKER, link);
     if (link[0])
         return wq__store_err(restore ? -ENODATA : -ENOENT, abs, "data.mdb is a symbolic link to "
-                         "'%s', which does not exist", link);
+                             "'%s', which does not exist", link);
     if (marker && (!data || size == 0))
         return wq__store_err(-EUCLEAN, abs, "it held a queue (%s is there) but data.mdb is %s",
-                         WQ_STORE_MARKER, data ? "empty" : "missing");
-    if (!data || size == 0) {
-        if (restore)   /* never make a store out of a mistyped path */
-            return wq__store_err(-ENODATA, abs, "holds no store (no data.mdb): nothing to restore");
-        if ((rc = claim(abs, mode, img)) < 0)
-            return rc;
-        return env_open(abs, mode);   /* a new store */
-    }
-    /* Ours before we read it: what an old owner writes later is refused. */
+                             WQ_STORE_MARKER, data ? "empty" : "missing");
+    if ((!data || size == 0) && restore)   /* never make a store out of a mistyped path */
+        return wq__store_err(-ENODATA, abs, "holds no store (no data.mdb): nothing to restore");
+    /* Ours before we read (or make) it: what an old owner writes later
+       is refused. */
     if ((rc = claim(abs, mode, img)) < 0)
         return rc;
+    if (!data || size == 0)
+        return env_open(abs, mode);   /* a new store */
     /* A store nothing has vouched for yet: read it without trusting it. */
     char why[256];
     rc = wq__store_read(abs, img, why, sizeof why);
@@ -350,13 +348,13 @@ int wq__store_prepare(const struct wq_options *o, struct wq_options *eff, char *
     if (!img->has_meta) {
         if (marker)
             return wq__store_err(-EUCLEAN, abs, "it held a queue (%s is there) but data.mdb "
-                             "holds none", WQ_STORE_MARKER);
+                                 "holds none", WQ_STORE_MARKER);
         if (restore)
             return wq__store_err(-ENODATA, abs, "holds no store (data.mdb holds no queue): "
-                             "nothing to restore");
+                                 "nothing to restore");
     } else if (wq__store_options(eff, &img->meta) < 0) {
         return wq__store_err(-EUCLEAN, abs, "its meta record holds settings wq_open "
-                         "would refuse");
+                             "would refuse");
     }
     if ((rc = env_open(abs, mode)) < 0)   /* sound: now this process may open it */
         return rc;
@@ -365,19 +363,7 @@ int wq__store_prepare(const struct wq_options *o, struct wq_options *eff, char *
     if (rc == 0 && (!img->claim || (rc = moved(abs, mode, img)) <= 0))
         return rc;
     /* The store changed: read it again, as untrusted as the first time. */
-    struct wq_store_img in = *img;
-    img->owner = NULL;   /* the claim stays */
-    wq__store_img_free(img);
-    img->claim = in.claim;
-    img->region = in.region;
-    img->live = in.live;
-    img->owner = in.owner;
-    img->claimed_ns = in.claimed_ns;
-    img->salvage = in.salvage;
-    img->report = in.report;
-    img->report_arg = in.report_arg;
-    img->in_wait = in.in_wait;
-    img->in_wait_arg = in.in_wait_arg;
+    wq__store_img_clear_read(img);
     if ((rc = wq__store_read(abs, img, why, sizeof why)) < 0)
         return wq__store_err(rc, abs, "%s", why);
     return verify(abs, img);
@@ -469,7 +455,7 @@ int wq__store_init_meta(const struct wq_geom *g, const struct wq_store_img *img,
             for (int i = 0; i < 2; i++) {
                 if ((rc = wq__journal_acquire(e, (mode_t)g->mode)) < 0)
                     return wq__store_err(rc, g->store_path, "cannot make its journal: %s",
-                                     rc == -EUCLEAN ? "not a regular file" : strerror(-rc));
+                                         rc == -EUCLEAN ? "not a regular file" : strerror(-rc));
                 bool again = wq__journal_replaced(e, rc);
                 wq__journal_unlock(e, rc);
                 if (!again)
@@ -538,10 +524,10 @@ static int restore_one(shmq *view, const struct dec *d, struct visit *v)
         return 0;   /* nothing to keep (never written so; takes no entry) */
     if (r->keylen > view->max_key_len)
         return wq__store_err(-EUCLEAN, view->g.store_path, "holds a key of %u bytes, longer "
-                         "than the queue's max_key_len %u", r->keylen, view->max_key_len);
+                             "than the queue's max_key_len %u", r->keylen, view->max_key_len);
     if (r->msglen > 255)   /* verified when read; m below holds no more */
         return wq__store_err(-EUCLEAN, view->g.store_path, "holds a message of %u bytes",
-                         r->msglen);
+                             r->msglen);
     if (wq__table_lookup(view, d->key, r->keylen, d->hash) != WQ_NIL)
         return wq__store_err(-EUCLEAN, view->g.store_path, "holds one key twice");
     int rc = 0;
@@ -549,8 +535,10 @@ static int restore_one(shmq *view, const struct dec *d, struct visit *v)
     if (rc == -WQ_EFLUSH)   /* every entry taken, some by idle keys */
         rc = -ENOSPC;
     if (idx == WQ_NIL)   /* full, or no room in /dev/shm (said by region.c) */
-        return rc == -ENOSPC && view->hdr->e_fresh >= view->capacity ? wq__store_err(rc, view->g.store_path, "holds more keys than the "
-                                         "queue's capacity %u", view->capacity) : rc;
+        return rc == -ENOSPC && view->hdr->e_fresh >= view->capacity
+                   ? wq__store_err(rc, view->g.store_path, "holds more keys than the queue's "
+                                   "capacity %u", view->capacity)
+                   : rc;
     struct wq_entry *en = wq__entry(view, idx);
     if (v->slot)
         wq_store_relaxed(&en->seq, v->base + (uint32_t)(r->order - v->lo));
