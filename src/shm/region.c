@@ -884,12 +884,19 @@ static bool early_wait(void *arg, const struct wq_store_img *img)
    it cannot be looked at. */
 static int claim_live(const char *path, uint64_t claim)
 {
+    /* Looked at before it is opened: a record anyone who may write the
+       store may write must not make us open a FIFO or a device. */
+    struct stat ls, st;
+    if (lstat(path, &ls) < 0)
+        return errno == ENOENT ? 0 : -errno;
+    if (!S_ISREG(ls.st_mode))
+        return 0;   /* a symbolic link, a directory, a device: no region */
     int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0)
         return errno == ENOENT || errno == ELOOP ? 0 : -errno;
     struct wq_hdr h;
-    struct stat st;
-    int rc = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
+    int rc = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_ino == ls.st_ino &&
+             st.st_dev == ls.st_dev &&
              pread(fd, &h, sizeof h, 0) == (ssize_t)sizeof h && h.g.magic == WQ_MAGIC &&
              h.g.version == WQ_LAYOUT_VER && h.claim == claim;
     close(fd);
