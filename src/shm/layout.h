@@ -360,7 +360,7 @@ struct wq_proc {
  * (queue.c), so state and seq are stored through atomics.h.
  *   state     a single 16-bit store moves it between states (WQ_ST_*).
  *   keylen    1..max_key_len while live; 0 in a free entry.
- *   hash      32-bit key hash, also kept in the index slot.
+ *   hash      32-bit key hash (the index slot keeps a few of its bits).
  *   owner     proc slot of the handle that got it (PROCESSING only).
  *   owner_gen low 16 bits of that slot's gen at the time.
  *   link      free-list next while free; heap position while WAITING
