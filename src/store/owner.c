@@ -78,6 +78,18 @@ struct wq_claim_hold {
 static pthread_mutex_t holds_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct wq_claim_hold *holds;
 
+/* A fork waits while a claim's descriptor is being opened and listed,
+   or closed and unlisted: the child's list then matches its copies. */
+static void holds_prepare(void)
+{
+    pthread_mutex_lock(&holds_mu);
+}
+
+static void holds_parent(void)
+{
+    pthread_mutex_unlock(&holds_mu);
+}
+
 static void holds_child(void)
 {
     pthread_mutex_init(&holds_mu, NULL);
@@ -90,7 +102,7 @@ static void holds_child(void)
 
 static void holds_init(void)
 {
-    pthread_atfork(NULL, NULL, holds_child);
+    pthread_atfork(holds_prepare, holds_parent, holds_child);
 }
 
 int wq__owner_claim(const char *abs, mode_t mode, const char *region, uint64_t claim,
@@ -107,8 +119,9 @@ int wq__owner_claim(const char *abs, mode_t mode, const char *region, uint64_t c
     if (!h)
         return -ENOMEM;
     snprintf(f, sizeof f, "%s/%s", abs, WQ_OWNER_FILE);
-    /* Registered before the open: a fork from then on closes the child's
-       copy (its lock would outlive us). */
+    /* Opened and listed under the mutex a fork takes (holds_prepare):
+       every child's copy is closed in the child (its lock would outlive
+       us). */
     pthread_mutex_lock(&holds_mu);
     h->fd = open(f, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, mode & 0666);
     int err = errno;
@@ -181,23 +194,23 @@ void wq__owner_release(struct wq_claim_hold *h, bool published)
 {
     if (!h)
         return;
+    /* Not published: the region that claimed the store will never
+       write it; the one it displaced may still (best effort). */
+    if (h->fd >= 0 && !published && h->prevlen != SIZE_MAX) {
+        if (h->prevlen > 0)
+            (void)!pwrite(h->fd, &h->prev, h->prevlen, 0);
+        (void)!ftruncate(h->fd, (off_t)h->prevlen);
+    }
+    /* Unlisted and closed under the mutex, so no fork comes between. */
     pthread_mutex_lock(&holds_mu);
     for (struct wq_claim_hold **pp = &holds; *pp; pp = &(*pp)->next)
         if (*pp == h) {
             *pp = h->next;
             break;
         }
-    pthread_mutex_unlock(&holds_mu);
-    if (h->fd >= 0) {
-        /* Not published: the region that claimed the store will never
-           write it; the one it displaced may still (best effort). */
-        if (!published && h->prevlen != SIZE_MAX) {
-            if (h->prevlen > 0)
-                (void)!pwrite(h->fd, &h->prev, h->prevlen, 0);
-            (void)!ftruncate(h->fd, (off_t)h->prevlen);
-        }
+    if (h->fd >= 0)
         close(h->fd);   /* the lock goes with it */
-    }
+    pthread_mutex_unlock(&holds_mu);
     free(h);
 }
 
