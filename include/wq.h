@@ -260,8 +260,8 @@
  *       two, at most capacity). Each doubles under the lock when a new
  *       key needs it, building a table twice as large and giving the old
  *       one's pages back: on the 2-vCPU VM of tools/PERFORMANCE.md the
- *       add that doubles the index takes 2 ms at 131,072 keys, 20 ms at
- *       1M and about 43 ms at 2M (every other add, and every other
+ *       add that doubles the index takes 3 ms at 131,072 keys, 26 ms at
+ *       1M and about 54 ms at 2M (every other add, and every other
  *       process, waits for it meanwhile).
  *   When the system refuses pages (the tmpfs is full or at its size limit:
  *   Docker gives containers 64 MiB by default, `--shm-size` changes it),

@@ -928,6 +928,34 @@ static void test_index_word_damaged(void **state)
     }
 }
 
+/* A key's stored hash damaged before the index doubles: the doubling,
+   which places keys by their entries' hashes, checks each against its
+   key, fails that add with -EBADMSG and flags the region; the next
+   locker repairs (the hash from the key), and the key is found again,
+   once, in its place in the FIFO. */
+static void test_index_grows_damaged_hash(void **state)
+{
+    (void)state;
+    const char *name;
+    wq *q = t_track(t_create("idxdmg", T_OPTS(.capacity = 4000, .max_key_len = 16), &name));
+    struct wq_shm *s = wq__shm(q);
+    add_keys(q, "k", 511);
+    assert_int_equal(s->hdr->index_at, WQ_INDEX_MIN);
+    wq__entry(s, 5)->hash ^= 0x80000000u;   /* k-00005's */
+    assert_int_equal(wq_add(q, KS("k-00511")), -EBADMSG);
+    assert_int_equal(s->hdr->corrupt, 1);
+    assert_int_equal(s->hdr->index_at, WQ_INDEX_MIN);   /* the old table stays */
+    assert_int_equal(wq_add(q, KS("k-00511")), 0);   /* repaired, then doubled */
+    assert_int_equal(s->hdr->corrupt, 0);
+    assert_int_equal(s->hdr->index_at, 1ull << 32 | 2048);
+    forget_hints(q);
+    assert_int_equal(wq_add(q, KS("k-00005")), 1);   /* found: coalesced */
+    assert_int_equal(wq_len(q), 512);
+    t_check_clean(q, __func__);
+    drain_in_order(q, "k", 512);
+    t_close(q);
+}
+
 /* Names "c-<i>" whose home slot in a table of `slots` is `home`, n of
    them, found by trying (about slots tries each). */
 static void same_home(const struct wq_shm *s, uint32_t slots, uint32_t home, int n,
@@ -1189,6 +1217,7 @@ int main(void)
         T_TEST(test_killed_while_growing_index),
         T_TEST(test_index_word_damaged),
         T_TEST(test_index_long_cluster),
+        T_TEST(test_index_grows_damaged_hash),
         T_TEST(test_ring_grows),
         T_TEST(test_killed_while_growing_ring),
         T_TEST(test_ring_fair_stays),

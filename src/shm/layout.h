@@ -407,7 +407,7 @@ struct wq_entry {
 #define WQ_OWNER_NONE 0xffffu
 
 /*
- * A hash index slot: one 32-bit word, 0 when empty. Its low `rbits` bits
+ * A hash index slot: one 32-bit word, 0 when empty. Its low `ibits` bits
  * hold the entry index + 1, where rbits is the fewest bits that hold
  * `capacity` (17 for the default 65536); the bits above are a tag that
  * spares probes the entry's line: the distance from the key's home slot

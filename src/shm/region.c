@@ -802,7 +802,7 @@ static bool early_build(struct early *e, const struct wq_store_img *img)
         return false;
     /* The meta's count and settings are not verified yet: what they ask
        for must be what the store's own size can account for (a record
-       takes 77 bytes of data.mdb at least, a key 104-136 of the region,
+       takes 77 bytes of data.mdb at least, a key 88-120 of the region,
        index included), so a store that lies costs at most about twice
        its size before it is refused. */
     uint32_t n = img->meta.records < e->g.capacity ? (uint32_t)img->meta.records
@@ -884,19 +884,37 @@ static bool early_wait(void *arg, const struct wq_store_img *img)
    it cannot be looked at. */
 static int claim_live(const char *path, uint64_t claim)
 {
-    /* Looked at before it is opened: a record anyone who may write the
-       store may write must not make us open a FIFO or a device. */
-    struct stat ls, st;
-    if (lstat(path, &ls) < 0)
-        return errno == ENOENT ? 0 : -errno;
-    if (!S_ISREG(ls.st_mode))
-        return 0;   /* a symbolic link, a directory, a device: no region */
-    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0)
+    /* Looked at before it is opened for reading: a record anyone who
+       may write the store may write must not make us open a FIFO or a
+       device. An O_PATH descriptor opens nothing; the file it names is
+       then opened through /proc (or, without /proc, by path again, with
+       the same check after). */
+    struct stat ps, st;
+    int pfd = open(path, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+    if (pfd < 0)
         return errno == ENOENT || errno == ELOOP ? 0 : -errno;
+    if (fstat(pfd, &ps) < 0) {
+        int err = errno;
+        close(pfd);
+        return -err;
+    }
+    if (!S_ISREG(ps.st_mode)) {
+        close(pfd);
+        return 0;   /* a symbolic link, a directory, a device: no region */
+    }
+    char proc[64];
+    snprintf(proc, sizeof proc, "/proc/self/fd/%d", pfd);
+    int flags = O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY;
+    int fd = open(proc, flags);
+    if (fd < 0 && errno == ENOENT)
+        fd = open(path, flags | O_NOFOLLOW);
+    int err = errno;
+    close(pfd);
+    if (fd < 0)
+        return err == ENOENT || err == ELOOP ? 0 : -err;
     struct wq_hdr h;
-    int rc = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_ino == ls.st_ino &&
-             st.st_dev == ls.st_dev &&
+    int rc = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_ino == ps.st_ino &&
+             st.st_dev == ps.st_dev &&
              pread(fd, &h, sizeof h, 0) == (ssize_t)sizeof h && h.g.magic == WQ_MAGIC &&
              h.g.version == WQ_LAYOUT_VER && h.claim == claim;
     close(fd);

@@ -9,9 +9,11 @@
  * reads a moved slot's home from the distance, not from its entry. The
  * word is 4 bytes so that the index costs 8 to 16 bytes per key at its
  * load of 0.25 to 0.5, not the 16 to 32 of an (entry, hash) pair
- * (issue 16: footprint); the entry is read only for distances of 15 or
- * more, which a load of 0.5 makes rare, and by a growth, which needs
- * each key's whole hash for its home in the larger table. Linear probing
+ * (issue 16: footprint); a shift reads the entry only for distances of
+ * 15 or more, which a load of 0.5 makes rare (or always, at capacities
+ * from 2^24, whose tags hold no distance), and a growth reads every
+ * entry, for each key's whole hash and its home in the larger table.
+ * Linear probing
  * from home = hash * slots >> 32 (no modulo, any table size); deletion
  * shifts later members of the cluster back into the hole (backward-shift
  * deletion), so there are no tombstones and the table does not degrade
@@ -177,7 +179,11 @@ int wq__table_grow(shmq *q, uint32_t need)
        the entries hold: read them in order (every entry with a state is
        a member, above; a growth runs before an entry is taken), aiming
        at their new slots ahead. Reading the old table instead sent each
-       key to a random entry: filling 1e5 keys took 12% longer. */
+       key to a random entry: filling 1e5 keys took 12% longer. Each
+       hash is checked against its key first: the old table found a key
+       by its own copy of the hash, so a damaged one was met by the
+       key's next removal; placed by a damaged hash, the key would be
+       lost to lookups with nothing flagged. */
     enum { AHEAD = 16 };
     struct wq_islot *t = q->iarea[to];
     uint32_t used = wq__entries_used(q);
@@ -187,7 +193,14 @@ int wq__table_grow(shmq *q, uint32_t need)
         if (idx + AHEAD < used)
             __builtin_prefetch(&t[wq__home_in(slots, wq__entry(q, idx + AHEAD)->hash)], 1);
         const struct wq_entry *e = wq__entry(q, idx);
-        if (e->state != 0 && put(q, t, slots, idx, e->hash) < 0)
+        if (e->state == 0)
+            continue;
+        const unsigned char *k = wq__key(q, e);
+        if (WQ_UNLIKELY(!k || wq__hash(q->seed, k, e->keylen) != e->hash)) {
+            wq__region_mark_corrupt(q);   /* the old table stays; repair mends it */
+            return -EBADMSG;
+        }
+        if (put(q, t, slots, idx, e->hash) < 0)
             return -EBADMSG;   /* cannot be: the new table is larger */
     }
     switch_to(q, to, slots);
@@ -237,17 +250,20 @@ int wq__table_rebuild(shmq *q, void (*dup)(void *c, uint32_t idx, uint32_t other
 
 /* The distance of the key in slot j (word w) from its home slot: from
    the tag, or from its entry's hash when the tag holds none or only
-   "15 or more". WQ_CORRUPT for a word naming no entry. */
+   "15 or more". WQ_CORRUPT for a word naming no entry, or an entry
+   whose hash puts it nearer than its tag says (a damaged hash, which a
+   shift would otherwise move in front of its home unnoticed). */
 static uint32_t dist_of(shmq *q, uint32_t j, uint32_t w)
 {
-    uint32_t d = (w >> q->idshift) & q->idmax;
-    if (d < q->idmax)
-        return d;
     uint32_t idx = (w & q->irmask) - 1;
     if (WQ_UNLIKELY(idx >= q->nent))
         return WQ_CORRUPT;
+    uint32_t d = (w >> q->idshift) & q->idmax;
+    if (d < q->idmax)
+        return d;
     uint32_t home = wq__home(q, wq__entry(q, idx)->hash);
-    return j >= home ? j - home : j + q->index_slots - home;
+    d = j >= home ? j - home : j + q->index_slots - home;
+    return d < q->idmax ? WQ_CORRUPT : d;
 }
 
 int wq__table_remove(shmq *q, uint32_t idx, uint32_t hash)

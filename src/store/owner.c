@@ -92,7 +92,7 @@ static void holds_parent(void)
 
 static void holds_child(void)
 {
-    pthread_mutex_init(&holds_mu, NULL);
+    pthread_mutex_unlock(&holds_mu);   /* this thread took it (holds_prepare) */
     for (struct wq_claim_hold *h = holds; h; h = h->next) {
         if (h->fd >= 0)
             close(h->fd);
