@@ -336,7 +336,7 @@ static void verify_index(struct ctx *c)
         }
         const struct wq_entry *e = wq__entry(q, idx);
         uint32_t home = wq__home(q, e->hash);
-        uint32_t dist = i >= home ? i - home : i + n - home;
+        uint32_t dist = wq__index_dist(q, home, i);
         if (norm_state(q, idx) == 0)
             violation(c, "index slot %u: entry %u is free", i, idx);
         else if ((w & ~q->irmask) != wq__table_tag(q, e->hash, dist))

@@ -284,6 +284,11 @@ static inline uint32_t wq__home(const shmq *q, uint32_t hash)
 {
     return wq__home_in(q->index_slots, hash);
 }
+/* Slots from index slot `from` on to slot `to`, around the table's end. */
+static inline uint32_t wq__index_dist(const shmq *q, uint32_t from, uint32_t to)
+{
+    return to >= from ? to - from : to + q->index_slots - from;
+}
 
 /* Start loading the index slot a lookup of hash reads first. A hint: it
    never faults, whatever the hash, and may run without the lock (then

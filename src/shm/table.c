@@ -262,7 +262,7 @@ static uint32_t dist_of(shmq *q, uint32_t j, uint32_t w)
     if (d < q->idmax)
         return d;
     uint32_t home = wq__home(q, wq__entry(q, idx)->hash);
-    d = j >= home ? j - home : j + q->index_slots - home;
+    d = wq__index_dist(q, home, j);
     return d < q->idmax ? WQ_CORRUPT : d;
 }
 
@@ -292,7 +292,7 @@ int wq__table_remove(shmq *q, uint32_t idx, uint32_t hash)
             wq__region_mark_corrupt(q);
             return -EBADMSG;
         }
-        uint32_t dist_hole = j >= hole ? j - hole : j + q->index_slots - hole;
+        uint32_t dist_hole = wq__index_dist(q, hole, j);
         if (dist_home >= dist_hole) {
             uint32_t d = dist_home - dist_hole;
             q->index[hole].w = (w & ~dm) | tag_at(q, 0, d);
