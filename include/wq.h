@@ -633,6 +633,40 @@ WQ_API int wq_done_get(wq *q, const void *done_key, size_t done_len,
 WQ_API int wq_add_many(wq *q, const struct iovec *keys, size_t n);
 
 /*
+ * wq_add_publish - wq_add for producers that must not wait for the
+ * region lock. The add is written into a lane of the region that this
+ * handle owns (one of 8 per queue, taken at the handle's first
+ * wq_add_publish, kept until wq_close or the process's death) and the
+ * call returns: no lock is taken. Whoever takes the lock next (a get, a
+ * done, any call) applies every published add first, in the order each
+ * lane got them, exactly as wq_add would have: so every call that locks
+ * after wq_add_publish returned sees its add, and one process's
+ * published and locked adds keep their order. A producer killed at any
+ * point leaves an add that either was published (and is applied) or
+ * never happened; a locker killed while applying one is finished by the
+ * next locker without counting it twice.
+ *
+ * Returns 1 when the key is known to be dirty already (the coalesced add
+ * without the lock), 0 otherwise: a published add may still coalesce
+ * when applied (counted then in coalesced_total), which is why wq_add,
+ * whose 0 promises "newly queued or marked", never publishes. Errors as
+ * for wq_add. -ESHUTDOWN and -ENOSPC come only from the locked way: an
+ * add published before a concurrent wq_shutdown is still applied (it was
+ * made before the shutdown), and a lane holds only as many adds as the
+ * queue has room for (room granted to lanes counts as live for other
+ * adds until it is used or taken back, so a full queue refuses adds up
+ * to WQ_LANES * 32 keys early only when pages cannot be had). Keys
+ * longer than 48 bytes, the 33rd add before any lock-taking call,
+ * queues in fair mode or with a store, a forked child before its first
+ * locking call, a second thread of the process while one is publishing,
+ * and a ninth publishing process take the locked way, as wq_add does.
+ * A blocked wq_get is woken by the first add published after it slept.
+ * The lanes' 17 KiB of shared memory are reserved at the queue's first
+ * wq_add_publish.
+ */
+WQ_API int wq_add_publish(wq *q, const void *key, size_t len);
+
+/*
  * wq_get_many - wq_get for up to n keys at once. Waits as wq_get until
  * one key is queued, then hands out that key and the keys queued behind
  * it, in queue order, under one lock acquisition, until n keys are taken

@@ -169,6 +169,20 @@ int wq_add(wq *q, const void *key, size_t len)
     return q->eng->add(q, &r);
 }
 
+int wq_add_publish(wq *q, const void *key, size_t len)
+{
+    if (WQ_UNLIKELY(!q))
+        return -EINVAL;
+    int rc = key_ok(q, key, len);
+    if (WQ_UNLIKELY(rc < 0))
+        return rc;
+    WORKING(q, "add keys");
+    if (q->eng->add_publish)
+        return q->eng->add_publish(q, key, len);
+    struct wq_add_req r = { .key = key, .len = len };
+    return q->eng->add(q, &r);
+}
+
 int wq_add_after(wq *q, const void *key, size_t len, uint64_t delay_ns)
 {
     if (!q)

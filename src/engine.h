@@ -30,6 +30,9 @@ struct wq_add_req {
     bool delayed;          /* a DelayingInterface call: counts in
                               retries_total and merges with a wait even
                               when its delay comes out 0 */
+    bool published;        /* shm engine: an add published to a lane
+                              (wq_add_publish) being applied; it was
+                              made before any shutdown that came after */
 };
 
 /* What wq_finish records with its done (record false: plain wq_done). */
@@ -45,6 +48,8 @@ struct wq_engine {
     void (*close)(wq *q);
     int (*add)(wq *q, const struct wq_add_req *r);
     int (*add_many)(wq *q, const struct iovec *keys, size_t n);
+    /* wq_add_publish; NULL: the engine's plain add serves */
+    int (*add_publish)(wq *q, const void *key, size_t len);
     /* deadline: absolute CLOCK_MONOTONIC ns, 0 = do not block,
        UINT64_MAX = forever; buf holds at least max_key_len bytes. */
     int (*get)(wq *q, void *buf, uint64_t deadline);

@@ -14,6 +14,7 @@ static const struct wq_engine shm_engine = {
     .name = "shm",
     .close = wq__shm_close,
     .add = wq__shm_add,
+    .add_publish = wq__shm_add_publish,
     .add_many = wq__shm_add_many,
     .get = wq__shm_get,
     .done = wq__shm_done,

@@ -207,8 +207,11 @@ static uint32_t alloc(shmq *q, int *grow)
         uint32_t f = h->e_fresh;
         if (f >= q->capacity)
             return evict_retained(q);   /* full: idle keys make room */
-        /* Short of pages is not full: nothing idle is dropped for it. */
-        if ((*grow = wq__entry_room(q, f + 1)) < 0)
+        /* Short of pages is not full: nothing idle is dropped for it.
+           Adds published to lanes keep the pages they may need
+           (lanes.c): an add of ours never takes theirs. */
+        uint64_t need = (uint64_t)f + 1 + h->lane_granted;
+        if ((*grow = wq__entry_room(q, need < q->capacity ? (uint32_t)need : q->capacity)) < 0)
             return WQ_NIL;
         /* Lost if we die before the commit: repair finds it free (state
            0) below e_fresh and lists it. */
@@ -229,7 +232,8 @@ static uint32_t alloc(shmq *q, int *grow)
 uint32_t wq__entry_free_count(const shmq *q)
 {
     const struct wq_hdr *h = q->hdr;
-    uint64_t used = (uint64_t)h->live + h->zombies + (q->g.has_store ? h->retained : 0);
+    uint64_t used = (uint64_t)h->live + h->zombies + (q->g.has_store ? h->retained : 0) +
+                    h->lane_granted;
     return used >= q->capacity ? 0 : q->capacity - (uint32_t)used;
 }
 
@@ -265,7 +269,10 @@ int wq__entry_evict_room(shmq *q, uint32_t want)
 uint32_t wq__entry_new(shmq *q, const void *key, size_t len, uint32_t hash, int *err)
 {
     WQ_ASSERT_MUTATING(q);
-    if (q->hdr->live >= q->capacity) {
+    /* Room granted to lanes counts as live (lanes.c); what they do not
+       use comes back before a refusal. */
+    if ((uint64_t)q->hdr->live + q->hdr->lane_granted >= q->capacity &&
+        (wq__lanes_revoke(q) == 0 || q->hdr->live + q->hdr->lane_granted >= q->capacity)) {
         wq__errf("queue '%s': full: it holds its capacity of %u live keys", q->pub.name,
                  q->capacity);
         *err = -ENOSPC;

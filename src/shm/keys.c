@@ -249,7 +249,9 @@ static int take(shmq *q, uint32_t n, uint32_t *out)
             return -ENOSPC;
         }
     }
-    if ((rc = wq__region_grow_keys(q, top + n)) < 0)
+    /* With the granules adds published to lanes may need (lanes.c). */
+    uint64_t need = (uint64_t)top + n + wq__lanes_grains(q);
+    if ((rc = wq__region_grow_keys(q, need < q->g.key_max ? (uint32_t)need : q->g.key_max)) < 0)
         return rc;
     h->k_top = top + n;
     WQ_STEP("keys.bump");

@@ -44,7 +44,7 @@
 #include <stdint.h>
 
 #define WQ_MAGIC        0x31515762696c0a57ull /* "W\nlibWQ1" little-endian */
-#define WQ_LAYOUT_VER   15u
+#define WQ_LAYOUT_VER   16u
 #define WQ_ALIGN        64u
 #define WQ_NIL          0xffffffffu          /* "no entry" */
 
@@ -127,6 +127,9 @@ struct wq_geom {
                                  granules, 0 .. the longest key's or
                                  message's, in granules */
     uint64_t off_kfree, off_keys;
+    uint64_t off_lanes;       /* published-add lanes (lanes.c); an empty
+                                 section in fair queues and queues with a
+                                 store, which never publish */
     uint64_t checksum;        /* FNV-1a 64 of all bytes above */
 };
 
@@ -168,6 +171,14 @@ struct wq_hdr {
                                              Zero in regions of earlier builds
                                              of this layout, which never count */
     char pad_rm[WQ_ALIGN - 3 * sizeof(uint32_t)];
+
+    /* Lanes with adds to apply (lanes.c): bit l for lane l. Set without
+       the lock by a producer whose publication found its lane applied up
+       to it (atomic or), taken by the locker that applies them (atomic
+       exchange); read without the lock by a getter about to sleep. On a
+       line of its own: producers write it about once per application. */
+    uint32_t lanes_pending;
+    char pad_lp[WQ_ALIGN - sizeof(uint32_t)];
 
     pthread_mutex_t lock;                 /* robust, process-shared */
     uint32_t busy;                        /* lock; 1 while a mutation runs
@@ -325,6 +336,20 @@ struct wq_hdr {
     /* Its claim of the store (store/owner.c): random, never 0, written
        once, before publication; 0 for a region without a store. */
     uint64_t claim;
+    /* Published adds (lanes.c; lock). lanes_grown: the lanes' pages are
+       reserved (nothing reads or writes them before). lane_granted: the
+       adds the lanes may hold, applied or not: the sum of each lane's
+       limit - head. live + lane_granted <= capacity, and the entries
+       (and arena granules) they may need have pages, so an add already
+       published never meets a full queue (entry.c, keys.c). lmark and
+       lmark_sum: the lane slot being applied ((lane + 1) << 32 | its
+       position) and adds_total + coalesced_total before it, so that the
+       locker after a holder that died applying it knows whether that add
+       was made and counted (queue.c). */
+    uint32_t lanes_grown;
+    uint32_t lane_granted;
+    uint64_t lmark;
+    uint64_t lmark_sum;
 };
 
 /*
@@ -438,6 +463,44 @@ struct wq_fx {
     uint32_t tenant_len;
 };
 _Static_assert(sizeof(struct wq_fx) == 24, "fair data is 24 bytes");
+
+/*
+ * Published adds (lanes.c). A lane is a ring of WQ_LANE_SLOTS adds that
+ * one handle (its owner) writes without the region lock and any locker
+ * applies in order. tl holds the tail (low 32 bits: adds published) and
+ * the limit (high 32 bits: adds the lane may hold, granted by lockers):
+ * the owner writes slot `tail` and publishes it with a compare-and-swap
+ * of tail + 1 (release; it may not pass the limit); a locker lowers or
+ * raises the limit with a compare-and-swap too. head: the next slot to
+ * apply, lock to write, read without it by the owner (acquire).
+ * owner/owner_gen: lock to write, read without it by the owner (proc
+ * slot + 1 and that slot's gen; 0: free). Positions are free-running
+ * 32-bit counters: head <= tail <= limit <= head + WQ_LANE_SLOTS, in
+ * wrapping arithmetic. A slot holds a key of up to WQ_LANE_KEY bytes
+ * and the CLOCK_MONOTONIC of its add (0 without metrics).
+ */
+#define WQ_LANES      8u
+#define WQ_LANE_SLOTS 32u
+#define WQ_LANE_KEY   48u
+struct wq_lane_slot {
+    uint16_t len;
+    uint16_t pad16;
+    uint32_t pad32;
+    uint64_t t_add;
+    unsigned char key[WQ_LANE_KEY];
+};
+struct wq_lane {
+    uint64_t tl;
+    uint32_t owner;
+    uint32_t owner_gen;
+    char pad_a[WQ_ALIGN - 16];
+    uint32_t head;
+    char pad_b[WQ_ALIGN - 4];
+    struct wq_lane_slot s[WQ_LANE_SLOTS];
+};
+_Static_assert(sizeof(struct wq_lane_slot) == 64, "a lane slot is one line");
+_Static_assert(sizeof(struct wq_lane) == (2 + WQ_LANE_SLOTS) * WQ_ALIGN, "lane lines");
+_Static_assert(WQ_LANES <= 32, "lanes_pending has a bit per lane");
 
 /*
  * A result slot (results.c). All fields: lock.

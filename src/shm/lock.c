@@ -77,6 +77,9 @@ static int recover(shmq *q)
         wq__region_release_area(q, true, q->ring != q->rarea[1], 0);
     int rc = wq__repair(q, true, false, NULL, NULL);
     q->hdr->repairs_total++;
+    /* It may have died applying lanes, between an add and its retiring:
+       recount the grants, and apply every lane that holds adds. */
+    wq__lanes_verify(q, true, NULL, NULL);
     /* Consistent even if repair failed: the next locker sees busy set and
        retries, instead of everyone being locked out for good. */
     pthread_mutex_consistent(&q->hdr->lock);
@@ -237,6 +240,9 @@ WQ_INLINE int acquired(shmq *q, int rc, bool reap)
     } else if (WQ_UNLIKELY(q->hdr->busy || q->hdr->corrupt)) {
         rc = damage(q);
     }
+    /* Adds published to lanes come before whatever the holder does. */
+    if (rc == 0 && WQ_UNLIKELY(wq_load_relaxed(&q->hdr->lanes_pending) != 0))
+        wq__queue_apply_lanes(q);
     if (WQ_UNLIKELY(rc < 0))
         release(q);
     return rc;

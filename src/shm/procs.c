@@ -214,6 +214,7 @@ bool wq__lease_alive(struct wq_proc *p)
 int wq__procs_register(shmq *q)
 {
     unsigned fg = wq_load_relaxed(&wq__fork_gen);
+    wq_store_relaxed(&q->lane, WQ_NIL);   /* a lane goes with the slot */
     if (q->forkgen != fg) {
         /* The parent's lease thread does not exist here; its record is
            our private copy: release the memory, touch nothing in it. */
@@ -307,6 +308,7 @@ static int slot_free(shmq *q, uint32_t i, bool crash)
         q->hdr->wake_pending = 0;   /* it may have held a wake: wake afresh */
     p->waiting = 0;
     WQ_STEP("reap.waiters");
+    wq__lanes_free_slot(q, i);
     p->state = WQ_PROC_FREE;
     return n;
 }
@@ -348,6 +350,7 @@ int wq__shm_park(wq *pub)
     q->lease = NULL;
     if (ours)
         slot_free(q, q->slot, false);
+    wq_store_relaxed(&q->lane, WQ_NIL);   /* its lane went with the slot */
     wq_store_relaxed(&q->slot, WQ_NIL);   /* add_fast reads it unlocked */
     wq__unlock(q);
     return 0;
@@ -391,6 +394,7 @@ bool wq__procs_unregister(shmq *q)
         last = none_live(q);
         wq__unlock(q);
     }
+    wq_store_relaxed(&q->lane, WQ_NIL);
     q->slot = WQ_NIL;
     return last;
 }

@@ -96,7 +96,7 @@ static int add_locked(shmq *q, const struct wq_add_req *r, uint32_t hash, uint64
                       bool *wake)
 {
     struct wq_hdr *h = q->hdr;
-    if (WQ_UNLIKELY(h->shutdown))
+    if (WQ_UNLIKELY(h->shutdown) && !r->published)
         return -ESHUTDOWN;
     uint32_t idx = wq__table_lookup(q, r->key, r->len, hash);
     if (WQ_UNLIKELY(idx == WQ_CORRUPT))
@@ -238,6 +238,109 @@ int wq__shm_add(wq *pub, const struct wq_add_req *r)
 }
 
 /*
+ * Lock held, just acquired (lock.c): apply the adds published to lanes
+ * (lanes.c), each lane in its order, each add through add_locked. A
+ * holder that dies between an add and the head store that retires it
+ * leaves hdr->lmark naming it, with the add and coalesce counts before
+ * it: if those moved, the add was made (repair settled a committed one
+ * before we got here) and is only retired now, so it counts once.
+ * An add that fails (a damaged region, or no room after all) stays in
+ * its lane, which stays pending: the locker after the repair, or after
+ * room was made, applies it. Nothing published is dropped.
+ */
+void wq__queue_apply_lanes(shmq *q)
+{
+    struct wq_hdr *h = q->hdr;
+    uint32_t bits = __atomic_exchange_n(&h->lanes_pending, 0, __ATOMIC_SEQ_CST);
+    if (!q->lanes || !h->lanes_grown)
+        return;
+    uint64_t now = q->metrics ? wq__now_mono() : 0;
+    unsigned char key[WQ_LANE_KEY];
+    uint32_t max = q->max_key_len < WQ_LANE_KEY ? q->max_key_len : WQ_LANE_KEY;
+    for (uint32_t l = 0; bits; l++, bits >>= 1) {
+        if (!(bits & 1))
+            continue;
+        const struct wq_lane_slot *s;
+        uint32_t pos;
+        for (;;) {
+            if (!(s = wq__lanes_next(q, l, &pos))) {
+                if (h->corrupt)
+                    break;
+                wq_fence_full();   /* head stored, then tail read again */
+                if (!(s = wq__lanes_next(q, l, &pos)))
+                    break;
+            }
+            uint32_t len = s->len;
+            uint64_t t = s->t_add;
+            if (len == 0 || len > max) {
+                wq__region_mark_corrupt(q);   /* a publication is whole */
+                break;
+            }
+            memcpy(key, s->key, len);
+            uint64_t mark = (uint64_t)(l + 1) << 32 | pos;
+            uint64_t sum = h->adds_total + h->coalesced_total;
+            /* Its room is its own now (entry.c counts the rest as live). */
+            if (h->lane_granted > 0)
+                h->lane_granted--;
+            if (h->lmark != mark || h->lmark_sum == sum) {
+                h->lmark_sum = sum;
+                wq_step_fence();
+                h->lmark = mark;
+                struct wq_add_req r = { .key = key, .len = len, .published = true };
+                bool wake = false;
+                int rc = add_locked(q, &r, wq__hash(q->seed, key, len),
+                                    t && t <= now ? t : now, &wake);
+                if (wake)
+                    wq__wake_getters(q, 1);
+                if (rc < 0) {
+                    h->lane_granted++;   /* still the lane's */
+                    break;
+                }
+                WQ_STEP("lanes.applied");
+            }
+            wq__lanes_advance(q, l);
+        }
+        if (s || h->corrupt || h->busy)   /* stopped early: try again */
+            __atomic_fetch_or(&h->lanes_pending, 1u << l, __ATOMIC_SEQ_CST);
+        else
+            wq__lanes_grant(q, l);
+    }
+}
+
+/*
+ * wq_add_publish: the coalesced add without the lock, else a lane, else
+ * the locked add, which also takes a lane for this handle (and grants it
+ * room) for the next ones. 1 only when the add is known to coalesce.
+ */
+int wq__shm_add_publish(wq *pub, const void *key, size_t len)
+{
+    shmq *q = wq__shm(pub);
+    struct wq_add_req r = { .key = key, .len = len };
+    if (!q->lanes)
+        return add_call(q, &r);   /* fair mode, a store: wq_add */
+    uint32_t hash = wq__hash(q->seed, key, len);
+    if (q->hints && add_fast(q, key, len, hash))
+        return 1;
+    if (!wq_load_relaxed(&q->hdr->shutdown) &&
+        wq_load_relaxed(&q->forkgen) == wq_load_relaxed(&wq__fork_gen) &&
+        wq__lanes_publish(q, key, (uint32_t)len, wq__metrics_now(q)) == 0)
+        return 0;
+    wq__table_prefetch(q, hash);
+    uint64_t now = wq__metrics_now(q);
+    int rc = wq__lock(q);
+    if (rc < 0)
+        return rc;
+    bool wake = false;
+    rc = add_locked(q, &r, hash, now, &wake);
+    if (rc >= 0)
+        wq__lanes_take(q);
+    if (wake)
+        wq__wake_getters(q, 1);
+    wq__unlock(q);
+    return rc;
+}
+
+/*
  * Locality for queues larger than the caches. The done of a key handed
  * out looks it up in the index: a random slot, at millions of keys a
  * cache miss and a TLB miss, and a prefetch of it stalls for the page
@@ -325,7 +428,10 @@ static int count_new(shmq *q, const struct iovec *keys, const uint32_t *hashes, 
 static int batch_room(shmq *q, const struct iovec *keys, const uint32_t *hashes, size_t n)
 {
     struct wq_hdr *h = q->hdr;
-    size_t room = q->capacity - h->live;
+    /* Room granted to lanes and not used comes back before a refusal. */
+    if (h->lane_granted > 0 && (uint64_t)h->live + h->lane_granted + n > q->capacity)
+        wq__lanes_revoke(q);
+    size_t room = q->capacity - h->live - h->lane_granted;
     size_t free_now = wq__entry_free_count(q);
     /* Pages for the entries the free list cannot give are reserved first,
        so the batch never stops half way for want of them: for n (cheap,
@@ -672,6 +778,7 @@ int wq__shm_len(wq *pub)
 static void shut(shmq *q)
 {
     wq_store_relaxed(&q->hdr->shutdown, 1);
+    wq__lanes_revoke(q);   /* later publications take the lock: -ESHUTDOWN */
     if (!q->g.has_store)
         wq__drop_waiting(q);
     wq__wake_all(q);

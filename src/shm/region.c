@@ -164,6 +164,11 @@ int wq__geometry(struct wq_geom *g, const struct wq_conf *c)
     off = align_up(off + fcap * sizeof(uint32_t), WQ_ALIGN);
     g->off_ftags = off;
     off = align_up(off + (uint64_t)tags * sizeof(uint64_t), WQ_ALIGN);
+    /* Lanes only where adds may be published (lanes.c). Reserved at the
+       first lane taken, not at creation: a queue nobody publishes to
+       does not pay for them. */
+    g->off_lanes = off;
+    off = align_up(off + (fair || store ? 0 : WQ_LANES * sizeof(struct wq_lane)), WQ_ALIGN);
     g->off_keys = off;
     off = align_up(off + (uint64_t)g->key_max * WQ_KEY_GRAIN, 4096);
     g->total_size = off;
@@ -221,6 +226,7 @@ int wq__region_validate(const struct wq_geom *g, uint64_t file_size)
         g->off_fheap_p != want.off_fheap_p || g->off_fheap_a != want.off_fheap_a ||
         g->off_ftags != want.off_ftags || g->ftag_slots != want.ftag_slots ||
         g->off_kfree != want.off_kfree || g->off_keys != want.off_keys ||
+        g->off_lanes != want.off_lanes ||
         g->key_max != want.key_max || g->key_classes != want.key_classes ||
         g->total_size != want.total_size || g->total_size != file_size)
         return -EPROTO;
@@ -508,6 +514,15 @@ void wq__region_release_area(shmq *q, bool ring, unsigned area, uint32_t from)
                         (off_t)(off + lo), (off_t)(hi - lo));
 }
 
+/* The lanes' pages (lanes.c), before the first lane is taken. */
+int wq__region_grow_lanes(shmq *q)
+{
+    WQ_ASSERT_LOCKED(q);
+    uint64_t bytes = WQ_LANES * sizeof(struct wq_lane);
+    int rc = WQ_FAIL("region.lanes") ? -ENOSPC : reserve_in(q, q->g.off_lanes, bytes);
+    return rc < 0 ? grow_fail(q, rc, "lanes", WQ_LANES, bytes) : 0;
+}
+
 int wq__region_grow_entries(shmq *q, uint32_t need)
 {
     return grow(q, S_ENT, need);
@@ -623,6 +638,8 @@ static void map_view(shmq *q, unsigned char *base, size_t size, const struct wq_
     q->ftags = (uint64_t *)(base + g->off_ftags);
     q->kfree = (uint32_t *)(base + g->off_kfree);
     q->karena = base + g->off_keys;
+    q->lanes = g->flags & WQ_FAIR || g->has_store ? NULL : (struct wq_lane *)(base + g->off_lanes);
+    q->lane = WQ_NIL;
     q->result_capacity = g->result_capacity;
     q->metrics = !(g->flags & WQ_NO_METRICS);
     q->g = *g;

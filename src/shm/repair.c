@@ -642,6 +642,7 @@ int wq__repair(shmq *q, bool apply, bool thorough, wq_report_fn report, void *ar
     } else {
         wq__fair_verify(q, report_cb, &c);
     }
+    wq__lanes_verify(q, apply, report_cb, &c);
     if (!apply)
         wq__results_verify(q, report_cb, &c);
     else if (thorough || wq__results_damaged(q))

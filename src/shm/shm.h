@@ -114,6 +114,15 @@ typedef struct wq_shm {
        atomics); checked against the entry on every use. NULL if calloc
        failed. */
     uint64_t *hints;
+    /* Published adds (lanes.c): the lanes (NULL where adds are never
+       published: fair mode, a store), and the one this handle publishes
+       to, WQ_NIL when none (written under the region lock, read without
+       it by this process's publishing threads, relaxed). lane_busy: a
+       thread of this process is publishing (atomic exchange): the lane
+       has one writer, and another thread goes the locked way. */
+    struct wq_lane *lanes;
+    uint32_t lane;
+    uint32_t lane_busy;
 
     /* Registration: written under the region lock. */
     uint32_t slot;                 /* our process table slot */
@@ -199,6 +208,7 @@ void wq__geom_conf(const struct wq_geom *g, struct wq_conf *c);
 int wq__region_grow_entries(shmq *q, uint32_t need);
 int wq__region_grow_results(shmq *q, uint32_t need);
 int wq__region_grow_keys(shmq *q, uint32_t need);
+int wq__region_grow_lanes(shmq *q);
 /* Reserve slots [0, slots) of area 0 or 1 of the index, or (ring) of
    the ring: 0, or -ENOSPC (message set). Release gives the pages of
    slots from `from` on back. Lock held. */
@@ -556,6 +566,18 @@ int wq__fair_prio(shmq *q, uint32_t idx, int prio, bool fresh);
 int wq__fair_rebuild(shmq *q);
 void wq__fair_verify(shmq *q, void (*violation)(void *c, const char *what), void *c);
 
+/* lanes.c: adds published without the lock (wq_add_publish) */
+int wq__lanes_publish(shmq *q, const void *key, uint32_t len, uint64_t now);
+int wq__lanes_take(shmq *q);
+void wq__lanes_grant(shmq *q, uint32_t l);
+uint32_t wq__lanes_revoke(shmq *q);
+void wq__lanes_free_slot(shmq *q, uint32_t slot);
+uint64_t wq__lanes_grains(const shmq *q);
+const struct wq_lane_slot *wq__lanes_next(shmq *q, uint32_t l, uint32_t *pos);
+void wq__lanes_advance(shmq *q, uint32_t l);
+void wq__lanes_verify(shmq *q, bool apply, void (*violation)(void *c, const char *what),
+                      void *c);
+
 /* procs.c */
 int wq__procs_register(shmq *q);
 bool wq__procs_unregister(shmq *q);
@@ -571,6 +593,8 @@ int wq__repair(shmq *q, bool apply, bool thorough, wq_report_fn report, void *ar
 /* queue.c, inspect.c, ...: the engine's operations (engine.c lists them) */
 int wq__shm_add(wq *q, const struct wq_add_req *r);
 int wq__shm_add_many(wq *q, const struct iovec *keys, size_t n);
+int wq__shm_add_publish(wq *q, const void *key, size_t len);
+void wq__queue_apply_lanes(shmq *q);
 int wq__shm_get(wq *q, void *buf, uint64_t deadline);
 int wq__shm_get_many(wq *q, void *buf, size_t size, struct iovec *keys, size_t n,
                      uint64_t deadline);

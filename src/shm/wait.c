@@ -116,14 +116,20 @@ int wq__sleep(shmq *q, uint32_t *word, uint64_t deadline, uint64_t until, bool g
     uint32_t seq = wq_load_acquire(word);
     if (until > deadline)
         until = deadline;
+    bool published = false;
     if (getter) {
         h->waiters++;
         q->procs[q->slot].waiting++;
+        /* Counted, then look at the lanes: a producer publishes, then
+           reads waiters (lanes.c). One of us sees the other. */
+        wq_fence_full();
+        published = wq_load_relaxed(&h->lanes_pending) != 0;
     } else {
         h->drainers++;
     }
     wq__unlock(q);
-    wq__futex_wait(word, seq, until);
+    if (!published)   /* else the relock applies them */
+        wq__futex_wait(word, seq, until);
     WQ_FAULT("wait.woken");
     /* wq__lock, not wq__lock_consumer: a key may be waiting for this very
        getter, which must not nap behind whoever holds the lock now. */
