@@ -124,7 +124,8 @@
  *
  *   Every call that takes the region lock (all calls on a handle except
  *   wq_close, wq_name, wq_max_key_len, wq_observing and wq_shutting_down;
- *   wq_len only while delayed keys wait) may also return:
+ *   wq_len only while delayed keys or published adds wait; wq_add_publish
+ *   only when it adds the locked way) may also return:
  *   -ENOTRECOVERABLE; -EBADMSG; and, when it is an add, get or done of
  *   a handle that holds no process slot (the first in a child after
  *   fork(), or after wq_run_workers gave the slot up), which registers
@@ -566,7 +567,10 @@ WQ_API int wq_done(wq *q, const void *key, size_t len);
  * wq_len - number of queued keys, not counting processing keys or keys
  * whose delay is not over. A delayed key whose time has come counts (it
  * is moved to the queue first, so polling wq_len sees it, as client-go's
- * Len does). Lock free unless delayed keys wait. Returns the count,
+ * Len does), and so does an add published with wq_add_publish: it is
+ * applied first. Lock free unless delayed keys wait or published adds
+ * wait to be applied (an add another process is applying at that very
+ * moment may be missed, as any concurrent add may). Returns the count,
  * -EBADMSG if the region's count is out of range (corrupt), or a lock
  * error (see ERRORS).
  */
@@ -656,7 +660,7 @@ WQ_API int wq_add_many(wq *q, const struct iovec *keys, size_t n);
  * queue has room for (room granted to lanes counts as live for other
  * adds until it is used or taken back, so a full queue refuses adds up
  * to WQ_LANES * 32 keys early only when pages cannot be had). Keys
- * longer than 48 bytes, the 33rd add before any lock-taking call,
+ * longer than 40 bytes, the 33rd add before any lock-taking call,
  * queues in fair mode or with a store, a forked child before its first
  * locking call, a second thread of the process while one is publishing,
  * and a ninth publishing process take the locked way, as wq_add does.

@@ -98,7 +98,7 @@ static void test_order(void **state)
 {
     (void)state;
     wq *q = t_track(t_create("order", NULL, NULL));
-    char k[64], lk[48];
+    char k[64], lk[WQ_LANE_KEY];
     memset(lk, 'L', sizeof lk);
     assert_int_equal(wq_add_publish(q, KS("first")), 0);   /* locked: takes a lane */
     assert_true(wq__shm(q)->lane < WQ_LANES);
@@ -107,9 +107,11 @@ static void test_order(void **state)
         key_of(k, sizeof k, "k", i);
         assert_int_equal(wq_add_publish(q, KS(k)), 0);
     }
-    assert_int_equal(wq_add_publish(q, lk, sizeof lk), 0);   /* 48 bytes: the arena */
+    assert_int_equal(wq_add_publish(q, lk, sizeof lk), 0);   /* 40 bytes: the arena */
     assert_int_equal(unapplied(q), 21);
-    struct wq_stats st = t_stats(q);   /* locks: applies */
+    assert_int_equal(wq_len(q), 22);   /* it applies them first */
+    assert_int_equal(unapplied(q), 0);
+    struct wq_stats st = t_stats(q);
     assert_int_equal(unapplied(q), 0);
     assert_int_equal(st.queued, 22);
     assert_int_equal(st.adds_total, 22);
@@ -119,12 +121,12 @@ static void test_order(void **state)
     expect_keys(q, "k", 0, 20);
     T_EXPECT_GETN(q, lk, sizeof lk);
     assert_int_equal(wq_done(q, lk, sizeof lk), 0);
-    /* A 49-byte key and a plain wq_add go the locked way, after the lane. */
+    /* A 41-byte key and a plain wq_add go the locked way, after the lane. */
     for (int i = 20; i < 25; i++) {
         key_of(k, sizeof k, "k", i);
         assert_int_equal(wq_add_publish(q, KS(k)), 0);
     }
-    char lk49[49];
+    char lk49[WQ_LANE_KEY + 1];
     memset(lk49, 'M', sizeof lk49);
     assert_int_equal(wq_add_publish(q, lk49, sizeof lk49), 0);
     assert_int_equal(unapplied(q), 0);   /* its lock applied the five */
@@ -609,6 +611,27 @@ static void test_damaged_lane(void **state)
     T_EXPECT_GET(q, "d");
     T_EXPECT_DONE(q, "c");
     T_EXPECT_DONE(q, "d");
+    assert_int_equal(wq_check(q, 0), 0);
+    /* A published slot whose length was damaged: the check names it
+       (its lane's bit lost too, so no lock applied it), then applying
+       drops it, flags the region, and applies the next one. */
+    assert_int_equal(wq_add_publish(q, KS("e")), 0);
+    assert_int_equal(wq_add_publish(q, KS("f")), 0);
+    assert_int_equal(unapplied(q), 2);
+    uint32_t at = ln->head;
+    ln->s[at % WQ_LANE_SLOTS].len = 0;
+    uint32_t bits = __atomic_exchange_n(&s->hdr->lanes_pending, 0, __ATOMIC_SEQ_CST);
+    c.n = 0;
+    assert_int_equal(wq_check_report(q, 0, collect, &c), 1);
+    snprintf(want, sizeof want, "lane %u: its add at %u has a key of 0 bytes; it is dropped",
+             l, at);
+    assert_string_equal(c.lines[0], want);
+    __atomic_fetch_or(&s->hdr->lanes_pending, bits, __ATOMIC_SEQ_CST);
+    uint64_t repairs = t_stats(q).repairs_total;
+    T_EXPECT_GET(q, "f");
+    T_EXPECT_DONE(q, "f");
+    T_EXPECT_GET_RC(q, -EAGAIN);
+    assert_int_equal(t_stats(q).repairs_total, repairs + 1);
     assert_int_equal(wq_check(q, 0), 0);
     t_close(q);
 }

@@ -37,7 +37,9 @@
  *         run alone make its adds coalesce, and adds/s rise while this
  *         falls (tools/PERFORMANCE.md, "The mpmc rows, measured the way
  *         goqueue runs them").
- *         Variants "-b<n>" and "-dg": consumers as drain's.
+ *         Variants "-b<n>" and "-dg": consumers as drain's. Variants
+ *         "-pub": producers add with wq_add_publish (no lock for a new
+ *         key; the consumers apply the adds when they lock).
  * tenants One worker. Tenant "a" adds TENANT_FLOOD keys, then tenant "b"
  *         adds one key: how long b's key waits for the worker, and how
  *         many keys are handed out before it (default vs fair mode).
@@ -338,7 +340,8 @@ static void mpmc_producer(const char *name, const struct wqb_mpmc *p,
             wqb_pace_until(t0 + i * p->pace_ns * (uint64_t)p->producers);
             atomic_compare_exchange_strong(&sh->stamp[k], &none, wqb_now());
         }
-        int rc = wq_add(q, keys[k], WQB_KEY_LEN);
+        int rc = p->publish ? wq_add_publish(q, keys[k], WQB_KEY_LEN)
+                            : wq_add(q, keys[k], WQB_KEY_LEN);
         wqb_check(rc, "mpmc: wq_add");
         coalesced += rc == 1;
     }
@@ -485,16 +488,23 @@ void wqb_run_mpmc(const struct wqb_cfg *c)
     uint64_t adds = wqb_size(c, 200000, 1000000);
     uint64_t paced = c->mode == WQB_QUICK ? 12500 : 50000;   /* 0.25 s or 1 s */
     const struct wqb_mpmc v[] = {
-        { "p1c1", 1, 1, adds, 0, 1 },
-        { "p1c2", 1, 2, adds, 0, 1 },
-        { "p2c1", 2, 1, adds, 0, 1 },
-        { "p2c2", 2, 2, adds, 0, 1 },
-        { "paced50k-p1c1", 1, 1, paced, 20000, 1 },
-        { "p1c1-b32", 1, 1, adds, 0, 32 },
-        { "p1c2-b32", 1, 2, adds, 0, 32 },
-        { "paced50k-p1c1-b32", 1, 1, paced, 20000, 32 },
-        { "p1c1-dg", 1, 1, adds, 0, WQB_DONE_GET },
-        { "p1c2-dg", 1, 2, adds, 0, WQB_DONE_GET },
+        { "p1c1", 1, 1, adds, 0, 1, false },
+        { "p1c2", 1, 2, adds, 0, 1, false },
+        { "p2c1", 2, 1, adds, 0, 1, false },
+        { "p2c2", 2, 2, adds, 0, 1, false },
+        { "paced50k-p1c1", 1, 1, paced, 20000, 1, false },
+        { "p1c1-b32", 1, 1, adds, 0, 32, false },
+        { "p1c2-b32", 1, 2, adds, 0, 32, false },
+        { "paced50k-p1c1-b32", 1, 1, paced, 20000, 32, false },
+        { "p1c1-dg", 1, 1, adds, 0, WQB_DONE_GET, false },
+        { "p1c2-dg", 1, 2, adds, 0, WQB_DONE_GET, false },
+        { "p1c1-pub", 1, 1, adds, 0, 1, true },
+        { "p1c2-pub", 1, 2, adds, 0, 1, true },
+        { "p2c1-pub", 2, 1, adds, 0, 1, true },
+        { "p2c2-pub", 2, 2, adds, 0, 1, true },
+        { "paced50k-p1c1-pub", 1, 1, paced, 20000, 1, true },
+        { "p1c1-dg-pub", 1, 1, adds, 0, WQB_DONE_GET, true },
+        { "p1c2-dg-pub", 1, 2, adds, 0, WQB_DONE_GET, true },
     };
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
         wqb_mpmc_variant(c, &v[i]);

@@ -859,11 +859,11 @@ void wqb_redis_mpmc(const struct wqb_cfg *c)
     uint64_t adds = wqb_size(c, 2000, 10000);
     uint64_t paced = c->mode == WQB_QUICK ? 500 : 2000;   /* 0.25 s or 1 s */
     const struct wqb_mpmc v[] = {
-        { "redis-p1c1", 1, 1, adds, 0, 1 },
-        { "redis-p1c2", 1, 2, adds, 0, 1 },
-        { "redis-p2c1", 2, 1, adds, 0, 1 },
-        { "redis-p2c2", 2, 2, adds, 0, 1 },
-        { "redis-paced2k", 1, 1, paced, 500000, 1 },
+        { "redis-p1c1", 1, 1, adds, 0, 1, false },
+        { "redis-p1c2", 1, 2, adds, 0, 1, false },
+        { "redis-p2c1", 2, 1, adds, 0, 1, false },
+        { "redis-p2c2", 2, 2, adds, 0, 1, false },
+        { "redis-paced2k", 1, 1, paced, 500000, 1, false },
     };
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
         wqb_mpmc_variant(c, &v[i]);

@@ -164,6 +164,7 @@ struct wqb_mpmc {
     uint64_t pace_ns;   /* 0: flat out */
     int batch;          /* > 1: consumers use wq_get_many / wq_done_many;
                            WQB_DONE_GET: wq_done_get */
+    bool publish;       /* producers use wq_add_publish ("-pub") */
 };
 /* A consumer's batch that means: each done and the next get are one
    wq_done_get (one lock acquisition, or one round trip, per key). */

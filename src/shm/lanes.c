@@ -74,7 +74,7 @@ uint64_t wq__lanes_grains(const shmq *q)
 /* The producer                                                        */
 /* ------------------------------------------------------------------ */
 
-int wq__lanes_publish(shmq *q, const void *key, uint32_t len, uint64_t now)
+int wq__lanes_publish(shmq *q, const void *key, uint32_t len, uint32_t hash, uint64_t now)
 {
     uint32_t l = wq_load_relaxed(&q->lane);
     if (l >= WQ_LANES || len > WQ_LANE_KEY ||
@@ -90,10 +90,46 @@ int wq__lanes_publish(shmq *q, const void *key, uint32_t len, uint64_t now)
        locker that raised the limit past it swapped the word. */
     uint64_t w = __atomic_load_n(&ln->tl, __ATOMIC_ACQUIRE);
     uint32_t t = tl_tail(w);
+    /* What the caller wrote before this add is seen by whoever gets the
+       key: ordered before the head we read (as add_fast's fence). */
+    wq_fence_full();
+    uint32_t head = __atomic_load_n(&ln->head, __ATOMIC_ACQUIRE);
+    if (t - head > WQ_LANE_SLOTS)
+        goto out;   /* a damaged word: the lock's way, which repairs */
+    /* Where lockers found or put the keys applied since we last looked:
+       hints for the coalesced add, as if this handle had made those adds
+       locked (add_fast checks a hint against the entry anyway). */
+    bool again = false;
+    for (uint32_t p = q->lane_seen; p != head && head - p <= WQ_LANE_SLOTS; p++) {
+        const struct wq_lane_slot *a = &ln->s[p % WQ_LANE_SLOTS];
+        uint32_t e = wq_load_relaxed(&a->entry);
+        if (e != WQ_NIL && q->hints) {
+            wq__hint_put(q, a->hash, e);
+            again |= a->hash == hash;
+        }
+    }
+    q->lane_seen = head;
+    if (again) {   /* this very key, applied: the coalesced add may do */
+        rc = -ESTALE;
+        goto out;
+    }
+    /* The key is in our lane, not applied yet: it is dirty as far as
+       anyone who locks can tell (they apply it first), so this add
+       coalesces, counted as the lock-free one is. */
+    for (uint32_t p = head; p != t; p++) {
+        const struct wq_lane_slot *a = &ln->s[p % WQ_LANE_SLOTS];
+        if (a->hash == hash && a->len == len && memcmp(a->key, key, len) == 0) {
+            __atomic_fetch_add(&q->procs[q->slot].coalesced, 1, __ATOMIC_RELAXED);
+            rc = 1;
+            goto out;
+        }
+    }
     if (tl_limit(w) - t - 1 >= WQ_LANE_SLOTS)
-        goto out;   /* no room granted (or a damaged word: the lock's way) */
+        goto out;   /* no room granted: the lock's way */
     struct wq_lane_slot *s = &ln->s[t % WQ_LANE_SLOTS];
     s->len = (uint16_t)len;
+    s->hash = hash;
+    s->entry = WQ_NIL;
     s->t_add = now;
     memcpy(s->key, key, len);
     WQ_FAULT("lanes.written");
@@ -211,6 +247,8 @@ int wq__lanes_take(shmq *q)
             continue;
         ln->owner_gen = q->gen;
         ln->owner = q->slot + 1;
+        q->lane_seen = ln->head;
+        q->hints2 = true;   /* shm.h, wq__hint_put */
         wq_store_relaxed(&q->lane, l);
         wq__lanes_grant(q, l);
         return 0;
@@ -235,7 +273,7 @@ void wq__lanes_free_slot(shmq *q, uint32_t slot)
     }
 }
 
-const struct wq_lane_slot *wq__lanes_next(shmq *q, uint32_t l, uint32_t *pos)
+struct wq_lane_slot *wq__lanes_next(shmq *q, uint32_t l, uint32_t *pos)
 {
     WQ_ASSERT_LOCKED(q);
     struct wq_lane *ln = &q->lanes[l];
@@ -312,6 +350,16 @@ void wq__lanes_verify(shmq *q, bool apply, void (*violation)(void *c, const char
             granted += tl_limit(w) - head;
             if (tl_tail(w) != head)
                 pending |= 1u << l;
+            /* Published slots are whole; applying drops a damaged one. */
+            uint32_t max = q->max_key_len < WQ_LANE_KEY ? q->max_key_len : WQ_LANE_KEY;
+            for (uint32_t p = head; p != tl_tail(w); p++) {
+                uint32_t len = ln->s[p % WQ_LANE_SLOTS].len;
+                if (len == 0 || len > max) {
+                    snprintf(what, sizeof what, "lane %u: its add at %u has a key of %u bytes; "
+                             "it is dropped", l, p, len);
+                    say(violation, c, what);
+                }
+            }
         }
     }
     if (granted != h->lane_granted && !apply) {

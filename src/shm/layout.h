@@ -476,15 +476,24 @@ _Static_assert(sizeof(struct wq_fx) == 24, "fair data is 24 bytes");
  * owner/owner_gen: lock to write, read without it by the owner (proc
  * slot + 1 and that slot's gen; 0: free). Positions are free-running
  * 32-bit counters: head <= tail <= limit <= head + WQ_LANE_SLOTS, in
- * wrapping arithmetic. A slot holds a key of up to WQ_LANE_KEY bytes
- * and the CLOCK_MONOTONIC of its add (0 without metrics).
+ * wrapping arithmetic. A slot: written by the owner before it publishes
+ * it, but for `entry`, which the locker that applied it writes:
+ *   len, key  the key, up to WQ_LANE_KEY bytes;
+ *   hash      the key's hash as the owner computed it (the locker
+ *             computes its own; the owner reads it back, below);
+ *   t_add     CLOCK_MONOTONIC of the add (0 without metrics);
+ *   entry     where the key was found or put, WQ_NIL if nowhere: read by
+ *             the owner when it writes the slot again, as a hint for its
+ *             coalesced adds (queue.c, add_fast), which check it anyway.
  */
 #define WQ_LANES      8u
 #define WQ_LANE_SLOTS 32u
-#define WQ_LANE_KEY   48u
+#define WQ_LANE_KEY   40u
 struct wq_lane_slot {
     uint16_t len;
     uint16_t pad16;
+    uint32_t hash;
+    uint32_t entry;
     uint32_t pad32;
     uint64_t t_add;
     unsigned char key[WQ_LANE_KEY];

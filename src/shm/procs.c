@@ -221,6 +221,8 @@ int wq__procs_register(shmq *q)
         free(q->lease);
         q->lease = NULL;
         q->slot = WQ_NIL;
+        /* A parent's thread may have been publishing at the fork. */
+        wq_store_relaxed(&q->lane_busy, 0);
     } else if (q->lease) {
         /* Our slot was taken from us (a corrupt table repaired): give up
            its lease and register afresh; the keys we held went back. */

@@ -33,7 +33,7 @@
 static inline void hint_put(shmq *q, uint32_t idx, uint32_t hash)
 {
     if (q->hints)
-        wq_store_relaxed(&q->hints[hash % WQ_HINTS], (uint64_t)hash << 32 | idx);
+        wq__hint_put(q, hash, idx);
 }
 
 /*
@@ -62,7 +62,7 @@ static inline void hint_put(shmq *q, uint32_t idx, uint32_t hash)
  */
 static int add_fast(shmq *q, const void *key, size_t len, uint32_t hash)
 {
-    uint64_t hint = wq_load_relaxed(&q->hints[hash % WQ_HINTS]);
+    uint64_t hint = wq__hint_get(q, hash);
     uint32_t idx = (uint32_t)hint, slot = wq_load_relaxed(&q->slot);
     if ((uint32_t)(hint >> 32) != hash || idx >= wq_load_relaxed(&q->nent) ||
         slot >= q->max_procs || wq_load_relaxed(&q->forkgen) != wq_load_relaxed(&wq__fork_gen))
@@ -260,7 +260,7 @@ void wq__queue_apply_lanes(shmq *q)
     for (uint32_t l = 0; bits; l++, bits >>= 1) {
         if (!(bits & 1))
             continue;
-        const struct wq_lane_slot *s;
+        struct wq_lane_slot *s;
         uint32_t pos;
         for (;;) {
             if (!(s = wq__lanes_next(q, l, &pos))) {
@@ -273,10 +273,14 @@ void wq__queue_apply_lanes(shmq *q)
             uint32_t len = s->len;
             uint64_t t = s->t_add;
             if (len == 0 || len > max) {
-                wq__region_mark_corrupt(q);   /* a publication is whole */
-                break;
+                /* A publication is whole: this is damage. Dropped (it
+                   names no key) and flagged; wq_check names it. */
+                wq__region_mark_corrupt(q);
+                wq__lanes_advance(q, l);
+                continue;
             }
             memcpy(key, s->key, len);
+            uint32_t hash = wq__hash(q->seed, key, len);
             uint64_t mark = (uint64_t)(l + 1) << 32 | pos;
             uint64_t sum = h->adds_total + h->coalesced_total;
             /* Its room is its own now (entry.c counts the rest as live). */
@@ -288,8 +292,7 @@ void wq__queue_apply_lanes(shmq *q)
                 h->lmark = mark;
                 struct wq_add_req r = { .key = key, .len = len, .published = true };
                 bool wake = false;
-                int rc = add_locked(q, &r, wq__hash(q->seed, key, len),
-                                    t && t <= now ? t : now, &wake);
+                int rc = add_locked(q, &r, hash, t && t <= now ? t : now, &wake);
                 if (wake)
                     wq__wake_getters(q, 1);
                 if (rc < 0) {
@@ -297,6 +300,10 @@ void wq__queue_apply_lanes(shmq *q)
                     break;
                 }
                 WQ_STEP("lanes.applied");
+                /* add_locked left where the key is in our hints: the
+                   owner's, when it reuses the slot (lanes.c). */
+                uint64_t hint = q->hints ? wq__hint_get(q, hash) : 0;
+                wq_store_relaxed(&s->entry, hint ? (uint32_t)hint : WQ_NIL);
             }
             wq__lanes_advance(q, l);
         }
@@ -321,13 +328,23 @@ int wq__shm_add_publish(wq *pub, const void *key, size_t len)
     uint32_t hash = wq__hash(q->seed, key, len);
     if (q->hints && add_fast(q, key, len, hash))
         return 1;
-    if (!wq_load_relaxed(&q->hdr->shutdown) &&
-        wq_load_relaxed(&q->forkgen) == wq_load_relaxed(&wq__fork_gen) &&
-        wq__lanes_publish(q, key, (uint32_t)len, wq__metrics_now(q)) == 0)
-        return 0;
     wq__table_prefetch(q, hash);
     uint64_t now = wq__metrics_now(q);
-    int rc = wq__lock(q);
+    /* A free lock: add the locked way, so that this process, not the
+       one that locks next, does the work. Taken: publish. */
+    int rc = getenv("WQ_X_TRY") && wq__slot_held(q) ? wq__lock_try(q) : -EBUSY;
+    if (rc == -EBUSY) {
+        if (!wq_load_relaxed(&q->hdr->shutdown) &&
+            wq_load_relaxed(&q->forkgen) == wq_load_relaxed(&wq__fork_gen)) {
+            rc = wq__lanes_publish(q, key, (uint32_t)len, hash, now);
+            if (rc == -ESTALE)   /* a fresh hint for this key */
+                rc = add_fast(q, key, len, hash) ? 1
+                                                  : wq__lanes_publish(q, key, (uint32_t)len, hash, now);
+            if (rc >= 0)
+                return rc;
+        }
+        rc = wq__lock(q);
+    }
     if (rc < 0)
         return rc;
     bool wake = false;
@@ -759,12 +776,16 @@ int wq__shm_done_get(wq *pub, const void *key, size_t len, const struct wq_outco
 int wq__shm_len(wq *pub)
 {
     shmq *q = wq__shm(pub);
-    if (wq_load_relaxed(&q->hdr->heap_count) > 0 && !wq_load_relaxed(&q->hdr->shutdown)) {
+    struct wq_hdr *h = q->hdr;
+    bool waiting = wq_load_relaxed(&h->heap_count) > 0 && !wq_load_relaxed(&h->shutdown);
+    /* Published adds count once applied: the lock applies them. */
+    if (waiting || wq_load_relaxed(&h->lanes_pending) != 0) {
         uint64_t now = wq__now_mono();
         int rc = wq__lock_look(q);
         if (rc < 0)
             return rc;
-        wq__promote(q, now);
+        if (waiting)
+            wq__promote(q, now);
         wq__unlock(q);
     }
     uint32_t n = wq__queued(q);

@@ -31,7 +31,10 @@
 #define WQ_REAP_TICKS 1024u
 
 /* Per-handle hints of where keys live, for the coalesced add (queue.c):
-   32 KiB; at 1,000 hot keys about 4 in 5 find their own hint. */
+   32 KiB, sets of two by hash, the one put last first (wq__hint_*). At
+   1,000 hot keys 4 in 5 found their own hint when each hash had one
+   slot; an add whose hint another key took goes the locked way, or the
+   lane of an add published (lanes.c), whose locker it costs. */
 #define WQ_HINTS 4096u
 
 /* Lookups and allocations return an entry index, or one of these. */
@@ -123,6 +126,9 @@ typedef struct wq_shm {
     struct wq_lane *lanes;
     uint32_t lane;
     uint32_t lane_busy;
+    uint32_t lane_seen;            /* the lane's head when this handle last
+                                      read where its applied keys went */
+    bool hints2;                   /* two-way hints: a lane was taken */
 
     /* Registration: written under the region lock. */
     uint32_t slot;                 /* our process table slot */
@@ -146,6 +152,44 @@ typedef struct wq_shm {
     uint32_t *held;                /* max_procs counters, check/repair; lock */
     uint32_t *rscratch;            /* result_capacity slots, repair; lock */
 } shmq;
+
+/* The hint of `hash` (hash << 32 | entry), 0 if none. Relaxed loads: the
+   coalesced add reads it without the lock. */
+static inline uint64_t wq__hint_get(const shmq *q, uint32_t hash)
+{
+    const uint64_t *set = q->hints + ((hash % WQ_HINTS) & ~1u);
+    uint64_t h = wq_load_relaxed(&set[0]);
+    if ((uint32_t)(h >> 32) == hash)
+        return h;
+    h = wq_load_relaxed(&set[1]);
+    return (uint32_t)(h >> 32) == hash ? h : 0;
+}
+
+/* Where the key of `hash` lives, as far as this handle knows. A handle
+   that publishes adds (lanes.c) uses both slots of a set: in its own
+   slot if it has one, else first, the other moving down; any other
+   handle only the slot of its hash. Measured (tools/PERFORMANCE.md,
+   "Adds published to lanes"): a publisher's missed hint costs the
+   consumer that applies its add, and two ways raised the keys they
+   processed 1.6x; a locked adder's miss costs itself, and two ways made
+   its adds fast enough to starve the consumers of the lock's cache line
+   (keys processed 0.4-1.5M/s against 1.25-1.4M/s). */
+static inline void wq__hint_put(shmq *q, uint32_t hash, uint32_t idx)
+{
+    uint64_t v = (uint64_t)hash << 32 | idx;
+    if (!q->hints2)
+        return wq_store_relaxed(&q->hints[hash % WQ_HINTS], v);
+    uint64_t *set = q->hints + ((hash % WQ_HINTS) & ~1u);
+    uint64_t h0 = wq_load_relaxed(&set[0]);
+    if ((uint32_t)(h0 >> 32) == hash) {
+        wq_store_relaxed(&set[0], v);
+    } else if ((uint32_t)(wq_load_relaxed(&set[1]) >> 32) == hash) {
+        wq_store_relaxed(&set[1], v);
+    } else {
+        wq_store_relaxed(&set[1], h0);
+        wq_store_relaxed(&set[0], v);
+    }
+}
 
 static inline shmq *wq__shm(wq *q)
 {
@@ -567,13 +611,13 @@ int wq__fair_rebuild(shmq *q);
 void wq__fair_verify(shmq *q, void (*violation)(void *c, const char *what), void *c);
 
 /* lanes.c: adds published without the lock (wq_add_publish) */
-int wq__lanes_publish(shmq *q, const void *key, uint32_t len, uint64_t now);
+int wq__lanes_publish(shmq *q, const void *key, uint32_t len, uint32_t hash, uint64_t now);
 int wq__lanes_take(shmq *q);
 void wq__lanes_grant(shmq *q, uint32_t l);
 uint32_t wq__lanes_revoke(shmq *q);
 void wq__lanes_free_slot(shmq *q, uint32_t slot);
 uint64_t wq__lanes_grains(const shmq *q);
-const struct wq_lane_slot *wq__lanes_next(shmq *q, uint32_t l, uint32_t *pos);
+struct wq_lane_slot *wq__lanes_next(shmq *q, uint32_t l, uint32_t *pos);
 void wq__lanes_advance(shmq *q, uint32_t l);
 void wq__lanes_verify(shmq *q, bool apply, void (*violation)(void *c, const char *what),
                       void *c);
