@@ -6,9 +6,11 @@
  *     32 complete while another process holds the lock, the 33rd waits
  *     for it; every locking call applies them first, in order, also
  *     around the same handle's locked adds;
- *   - counts are exact: coalesced when applied, and after a locker was
- *     SIGKILLed between applying an add and retiring it (crash point
- *     lanes.applied), for a new key and a coalesced one;
+ *   - coalescing: a key already in the handle's lane coalesces at once;
+ *     a dirty key the handle has no hint of coalesces when applied;
+ *     counts are exact, also after a locker was SIGKILLed between
+ *     applying an add and retiring it (crash point lanes.applied), for a
+ *     new key and a coalesced one;
  *   - a producer SIGKILLed after writing a slot and before publishing it
  *     leaves no add; one killed just after leaves the add; one killed at
  *     random leaves exactly the adds a witness outside the library saw
@@ -143,22 +145,30 @@ static void test_order(void **state)
     t_close(q);
 }
 
-/* Coalescing is decided when applied, and counted once. */
+/* Coalescing: known in the lane, or decided when applied; counted once. */
 static void test_coalesce(void **state)
 {
     (void)state;
-    wq *q = t_track(t_create("coal", NULL, NULL));
+    const char *name;
+    wq *q = t_track(t_create("coal", NULL, &name));
+    wq *o = t_track(T_OPEN(name, NULL));
+    assert_int_equal(wq_add(o, KS("y")), 0);   /* dirty; q has no hint of it */
     assert_int_equal(wq_add_publish(q, KS("x")), 0);
     /* x is dirty and this handle put it there: coalesced without the lock */
     assert_int_equal(wq_add_publish(q, KS("x")), 1);
     assert_int_equal(wq_add_publish(q, KS("a")), 0);
     assert_int_equal(wq_add_publish(q, KS("b")), 0);
-    assert_int_equal(wq_add_publish(q, KS("a")), 0);   /* in the lane: not known yet */
+    /* a is in the lane, not applied: dirty for anyone who locks */
+    assert_int_equal(wq_add_publish(q, KS("a")), 1);
+    /* y: published, and coalesced when applied */
+    assert_int_equal(wq_add_publish(q, KS("y")), 0);
     assert_int_equal(unapplied(q), 3);
     struct wq_stats st = t_stats(q);
-    assert_int_equal(st.adds_total, 3);
-    assert_int_equal(st.coalesced_total, 2);
-    assert_int_equal(st.queued, 3);
+    assert_int_equal(st.adds_total, 4);
+    assert_int_equal(st.coalesced_total, 3);
+    assert_int_equal(st.queued, 4);
+    T_EXPECT_GET(q, "y");
+    T_EXPECT_DONE(q, "y");
     /* a processing key published again comes back at its done */
     T_EXPECT_GET(q, "x");
     assert_int_equal(wq_add_publish(q, KS("x")), 0);
@@ -170,9 +180,10 @@ static void test_coalesce(void **state)
     T_EXPECT_DONE(q, "b");
     T_EXPECT_DONE(q, "x");
     st = t_stats(q);
-    assert_int_equal(st.adds_total, 4);
-    assert_int_equal(st.coalesced_total, 2);
+    assert_int_equal(st.adds_total, 5);
+    assert_int_equal(st.coalesced_total, 3);
     t_check_clean(q, __func__);
+    t_close(o);
     t_close(q);
 }
 
@@ -239,13 +250,14 @@ static void test_applier_killed(void **state)
     for (int nth = 1; nth <= 4; nth++) {
         const char *name;
         wq *q = t_track(t_create("applier", NULL, &name));
+        assert_int_equal(wq_add(q, KS("y")), 0);   /* the child has no hint of it */
         pid_t pid = t_fork(60);
         if (pid == 0) {
             wq *c;
             if (wq_open(name, NULL, &c) != 0)
                 _exit(10);
-            /* x locked; then a, b, a (coalesces when applied), c */
-            const char *keys[] = { "x", "a", "b", "a", "c" };
+            /* x locked; then a, b, y (coalesces when applied), c */
+            const char *keys[] = { "x", "a", "b", "y", "c" };
             for (int i = 0; i < 5; i++)
                 if (wq_add_publish(c, KS(keys[i])) != 0)
                     _exit(11);
@@ -259,9 +271,11 @@ static void test_applier_killed(void **state)
         }
         assert_int_equal(t_wait(pid, 10000), 128 + SIGKILL);
         struct wq_stats st = t_stats(q);   /* repairs, applies the rest */
-        assert_int_equal(st.adds_total, 4);
+        assert_int_equal(st.adds_total, 5);
         assert_int_equal(st.coalesced_total, 1);
-        assert_int_equal(st.queued, 4);
+        assert_int_equal(st.queued, 5);
+        T_EXPECT_GET(q, "y");
+        T_EXPECT_DONE(q, "y");
         T_EXPECT_GET(q, "x");
         T_EXPECT_GET(q, "a");
         T_EXPECT_GET(q, "b");

@@ -248,7 +248,7 @@ int wq__lanes_take(shmq *q)
         ln->owner_gen = q->gen;
         ln->owner = q->slot + 1;
         q->lane_seen = ln->head;
-        q->hints2 = true;   /* shm.h, wq__hint_put */
+        wq_store_relaxed(&q->hints2, 1);   /* shm.h, wq__hint_put */
         wq_store_relaxed(&q->lane, l);
         wq__lanes_grant(q, l);
         return 0;

@@ -128,7 +128,8 @@ typedef struct wq_shm {
     uint32_t lane_busy;
     uint32_t lane_seen;            /* the lane's head when this handle last
                                       read where its applied keys went */
-    bool hints2;                   /* two-way hints: a lane was taken */
+    uint32_t hints2;               /* two-way hints: a lane was taken
+                                      (relaxed atomics: other threads) */
 
     /* Registration: written under the region lock. */
     uint32_t slot;                 /* our process table slot */
@@ -177,7 +178,7 @@ static inline uint64_t wq__hint_get(const shmq *q, uint32_t hash)
 static inline void wq__hint_put(shmq *q, uint32_t hash, uint32_t idx)
 {
     uint64_t v = (uint64_t)hash << 32 | idx;
-    if (!q->hints2)
+    if (!wq_load_relaxed(&q->hints2))
         return wq_store_relaxed(&q->hints[hash % WQ_HINTS], v);
     uint64_t *set = q->hints + ((hash % WQ_HINTS) & ~1u);
     uint64_t h0 = wq_load_relaxed(&set[0]);
