@@ -644,29 +644,34 @@ WQ_API int wq_add_many(wq *q, const struct iovec *keys, size_t n);
  * call returns: no lock is taken. Whoever takes the lock next (a get, a
  * done, any call) applies every published add first, in the order each
  * lane got them, exactly as wq_add would have: so every call that locks
- * after wq_add_publish returned sees its add, and one process's
- * published and locked adds keep their order. A producer killed at any
- * point leaves an add that either was published (and is applied) or
- * never happened; a locker killed while applying one is finished by the
- * next locker without counting it twice.
+ * after wq_add_publish returned sees its add, and one handle's published
+ * and locked adds keep their order. A producer killed at any point
+ * leaves an add that either was published (and is applied) or never
+ * happened; a locker killed while applying one is finished by the next
+ * locker without counting it twice. What the caller wrote before the
+ * call is seen by whoever gets the key afterwards, as with wq_add.
  *
- * Returns 1 when the key is known to be dirty already (the coalesced add
- * without the lock), 0 otherwise: a published add may still coalesce
- * when applied (counted then in coalesced_total), which is why wq_add,
- * whose 0 promises "newly queued or marked", never publishes. Errors as
- * for wq_add. -ESHUTDOWN and -ENOSPC come only from the locked way: an
- * add published before a concurrent wq_shutdown is still applied (it was
- * made before the shutdown), and a lane holds only as many adds as the
- * queue has room for (room granted to lanes counts as live for other
- * adds until it is used or taken back, so a full queue refuses adds up
- * to WQ_LANES * 32 keys early only when pages cannot be had). Keys
- * longer than 40 bytes, the 33rd add before any lock-taking call,
- * queues in fair mode or with a store, a forked child before its first
- * locking call, a second thread of the process while one is publishing,
- * and a ninth publishing process take the locked way, as wq_add does.
- * A blocked wq_get is woken by the first add published after it slept.
- * The lanes' 17 KiB of shared memory are reserved at the queue's first
- * wq_add_publish.
+ * Returns 1 when the key is known to be dirty already: a coalesced add
+ * (the key queued, or processing and added again, as far as this handle
+ * last saw; or still in this handle's lane). Returns 0 otherwise: a
+ * published add may still coalesce when it is applied (counted then in
+ * coalesced_total), which is why wq_add, whose 0 promises "newly queued
+ * or marked", never publishes. Errors as for wq_add; -ESHUTDOWN and
+ * -ENOSPC come only from the locked way. An add published before a
+ * concurrent wq_shutdown is still applied (it was made before the
+ * shutdown). A lane holds only as many adds as the queue has room for:
+ * room granted to lanes counts as live for other adds until it is used
+ * or taken back, so a full queue refuses no add early unless the system
+ * refuses pages.
+ *
+ * These take the locked way, as wq_add does: keys longer than 40 bytes,
+ * an add when this handle's lane holds 64 not yet applied, queues in
+ * fair mode or with a store, a forked child's first add (it registers),
+ * a thread of the process while another is publishing to the lane, and
+ * handles beyond the eighth that publish. A blocked wq_get is woken by
+ * the first add published after it slept. The lanes' 33 KiB of shared
+ * memory are reserved at the queue's first wq_add_publish. The Redis
+ * engine has no lanes: there wq_add_publish is wq_add.
  */
 WQ_API int wq_add_publish(wq *q, const void *key, size_t len);
 

@@ -157,7 +157,9 @@ int wq__park(wq *q)
 /* Adds: one request, one engine call                                  */
 /* ------------------------------------------------------------------ */
 
-int wq_add(wq *q, const void *key, size_t len)
+/* wq_add and wq_add_publish: a plain add, published if asked and the
+   engine publishes. */
+static inline int add_plain(wq *q, const void *key, size_t len, bool publish)
 {
     if (WQ_UNLIKELY(!q))
         return -EINVAL;
@@ -165,22 +167,20 @@ int wq_add(wq *q, const void *key, size_t len)
     if (WQ_UNLIKELY(rc < 0))
         return rc;
     WORKING(q, "add keys");
+    if (publish && q->eng->add_publish)
+        return q->eng->add_publish(q, key, len);
     struct wq_add_req r = { .key = key, .len = len };
     return q->eng->add(q, &r);
 }
 
+int wq_add(wq *q, const void *key, size_t len)
+{
+    return add_plain(q, key, len, false);
+}
+
 int wq_add_publish(wq *q, const void *key, size_t len)
 {
-    if (WQ_UNLIKELY(!q))
-        return -EINVAL;
-    int rc = key_ok(q, key, len);
-    if (WQ_UNLIKELY(rc < 0))
-        return rc;
-    WORKING(q, "add keys");
-    if (q->eng->add_publish)
-        return q->eng->add_publish(q, key, len);
-    struct wq_add_req r = { .key = key, .len = len };
-    return q->eng->add(q, &r);
+    return add_plain(q, key, len, true);
 }
 
 int wq_add_after(wq *q, const void *key, size_t len, uint64_t delay_ns)

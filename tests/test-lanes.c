@@ -3,7 +3,8 @@
  * src/shm/lanes.c), white-box: links libwq-fault.la, holds the region
  * lock itself and reads the lanes through src/shm/shm.h.
  *   - a handle's first wq_add_publish takes the lock and a lane; the next
- *     32 complete while another process holds the lock, the 33rd waits
+ *     64 (a lane's slots) complete while another process holds the
+ *     lock, the next one waits
  *     for it; every locking call applies them first, in order, also
  *     around the same handle's locked adds;
  *   - coalescing: a key already in the handle's lane coalesces at once;
@@ -51,7 +52,7 @@ enum { WQ_DEFAULT_KEY_BUF = 256 };   /* wq_get's buffer: max_key_len */
 struct board {
     atomic_int step;
     atomic_int done;
-    atomic_int rc[40];
+    atomic_int rc[WQ_LANE_SLOTS + 8];
     atomic_ullong acked;   /* a producer's adds that returned */
     atomic_ullong ns;
 };
@@ -187,7 +188,8 @@ static void test_coalesce(void **state)
     t_close(q);
 }
 
-/* The child of test_lock_held: 32 publications under the parent's lock,
+/* The child of test_lock_held: a lane's worth of publications under the
+   parent's lock,
    then one that must wait for it. */
 static void lock_held_child(const char *name, struct board *b)
 {
@@ -200,7 +202,7 @@ static void lock_held_child(const char *name, struct board *b)
     if (!wait_for(&b->step, 1, 10000))
         _exit(12);
     char k[64];
-    for (int i = 0; i < 33; i++) {
+    for (int i = 0; i <= (int)WQ_LANE_SLOTS; i++) {
         key_of(k, sizeof k, "c", i);
         atomic_store(&b->rc[i], wq_add_publish(q, KS(k)));
         atomic_store(&b->done, 2 + i);
@@ -222,20 +224,21 @@ static void test_lock_held(void **state)
     assert_true(wait_for(&b->done, 1, 10000));
     assert_int_equal(wq__lock(s), 0);
     atomic_store(&b->step, 1);
-    bool fast = wait_for(&b->done, 33, 10000);   /* 32 without the lock */
+    /* a lane's worth without the lock */
+    bool fast = wait_for(&b->done, 1 + (int)WQ_LANE_SLOTS, 10000);
     t_sleep_ms(200);
     int early = atomic_load(&b->done);
     wq__unlock(s);
     assert_true(fast);
-    assert_int_equal(early, 33);   /* the 33rd waited for the lock */
+    assert_int_equal(early, 1 + (int)WQ_LANE_SLOTS);   /* the next waited for the lock */
     assert_int_equal(t_wait(pid, 10000), 0);
-    for (int i = 0; i < 33; i++)
+    for (int i = 0; i <= (int)WQ_LANE_SLOTS; i++)
         assert_int_equal(b->rc[i], 0);
     T_EXPECT_GET(q, "c-first");
     T_EXPECT_DONE(q, "c-first");
-    expect_keys(q, "c", 0, 33);
+    expect_keys(q, "c", 0, 1 + (int)WQ_LANE_SLOTS);
     struct wq_stats st = t_stats(q);
-    assert_int_equal(st.adds_total, 34);
+    assert_int_equal(st.adds_total, 2 + WQ_LANE_SLOTS);
     assert_int_equal(st.coalesced_total, 0);
     t_check_clean(q, __func__);
     t_shared_free(b, sizeof *b);

@@ -487,7 +487,7 @@ _Static_assert(sizeof(struct wq_fx) == 24, "fair data is 24 bytes");
  *             coalesced adds (queue.c, add_fast), which check it anyway.
  */
 #define WQ_LANES      8u
-#define WQ_LANE_SLOTS 32u
+#define WQ_LANE_SLOTS 64u
 #define WQ_LANE_KEY   40u
 struct wq_lane_slot {
     uint16_t len;
