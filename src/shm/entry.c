@@ -342,6 +342,7 @@ int wq__entry_commit_new(shmq *q, uint32_t idx, uint16_t state, bool *queued)
     h->live++;
     if (state & WQ_ST_QUEUED) {
         h->adds_total++;
+        WQ_STEP("add.counted");   /* counted, the record still armed */
         wq__mut_settled(q);
     }
     WQ_STEP("add.counters");
@@ -456,6 +457,7 @@ int wq__entry_mark_dirty(shmq *q, uint32_t idx, uint64_t now, bool *queued)
         *queued = true;
     }
     h->adds_total++;
+    WQ_STEP("mark.counted");
     wq__mut_settled(q);
     WQ_STEP("mark.counters");
     return 0;
@@ -660,6 +662,7 @@ int wq__entry_requeue(shmq *q, uint32_t idx, bool crash, uint64_t now, bool *que
     held_dec(q, e);
     if (crash) {
         h->crash_requeues_total++;
+        WQ_STEP("requeue.counted");
         h->retries_total++;
     }
     wq__mut_settled(q);

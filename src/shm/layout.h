@@ -350,6 +350,13 @@ struct wq_hdr {
     uint32_t lane_granted;
     uint64_t lmark;
     uint64_t lmark_sum;
+    /* lock: with pend_kind (mutate.h), the counters it names as they were
+       when it was armed: adds_total (ADD, MARK) or crash_requeues_total
+       (CRASH), and retries_total. A counter that moved was bumped by the
+       holder that died, which did not live to disarm the record; repair
+       does not bump it again. */
+    uint64_t pend_count;
+    uint64_t pend_count2;
 };
 
 /*

@@ -20,7 +20,9 @@
  *      (adds_total, crash_requeues_total) are announced with
  *      wq__mut_pend() before the commit and retired with wq__mut_settled()
  *      after they were bumped; repair counts a committed but uncounted
- *      operation exactly once (repair.c, settle_pending).
+ *      operation exactly once (repair.c, settle_pending): the record
+ *      keeps the counters' values from before, so a holder that died
+ *      between its bump and the retiring is not counted twice.
  *
  * WQ_STEP names the point between two stores: a compiler barrier, and in
  * the fault-injection build a place where a test can kill the process.
@@ -57,6 +59,9 @@ static inline int wq__mut_end(shmq *q, int rc)
 
 static inline void wq__mut_pend(shmq *q, uint32_t kind, uint32_t idx)
 {
+    struct wq_hdr *h = q->hdr;
+    h->pend_count = kind == WQ_PEND_CRASH ? h->crash_requeues_total : h->adds_total;
+    h->pend_count2 = h->retries_total;
     q->hdr->pend_idx = idx;
     wq_step_fence();   /* the entry is named before the record is armed */
     q->hdr->pend_kind = kind;

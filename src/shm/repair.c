@@ -148,14 +148,17 @@ static void settle_pending(shmq *q)
     uint32_t kind = h->pend_kind, idx = h->pend_idx;
     if (kind != WQ_PEND_NONE && idx < wq__entries_used(q)) {
         uint32_t st = wq__entry(q, idx)->state;
-        if (kind == WQ_PEND_ADD && st != 0)
+        bool adds = h->adds_total == h->pend_count;   /* not bumped yet */
+        if (kind == WQ_PEND_ADD && st != 0 && adds)
             h->adds_total++;
-        else if (kind == WQ_PEND_MARK && (st & WQ_ST_DIRTY))
+        else if (kind == WQ_PEND_MARK && (st & WQ_ST_DIRTY) && adds)
             h->adds_total++;
         else if (kind == WQ_PEND_CRASH && !(st & WQ_ST_PROCESSING) &&
                  (st & (WQ_ST_QUEUED | WQ_ST_WAITING))) {
-            h->crash_requeues_total++;
-            h->retries_total++;
+            if (h->crash_requeues_total == h->pend_count)
+                h->crash_requeues_total++;
+            if (h->retries_total == h->pend_count2)
+                h->retries_total++;
         }
     }
     wq__mut_settled(q);
