@@ -94,8 +94,8 @@ int wq__lanes_publish(shmq *q, const void *key, uint32_t len, uint32_t hash, uin
        key: ordered before the head we read (as add_fast's fence). */
     wq_fence_full();
     uint32_t head = __atomic_load_n(&ln->head, __ATOMIC_ACQUIRE);
-    if (t - head > WQ_LANE_SLOTS)
-        goto out;   /* a damaged word: the lock's way, which repairs */
+    if (t - head >= WQ_LANE_SLOTS)
+        goto out;   /* full, or a damaged word: the lock's way */
     /* Where lockers found or put the keys applied since we last looked:
        hints for the coalesced add, as if this handle had made those adds
        locked (add_fast checks a hint against the entry anyway). */
@@ -118,7 +118,8 @@ int wq__lanes_publish(shmq *q, const void *key, uint32_t len, uint32_t hash, uin
        coalesces, counted as the lock-free one is. */
     for (uint32_t p = head; p != t; p++) {
         const struct wq_lane_slot *a = &ln->s[p % WQ_LANE_SLOTS];
-        if (a->hash == hash && a->len == len && memcmp(a->key, key, len) == 0) {
+        if (a->hash == hash && a->len == len && memcmp(a->key, key, len) == 0 &&
+            q->slot < q->max_procs) {
             __atomic_fetch_add(&q->procs[q->slot].coalesced, 1, __ATOMIC_RELAXED);
             rc = 1;
             goto out;
@@ -269,7 +270,11 @@ void wq__lanes_free_slot(shmq *q, uint32_t slot)
         ln->owner = 0;
         ln->owner_gen = 0;
         /* What it published stays to be applied; a new owner takes the
-           lane once it is empty (wq__lanes_take). */
+           lane once it is empty (wq__lanes_take). A publisher killed
+           between its publication and announcing it left no bit: the
+           next locker applies the lane. */
+        if (tl_tail(__atomic_load_n(&ln->tl, __ATOMIC_ACQUIRE)) != ln->head)
+            __atomic_fetch_or(&q->hdr->lanes_pending, 1u << l, __ATOMIC_SEQ_CST);
     }
 }
 

@@ -240,9 +240,16 @@ WQ_INLINE int acquired(shmq *q, int rc, bool reap)
     } else if (WQ_UNLIKELY(q->hdr->busy || q->hdr->corrupt)) {
         rc = damage(q);
     }
-    /* Adds published to lanes come before whatever the holder does. */
-    if (rc == 0 && WQ_UNLIKELY(wq_load_relaxed(&q->hdr->lanes_pending) != 0))
+    /* Adds published to lanes come before whatever the holder does. One
+       that found the region damaged (or left a mutation half done)
+       stopped there: repaired at once, since the holder's own mutation
+       must not end that bracket, and applied again. */
+    for (int i = 0; i < 2 && rc == 0 && WQ_UNLIKELY(wq_load_relaxed(&q->hdr->lanes_pending) != 0);
+         i++) {
         wq__queue_apply_lanes(q);
+        if (WQ_UNLIKELY(q->hdr->busy || q->hdr->corrupt))
+            rc = damage(q);
+    }
     if (WQ_UNLIKELY(rc < 0))
         release(q);
     return rc;

@@ -300,6 +300,17 @@ static int requeue_owned(shmq *q, uint32_t slot, uint32_t gen, bool crash)
  * sleepers stop counting, and the slot is free for the next registrant.
  * Returns the keys given back.
  */
+/* Our own handle gives its slot (and lane) up: a thread of ours that is
+   publishing to the lane finishes first, so the lane never has two
+   writers (lanes.c). Lock held; a publication takes no lock. */
+static void lane_quiet(shmq *q)
+{
+    while (__atomic_exchange_n(&q->lane_busy, 1, __ATOMIC_ACQUIRE))
+        wq__cpu_relax();
+    wq_store_relaxed(&q->lane, WQ_NIL);
+    __atomic_store_n(&q->lane_busy, 0, __ATOMIC_RELEASE);
+}
+
 static int slot_free(shmq *q, uint32_t i, bool crash)
 {
     struct wq_proc *p = &q->procs[i];
@@ -350,9 +361,9 @@ int wq__shm_park(wq *pub)
     }
     lease_stop(q->lease);   /* the lease is free before the slot is */
     q->lease = NULL;
+    lane_quiet(q);   /* its lane goes with the slot */
     if (ours)
         slot_free(q, q->slot, false);
-    wq_store_relaxed(&q->lane, WQ_NIL);   /* its lane went with the slot */
     wq_store_relaxed(&q->slot, WQ_NIL);   /* add_fast reads it unlocked */
     wq__unlock(q);
     return 0;
@@ -392,6 +403,7 @@ bool wq__procs_unregister(shmq *q)
     q->lease = NULL;
     if (rc == 0) {
         WQ_STEP("procs.unregister.lease");
+        lane_quiet(q);
         slot_free(q, q->slot, false);
         last = none_live(q);
         wq__unlock(q);

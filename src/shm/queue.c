@@ -124,6 +124,16 @@ static int add_locked(shmq *q, const struct wq_add_req *r, uint32_t hash, uint64
             q->fx[idx].prio = q->fx[idx].prio > r->priority ? q->fx[idx].prio : r->priority;
         return wq__mut_end(q, wq__entry_delay(q, idx, now));
     }
+    /* An idle key kept for its failure count or result comes back live
+       without a new entry: room granted to lanes must stay theirs. */
+    if (!fresh && h->lane_granted > 0 &&
+        (wq__st(wq__entry(q, idx)) == WQ_ST_RETAINED || wq__st(wq__entry(q, idx)) == 0) &&
+        (uint64_t)h->live + h->lane_granted >= q->capacity &&
+        (wq__lanes_revoke(q) == 0 || (uint64_t)h->live + h->lane_granted >= q->capacity)) {
+        wq__errf("queue '%s': full: it holds %u live keys and %u published adds of its "
+                 "capacity of %u", q->pub.name, h->live, h->lane_granted, q->capacity);
+        return -ENOSPC;
+    }
     wq__mut_begin(q);
     if (r->delayed)
         WQ_STEP("delay.busy");
@@ -292,10 +302,14 @@ void wq__queue_apply_lanes(shmq *q)
                 h->lmark = mark;
                 struct wq_add_req r = { .key = key, .len = len, .published = true };
                 bool wake = false;
-                int rc = add_locked(q, &r, hash, t && t <= now ? t : now, &wake);
+                int rc = wq__region_broken(q) ? -EBADMSG
+                       : add_locked(q, &r, hash, t && t <= now ? t : now, &wake);
                 if (wake)
                     wq__wake_getters(q, 1);
                 if (rc < 0) {
+                    /* Not made: whoever applies it next must not take
+                       the counts that move meanwhile for its own. */
+                    h->lmark = 0;
                     h->lane_granted++;   /* still the lane's */
                     break;
                 }
@@ -330,21 +344,16 @@ int wq__shm_add_publish(wq *pub, const void *key, size_t len)
         return 1;
     wq__table_prefetch(q, hash);
     uint64_t now = wq__metrics_now(q);
-    /* A free lock: add the locked way, so that this process, not the
-       one that locks next, does the work. Taken: publish. */
-    int rc = getenv("WQ_X_TRY") && wq__slot_held(q) ? wq__lock_try(q) : -EBUSY;
-    if (rc == -EBUSY) {
-        if (!wq_load_relaxed(&q->hdr->shutdown) &&
-            wq_load_relaxed(&q->forkgen) == wq_load_relaxed(&wq__fork_gen)) {
-            rc = wq__lanes_publish(q, key, (uint32_t)len, hash, now);
-            if (rc == -ESTALE)   /* a fresh hint for this key */
-                rc = add_fast(q, key, len, hash) ? 1
-                                                  : wq__lanes_publish(q, key, (uint32_t)len, hash, now);
-            if (rc >= 0)
-                return rc;
-        }
-        rc = wq__lock(q);
+    if (!wq_load_relaxed(&q->hdr->shutdown) &&
+        wq_load_relaxed(&q->forkgen) == wq_load_relaxed(&wq__fork_gen)) {
+        int rc = wq__lanes_publish(q, key, (uint32_t)len, hash, now);
+        if (rc == -ESTALE)   /* a fresh hint for this key */
+            rc = add_fast(q, key, len, hash) ? 1
+                                              : wq__lanes_publish(q, key, (uint32_t)len, hash, now);
+        if (rc >= 0)
+            return rc;
     }
+    int rc = wq__lock(q);
     if (rc < 0)
         return rc;
     bool wake = false;
@@ -448,7 +457,8 @@ static int batch_room(shmq *q, const struct iovec *keys, const uint32_t *hashes,
     /* Room granted to lanes and not used comes back before a refusal. */
     if (h->lane_granted > 0 && (uint64_t)h->live + h->lane_granted + n > q->capacity)
         wq__lanes_revoke(q);
-    size_t room = q->capacity - h->live - h->lane_granted;
+    uint64_t held_live = (uint64_t)h->live + h->lane_granted;
+    size_t room = held_live < q->capacity ? q->capacity - (size_t)held_live : 0;
     size_t free_now = wq__entry_free_count(q);
     /* Pages for the entries the free list cannot give are reserved first,
        so the batch never stops half way for want of them: for n (cheap,
