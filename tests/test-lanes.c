@@ -443,6 +443,47 @@ static void test_capacity(void **state)
     t_close(q);
 }
 
+/* An idle key kept for its failure count comes back live without a new
+   entry: it takes room from the lanes' unused grants, never from adds
+   already published; capacity holds exactly. */
+static void test_retained_room(void **state)
+{
+    (void)state;
+    const char *name;
+    struct wq_options o = { .capacity = 50 };
+    wq *q = t_track(t_create("retained", &o, &name));
+    struct wq_shm *s = wq__shm(q);
+    wq *a = t_track(T_OPEN(name, NULL));
+    assert_int_equal(wq_add_rate_limited(a, KS("x")), 0);
+    assert_int_equal(wq_add(a, KS("x")), 0);   /* ready now */
+    T_EXPECT_GET(a, "x");
+    T_EXPECT_DONE(a, "x");                      /* retained: its failure count */
+    char k[64];
+    for (int i = 0; i < 10; i++) {
+        key_of(k, sizeof k, "p", i);
+        assert_int_equal(wq_add_publish(q, KS(k)), 0);
+    }
+    (void)t_stats(q);   /* applied; the lane granted the rest of the room */
+    assert_int_equal(s->hdr->live + s->hdr->lane_granted, 50);
+    assert_int_equal(wq_add(a, KS("x")), 0);   /* room taken back from the lane */
+    assert_true(s->hdr->live + s->hdr->lane_granted <= 50);
+    for (int i = 10; i < 49; i++) {
+        key_of(k, sizeof k, "p", i);
+        assert_int_equal(wq_add_publish(q, KS(k)), 0);
+    }
+    assert_int_equal(wq_add_publish(q, KS("p-over")), -ENOSPC);
+    struct wq_stats st = t_stats(q);
+    assert_int_equal(st.live, 50);
+    assert_int_equal(st.queued, 50);
+    assert_true(s->hdr->live + s->hdr->lane_granted <= 50);
+    expect_keys(q, "p", 0, 10);
+    T_EXPECT_GET(q, "x");
+    T_EXPECT_DONE(q, "x");
+    expect_keys(q, "p", 10, 49);
+    t_close(a);
+    t_close(q);
+}
+
 /* A getter asleep on an empty queue wakes at a published add. */
 static void test_wake(void **state)
 {
@@ -766,6 +807,7 @@ int main(void)
         T_TEST(test_producer_points),
         T_TEST(test_producer_random_kill),
         T_TEST(test_capacity),
+        T_TEST(test_retained_room),
         T_TEST(test_wake),
         T_TEST(test_lanes_and_slots),
         T_TEST(test_shutdown),
