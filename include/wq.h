@@ -237,6 +237,7 @@
  *       store adds 4 bytes per unit of capacity, fair mode its tenant
  *       table, up to 512 KiB): 32 KiB for a default queue, whatever its
  *       capacity, which is a bound, not an allocation;
+ *     - at the first wq_add_publish, the lanes: 33 KiB;
  *     - then, as keys arrive, one entry per key held at once (64 bytes,
  *       which hold a key of up to 16 bytes, and 4 for the delay heap; 32
  *       more in fair mode); a longer key's own bytes, rounded up to 8, in

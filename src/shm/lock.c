@@ -21,6 +21,9 @@
  * (get, done and their batches): they back off (acquire below).
  * wq__unlock issues the futex wakes the holder owed (wait.c): waking
  * after the unlock means a woken sleeper never blocks on our lock.
+ * Every acquisition applies the adds published to lanes (lanes.c) before
+ * the caller does anything: queue.c applies them, through the one add
+ * path (the one call from here up).
  *
  * Mutex set-up checks every attribute call (as LMDB's lock-table set-up
  * does): a region must never be published with a lock that is not robust

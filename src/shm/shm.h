@@ -8,9 +8,12 @@
  *               the operations, composed from what is below
  *   repair.c    rebuild from entries; wq_check shares its passes
  *   procs.c     process table, leases, the one liveness probe, reaping
+ *   lanes.c     adds published without the lock: lanes, their room, repair
  *   entry.c     every entry state transition (the one state machine)
  *   mutate.h    the crash protocol: begin/end of a mutation
- *   lock.c wait.c region.c
+ *   lock.c wait.c region.c   (lock.c's one call up: every locker applies
+ *               the published adds first, queue.c's wq__queue_apply_lanes,
+ *               because they are adds and there is one add path)
  *   table.c ring.c heap.c   data structures only; never call up
  *   layout.h    the region format
  */
