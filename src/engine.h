@@ -33,6 +33,9 @@ struct wq_add_req {
     bool published;        /* shm engine: an add published to a lane
                               (wq_add_publish) being applied; it was
                               made before any shutdown that came after */
+    bool take_lane;        /* shm engine: wq_add_publish's locked way; its
+                              lock-free tries were made, and the handle
+                              takes a lane for its next adds */
 };
 
 /* What wq_finish records with its done (record false: plain wq_done). */

@@ -269,10 +269,7 @@ int wq__entry_evict_room(shmq *q, uint32_t want)
 uint32_t wq__entry_new(shmq *q, const void *key, size_t len, uint32_t hash, int *err)
 {
     WQ_ASSERT_MUTATING(q);
-    /* Room granted to lanes counts as live (lanes.c); what they do not
-       use comes back before a refusal. */
-    if ((uint64_t)q->hdr->live + q->hdr->lane_granted >= q->capacity &&
-        (wq__lanes_revoke(q) == 0 || q->hdr->live + q->hdr->lane_granted >= q->capacity)) {
+    if (!wq__lanes_room(q, 1)) {   /* room granted to lanes counts as live */
         wq__errf("queue '%s': full: it holds its capacity of %u live keys", q->pub.name,
                  q->capacity);
         *err = -ENOSPC;

@@ -58,10 +58,15 @@ WQ_INLINE bool tl_sound(uint64_t w, uint32_t head)
            tl_limit(w) - head <= WQ_LANE_SLOTS;
 }
 
+uint32_t wq__lanes_key_max(const shmq *q)
+{
+    return q->max_key_len < WQ_LANE_KEY ? q->max_key_len : WQ_LANE_KEY;
+}
+
 /* Arena granules one published add may need. */
 static uint32_t grains_each(const shmq *q)
 {
-    uint32_t len = q->max_key_len < WQ_LANE_KEY ? q->max_key_len : WQ_LANE_KEY;
+    uint32_t len = wq__lanes_key_max(q);
     return len > WQ_KEY_INLINE ? (uint32_t)WQ_GRAINS(len) : 0;
 }
 
@@ -214,15 +219,38 @@ static void revoke(shmq *q, uint32_t l)
     q->hdr->lane_granted -= back < q->hdr->lane_granted ? back : q->hdr->lane_granted;
 }
 
-uint32_t wq__lanes_revoke(shmq *q)
+void wq__lanes_revoke(shmq *q)
 {
     WQ_ASSERT_LOCKED(q);
     if (!q->lanes || !q->hdr->lanes_grown)
-        return 0;
-    uint32_t before = q->hdr->lane_granted;
+        return;
     for (uint32_t l = 0; l < WQ_LANES; l++)
         revoke(q, l);
-    return before - q->hdr->lane_granted;
+}
+
+bool wq__lanes_room(shmq *q, uint64_t n)
+{
+    WQ_ASSERT_LOCKED(q);
+    const struct wq_hdr *h = q->hdr;
+    if ((uint64_t)h->live + h->lane_granted + n <= q->capacity)
+        return true;
+    if (h->lane_granted > 0)
+        wq__lanes_revoke(q);
+    return (uint64_t)h->live + h->lane_granted + n <= q->capacity;
+}
+
+/* Lock held: lane l has no owner from now on. What it published stays to
+   be applied; a new owner takes it once it is empty (wq__lanes_take). A
+   publisher killed between its publication and announcing it left no
+   bit: the next locker applies the lane. */
+static void disown(shmq *q, uint32_t l)
+{
+    struct wq_lane *ln = &q->lanes[l];
+    revoke(q, l);
+    ln->owner = 0;
+    ln->owner_gen = 0;
+    if (tl_tail(__atomic_load_n(&ln->tl, __ATOMIC_ACQUIRE)) != ln->head)
+        __atomic_fetch_or(&q->hdr->lanes_pending, 1u << l, __ATOMIC_SEQ_CST);
 }
 
 int wq__lanes_take(shmq *q)
@@ -262,20 +290,9 @@ void wq__lanes_free_slot(shmq *q, uint32_t slot)
     WQ_ASSERT_LOCKED(q);
     if (!q->lanes || !q->hdr->lanes_grown)
         return;
-    for (uint32_t l = 0; l < WQ_LANES; l++) {
-        struct wq_lane *ln = &q->lanes[l];
-        if (ln->owner != slot + 1)
-            continue;
-        revoke(q, l);
-        ln->owner = 0;
-        ln->owner_gen = 0;
-        /* What it published stays to be applied; a new owner takes the
-           lane once it is empty (wq__lanes_take). A publisher killed
-           between its publication and announcing it left no bit: the
-           next locker applies the lane. */
-        if (tl_tail(__atomic_load_n(&ln->tl, __ATOMIC_ACQUIRE)) != ln->head)
-            __atomic_fetch_or(&q->hdr->lanes_pending, 1u << l, __ATOMIC_SEQ_CST);
-    }
+    for (uint32_t l = 0; l < WQ_LANES; l++)
+        if (q->lanes[l].owner == slot + 1)
+            disown(q, l);
 }
 
 struct wq_lane_slot *wq__lanes_next(shmq *q, uint32_t l, uint32_t *pos)
@@ -345,9 +362,7 @@ void wq__lanes_verify(shmq *q, bool apply, void (*violation)(void *c, const char
                      ln->owner_gen);
             say(violation, c, what);
             if (apply) {
-                revoke(q, l);
-                ln->owner = 0;
-                ln->owner_gen = 0;
+                disown(q, l);
                 w = __atomic_load_n(&ln->tl, __ATOMIC_ACQUIRE);
             }
         }
@@ -356,7 +371,7 @@ void wq__lanes_verify(shmq *q, bool apply, void (*violation)(void *c, const char
             if (tl_tail(w) != head)
                 pending |= 1u << l;
             /* Published slots are whole; applying drops a damaged one. */
-            uint32_t max = q->max_key_len < WQ_LANE_KEY ? q->max_key_len : WQ_LANE_KEY;
+            uint32_t max = wq__lanes_key_max(q);
             for (uint32_t p = head; p != tl_tail(w); p++) {
                 uint32_t len = ln->s[p % WQ_LANE_SLOTS].len;
                 if (len == 0 || len > max) {

@@ -10,7 +10,8 @@
  *
  * The add path: add_locked() decides, for one key under the lock, between
  * a new entry, a coalesced add, a new or merged wait, and marking an
- * existing key dirty. Every public add goes through add_call() (one key)
+ * existing key dirty. Every public add goes through add_call() (one key;
+ * add_hashed() when its hash is known)
  * or wq__shm_add_many() (a batch), and both end the same way: when the
  * only room is held by removals the store has not written (-WQ_EFLUSH),
  * they flush and try again; a batch makes all the room it needs before
@@ -126,13 +127,13 @@ static int add_locked(shmq *q, const struct wq_add_req *r, uint32_t hash, uint64
     }
     /* An idle key kept for its failure count or result comes back live
        without a new entry: room granted to lanes must stay theirs. */
-    if (!fresh && h->lane_granted > 0 &&
-        (wq__st(wq__entry(q, idx)) == WQ_ST_RETAINED || wq__st(wq__entry(q, idx)) == 0) &&
-        (uint64_t)h->live + h->lane_granted >= q->capacity &&
-        (wq__lanes_revoke(q) == 0 || (uint64_t)h->live + h->lane_granted >= q->capacity)) {
-        wq__errf("queue '%s': full: it holds %u live keys and %u published adds of its "
-                 "capacity of %u", q->pub.name, h->live, h->lane_granted, q->capacity);
-        return -ENOSPC;
+    if (!fresh && h->lane_granted > 0) {
+        uint16_t idle = wq__st(wq__entry(q, idx));
+        if ((idle == WQ_ST_RETAINED || idle == 0) && !wq__lanes_room(q, 1)) {
+            wq__errf("queue '%s': full: it holds %u live keys and %u published adds of its "
+                     "capacity of %u", q->pub.name, h->live, h->lane_granted, q->capacity);
+            return -ENOSPC;
+        }
     }
     wq__mut_begin(q);
     if (r->delayed)
@@ -210,11 +211,12 @@ static int add_locked(shmq *q, const struct wq_add_req *r, uint32_t hash, uint64
     return wq__mut_end(q, rc);
 }
 
-/* One key, any kind of add: lock, add, make room and retry, epilogue. */
-static int add_call(shmq *q, const struct wq_add_req *r)
+/* One key, any kind of add: lock, add, make room and retry, epilogue.
+   wq_add_publish's locked way (r->take_lane) has made the lock-free
+   tries already, and takes a lane for its next adds. */
+static int add_hashed(shmq *q, const struct wq_add_req *r, uint32_t hash)
 {
-    uint32_t hash = wq__hash(q->seed, r->key, r->len);
-    if (q->hints && !r->delayed && add_fast(q, r->key, r->len, hash))
+    if (q->hints && !r->delayed && !r->take_lane && add_fast(q, r->key, r->len, hash))
         return 1;
     /* The index slot is a likely cache miss: start it while we lock. */
     wq__table_prefetch(q, hash);
@@ -226,6 +228,8 @@ static int add_call(shmq *q, const struct wq_add_req *r)
             return rc;
         bool wake = false;
         rc = add_locked(q, r, hash, now, &wake);
+        if (rc >= 0 && r->take_lane)
+            wq__lanes_take(q);
         drops = q->hdr->storing_drops;
         if (wake)
             wq__wake_getters(q, 1);
@@ -240,6 +244,11 @@ static int add_call(shmq *q, const struct wq_add_req *r)
        key's own adder makes it durable. */
     struct iovec key = { (void *)r->key, r->len };
     return wq__store_finish_add(q, &key, 1, &key, rc == 0 ? 1 : 0, drops, rc);
+}
+
+static int add_call(shmq *q, const struct wq_add_req *r)
+{
+    return add_hashed(q, r, wq__hash(q->seed, r->key, r->len));
 }
 
 int wq__shm_add(wq *pub, const struct wq_add_req *r)
@@ -266,7 +275,7 @@ void wq__queue_apply_lanes(shmq *q)
         return;
     uint64_t now = q->metrics ? wq__now_mono() : 0;
     unsigned char key[WQ_LANE_KEY];
-    uint32_t max = q->max_key_len < WQ_LANE_KEY ? q->max_key_len : WQ_LANE_KEY;
+    uint32_t max = wq__lanes_key_max(q);
     for (uint32_t l = 0; bits; l++, bits >>= 1) {
         if (!(bits & 1))
             continue;
@@ -342,10 +351,9 @@ int wq__shm_add_publish(wq *pub, const void *key, size_t len)
     uint32_t hash = wq__hash(q->seed, key, len);
     if (q->hints && add_fast(q, key, len, hash))
         return 1;
-    wq__table_prefetch(q, hash);
-    uint64_t now = wq__metrics_now(q);
     if (!wq_load_relaxed(&q->hdr->shutdown) &&
         wq_load_relaxed(&q->forkgen) == wq_load_relaxed(&wq__fork_gen)) {
+        uint64_t now = wq__metrics_now(q);
         int rc = wq__lanes_publish(q, key, (uint32_t)len, hash, now);
         if (rc == -ESTALE)   /* a fresh hint for this key */
             rc = add_fast(q, key, len, hash) ? 1
@@ -353,17 +361,8 @@ int wq__shm_add_publish(wq *pub, const void *key, size_t len)
         if (rc >= 0)
             return rc;
     }
-    int rc = wq__lock(q);
-    if (rc < 0)
-        return rc;
-    bool wake = false;
-    rc = add_locked(q, &r, hash, now, &wake);
-    if (rc >= 0)
-        wq__lanes_take(q);
-    if (wake)
-        wq__wake_getters(q, 1);
-    wq__unlock(q);
-    return rc;
+    r.take_lane = true;
+    return add_hashed(q, &r, hash);
 }
 
 /*
@@ -454,9 +453,7 @@ static int count_new(shmq *q, const struct iovec *keys, const uint32_t *hashes, 
 static int batch_room(shmq *q, const struct iovec *keys, const uint32_t *hashes, size_t n)
 {
     struct wq_hdr *h = q->hdr;
-    /* Room granted to lanes and not used comes back before a refusal. */
-    if (h->lane_granted > 0 && (uint64_t)h->live + h->lane_granted + n > q->capacity)
-        wq__lanes_revoke(q);
+    (void)wq__lanes_room(q, n);   /* lanes' unused room back if short */
     uint64_t held_live = (uint64_t)h->live + h->lane_granted;
     size_t room = held_live < q->capacity ? q->capacity - (size_t)held_live : 0;
     size_t free_now = wq__entry_free_count(q);

@@ -618,7 +618,13 @@ void wq__fair_verify(shmq *q, void (*violation)(void *c, const char *what), void
 int wq__lanes_publish(shmq *q, const void *key, uint32_t len, uint32_t hash, uint64_t now);
 int wq__lanes_take(shmq *q);
 void wq__lanes_grant(shmq *q, uint32_t l);
-uint32_t wq__lanes_revoke(shmq *q);
+/* Lock held: each lane's room down to what it holds. */
+void wq__lanes_revoke(shmq *q);
+/* Lock held: whether n more live keys fit, counting the room granted to
+   lanes as live; unused grants come back first when they do not. */
+bool wq__lanes_room(shmq *q, uint64_t n);
+/* The longest key a lane takes for this queue. */
+uint32_t wq__lanes_key_max(const shmq *q);
 void wq__lanes_free_slot(shmq *q, uint32_t slot);
 uint64_t wq__lanes_grains(const shmq *q);
 struct wq_lane_slot *wq__lanes_next(shmq *q, uint32_t l, uint32_t *pos);
