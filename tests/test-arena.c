@@ -121,9 +121,10 @@ static void test_keys_cost_their_length(void **state)
     wq *q = t_track(t_create("len", T_OPTS(.capacity = 20000), &name));
     struct wq_shm *s = wq__shm(q);
     assert_int_equal(wq_max_key_len(q), 256);
-    assert_int_equal(s->g.entry_size, 64);
+    assert_int_equal(s->g.entry_size, 56);
     assert_int_equal(s->g.key_classes, 33);
-    assert_int_equal(s->g.key_max, 2u * (20000 * 32 + 20000 * 32));   /* keys, messages */
+    assert_int_equal(s->g.key_max, 2u * (20000 * (32 + WQ_RUN_GRAINS) + 20000 * 32));   /* keys
+                                                     with their run records, messages */
     char k[300];
     uint32_t want = 0;
     for (size_t l = 0; l < NLENS; l++)
@@ -139,8 +140,11 @@ static void test_keys_cost_their_length(void **state)
             T_EXPECT_GETN(q, k, mkkey(k, i, g_lens[l]));
             assert_int_equal(wq_done(q, k, g_lens[l]), 0);
         }
-    /* Every block listed by its size, the top unmoved. */
-    assert_int_equal(s->hdr->k_top, want);
+    /* Every block listed by its size, the top past them by the one run
+       record that every get took in turn (done gives it back). */
+    assert_int_equal(s->hdr->k_top, want + WQ_RUN_GRAINS);
+    assert_int_equal(listed(q, WQ_RUN_GRAINS), 1);
+    want += WQ_RUN_GRAINS;
     assert_int_equal(listed(q, 3), 20);
     assert_int_equal(listed(q, 5), 10);
     assert_int_equal(listed(q, 25), 10);
@@ -179,25 +183,32 @@ static void test_keys_cost_their_length(void **state)
     t_close(q);
 }
 
-/* capacity 4, max_key_len 64, one result: an arena of 2 x (4 x 8 + 32)
-   = 128 granules. */
+/* capacity 4, max_key_len 64, one result: an arena of
+   2 x (4 x (8 + 2) + 32) = 144 granules (keys, run records, a message). */
 static void test_arena_full_compacts(void **state)
 {
     (void)state;
     wq *q = t_track(t_create("full", T_OPTS(.capacity = 4, .max_key_len = 64,
                                             .result_capacity = 1), NULL));
     struct wq_shm *s = wq__shm(q);
-    assert_int_equal(s->g.key_max, 128);
+    assert_int_equal(s->g.key_max, 144);
     char k[80];
     /* Four keys of each length from 3 to 8 granules, taken and done in
-       turn: 132 granules asked of 128. */
+       turn, the first one finished with the longest message: 132
+       granules, a run record and 32 asked of 144. */
+    char msg[256];
+    memset(msg, 'm', 255);
+    msg[255] = 0;
     for (size_t len = 24; len <= 64; len += 8) {
         for (int i = 0; i < 4; i++)
             assert_int_equal(wq_add(q, k, mkkey(k, i, len)), 0);
-        assert_true(s->hdr->k_top <= 128);
+        assert_true(s->hdr->k_top <= 144);
         for (int i = 0; i < 4; i++) {
             T_EXPECT_GETN(q, k, mkkey(k, i, len));
-            assert_int_equal(wq_done(q, k, len), 0);
+            if (len == 24 && i == 0)
+                assert_int_equal(wq_finish(q, k, len, 1, msg), 0);
+            else
+                assert_int_equal(wq_done(q, k, len), 0);
         }
         t_check_clean(q, __func__);
     }
@@ -206,7 +217,7 @@ static void test_arena_full_compacts(void **state)
         assert_int_equal(wq_add(q, k, mkkey(k, 10 + i, 64)), 0);
     assert_int_equal(wq_add(q, k, mkkey(k, 14, 20)), -ENOSPC);
     assert_non_null(strstr(wq_last_error(), "full: it holds its capacity of 4 live keys"));
-    assert_true(s->hdr->k_top <= 128);
+    assert_true(s->hdr->k_top <= 144);
     t_check_clean(q, __func__);
     for (int i = 10; i < 14; i++) {
         T_EXPECT_GETN(q, k, mkkey(k, i, 64));
@@ -231,7 +242,7 @@ static void test_arena_full_compacts(void **state)
         kept_len = b;
         lowered += s->hdr->k_top < last;
         last = s->hdr->k_top;
-        assert_true(last <= 128);
+        assert_true(last <= 144);
     }
     printf("the arena's top came down %u times in 40 rounds\n", lowered);
     assert_true(lowered >= 1);
@@ -412,7 +423,8 @@ static void test_result_messages(void **state)
     assert_int_equal(wq_add(q, KS("k")), 0);
     T_EXPECT_GET(q, "k");
     assert_int_equal(wq_finish(q, KS("k"), 3, m100), 0);
-    assert_int_equal(s->hdr->k_top, grains(100));
+    /* The get's run record at 0, the message after it. */
+    assert_int_equal(s->hdr->k_top, WQ_RUN_GRAINS + grains(100));
     assert_int_equal(wq_result(q, KS("k"), &r), 0);
     assert_int_equal(r.code, 3);
     assert_string_equal(r.message, m100);
@@ -420,7 +432,7 @@ static void test_result_messages(void **state)
     assert_int_equal(wq_add(q, KS("k")), 0);
     T_EXPECT_GET(q, "k");
     assert_int_equal(wq_finish(q, KS("k"), 4, m20), 0);
-    assert_int_equal(s->hdr->k_top, grains(100) + grains(20));
+    assert_int_equal(s->hdr->k_top, WQ_RUN_GRAINS + grains(100) + grains(20));
     assert_int_equal(listed(q, grains(100)), 1);
     assert_int_equal(wq_result(q, KS("k"), &r), 0);
     assert_string_equal(r.message, m20);
@@ -502,6 +514,128 @@ static void test_result_count_damaged(void **state)
     t_close(q);
 }
 
+/* A get needs a run record (keys.c): when the arena may not grow, the
+   get is refused with the region's reason, the key stays at the front,
+   and nothing is left for a repair. */
+static void test_run_record_refused(void **state)
+{
+    (void)state;
+    const char *name;
+    wq *q = t_track(t_create("runroom", T_OPTS(.capacity = 100), &name));
+    struct wq_shm *s = wq__shm(q);
+    assert_int_equal(wq_add(q, KS("first")), 0);
+    assert_int_equal(wq_add(q, KS("second")), 0);
+    assert_int_equal(s->hdr->grown_keys, 0);
+    char buf[300], want[200];
+    wq_fault_arm("region.grow", 1, WQ_FAULT_FAIL_ON);
+    assert_int_equal(wq_get(q, buf, sizeof buf, 0), -ENOSPC);
+    wq_fault_arm(NULL, 0, 0);
+    snprintf(want, sizeof want, "queue '%s': no room in /dev/shm to grow its region to "
+             "%u key arena granules (", wq_name(q), WQ_RUN_GRAINS);
+    if (!strstr(wq_last_error(), want))
+        fail_msg("wq_last_error: \"%s\", expected \"%s\"", wq_last_error(), want);
+    assert_int_equal(s->hdr->busy, 0);
+    assert_int_equal(s->hdr->grown_keys, 0);
+    assert_int_equal(t_key_state(q, "first"), WQ_KEY_DIRTY | WQ_KEY_QUEUED);
+    assert_int_equal(wq_len(q), 2);
+    assert_int_equal(t_stats(q).processing, 0);
+    assert_int_equal(t_stats(q).repairs_total, 0);
+    t_check_clean(q, __func__);
+    static const char *const order[] = { "first", "second" };
+    expect_queue_close(q, order, 2);
+    (void)name;
+}
+
+static uint32_t index_of(wq *q, const struct wq_entry *e)
+{
+    struct wq_shm *s = wq__shm(q);
+    return (uint32_t)(((const unsigned char *)e - s->entries) / s->entry_size);
+}
+
+static struct wq_run *run_at(wq *q, uint32_t granule)
+{
+    return (struct wq_run *)(wq__shm(q)->karena + (uint64_t)granule * WQ_KEY_GRAIN);
+}
+
+/* A processing key whose run record cannot be trusted has no known
+   holder: named, and requeued by the repair as a crash; the others keep
+   their holder. */
+static void test_damaged_run_record(void **state)
+{
+    (void)state;
+    wq *q = t_track(t_create("run", T_OPTS(.capacity = 100), NULL));
+    struct wq_shm *s = wq__shm(q);
+    assert_int_equal(wq_add(q, KS("a")), 0);
+    assert_int_equal(wq_add(q, KS("b")), 0);
+    assert_int_equal(wq_add(q, KS("c")), 0);
+    T_EXPECT_GET(q, "a");
+    T_EXPECT_GET(q, "b");
+    T_EXPECT_GET(q, "c");
+    struct wq_entry *ea = entry_of(q, KS("a")), *eb = entry_of(q, KS("b"));
+    uint32_t ia = index_of(q, ea), ib = index_of(q, eb);
+    uint32_t top = s->hdr->k_top;
+    assert_int_equal(top, 3 * WQ_RUN_GRAINS);
+    ea->run = s->g.key_max + 3;          /* outside the arena */
+    run_at(q, eb->run)->entry = ia;      /* names another entry */
+    assert_true(check_lines(q) >= 2);
+    print_lines();
+    char want[200];
+    snprintf(want, sizeof want, "entry %u: processing, but its run record at granule %u is "
+             "outside the key arena's %u granules or names another entry", ia,
+             s->g.key_max + 3, top);
+    assert_true(reported(want));
+    snprintf(want, sizeof want, "entry %u: processing, but its run record at granule %u is "
+             "outside the key arena's %u granules or names another entry", ib, eb->run, top);
+    assert_true(reported(want));
+    assert_true(reported("counter processing 3, expected 1"));
+    uint64_t crashes = t_stats(q).crash_requeues_total;
+    assert_true(wq_check(q, WQ_CHECK_REPAIR) > 0);
+    t_check_clean(q, __func__);
+    assert_int_equal(t_stats(q).crash_requeues_total, crashes + 2);
+    assert_int_equal(t_key_state(q, "a"), WQ_KEY_DIRTY | WQ_KEY_QUEUED);
+    assert_int_equal(t_key_state(q, "b"), WQ_KEY_DIRTY | WQ_KEY_QUEUED);
+    assert_int_equal(t_key_state(q, "c"), WQ_KEY_PROCESSING);
+    assert_int_equal(wq_done(q, KS("a")), -ENOENT);
+    T_EXPECT_DONE(q, "c");
+
+    static const char *const ab[] = { "a", "b" };
+    expect_queue_close(q, ab, 2);
+
+    /* A record that another block's bytes hold: LA's key, an entry
+       before it, is marked first; the record loses. */
+    q = t_track(t_create("run2", T_OPTS(.capacity = 100), NULL));
+    s = wq__shm(q);
+    assert_int_equal(wq_add(q, KS(LA)), 0);
+    assert_int_equal(wq_add(q, KS("p")), 0);
+    T_EXPECT_GET(q, LA);
+    T_EXPECT_GET(q, "p");
+    struct wq_entry *el = entry_of(q, KS(LA)), *ep = entry_of(q, KS("p"));
+    uint32_t ip = index_of(q, ep);
+    assert_true(index_of(q, el) < ip);
+    unsigned char saved[sizeof(struct wq_run)];
+    memcpy(saved, run_at(q, el->k.block), sizeof saved);
+    memcpy(run_at(q, el->k.block), run_at(q, ep->run), sizeof(struct wq_run));
+    ep->run = el->k.block;
+    assert_true(check_lines(q) >= 1);
+    print_lines();
+    snprintf(want, sizeof want, "entry %u: its run record at granule %u shares bytes with "
+             "another block; requeued", ip, el->k.block);
+    assert_true(reported(want));
+    crashes = t_stats(q).crash_requeues_total;
+    assert_true(wq_check(q, WQ_CHECK_REPAIR) > 0);
+    /* LA's bytes back: the repair took its hash from the record's bytes,
+       so one more repair takes it from LA's. */
+    memcpy(run_at(q, el->k.block), saved, sizeof saved);
+    assert_int_equal(wq_check(q, WQ_CHECK_REPAIR), 1);
+    t_check_clean(q, __func__);
+    assert_int_equal(t_stats(q).crash_requeues_total, crashes + 1);
+    assert_int_equal(t_key_state(q, LA), WQ_KEY_PROCESSING);
+    assert_int_equal(t_key_state(q, "p"), WQ_KEY_DIRTY | WQ_KEY_QUEUED);
+    T_EXPECT_DONE(q, LA);
+    static const char *const order[] = { "p" };
+    expect_queue_close(q, order, 1);
+}
+
 /* Found in review: a restore takes a new key's block, then records its
    result, before the key's commit. A merge of the free granules in
    between (the top at the arena's end) must count that block as taken,
@@ -555,6 +689,8 @@ int main(void)
         T_TEST(test_result_messages),
         T_TEST(test_result_count_damaged),
         T_TEST(test_merge_keeps_a_key_being_added),
+        T_TEST(test_run_record_refused),
+        T_TEST(test_damaged_run_record),
         T_NO_LEFTOVERS,
     };
     static const struct t_guard g = {

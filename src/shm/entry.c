@@ -128,13 +128,22 @@ static void unretain(shmq *q, const struct wq_entry *e)
         q->hdr->failing--;
 }
 
-static void held_dec(shmq *q, const struct wq_entry *e)
+static void held_dec(shmq *q, const struct wq_run *r)
 {
-    if (e->owner < q->max_procs) {
-        struct wq_proc *p = &q->procs[e->owner];
-        if (wq__gen16(p->gen) == e->owner_gen && p->held > 0)
+    if (r->owner < q->max_procs) {
+        struct wq_proc *p = &q->procs[r->owner];
+        if (wq__gen16(p->gen) == r->owner_gen && p->held > 0)
             p->held--;
     }
+}
+
+/* After the commit that ends PROCESSING: the run record's block goes
+   back. A holder killed before this leaves it named by no processing
+   entry, free again at the next repair (keys.c). */
+static void run_end(shmq *q, struct wq_entry *e)
+{
+    wq__keys_give(q, e->run, sizeof(struct wq_run));   /* checks the block */
+    e->run = WQ_NIL;
 }
 
 /* ------------------------------------------------------------------ */
@@ -288,7 +297,6 @@ uint32_t wq__entry_new(shmq *q, const void *key, size_t len, uint32_t hash, int 
     WQ_STEP("add.alloc");
     struct wq_entry *e = wq__entry(q, idx);
     e->hash = hash;
-    e->owner = WQ_OWNER_NONE;
     e->failures = 0;
     e->rslot = WQ_NIL;
     wq__entry_renew(q, e);   /* also the add order */
@@ -523,9 +531,19 @@ int wq__entry_hand_out(shmq *q, uint32_t idx, uint64_t now)
     WQ_ASSERT_MUTATING(q);
     struct wq_hdr *h = q->hdr;
     struct wq_entry *e = wq__entry(q, idx);
-    e->owner = (uint16_t)q->slot;
-    e->owner_gen = wq__gen16(q->gen);
-    e->t_start = now;
+    /* Its run record first, the only step that can fail: a holder killed
+       before the commit leaves a block that no processing entry names,
+       free again at the next repair (keys.c). */
+    uint32_t b;
+    int rc = wq__keys_take(q, sizeof(struct wq_run), &b);
+    if (rc < 0)
+        return rc;
+    struct wq_run *r = (struct wq_run *)(q->karena + (uint64_t)b * WQ_KEY_GRAIN);
+    r->t_start = now;
+    r->entry = idx;
+    r->owner = (uint16_t)q->slot;
+    r->owner_gen = wq__gen16(q->gen);
+    e->run = b;
     WQ_STEP("get.owner");
     set_state(e, WQ_ST_PROCESSING);   /* commit */
     WQ_STEP("get.state");
@@ -559,6 +577,9 @@ int wq__entry_done(shmq *q, uint32_t idx, uint64_t now, const struct wq_outcome 
     struct wq_entry *e = wq__entry(q, idx);
     uint16_t st = wq__st(e);
     int rc = 0;
+    struct wq_run *r = wq__entry_run(q, e, idx);
+    if (WQ_UNLIKELY(!r))
+        return wq__region_mark_corrupt(q);   /* repair requeues it */
     /* The outcome first: a holder killed before the state commit leaves
        the key processing (requeued as a crash) with its outcome kept. */
     if (o && o->record) {
@@ -592,10 +613,11 @@ int wq__entry_done(shmq *q, uint32_t idx, uint64_t now, const struct wq_outcome 
         wq__entry_release(q, idx, true);   /* commits; never fails after */
     }
     if (q->metrics) {
-        wq__observe(&h->wdur, now - e->t_start);
-        h->sum_start -= e->t_start;
+        wq__observe(&h->wdur, now - r->t_start);
+        h->sum_start -= r->t_start;
     }
-    held_dec(q, e);
+    held_dec(q, r);
+    run_end(q, e);
     h->processing--;
     WQ_STEP("done.counters");
     if (h->processing == 0)
@@ -619,6 +641,9 @@ int wq__entry_requeue(shmq *q, uint32_t idx, bool crash, uint64_t now, bool *que
     struct wq_entry *e = wq__entry(q, idx);
     uint16_t st = wq__st(e);
     int rc;
+    struct wq_run *r = wq__entry_run(q, e, idx);
+    if (WQ_UNLIKELY(!r))
+        return wq__region_mark_corrupt(q);   /* repair requeues it */
     if (crash)
         wq__mut_pend(q, WQ_PEND_CRASH, idx);
     WQ_STEP("requeue.busy");
@@ -655,8 +680,9 @@ int wq__entry_requeue(shmq *q, uint32_t idx, bool crash, uint64_t now, bool *que
     WQ_STEP("requeue.ring");
     h->processing--;
     if (q->metrics)
-        h->sum_start -= e->t_start;
-    held_dec(q, e);
+        h->sum_start -= r->t_start;
+    held_dec(q, r);
+    run_end(q, e);
     if (crash) {
         h->crash_requeues_total++;
         WQ_STEP("requeue.counted");

@@ -83,8 +83,8 @@ static void fill(shmq *q, const struct wq_entry *e, struct wq_key_info *ki,
     ki->seq = e->seq;
     ki->priority = 0;
     ki->tenant_len = 0;
+    uint32_t idx = (uint32_t)(((const unsigned char *)e - q->entries) / q->entry_size);
     if (q->fair) {
-        uint32_t idx = (uint32_t)(((const unsigned char *)e - q->entries) / q->entry_size);
         ki->priority = q->fx[idx].prio;
         ki->tenant_len = wq__fair_tenant_len(q, e);
     }
@@ -95,11 +95,12 @@ static void fill(shmq *q, const struct wq_entry *e, struct wq_key_info *ki,
     ki->owner_pid = 0;
     ki->started_ns = 0;
     ki->holder_alive = false;
-    if ((e->state & WQ_ST_PROCESSING) && e->owner < q->max_procs) {
-        struct wq_proc *p = &q->procs[e->owner];
-        bool same = p->state == WQ_PROC_LIVE && wq__gen16(p->gen) == e->owner_gen;
+    const struct wq_run *r = (e->state & WQ_ST_PROCESSING) ? wq__entry_run(q, e, idx) : NULL;
+    if (r && r->owner < q->max_procs) {
+        struct wq_proc *p = &q->procs[r->owner];
+        bool same = p->state == WQ_PROC_LIVE && wq__gen16(p->gen) == r->owner_gen;
         ki->owner_pid = p->pid;
-        ki->started_ns = e->t_start;
+        ki->started_ns = r->t_start;
         /* The holder lives if its slot is still its own and its lease is
            held: a dead holder is never shown as a live one. */
         ki->holder_alive = same && wq__lease_alive(p);

@@ -17,17 +17,23 @@
  * the top reaches the end of the arena, the lists are rebuilt from the
  * entries (compact below), which merges neighbouring free granules, and
  * the first listed block at least as large is split. The arena is
- * virtual room for twice `capacity` keys of max_key_len and
- * `result_capacity` messages of 255 bytes, which makes that enough: after
+ * virtual room for twice `capacity` keys of max_key_len with a run
+ * record each and `result_capacity` messages of 255 bytes, which makes
+ * that enough: after
  * a rebuild every gap lies between two live blocks and is shorter than
  * the block asked for, so live blocks and gaps take less than twice the
  * longest possible live blocks, and the rest is free at the top. Only an
  * arena clamped to 2^32 granules (32 GiB) can be full.
  *
+ * Processing keys' run records (layout.h, struct wq_run) live here too,
+ * in blocks of WQ_RUN_GRAINS: who holds a key costs memory only while
+ * someone does.
+ *
  * Crash protocol (mutate.h): the entries and result slots are the truth.
- * An entry that is not free owns the block its key names, a used result
- * slot the block its message names, and nothing else owns them; every
- * other granule below k_top is free. A block taken and not yet
+ * An entry that is not free owns the block its key names, a processing
+ * entry also the block its run names, a used result slot the block its
+ * message names, and nothing else owns them; every other granule below
+ * k_top is free. A block taken and not yet
  * named by a committed entry, or given back and not yet listed, is only
  * lost until the next repair, which rebuilds every list from the
  * entries and slots the same way (wq__keys_rebuild). A granule number read from
@@ -205,11 +211,16 @@ static int compact(shmq *q)
     int rc = 0;
     /* Every entry with a long key, free or not: a free entry has none
        (keylen 0), except a new key's between taking its block and its
-       commit (restore records its result in between). */
+       commit (restore records its result in between). And every
+       processing entry's run record. */
     for (uint32_t idx = 0, used = wq__entries_used(q); idx < used && rc == 0; idx++) {
         const struct wq_entry *e = wq__entry(q, idx);
         if (e->keylen > WQ_KEY_INLINE &&
             (!wq__key(q, e) || wq__keys_mark(q, map, e->k.block, e->keylen) < 0))
+            rc = wq__region_mark_corrupt(q);
+        else if ((e->state & WQ_ST_PROCESSING) &&
+                 (!wq__entry_run(q, e, idx) ||
+                  wq__keys_mark(q, map, e->run, sizeof(struct wq_run)) < 0))
             rc = wq__region_mark_corrupt(q);
     }
     if (rc == 0 && wq__results_mark(q, map, false, NULL, NULL) > 0)

@@ -44,14 +44,14 @@
 #include <stdint.h>
 
 #define WQ_MAGIC        0x31515762696c0a57ull /* "W\nlibWQ1" little-endian */
-#define WQ_LAYOUT_VER   16u
+#define WQ_LAYOUT_VER   17u
 #define WQ_ALIGN        64u
 #define WQ_NIL          0xffffffffu          /* "no entry" */
 
 /* Entry state bits (struct wq_entry.state). 0 = free. */
 #define WQ_ST_DIRTY      (1u << 0)  /* added, not yet handed out */
 #define WQ_ST_QUEUED     (1u << 1)  /* in the ring; implies DIRTY */
-#define WQ_ST_PROCESSING (1u << 2)  /* handed out; owner fields valid */
+#define WQ_ST_PROCESSING (1u << 2)  /* handed out; its run record valid */
 #define WQ_ST_WAITING    (1u << 3)  /* in the delay heap; never with DIRTY */
 #define WQ_ST_RETAINED   (1u << 4)  /* alone: idle, kept for a failure count
                                        or a result */
@@ -387,16 +387,20 @@ struct wq_proc {
 };
 
 /*
- * A key slot: 64 bytes, one cache line. All fields: lock to write; state,
- * seq, keylen, hash and k are also read without it by the coalesced add
- * (queue.c), so state and seq are stored through atomics.h.
+ * A key slot: 56 bytes. All fields: lock to write; state, seq, keylen,
+ * hash and k are also read without it by the coalesced add (queue.c), so
+ * state and seq are stored through atomics.h.
  *   state     a single 16-bit store moves it between states (WQ_ST_*).
  *   keylen    1..max_key_len while live; 0 in a free entry.
  *   hash      32-bit key hash (the index slot keeps a few of its bits).
- *   owner     proc slot of the handle that got it (PROCESSING only).
- *   owner_gen low 16 bits of that slot's gen at the time.
  *   link      free-list next while free; heap position while WAITING
  *             (a free entry is never waiting).
+ *   run       PROCESSING only: the first granule of its run record (struct
+ *             wq_run) in the key arena, which the entry owns from the
+ *             commit of its hand-out to the commit of its done or requeue.
+ *             Who holds a key and since when is kept there, not here: it
+ *             matters for the few keys being processed, and 12 bytes in
+ *             every entry were 15% of a short key's footprint.
  *   failures  rate limiter failure count; survives wq_done (RETAINED).
  *   seq       add order (wraps; compared as a signed difference): ties of
  *             ready time in the heap go in add order. Also the entry's
@@ -405,7 +409,6 @@ struct wq_proc {
  *             coalesced add can read a key without the lock (queue.c).
  *             state and seq are written under the lock and read without
  *             it by that add only (atomics.h).
- *   t_start   PROCESSING: CLOCK_MONOTONIC of the get (work duration).
  *   t_b       DIRTY: time of the add (queue duration); WAITING: ready time.
  *             DIRTY and WAITING never coexist, so one field serves both.
  *   rslot     the key's result slot (results.c), whose `owner` points
@@ -413,30 +416,47 @@ struct wq_proc {
  *   k         the key: in the entry up to WQ_KEY_INLINE bytes, else the
  *             first granule of its block in the key arena (keys.c), which
  *             the entry owns from its add until it is free again.
+ * An entry is not a whole cache line: 8 of them take 7 lines. What a
+ * lookup reads (state, keylen, hash, seq, k: 28 bytes) comes first, so it
+ * lies in one line for 5 of every 8 entries.
  */
 #define WQ_KEY_INLINE 16u
 #define WQ_KEY_GRAIN  8u
 /* Granules of the key arena (keys.c) that len bytes take. */
 #define WQ_GRAINS(len) (((uint64_t)(len) + WQ_KEY_GRAIN - 1) / WQ_KEY_GRAIN)
 struct wq_entry {
-    uint64_t t_start;
-    uint64_t t_b;
     uint16_t state;
     uint16_t keylen;
     uint32_t hash;
-    uint16_t owner;
-    uint16_t owner_gen;
-    uint32_t link;
-    uint32_t failures;
     uint32_t seq;
-    uint32_t rslot;           /* its result slot, WQ_NIL if none */
-    uint32_t sgen;            /* bumped by every change the store must see */
     union {
         unsigned char in[WQ_KEY_INLINE];
         uint32_t block;
     } k;
+    uint32_t link;
+    uint32_t run;
+    uint32_t failures;
+    uint32_t rslot;           /* its result slot, WQ_NIL if none */
+    uint32_t sgen;            /* bumped by every change the store must see */
+    uint64_t t_b;
 };
-#define WQ_OWNER_NONE 0xffffu
+
+/*
+ * A processing key's run record: a block of WQ_RUN_GRAINS granules in the
+ * key arena (keys.c), named by its entry's `run`. lock.
+ *   entry     the entry it belongs to: both directions must agree.
+ *   owner     proc slot of the handle that got it.
+ *   owner_gen low 16 bits of that slot's gen at the time.
+ *   t_start   CLOCK_MONOTONIC of the get (work duration).
+ */
+struct wq_run {
+    uint64_t t_start;
+    uint32_t entry;
+    uint16_t owner;
+    uint16_t owner_gen;
+};
+#define WQ_RUN_GRAINS ((uint32_t)(sizeof(struct wq_run) / WQ_KEY_GRAIN))
+_Static_assert(sizeof(struct wq_run) % WQ_KEY_GRAIN == 0, "a run record is whole granules");
 
 /*
  * A hash index slot: one 32-bit word, 0 when empty. Its low `ibits` bits
@@ -454,7 +474,7 @@ struct wq_islot {
     uint32_t w;
 };
 
-_Static_assert(sizeof(struct wq_entry) == 64, "an entry is one cache line");
+_Static_assert(sizeof(struct wq_entry) == 56, "an entry is 56 bytes");
 
 /*
  * Fair-mode data of an entry (fair.c), indexed like the entries. lock.

@@ -67,8 +67,9 @@ int wq__shm_metrics(wq *pub, struct wq_metrics *out)
             if (!(e->state & WQ_ST_PROCESSING))
                 continue;
             m.depth += (e->state & WQ_ST_DIRTY) != 0;
-            if (e->t_start < oldest)
-                oldest = e->t_start;
+            const struct wq_run *r = wq__entry_run(q, e, i);
+            if (r && r->t_start < oldest)
+                oldest = r->t_start;
         }
     }
     if (q->metrics && m.processing > 0) {

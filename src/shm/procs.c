@@ -24,7 +24,8 @@
  * which the next reap reclaims.
  *
  * Keys held by a dead slot are found by scanning the entries for
- * (owner, owner_gen); slot->held says whether the scan is needed at all.
+ * (owner, owner_gen, in its run record); slot->held says whether the scan is
+ * needed at all.
  * The generation makes a reused slot never inherit a previous holder's
  * keys. A slot is given up in one place (slot_free), whether its holder
  * died, closed, or was killed on purpose by its supervisor.
@@ -279,8 +280,14 @@ static int requeue_owned(shmq *q, uint32_t slot, uint32_t gen, bool crash)
     uint64_t now = wq__now_mono();
     for (uint32_t idx = 0; idx < wq__entries_used(q) && p->held > 0 && !wq__region_broken(q); idx++) {
         struct wq_entry *e = wq__entry(q, idx);
-        if (!(wq__st(e) & WQ_ST_PROCESSING) || e->owner != slot ||
-            e->owner_gen != wq__gen16(gen))
+        if (!(wq__st(e) & WQ_ST_PROCESSING))
+            continue;
+        const struct wq_run *r = wq__entry_run(q, e, idx);
+        if (!r) {
+            wq__region_mark_corrupt(q);   /* repair requeues it */
+            break;
+        }
+        if (r->owner != slot || r->owner_gen != wq__gen16(gen))
             continue;
         wq__mut_begin(q);
         if (wq__mut_end(q, wq__entry_requeue(q, idx, crash, now, &queued_any)) < 0)

@@ -590,7 +590,12 @@ static int get_locked(shmq *q, void *buf, size_t cap, uint64_t now)
         prefetch_front(q);
     wq__mut_begin(q);
     WQ_STEP("get.busy");
-    int rc = wq__mut_end(q, wq__entry_hand_out(q, idx, now));
+    int rc = wq__entry_hand_out(q, idx, now);
+    if (rc < 0 && rc != -EBADMSG) {
+        wq__mut_end(q, 0);   /* no room for its run record: nothing is half done */
+        return rc;
+    }
+    rc = wq__mut_end(q, rc);
     return rc < 0 ? rc : (int)len;
 }
 

@@ -87,16 +87,19 @@ int wq__geometry(struct wq_geom *g, const struct wq_conf *c)
     g->max_key_len = max_key_len;
     g->max_procs = max_procs;
     g->entry_size = sizeof(struct wq_entry);
-    /* Keys longer than an entry holds and result messages longer than a
-       slot holds go to the arena (keys.c), which is virtual room for
-       twice `capacity` of the longest keys and `result_capacity` of the
-       longest messages (keys.c says why); its block addresses are 32-bit
-       granule numbers. */
+    /* Keys longer than an entry holds, result messages longer than a
+       slot holds and processing keys' run records go to the arena
+       (keys.c), which is virtual room for twice `capacity` of the longest
+       keys with a run record each and `result_capacity` of the longest
+       messages (keys.c says why); its block addresses are 32-bit granule
+       numbers. */
     uint32_t kg = max_key_len > WQ_KEY_INLINE ? WQ_GRAINS(max_key_len) : 0;
     uint32_t mg = WQ_GRAINS(WQ_MSG_MAX);
-    uint64_t kmax = 2ull * ((uint64_t)capacity * kg + (uint64_t)result_capacity * mg);
+    uint64_t kmax = 2ull * ((uint64_t)capacity * (kg + WQ_RUN_GRAINS) +
+                            (uint64_t)result_capacity * mg);
     g->key_max = kmax < UINT32_MAX ? (uint32_t)kmax : UINT32_MAX - 1;
-    g->key_classes = (kg > mg ? kg : mg) + 1;
+    uint32_t cg = kg > mg ? kg : mg;
+    g->key_classes = (cg > WQ_RUN_GRAINS ? cg : WQ_RUN_GRAINS) + 1;
     /* Load factor at most 0.5 when full keeps linear probing short (at
        0.8 a queue of 1e7 keys rotated 27% slower); +1 so a full table
        always has an empty slot to end probes. Two areas of that size,
@@ -374,9 +377,15 @@ static uint64_t fixed_bytes(const struct wq_geom *g)
 
 /* One growth step: an eighth of what there is, at least 64 KiB, at most
    the section's capacity. */
-static uint32_t step_to(uint32_t have, uint32_t need, uint32_t cap, uint64_t unit)
+static uint32_t step_to(uint32_t have, uint32_t need, uint32_t cap, uint64_t unit, bool arena)
 {
     uint64_t min_step = (64u * 1024 + unit - 1) / unit;
+    /* The arena starts at what it needs and doubles up to the usual step:
+       a queue of short keys may never need more than a few run records
+       (keys.c), and 64 KiB for them would be 60 bytes per key of a
+       queue of a thousand. */
+    if (arena && have < min_step)
+        min_step = have;
     uint64_t to = (uint64_t)have + (have / 8 > min_step ? have / 8 : min_step);
     if (to < need)
         to = need;
@@ -459,7 +468,7 @@ static int grow(shmq *q, enum sect s, uint32_t need)
     uint64_t unit = s == S_RES ? sizeof(struct wq_rslot) : WQ_KEY_GRAIN;
     if (s == S_ENT)
         reserve_entries(q, 0, 0, &unit);   /* the unit only */
-    uint32_t to = step_to(have, need, cap, unit);
+    uint32_t to = step_to(have, need, cap, unit, s == S_KEY);
     int rc = WQ_FAIL("region.grow") ? -ENOSPC
            : s == S_RES ? reserve_results(q, have, to)
            : s == S_KEY ? reserve_keys(q, have, to) : reserve_entries(q, have, to, &unit);

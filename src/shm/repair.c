@@ -80,10 +80,12 @@ static inline void bit_set(uint64_t *b, uint32_t i)
     b[i >> 6] |= 1ull << (i & 63);
 }
 
-static bool owner_valid(const shmq *q, const struct wq_entry *e)
+/* A processing entry's run record is sound and names a live holder. */
+static bool owner_valid(const shmq *q, const struct wq_entry *e, uint32_t idx)
 {
-    return e->owner < q->max_procs && q->procs[e->owner].state == WQ_PROC_LIVE &&
-           wq__gen16(q->procs[e->owner].gen) == e->owner_gen;
+    const struct wq_run *r = wq__entry_run(q, e, idx);
+    return r && r->owner < q->max_procs && q->procs[r->owner].state == WQ_PROC_LIVE &&
+           wq__gen16(q->procs[r->owner].gen) == r->owner_gen;
 }
 
 /* The legal state an entry should have (layout.h lists them). Pure: used
@@ -128,7 +130,7 @@ static uint16_t norm_queue_state(const shmq *q, uint32_t idx, uint16_t st)
             return e->failures || result ? WQ_ST_RETAINED : 0;
     }
     if (st & WQ_ST_PROCESSING) {
-        if (!owner_valid(q, e))
+        if (!owner_valid(q, e, idx))
             return WQ_ST_DIRTY | WQ_ST_QUEUED;   /* holder unknown: requeue */
         st &= (uint16_t)~WQ_ST_QUEUED;
         if (st & WQ_ST_DIRTY)
@@ -223,6 +225,21 @@ static void dropped(struct ctx *c, uint16_t st)
         c->q->hdr->storing_drops++;
 }
 
+/* A processing entry whose holder is unknown: say why. */
+static void bad_run(struct ctx *c, uint32_t idx)
+{
+    const shmq *q = c->q;
+    const struct wq_entry *e = wq__entry(q, idx);
+    const struct wq_run *r = wq__entry_run(q, e, idx);
+    if (!r)
+        violation(c, "entry %u: processing, but its run record at granule %u is outside "
+                  "the key arena's %u granules or names another entry", idx, e->run,
+                  q->hdr->k_top);
+    else
+        violation(c, "entry %u: processing with invalid owner %u/%u", idx, r->owner,
+                  r->owner_gen);
+}
+
 static void check_entries(struct ctx *c)
 {
     shmq *q = c->q;
@@ -241,8 +258,7 @@ static void check_entries(struct ctx *c)
         else if (want == 0)
             violation(c, "entry %u: idle with neither failures nor a result", idx);
         else if ((st & WQ_ST_PROCESSING) && !(want & WQ_ST_PROCESSING))
-            violation(c, "entry %u: processing with invalid owner %u/%u", idx,
-                      e->owner, e->owner_gen);
+            bad_run(c, idx);
         else
             violation(c, "entry %u: illegal state 0x%x", idx, st);
         if (!c->apply) {   /* its block is its own still: mark it */
@@ -265,6 +281,16 @@ static void check_entries(struct ctx *c)
                 wq_store_release(&e->state, want = 0);
             }
             continue;
+        }
+        if ((want & WQ_ST_PROCESSING) &&
+            wq__keys_mark(q, c->kmap, e->run, sizeof(struct wq_run)) < 0) {
+            violation(c, "entry %u: its run record at granule %u shares bytes with "
+                      "another block; requeued", idx, e->run);
+            if (c->apply) {
+                q->hdr->crash_requeues_total++;
+                wq_store_release(&e->state, want = (uint16_t)((e->state & WQ_ST_SDIRTY) |
+                                                              WQ_ST_DIRTY | WQ_ST_QUEUED));
+            }
         }
         if (c->thorough && want) {
             uint32_t h = wq__hash(q->seed, wq__key(q, e), e->keylen);
@@ -511,8 +537,9 @@ static void finish(struct ctx *c, uint32_t queued)
         live++;
         if (st & WQ_ST_PROCESSING) {
             processing++;
-            sum_start += e->t_start;
-            q->held[e->owner]++;
+            const struct wq_run *r = wq__entry_run(q, e, idx);   /* sound: see norm_state */
+            sum_start += r->t_start;
+            q->held[r->owner]++;
         }
         if (st & WQ_ST_WAITING) {
             waiting++;

@@ -551,6 +551,20 @@ static inline const unsigned char *wq__key(const shmq *q, const struct wq_entry 
         return NULL;
     return wq__keys_at(q, e->k.block, len);
 }
+/* Lock held: the run record of entry idx, PROCESSING (layout.h), or NULL
+   when its block lies past the granules handed out or names another
+   entry (region data is never trusted). */
+static inline struct wq_run *wq__entry_run(const shmq *q, const struct wq_entry *e,
+                                           uint32_t idx)
+{
+    uint32_t top = q->hdr->k_top;
+    if (top > q->nkeys)
+        top = q->nkeys;
+    if (WQ_UNLIKELY(e->run >= top || top - e->run < WQ_RUN_GRAINS))
+        return NULL;
+    struct wq_run *r = (struct wq_run *)(q->karena + (uint64_t)e->run * WQ_KEY_GRAIN);
+    return WQ_LIKELY(r->entry == idx) ? r : NULL;
+}
 /* Lock and busy held: a block for len bytes (0, -ENOSPC with the message
    set, -EBADMSG with the region flagged, -ENOMEM), and one given back
    (a block that is not sound flags the region instead). */
