@@ -238,14 +238,16 @@
  *       table, up to 512 KiB): 32 KiB for a default queue, whatever its
  *       capacity, which is a bound, not an allocation;
  *     - at the first wq_add_publish, the lanes: 33 KiB;
- *     - then, as keys arrive, one entry per key held at once (64 bytes,
+ *     - then, as keys arrive, one entry per key held at once (56 bytes,
  *       which hold a key of up to 16 bytes, and 4 for the delay heap; 32
  *       more in fair mode); a longer key's own bytes, rounded up to 8, in
- *       the key arena (never max_key_len: a 40-byte key costs 40); and
- *       per result kept, a 48-byte slot, which holds a message of up to
- *       12 bytes, and a longer message's own bytes rounded up to 8 in
- *       the same arena. Each grows in steps of an
- *       eighth of what it has (at least 64 KiB), under the lock. Entries
+ *       the key arena (never max_key_len: a 40-byte key costs 40); per
+ *       key being processed, a 16-byte record of who holds it and since
+ *       when, in the same arena; and per result kept, a 48-byte slot,
+ *       which holds a message of up to 12 bytes, and a longer message's
+ *       own bytes rounded up to 8 in the same arena. Each grows in steps
+ *       of an eighth of what it has (at least 64 KiB; the arena starts
+ *       at what it needs and doubles up to that), under the lock. Entries
  *       and key bytes freed by done keys are reused before new pages are
  *       taken (a freed key's bytes by the next key of the same length in
  *       8-byte steps), and pages are not given back while the queue
@@ -267,8 +269,8 @@
  *       process, waits for it meanwhile).
  *   When the system refuses pages (the tmpfs is full or at its size limit:
  *   Docker gives containers 64 MiB by default, `--shm-size` changes it),
- *   the add or wq_finish that needed them fails with -ENOSPC and changes
- *   nothing; wq_last_error names the queue, the bytes wanted and the bytes
+ *   the add, get or wq_finish that needed them fails with -ENOSPC and
+ *   changes nothing (a get leaves the key at the front); wq_last_error names the queue, the bytes wanted and the bytes
  *   free. No process ever gets a SIGBUS for a page it touches.
  *
  *   Huge pages: a big queue spends much of its time in TLB misses on 4 KiB
@@ -538,7 +540,9 @@ WQ_API int wq_add(wq *q, const void *key, size_t len);
  *               may be queued again by their wq_done; a later get then
  *               hands them out);
  *   -ENOBUFS    cap < max_key_len (checked first, nothing is popped);
- *   -EINVAL     NULL buf or timeout below -1.
+ *   -EINVAL     NULL buf or timeout below -1;
+ *   -ENOSPC     the system refused the page for the record of who holds
+ *               the key ("Memory"; the key stays at the front).
  * Waiting for a key, it sleeps on a futex, never spins; wakes on add,
  * shutdown, and every 100 ms to requeue keys held by dead processes.
  * Waiting for the queue's lock (another process's call holds it for well

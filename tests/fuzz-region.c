@@ -752,7 +752,7 @@ static void common_seeds(const char *dir, const struct image *im)
     const size_t ent = im->g.off_entries, esz = im->g.entry_size;
     const size_t prc = im->g.off_procs, psz = sizeof(struct wq_proc);
     const uint8_t one[4] = { 1, 0, 0, 0 }, zero[4] = { 0 }, wrap[4] = { 0xf5, 0xff, 0xff, 0xff };
-    const uint8_t ff[2] = { 0xff, 0xff }, qd[2] = { WQ_ST_QUEUED, 0 }, seven[2] = { 7, 0 };
+    const uint8_t ff[2] = { 0xff, 0xff }, qd[2] = { WQ_ST_QUEUED, 0 }, seven[4] = { 7, 0, 0, 0 };
     const uint8_t x8[8] = { 0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a };
     const uint8_t fb = im->fair ? FLAG_FAIR : 0;
     const char *px = im->fair ? "fair-" : "";
@@ -792,9 +792,9 @@ static void common_seeds(const char *dir, const struct image *im)
     SEED(NAME("shutdown"), fb | FLAG_SHUTDOWN, (void)0);
     SEED(NAME("late-geometry"), fb,
          sb_rec(&s, offsetof(struct wq_geom, capacity), 3, 1, one, 4, true));
-    SEED(NAME("late-entry-owner"), fb,
-         sb_rec(&s, ent + 6 * esz + offsetof(struct wq_entry, owner), 0, ESZ(owner), seven,
-                ESZ(owner), true));
+    SEED(NAME("late-entry-run"), fb,
+         sb_rec(&s, ent + 6 * esz + offsetof(struct wq_entry, run), 0, ESZ(run), seven,
+                ESZ(run), true));
     if (!im->fair) {   /* the key arena: key-07's result message is in block 0 */
         const size_t r0 = im->g.off_results, kf = im->g.off_kfree;
         SEED("msg-block-far", 0, sb_u32(&s, r0 + offsetof(struct wq_rslot, m), 0xfffffff0u, false));

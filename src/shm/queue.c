@@ -770,7 +770,10 @@ int wq__shm_done_get(wq *pub, const void *key, size_t len, const struct wq_outco
         return rc;
     }
     /* A key we just requeued may be handed straight back to us; any
-       sleeper is woken by get_wait's pass-on if more remain. */
+       sleeper is woken by get_wait's pass-on if more remain. The get
+       cannot fail for want of a run record (entry.c): the done just
+       listed its own, which the hand-out takes first, so an -ENOSPC here
+       still means "nothing changed" (wq.h). */
     wq__procs_maybe_reap(q);
     struct iovec k;
     rc = one_key(get_wait(q, buf, q->max_key_len, &k, 1, deadline, now), &k);
