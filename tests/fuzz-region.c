@@ -58,8 +58,8 @@
  *                  first locker gets EOWNERDEAD and repairs), bit 3
  *                  wq_shutdown() before the other calls, bit 4 the fair
  *                  image (else the default one);
- *   [2 bytes LE]   file size (bit 1): the object is truncated/extended to it;
- *   records        off(2, LE, modulo the image size) ctl(1) data:
+ *   [3 bytes LE]   file size (bit 1): the object is truncated/extended to it;
+ *   records        off(3, LE, modulo the image size) ctl(1) data:
  *                  n = (ctl & 31) + 1, op = (ctl >> 5) & 3:
  *                  0 write n bytes, 1 xor n bytes, 2 fill n*8 bytes with
  *                  one byte, 3 add a LE u32 (4 data bytes) at off;
@@ -639,9 +639,9 @@ static void build_image(struct image *im, bool fair)
     wq_unlink(seedname);
 
     memcpy(&im->g, im->bytes, sizeof im->g);
-    if (im->g.max_procs != MAX_PROCS || im->g.total_size != im->size || im->size > 65536 ||
+    if (im->g.max_procs != MAX_PROCS || im->g.total_size != im->size || im->size > 0xffffff ||
         !!(im->g.flags & WQ_FAIR) != fair || (fair && im->g.fair_share != FAIR_SHARE))
-        die("unexpected geometry");
+        die("unexpected geometry (size %zu, total %llu)", (size_t)im->size, (unsigned long long)im->g.total_size);
     /* Nobody held the region lock at the snapshot: its bytes are the
        unlocked template used for a live-held lease on a non-LIVE slot. */
     memcpy(im->unlocked_mutex, im->bytes + offsetof(struct wq_hdr, lock),
@@ -674,7 +674,7 @@ static void build_image(struct image *im, bool fair)
 /* ------------------------------------------------------------------ */
 
 struct seedbuf {
-    uint8_t b[1024];
+    uint8_t b[2048];
     size_t n;
 };
 
@@ -690,11 +690,11 @@ static void sb_put(struct seedbuf *s, const void *p, size_t n)
 static void sb_rec(struct seedbuf *s, size_t off, int op, size_t n, const void *data,
                    size_t dlen, bool late)
 {
-    if (off > 0xffff)
-        die("seed offset %zu beyond 16 bits", off);
-    uint8_t r[3] = { (uint8_t)off, (uint8_t)(off >> 8),
+    if (off > 0xffffff)
+        die("seed offset %zu beyond 24 bits", off);
+    uint8_t r[4] = { (uint8_t)off, (uint8_t)(off >> 8), (uint8_t)(off >> 16),
                      (uint8_t)((late ? 0x80 : 0) | (op << 5) | ((n - 1) & 31)) };
-    sb_put(s, r, 3);
+    sb_put(s, r, 4);
     sb_put(s, data, dlen);
 }
 
@@ -781,8 +781,8 @@ static void common_seeds(const char *dir, const struct image *im)
     SEED(NAME("ring-size"), fb,
          sb_rec(&s, offsetof(struct wq_hdr, ring_at), 0, 4, wrap, 4, false));
     {
-        uint8_t sz[2] = { 0x00, 0x10 };   /* 4096 bytes */
-        SEED(NAME("truncated"), fb | FLAG_SIZE, sb_put(&s, sz, 2));
+        uint8_t sz[3] = { 0x00, 0x10, 0x00 };   /* 4096 bytes */
+        SEED(NAME("truncated"), fb | FLAG_SIZE, sb_put(&s, sz, 3));
     }
     SEED(NAME("dead-lock"), fb | FLAG_DEADLOCK, (void)0);
     SEED(NAME("dead-lock-busy"), fb | FLAG_DEADLOCK,
@@ -1068,11 +1068,11 @@ static void apply_records(const struct image *im, unsigned char *img, size_t siz
     const size_t vs = im->size;
     size_t i = 1;
     if (n > 0 && (d[0] & FLAG_SIZE))
-        i += 2;
-    while (i + 3 <= n) {
-        size_t off = ((size_t)d[i] | (size_t)d[i + 1] << 8) % vs;
-        uint8_t ctl = d[i + 2];
         i += 3;
+    while (i + 4 <= n) {
+        size_t off = ((size_t)d[i] | (size_t)d[i + 1] << 8 | (size_t)d[i + 2] << 16) % vs;
+        uint8_t ctl = d[i + 3];
+        i += 4;
         size_t len = (size_t)(ctl & 31) + 1;
         int op = (ctl >> 5) & 3;
         bool mine = ((ctl & 0x80) != 0) == late;
@@ -1109,12 +1109,12 @@ static void apply_records(const struct image *im, unsigned char *img, size_t siz
 
 static bool has_late(const uint8_t *d, size_t n)
 {
-    size_t i = (n > 0 && (d[0] & FLAG_SIZE)) ? 3 : 1;
-    while (i + 3 <= n) {
-        uint8_t ctl = d[i + 2];
+    size_t i = (n > 0 && (d[0] & FLAG_SIZE)) ? 4 : 1;
+    while (i + 4 <= n) {
+        uint8_t ctl = d[i + 3];
         if (ctl & 0x80)
             return true;
-        i += 3;
+        i += 4;
         int op = (ctl >> 5) & 3;
         i += op == 3 ? 4 : op == 2 ? 1 : (size_t)(ctl & 31) + 1;
     }
@@ -1126,8 +1126,8 @@ static size_t mutate(const struct image *im, unsigned char *img, const uint8_t *
 {
     size_t fsize = im->size;
     uint8_t flags = input_flags(d, n);
-    if ((flags & FLAG_SIZE) && n >= 3)
-        fsize = (size_t)d[1] | (size_t)d[2] << 8;
+    if ((flags & FLAG_SIZE) && n >= 4)
+        fsize = (size_t)d[1] | (size_t)d[2] << 8 | (size_t)d[3] << 16;
     apply_records(im, img, im->size, d, n, false);
     /* Mutex words are out of scope (see the top of the file). */
     memcpy(img + offsetof(struct wq_hdr, lock),
@@ -1531,9 +1531,11 @@ static size_t gen_input(const struct image *im, uint8_t *buf, size_t cap)
         flags |= FLAG_SHUTDOWN;
     buf[n++] = flags;
     if (flags & FLAG_SIZE) {
-        uint32_t sz = below(2) ? (uint32_t)im->size + below(9) * 64 - 256 : below(65536);
+        uint32_t sz = below(2) ? (uint32_t)im->size + below(9) * 64 - 256
+                               : below((uint32_t)im->size * 2);
         buf[n++] = (uint8_t)sz;
         buf[n++] = (uint8_t)(sz >> 8);
+        buf[n++] = (uint8_t)(sz >> 16);
     }
     unsigned nrec = 1 + below(below(4) == 0 ? 12 : 4);
     for (unsigned r = 0; r < nrec; r++) {
@@ -1544,14 +1546,14 @@ static size_t gen_input(const struct image *im, uint8_t *buf, size_t cap)
             bool fx = im->fair && below(2);
             size_t base = fx ? g->off_fx : g->off_entries;
             size_t esz = fx ? sizeof(struct wq_fx) : g->entry_size;
-            size_t field = (size_t)below(fx ? (uint32_t)sizeof(struct wq_fx) :
-                                              (uint32_t)offsetof(struct wq_entry, k)) & ~(size_t)3;
+            size_t field = (size_t)below((uint32_t)esz) & ~(size_t)3;
             bool late = below(5) == 0;
-            for (unsigned k = 2 + below(3); k > 0 && n + 7 <= cap; k--) {
+            for (unsigned k = 2 + below(3); k > 0 && n + 8 <= cap; k--) {
                 size_t off = base + below(g->capacity) * esz + field;
                 uint32_t v = below(2) ? (uint32_t)rnd() : probe_value();
                 buf[n++] = (uint8_t)off;
                 buf[n++] = (uint8_t)(off >> 8);
+                buf[n++] = (uint8_t)(off >> 16);
                 buf[n++] = (uint8_t)((late ? 0x80 : 0) | 3);   /* write 4 bytes */
                 for (int b = 0; b < 4; b++)
                     buf[n++] = (uint8_t)(v >> (8 * b));
@@ -1569,11 +1571,12 @@ static size_t gen_input(const struct image *im, uint8_t *buf, size_t cap)
         int op = (int)below(4);
         size_t len = op == 3 ? 1 : 1 + below(op == 2 ? 4 : 8);
         bool late = below(5) == 0;
-        size_t need = 3 + (op == 3 ? 4 : op == 2 ? 1 : len);
+        size_t need = 4 + (op == 3 ? 4 : op == 2 ? 1 : len);
         if (n + need > cap)
             break;
         buf[n++] = (uint8_t)off;
         buf[n++] = (uint8_t)(off >> 8);
+        buf[n++] = (uint8_t)(off >> 16);
         buf[n++] = (uint8_t)((late ? 0x80 : 0) | (op << 5) | ((len - 1) & 31));
         if (op == 2) {
             static const uint8_t fills[] = { 0, 0xff, 0x40, 0x41, 0x3f, 0x7f, 0x80 };

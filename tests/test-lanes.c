@@ -726,6 +726,38 @@ static void test_damaged_lane(void **state)
     T_EXPECT_GET_RC(q, -EAGAIN);
     assert_int_equal(t_stats(q).repairs_total, repairs + 1);
     assert_int_equal(wq_check(q, 0), 0);
+    /* Bits for lanes that do not exist (found by the fuzzer: the applier
+       read past the lanes): dropped, with the real lane's applied. What
+       follows the lanes (the key arena) is made to look like a ninth lane
+       holding an add of "ghost", which must not be made. The arena's
+       first bytes are "h"'s run record, its second "g"'s (keys.c); the
+       test puts them back around the fake lane. */
+    assert_int_equal(wq_add(q, KS("h")), 0);
+    T_EXPECT_GET(q, "h");
+    assert_int_equal(wq_add_publish(q, KS("g")), 0);
+    assert_int_equal(unapplied(q), 1);
+    struct wq_lane *ninth = &s->lanes[WQ_LANES];
+    unsigned char *nb = (unsigned char *)ninth;
+    assert_ptr_equal(nb, s->karena);   /* the layout this relies on */
+    assert_int_equal(s->hdr->k_top, WQ_RUN_GRAINS);
+    const size_t run = WQ_RUN_GRAINS * WQ_KEY_GRAIN;
+    unsigned char saved[3 * 64];
+    memcpy(saved, nb, sizeof saved);
+    memset(nb, 0, sizeof saved);
+    ninth->s[0].len = 5;
+    memcpy(ninth->s[0].key, "ghost", 5);
+    __atomic_store_n(&ninth->tl, (uint64_t)WQ_LANE_SLOTS << 32 | 1, __ATOMIC_SEQ_CST);
+    __atomic_fetch_or(&s->hdr->lanes_pending, 0xffffff00u | 1u << l, __ATOMIC_SEQ_CST);
+    T_EXPECT_GET(q, "g");
+    assert_int_equal(s->hdr->k_top, 2 * WQ_RUN_GRAINS);
+    memcpy(nb, saved, run);
+    memcpy(nb + 2 * run, saved + 2 * run, sizeof saved - 2 * run);
+    T_EXPECT_DONE(q, "g");
+    T_EXPECT_DONE(q, "h");
+    T_EXPECT_GET_RC(q, -EAGAIN);
+    assert_int_equal(t_key_state(q, "ghost"), 0);
+    assert_int_equal(__atomic_load_n(&s->hdr->lanes_pending, __ATOMIC_SEQ_CST), 0);
+    assert_int_equal(wq_check(q, 0), 0);
     t_close(q);
 }
 

@@ -270,7 +270,10 @@ int wq__shm_add(wq *pub, const struct wq_add_req *r)
 void wq__queue_apply_lanes(shmq *q)
 {
     struct wq_hdr *h = q->hdr;
-    uint32_t bits = __atomic_exchange_n(&h->lanes_pending, 0, __ATOMIC_SEQ_CST);
+    /* Bits past the last lane are damage (found by the fuzzer, reading
+       past the lanes): a hint word, so they are dropped with the rest. */
+    uint32_t bits = __atomic_exchange_n(&h->lanes_pending, 0, __ATOMIC_SEQ_CST) &
+                    ((1u << WQ_LANES) - 1);
     if (!q->lanes || !h->lanes_grown)
         return;
     uint64_t now = q->metrics ? wq__now_mono() : 0;

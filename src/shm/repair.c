@@ -240,9 +240,33 @@ static void bad_run(struct ctx *c, uint32_t idx)
                   r->owner_gen);
 }
 
+/* The run records of the keys that stay processing, before any key's
+   block is marked: a record names its entry and a live holder, which a
+   damaged key pointer cannot fake, so where a record and a key overlap
+   the key is dropped (check_entries) and the holder keeps its key. Of
+   two records that overlap, the later entry's key is requeued. */
+static void mark_runs(struct ctx *c)
+{
+    shmq *q = c->q;
+    for (uint32_t idx = 0, used = wq__entries_used(q); idx < used; idx++) {
+        struct wq_entry *e = wq__entry(q, idx);
+        if (!(e->state & WQ_ST_PROCESSING) || !(norm_state(q, idx) & WQ_ST_PROCESSING) ||
+            wq__keys_mark(q, c->kmap, e->run, sizeof(struct wq_run)) == 0)
+            continue;
+        violation(c, "entry %u: its run record at granule %u shares bytes with another; "
+                  "requeued", idx, e->run);
+        if (c->apply) {
+            q->hdr->crash_requeues_total++;
+            wq_store_release(&e->state, (uint16_t)((e->state & WQ_ST_SDIRTY) | WQ_ST_DIRTY |
+                                                   WQ_ST_QUEUED));
+        }
+    }
+}
+
 static void check_entries(struct ctx *c)
 {
     shmq *q = c->q;
+    mark_runs(c);
     for (uint32_t idx = 0, used = wq__entries_used(q); idx < used; idx++) {
         struct wq_entry *e = wq__entry(q, idx);
         uint16_t st = e->state, want = norm_state(q, idx);
@@ -274,23 +298,15 @@ static void check_entries(struct ctx *c)
     hash:
         if (want && e->keylen > WQ_KEY_INLINE &&
             wq__keys_mark(q, c->kmap, e->k.block, e->keylen) < 0) {
-            violation(c, "entry %u: key block %u shares bytes with another key's, "
+            violation(c, "entry %u: key block %u shares bytes with another block, "
                       "dropped", idx, e->k.block);
             if (c->apply) {
+                if (want & WQ_ST_PROCESSING)   /* marked by mark_runs */
+                    wq__keys_unmark(c->kmap, e->run, sizeof(struct wq_run));
                 dropped(c, want);
                 wq_store_release(&e->state, want = 0);
             }
             continue;
-        }
-        if ((want & WQ_ST_PROCESSING) &&
-            wq__keys_mark(q, c->kmap, e->run, sizeof(struct wq_run)) < 0) {
-            violation(c, "entry %u: its run record at granule %u shares bytes with "
-                      "another block; requeued", idx, e->run);
-            if (c->apply) {
-                q->hdr->crash_requeues_total++;
-                wq_store_release(&e->state, want = (uint16_t)((e->state & WQ_ST_SDIRTY) |
-                                                              WQ_ST_DIRTY | WQ_ST_QUEUED));
-            }
         }
         if (c->thorough && want) {
             uint32_t h = wq__hash(q->seed, wq__key(q, e), e->keylen);
@@ -320,9 +336,11 @@ static void dup_key(void *cv, uint32_t idx, uint32_t other, uint16_t st)
     violation(c, "entry %u: same key as entry %u, dropped", idx, other);
     struct wq_entry *e = wq__entry(c->q, idx);
     dropped(c, st);
-    wq__entry_renew(c->q, e);   /* its state is 0 now; its block goes back */
+    wq__entry_renew(c->q, e);   /* its state is 0 now; its blocks go back */
     if (e->keylen > WQ_KEY_INLINE)
         wq__keys_unmark(c->kmap, e->k.block, e->keylen);
+    if (st & WQ_ST_PROCESSING)   /* marked by check_entries, as it stayed processing */
+        wq__keys_unmark(c->kmap, e->run, sizeof(struct wq_run));
 }
 
 /* Check only: every index slot names a live entry with its hash, is

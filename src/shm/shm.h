@@ -529,7 +529,7 @@ void wq__drop_waiting(shmq *q);
 uint64_t wq__limiter_when(shmq *q, struct wq_entry *e, uint64_t now);
 void wq__limiter_init(struct wq_hdr *h);
 
-/* keys.c: the key arena, for keys and result messages */
+/* keys.c: the key arena, for keys, result messages and run records */
 /* The len bytes of the arena block at granule `block`, or NULL when they
    lie past its reserved pages (region data is never trusted). Also
    called without the lock by the coalesced add (queue.c): nkeys is read
