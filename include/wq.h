@@ -227,8 +227,8 @@
  *
  * MEMORY
  *   A queue's shm object has the size of its whole layout (wq_stats
- *   region_bytes: about 1160 bytes per unit of capacity with the default
- *   max_key_len and result_capacity, 76 MB for a default queue), but it
+ *   region_bytes: about 1400 bytes per unit of capacity with the default
+ *   max_key_len and result_capacity, 92 MB for a default queue), but it
  *   is a sparse file: it takes memory (pages of /dev/shm, counted against
  *   the tmpfs size limit and the memory cgroup) only for what is used
  *   (wq_stats region_used):
@@ -253,8 +253,9 @@
  *       8-byte steps), and pages are not given back while the queue
  *       exists: the most keys (and results) held at once set the figure.
  *       When key lengths shift over time, bytes of the old lengths stay
- *       set aside; when the arena reaches its end (room for twice
- *       capacity keys of max_key_len, virtual), the add that meets it
+ *       set aside; when the arena reaches its end (virtual room for
+ *       capacity keys of max_key_len with their records, the results'
+ *       messages, and the gaps between them), the call that meets it
  *       merges the free bytes under the lock, one pass over the entries,
  *       and goes on: a queue with room never refuses a key for this;
  *     - and the hash index and the ring: 4-byte index slots, a power of
@@ -542,7 +543,8 @@ WQ_API int wq_add(wq *q, const void *key, size_t len);
  *   -ENOBUFS    cap < max_key_len (checked first, nothing is popped);
  *   -EINVAL     NULL buf or timeout below -1;
  *   -ENOSPC     the system refused the page for the record of who holds
- *               the key ("Memory"; the key stays at the front).
+ *               the key ("Memory"; the key stays at the front; so does
+ *               -ENOMEM, the process's own memory).
  * Waiting for a key, it sleeps on a futex, never spins; wakes on add,
  * shutdown, and every 100 ms to requeue keys held by dead processes.
  * Waiting for the queue's lock (another process's call holds it for well
@@ -626,7 +628,9 @@ WQ_API bool wq_shutting_down(wq *q);
 /*
  * wq_done_get - wq_done(done_key) then wq_get(), sharing one lock
  * acquisition when a key is queued. If wq_done fails, its error is
- * returned and nothing is popped. Otherwise returns as wq_get.
+ * returned and nothing is popped. Otherwise returns as wq_get, but for
+ * wq_get's -ENOSPC and -ENOMEM, which are -EAGAIN here (wq_last_error
+ * says why): the done stands.
  */
 WQ_API int wq_done_get(wq *q, const void *done_key, size_t done_len,
                        void *buf, size_t cap, int64_t timeout_ns);
@@ -908,7 +912,9 @@ struct wq_finish_opts {
  * processing), -ESTALE (redis://: this handle lost done_key's lease),
  * -ENOSPC (no room for the result: done_key is still processing; finish
  * it again, or wq_done it). Otherwise done_key is finished and the call
- * returns as wq_get: the next key's length, or -EAGAIN, -ETIMEDOUT,
+ * returns as wq_get: the next key's length, or -EAGAIN (also when the
+ * get found no memory for its record, with wq_last_error saying so: the
+ * finish stands), -ETIMEDOUT,
  * -ESHUTDOWN, or -EBADMSG (a damaged region; from the finish, done_key
  * is still processing, from the get it was finished: wq_result tells). On redis://, a command that takes more than
  * 10 s is -ETIMEDOUT too (see the error list), and then the finish may or

@@ -134,6 +134,15 @@ static void worker_main(wq *q, struct shared *sh, unsigned id, wq_reconcile_fn f
             continue;
         if (n == -ESHUTDOWN)
             break;
+        if (n == -ENOSPC) {
+            /* No page for the record of a key held (wq.h, wq_get): the
+               key stays queued and nothing is ours; a full /dev/shm may
+               drain, so try again after a pause, as after a timeout. */
+            struct timespec ts = { 0, (long)(STOP_POLL_NS / 4) };
+            nanosleep(&ts, NULL);
+            n = -ETIMEDOUT;
+            continue;
+        }
         if (n < 0) {
             int none = 0;
             if (n == -EUSERS || n == -ENOMEM || n == -EBADMSG || n == -ENOTRECOVERABLE)
@@ -151,12 +160,13 @@ static void worker_main(wq *q, struct shared *sh, unsigned id, wq_reconcile_fn f
         /* The finish and the next get under one lock (one round trip on
            Redis). A finish that failed changed nothing: -ENOSPC left the
            key ours, so forget it and at least done it; -ENOENT or -ESTALE,
-           it is not ours any more. Then a plain get. */
+           it is not ours any more; -EAGAIN, finished but no key (no
+           memory for one). Then a plain get. */
         int next = wq_finish_get(q, key[cur], (size_t)n, &f, key[!cur], (size_t)max + 1,
                                  (int64_t)STOP_POLL_NS);
         if (next == -ENOSPC)
             finish(q, key[cur], (size_t)n, &f);
-        if (next == -ENOSPC || next == -ENOENT || next == -ESTALE) {
+        if (next == -ENOSPC || next == -ENOENT || next == -ESTALE || next == -EAGAIN) {
             n = -ETIMEDOUT;
         } else {
             cur = !cur;

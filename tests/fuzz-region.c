@@ -795,7 +795,7 @@ static void common_seeds(const char *dir, const struct image *im)
     SEED(NAME("late-entry-run"), fb,
          sb_rec(&s, ent + 6 * esz + offsetof(struct wq_entry, run), 0, ESZ(run), seven,
                 ESZ(run), true));
-    if (!im->fair) {   /* the key arena: key-07's result message is in block 0 */
+    if (!im->fair) {   /* the key arena: its block 0 is live (a run record) */
         const size_t r0 = im->g.off_results, kf = im->g.off_kfree;
         SEED("msg-block-far", 0, sb_u32(&s, r0 + offsetof(struct wq_rslot, m), 0xfffffff0u, false));
         SEED("msg-len-max", 0, sb_u32(&s, r0 + offsetof(struct wq_rslot, msglen), 0xffffu, false));

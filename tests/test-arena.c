@@ -23,10 +23,12 @@
 #include "t.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "shm/shm.h"
 
@@ -123,8 +125,9 @@ static void test_keys_cost_their_length(void **state)
     assert_int_equal(wq_max_key_len(q), 256);
     assert_int_equal(s->g.entry_size, 56);
     assert_int_equal(s->g.key_classes, 33);
-    assert_int_equal(s->g.key_max, 2u * (20000 * (32 + WQ_RUN_GRAINS) + 20000 * 32));   /* keys
-                                                     with their run records, messages */
+    /* keys with their run records, messages, a gap beside each, one more */
+    assert_int_equal(s->g.key_max, 20000u * (32 + WQ_RUN_GRAINS) + 20000u * 32 +
+                                        3u * 20000 * 31 + 32);
     char k[300];
     uint32_t want = 0;
     for (size_t l = 0; l < NLENS; l++)
@@ -184,32 +187,27 @@ static void test_keys_cost_their_length(void **state)
     t_close(q);
 }
 
-/* capacity 4, max_key_len 64, one result: an arena of
-   2 x (4 x (8 + 2) + 32) = 144 granules (keys, run records, a message). */
+/* capacity 4, max_key_len 64, one result: an arena of 4 x (8 + 2) + 32
+   live granules, a gap of up to 31 beside each of its 9 blocks, and one
+   more block of 32: 383 granules (region.c). */
 static void test_arena_full_compacts(void **state)
 {
     (void)state;
     wq *q = t_track(t_create("full", T_OPTS(.capacity = 4, .max_key_len = 64,
                                             .result_capacity = 1), NULL));
     struct wq_shm *s = wq__shm(q);
-    assert_int_equal(s->g.key_max, 144);
+    const uint32_t end = 4 * (8 + WQ_RUN_GRAINS) + 32 + 9 * 31 + 32;
+    assert_int_equal(s->g.key_max, end);
     char k[80];
     /* Four keys of each length from 3 to 8 granules, taken and done in
-       turn, the first one finished with the longest message: 132
-       granules, a run record and 32 asked of 144. */
-    char msg[256];
-    memset(msg, 'm', 255);
-    msg[255] = 0;
+       turn: 132 granules and a run record's 2. */
     for (size_t len = 24; len <= 64; len += 8) {
         for (int i = 0; i < 4; i++)
             assert_int_equal(wq_add(q, k, mkkey(k, i, len)), 0);
-        assert_true(s->hdr->k_top <= 144);
+        assert_true(s->hdr->k_top <= end);
         for (int i = 0; i < 4; i++) {
             T_EXPECT_GETN(q, k, mkkey(k, i, len));
-            if (len == 24 && i == 0)
-                assert_int_equal(wq_finish(q, k, len, 1, msg), 0);
-            else
-                assert_int_equal(wq_done(q, k, len), 0);
+            assert_int_equal(wq_done(q, k, len), 0);
         }
         t_check_clean(q, __func__);
     }
@@ -218,7 +216,7 @@ static void test_arena_full_compacts(void **state)
         assert_int_equal(wq_add(q, k, mkkey(k, 10 + i, 64)), 0);
     assert_int_equal(wq_add(q, k, mkkey(k, 14, 20)), -ENOSPC);
     assert_non_null(strstr(wq_last_error(), "full: it holds its capacity of 4 live keys"));
-    assert_true(s->hdr->k_top <= 144);
+    assert_true(s->hdr->k_top <= end);
     t_check_clean(q, __func__);
     for (int i = 10; i < 14; i++) {
         T_EXPECT_GETN(q, k, mkkey(k, i, 64));
@@ -243,11 +241,38 @@ static void test_arena_full_compacts(void **state)
         kept_len = b;
         lowered += s->hdr->k_top < last;
         last = s->hdr->k_top;
-        assert_true(last <= 144);
+        assert_true(last <= end);
     }
     printf("the arena's top came down %u times in 40 rounds\n", lowered);
-    assert_true(lowered >= 1);
-    T_EXPECT_GETN(q, k, mkkey(k, kept, kept_len));
+    T_EXPECT_GETN(q, k, mkkey(k, kept, kept_len));   /* held through what follows */
+    /* The rounds leave blocks of their lengths listed, and their top
+       well short of the end. Now one key's result is replaced by a
+       message of each length from 3 to 32 granules, most of them lengths
+       the lists do not have: 525 granules asked of the 383, so the top
+       meets the end and the free granules are merged around the kept
+       key's block, and split, on the way. */
+    char msg[256];
+    uint32_t merged = 0;
+    for (uint32_t g = 3; g <= 32; g++) {
+        size_t ml = g * WQ_KEY_GRAIN - (g == 32);   /* 255 at most */
+        memset(msg, 'a' + (int)(g % 26), ml);
+        msg[ml] = 0;
+        uint32_t before = s->hdr->k_top;
+        assert_int_equal(wq_add(q, KS("m")), 0);
+        T_EXPECT_GET(q, "m");
+        assert_int_equal(wq_finish(q, KS("m"), (int)g, msg), 0);
+        merged += s->hdr->k_top < before;
+        assert_true(s->hdr->k_top <= end);
+        struct wq_result r;
+        assert_int_equal(wq_result(q, KS("m"), &r), 0);
+        assert_int_equal(r.code, (int)g);
+        assert_string_equal(r.message, msg);
+    }
+    printf("the arena's top came down %u times in 30 messages\n", merged);
+    assert_true(merged >= 1);
+    t_check_clean(q, __func__);
+    assert_int_equal(wq_remove(q, KS("m")), 0);
+    mkkey(k, kept, kept_len);
     assert_int_equal(wq_done(q, k, kept_len), 0);
     t_check_clean(q, __func__);
     t_close(q);
@@ -547,6 +572,71 @@ static void test_run_record_refused(void **state)
     (void)name;
 }
 
+struct finish_get_arg {
+    wq *q;
+    int rc;
+    char buf[300];
+};
+
+static void *finish_get_thread(void *a)
+{
+    struct finish_get_arg *f = a;
+    struct wq_finish_opts fo = { .code = 4, .message = "ok" };
+    f->rc = wq_finish_get(f->q, KS("x"), &fo, f->buf, sizeof f->buf, 5000000000ll);
+    return NULL;
+}
+
+/* wq_finish_get's get half, after a sleep, finds no room for its run
+   record: the block its finish gave back was taken meanwhile (here by
+   the test, under the lock, as another process's get would) and the
+   arena may not grow. The finish stands, so the call must not answer
+   -ENOSPC ("nothing changed", which a worker pool answers by finishing
+   the key again, maybe another worker's by then): it answers -EAGAIN,
+   and wq_last_error says why. */
+static void test_finish_get_no_room_after_sleep(void **state)
+{
+    (void)state;
+    wq *q = t_track(t_create("fgroom", T_OPTS(.capacity = 100), NULL));
+    struct wq_shm *s = wq__shm(q);
+    assert_int_equal(wq_add(q, KS("x")), 0);
+    T_EXPECT_GET(q, "x");
+    assert_int_equal(s->hdr->k_top, WQ_RUN_GRAINS);
+    assert_int_equal(s->nkeys, WQ_RUN_GRAINS);   /* the arena grew to what it needed */
+    struct finish_get_arg f = { .q = q };
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, finish_get_thread, &f), 0);
+    uint64_t until = t_now_ns() + 5000000000ull * t_scale();
+    while (__atomic_load_n(&s->hdr->waiters, __ATOMIC_SEQ_CST) == 0 && t_now_ns() < until)
+        usleep(1000);
+    assert_int_equal(s->hdr->waiters, 1);   /* finished "x", asleep in the get */
+    /* Another's get takes the block "x"'s finish gave back. */
+    uint32_t b;
+    assert_int_equal(wq__lock(s), 0);
+    wq__mut_begin(s);
+    assert_int_equal(wq__keys_take(s, sizeof(struct wq_run), &b), 0);
+    wq__mut_end(s, 0);
+    wq__unlock(s);
+    assert_int_equal(s->hdr->k_top, WQ_RUN_GRAINS);
+    wq_fault_arm("region.grow", 1, WQ_FAULT_FAIL_ON);
+    assert_int_equal(wq_add(q, KS("y")), 0);   /* wakes the get, which finds no room */
+    assert_int_equal(pthread_join(th, NULL), 0);
+    wq_fault_arm(NULL, 0, 0);
+    assert_int_equal(f.rc, -EAGAIN);
+    struct wq_result r;
+    assert_int_equal(wq_result(q, KS("x"), &r), 0);   /* the finish stands */
+    assert_int_equal(r.code, 4);
+    assert_int_equal(t_key_state(q, "y"), WQ_KEY_DIRTY | WQ_KEY_QUEUED);
+    /* The block back, as the other's done would give it. */
+    assert_int_equal(wq__lock(s), 0);
+    wq__mut_begin(s);
+    wq__keys_give(s, b, sizeof(struct wq_run));
+    wq__mut_end(s, 0);
+    wq__unlock(s);
+    t_check_clean(q, __func__);
+    static const char *const order[] = { "y" };
+    expect_queue_close(q, order, 1);
+}
+
 static uint32_t index_of(wq *q, const struct wq_entry *e)
 {
     struct wq_shm *s = wq__shm(q);
@@ -690,6 +780,7 @@ int main(void)
         T_TEST(test_merge_keeps_a_key_being_added),
         T_TEST(test_run_record_refused),
         T_TEST(test_damaged_run_record),
+        T_TEST(test_finish_get_no_room_after_sleep),
         T_NO_LEFTOVERS,
     };
     static const struct t_guard g = {

@@ -16,14 +16,15 @@
  * whose key lengths shift keeps blocks of the old lengths listed. When
  * the top reaches the end of the arena, the lists are rebuilt from the
  * entries (compact below), which merges neighbouring free granules, and
- * the first listed block at least as large is split. The arena is
- * virtual room for twice `capacity` keys of max_key_len with a run
- * record each and `result_capacity` messages of 255 bytes, which makes
- * that enough: after
- * a rebuild every gap lies between two live blocks and is shorter than
- * the block asked for, so live blocks and gaps take less than twice the
- * longest possible live blocks, and the rest is free at the top. Only an
- * arena clamped to 2^32 granules (32 GiB) can be full.
+ * the first listed block at least as large is split. After a rebuild
+ * every gap lies before a live block and is shorter than the block asked
+ * for (else that gap would serve), so live blocks and gaps take at most
+ * the most that can be live (`capacity` keys of max_key_len with a run
+ * record each, `result_capacity` messages of 255 bytes) and a gap of one
+ * granule less than the longest block beside each of them; the arena is
+ * that much virtual room and one longest block more (region.c), so the
+ * block asked for is then free at the top. Only an arena clamped to 2^32
+ * granules (32 GiB) can be full.
  *
  * Processing keys' run records (layout.h, struct wq_run) live here too,
  * in blocks of WQ_RUN_GRAINS: who holds a key costs memory only while

@@ -109,9 +109,11 @@ struct wq_geom {
     int32_t tenant_sep;       /* -1: no tenants */
     uint32_t ftag_slots;      /* tenant tag counters (power of two) */
     uint32_t key_max;         /* granules of the key arena (keys.c): room
-                                 for twice `capacity` keys of max_key_len
-                                 (0 when keys fit in their entries) and
-                                 result_capacity messages of 255 bytes */
+                                 for `capacity` keys of max_key_len (none
+                                 when keys fit in their entries) with a
+                                 run record each, result_capacity
+                                 messages of 255 bytes, and the gaps
+                                 between them (region.c) */
     uint64_t total_size;      /* the shm object's size */
     uint32_t mode;            /* creation mode, informative */
     uint32_t reserved0;
@@ -317,8 +319,9 @@ struct wq_hdr {
                                              CLOCK_MONOTONIC, low 32 bits);
                                              0: none */
     /* The key arena (keys.c; lock): granules [0, k_top) have been handed
-       out, each either a live entry's key block or on a free list;
-       grown_keys of them have pages (region.c). */
+       out, each a live entry's key block, a processing entry's run
+       record, a result's message or on a free list; grown_keys of them
+       have pages (region.c). */
     uint32_t k_top;
     uint32_t grown_keys;
     /* Store flushers (store.c): one at a time, from reading the store
@@ -536,7 +539,7 @@ struct wq_lane {
 };
 _Static_assert(sizeof(struct wq_lane_slot) == 64, "a lane slot is one line");
 _Static_assert(sizeof(struct wq_lane) == (2 + WQ_LANE_SLOTS) * WQ_ALIGN, "lane lines");
-_Static_assert(WQ_LANES <= 32, "lanes_pending has a bit per lane");
+_Static_assert(WQ_LANES < 32, "lanes_pending has a bit per lane (and a mask of them)");
 
 /*
  * A result slot (results.c). All fields: lock.

@@ -276,7 +276,7 @@ static int requeue_owned(shmq *q, uint32_t slot, uint32_t gen, bool crash)
 {
     struct wq_proc *p = &q->procs[slot];
     int n = 0;
-    bool queued_any = false;
+    bool queued_any = false, damaged = false;
     uint64_t now = wq__now_mono();
     for (uint32_t idx = 0; idx < wq__entries_used(q) && p->held > 0 && !wq__region_broken(q); idx++) {
         struct wq_entry *e = wq__entry(q, idx);
@@ -284,8 +284,8 @@ static int requeue_owned(shmq *q, uint32_t slot, uint32_t gen, bool crash)
             continue;
         const struct wq_run *r = wq__entry_run(q, e, idx);
         if (!r) {
-            wq__region_mark_corrupt(q);   /* repair requeues it */
-            break;
+            damaged = true;   /* its holder unknown: repair requeues it */
+            continue;
         }
         if (r->owner != slot || r->owner_gen != wq__gen16(gen))
             continue;
@@ -294,6 +294,8 @@ static int requeue_owned(shmq *q, uint32_t slot, uint32_t gen, bool crash)
             break;   /* corrupt: busy stays set, repair redoes it */
         n++;
     }
+    if (damaged)
+        wq__region_mark_corrupt(q);   /* after this slot's own keys went back */
     /* A sleeper re-arms for the new earliest ready time, or takes a
        queued key. */
     if (n > 0)

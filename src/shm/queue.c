@@ -773,13 +773,17 @@ int wq__shm_done_get(wq *pub, const void *key, size_t len, const struct wq_outco
         return rc;
     }
     /* A key we just requeued may be handed straight back to us; any
-       sleeper is woken by get_wait's pass-on if more remain. The get
-       cannot fail for want of a run record (entry.c): the done just
-       listed its own, which the hand-out takes first, so an -ENOSPC here
-       still means "nothing changed" (wq.h). */
+       sleeper is woken by get_wait's pass-on if more remain. */
     wq__procs_maybe_reap(q);
     struct iovec k;
     rc = one_key(get_wait(q, buf, q->max_key_len, &k, 1, deadline, now), &k);
+    /* The done is applied. A get that then finds no room for its run
+       record (entry.c: at once it takes the block the done gave back,
+       but after a sleep another may have taken it) must not answer
+       -ENOSPC or -ENOMEM, which say the done was not (wq.h): it is "no
+       key", and wq_last_error says why. */
+    if (rc == -ENOSPC || rc == -ENOMEM)
+        rc = -EAGAIN;
     /* The done's removal: one the store cannot take now stays listed and
        is written by a later flush, as after wq_done. Not returned: the
        done is applied, and a key may have been handed out into buf. */

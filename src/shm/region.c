@@ -89,17 +89,20 @@ int wq__geometry(struct wq_geom *g, const struct wq_conf *c)
     g->entry_size = sizeof(struct wq_entry);
     /* Keys longer than an entry holds, result messages longer than a
        slot holds and processing keys' run records go to the arena
-       (keys.c), which is virtual room for twice `capacity` of the longest
-       keys with a run record each and `result_capacity` of the longest
-       messages (keys.c says why); its block addresses are 32-bit granule
-       numbers. */
+       (keys.c). Its virtual room: the most that can be live (`capacity`
+       of the longest keys with a run record each, `result_capacity` of
+       the longest messages), a gap shorter than the longest block beside
+       each live block, and one more longest block (keys.c says why). Its
+       block addresses are 32-bit granule numbers. */
     uint32_t kg = max_key_len > WQ_KEY_INLINE ? WQ_GRAINS(max_key_len) : 0;
     uint32_t mg = WQ_GRAINS(WQ_MSG_MAX);
-    uint64_t kmax = 2ull * ((uint64_t)capacity * (kg + WQ_RUN_GRAINS) +
-                            (uint64_t)result_capacity * mg);
-    g->key_max = kmax < UINT32_MAX ? (uint32_t)kmax : UINT32_MAX - 1;
     uint32_t cg = kg > mg ? kg : mg;
-    g->key_classes = (cg > WQ_RUN_GRAINS ? cg : WQ_RUN_GRAINS) + 1;
+    cg = cg > WQ_RUN_GRAINS ? cg : WQ_RUN_GRAINS;
+    uint64_t live = (uint64_t)capacity * (kg + WQ_RUN_GRAINS) + (uint64_t)result_capacity * mg;
+    uint64_t blocks = (kg ? 2ull : 1ull) * capacity + result_capacity;
+    uint64_t kmax = live + blocks * (cg - 1) + cg;
+    g->key_max = kmax < UINT32_MAX ? (uint32_t)kmax : UINT32_MAX - 1;
+    g->key_classes = cg + 1;
     /* Load factor at most 0.5 when full keeps linear probing short (at
        0.8 a queue of 1e7 keys rotated 27% slower); +1 so a full table
        always has an empty slot to end probes. Two areas of that size,
@@ -828,7 +831,7 @@ static bool early_build(struct early *e, const struct wq_store_img *img)
         return false;
     /* The meta's count and settings are not verified yet: what they ask
        for must be what the store's own size can account for (a record
-       takes 77 bytes of data.mdb at least, a key 88-120 of the region,
+       takes 77 bytes of data.mdb at least, a key 80-112 of the region,
        index included), so a store that lies costs at most about twice
        its size before it is refused. */
     uint32_t n = img->meta.records < e->g.capacity ? (uint32_t)img->meta.records

@@ -9,11 +9,13 @@
  *   2. process table: a slot is FREE or LIVE, nothing else.
  *   3. entries: each state is normalised (norm_state): unknown bits
  *      cleared; QUEUED implies DIRTY; PROCESSING excludes QUEUED; a
- *      processing entry whose owner slot is not LIVE with the same
- *      generation is queued again (a crash requeue); a DIRTY entry that is
- *      not processing is QUEUED; a bad key length, a key block outside
- *      the arena, or one sharing bytes with an earlier entry's frees the
- *      entry.
+ *      processing entry whose run record is not sound (inside the arena,
+ *      naming it back) or names an owner slot that is not LIVE with the
+ *      same generation is queued again (a crash requeue); a DIRTY entry
+ *      that is not processing is QUEUED; a bad key length, a key block
+ *      outside the arena, or one sharing bytes with a run record or an
+ *      earlier entry's key frees the entry. Run records are marked
+ *      first (mark_runs).
  *   4. index: cleared and every live entry inserted again (software
  *      prefetch keeps the random inserts overlapping). Two live entries
  *      with the same key keep the first.
@@ -23,8 +25,9 @@
  *      entry is queued and was not seen before; queued entries missing
  *      from it are appended in entry order.
  *   6. free list, counters and per-slot held counts recomputed.
- *   7. the key arena's free lists rebuilt from the live entries' blocks
- *      (keys.c), neighbouring free granules merged.
+ *   7. the key arena's free lists rebuilt from the live entries' blocks,
+ *      processing entries' run records and result messages (keys.c),
+ *      neighbouring free granules merged.
  * The dead-holder path (lock.c) runs it only when hdr->busy says the
  * holder died mid-mutation, and skips re-hashing keys; wq_check runs it
  * "thoroughly" (hashes verified) and without writing unless asked.
