@@ -32,6 +32,8 @@
  *           kept open for the life of the fuzzer: a LIVE holder whose keys
  *           must never be requeued;
  *   keys include one with NUL bytes and one of exactly max_key_len bytes;
+ *   two adds ("pub-1", "pub-2") the live holder published to its lane
+ *   and nobody has applied yet;
  *   a key waiting an hour, one idle for its failure count (RETAINED), one
  *   rate limited with 12 failures (waiting); two idle with results, one
  *   whose message lives in the key arena.
@@ -590,6 +592,11 @@ static void build_image(struct image *im, bool fair)
         die("the %s image lacks state: queued %llu processing %llu waiting %llu", im->mode,
             (unsigned long long)vs.queued, (unsigned long long)vs.processing,
             (unsigned long long)vs.waiting);
+    /* Default image: two adds published to the live holder's lane
+       (lanes.c) and not applied: nothing locks before the bytes are
+       read. */
+    if (!fair && (wq_add_publish(lh, "pub-1", 5) != 0 || wq_add_publish(lh, "pub-2", 5) != 0))
+        die("wq_add_publish");
 
     int fd = open(seedpath, O_RDONLY | O_CLOEXEC);
     struct stat sb;
@@ -806,6 +813,15 @@ static void common_seeds(const char *dir, const struct image *im)
              (sb_u32(&s, offsetof(struct wq_hdr, k_top), 0, false),
               sb_rec(&s, busy, 0, 4, one, 4, false)));
         SEED("key-top-far", 0, sb_u32(&s, offsetof(struct wq_hdr, k_top), 0xfffffff0u, false));
+        /* Lane 0: the live holder's, holding pub-1 and pub-2 unapplied. */
+        const size_t l0 = im->g.off_lanes;
+        SEED("lane-tail-far", 0, sb_u32(&s, l0 + offsetof(struct wq_lane, tl), 0x7ffffff0u, false));
+        SEED("lane-head-past", 0, sb_u32(&s, l0 + offsetof(struct wq_lane, head), 9, false));
+        SEED("lane-len-max", 0, sb_u32(&s, l0 + offsetof(struct wq_lane, s), 0xffffu, false));
+        SEED("lane-owner-far", 0, sb_u32(&s, l0 + offsetof(struct wq_lane, owner), 200, false));
+        SEED("lane-pending-all", 0,
+             sb_u32(&s, offsetof(struct wq_hdr, lanes_pending), 0xffffffffu, false));
+        SEED("lane-tail-late", 0, sb_u32(&s, l0 + offsetof(struct wq_lane, tl), 5, true));
     }
 #undef NAME
 }
@@ -1045,6 +1061,8 @@ static void describe(const struct image *im, size_t off, int op, size_t len, boo
         { "ftags", g->off_ftags, 8, g->ftag_slots },
         { "kfree", g->off_kfree, 4, g->key_classes },
         { "keys", g->off_keys, WQ_KEY_GRAIN, g->key_max },
+        { "lanes", g->off_lanes, sizeof(struct wq_lane),
+          (uint32_t)((g->off_keys - g->off_lanes) / sizeof(struct wq_lane)) },
     };
     static const char *const ops[] = { "write", "xor", "fill", "add" };
     size_t span = op == 2 ? len * 8 : op == 3 ? 4 : len;
@@ -1511,9 +1529,10 @@ static size_t gen_input(const struct image *im, uint8_t *buf, size_t cap)
         { offsetof(struct wq_hdr, fq_count), 16 },   /* fq_count, ticks, vtime */
         { g->off_kfree, (size_t)g->key_classes * 4 },
         { g->off_keys, 512 },   /* the blocks the image's messages took */
+        { g->off_lanes, (size_t)(g->off_keys - g->off_lanes) },   /* empty when fair */
     };
-    static const unsigned weight_default[] = { 4, 24, 10, 32, 8, 16, 6, 0, 0, 3, 4 };
-    static const unsigned weight_fair[] = { 4, 14, 8, 24, 5, 8, 4, 25, 8, 1, 1 };
+    static const unsigned weight_default[] = { 4, 24, 10, 32, 8, 16, 6, 0, 0, 3, 4, 6 };
+    static const unsigned weight_fair[] = { 4, 14, 8, 24, 5, 8, 4, 25, 8, 1, 1, 0 };
     const unsigned *w = im->fair ? weight_fair : weight_default;
     unsigned total = 0;
     for (size_t i = 0; i < sizeof sec / sizeof sec[0]; i++)
