@@ -982,7 +982,8 @@ typedef int (*wq_reconcile_fn)(wq *q, const void *key, size_t len,
  * queue down (wq_shutdown, wqctl shutdown) instead.
  * A worker that cannot work at all (wq_get fails with -EUSERS, -ENOMEM,
  * -EBADMSG, -ENOTRECOVERABLE) stops the pool with that error instead of
- * being restarted forever. A WQ_OBSERVE handle gets -EPERM at once, and
+ * being restarted forever. One whose get finds /dev/shm full (-ENOSPC:
+ * nothing was handed out) pauses 50 ms and tries again. A WQ_OBSERVE handle gets -EPERM at once, and
  * nothing is forked.
  * Process slots: while the workers run, the calling handle gives its own
  * slot up (unless it holds a key, or another of its threads waits in a

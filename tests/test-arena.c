@@ -637,6 +637,63 @@ static void test_finish_get_no_room_after_sleep(void **state)
     expect_queue_close(q, order, 1);
 }
 
+struct pool_room {
+    atomic_int forks, calls;
+};
+
+static int room_fn(wq *q, const void *key, size_t len, struct wq_reconcile *out, void *arg)
+{
+    (void)q, (void)key, (void)len, (void)out;
+    atomic_fetch_add(&((struct pool_room *)arg)->calls, 1);
+    return 0;
+}
+
+static void room_fork(wq *q, unsigned worker, void *arg)
+{
+    (void)q, (void)worker;
+    atomic_fetch_add(&((struct pool_room *)arg)->forks, 1);
+}
+
+/* A pool worker whose get finds no page for its run record (a full
+   /dev/shm, which may drain): the key stays queued and nothing is the
+   worker's, so it pauses and tries again; it is not restarted (a
+   worker that exits is replaced after a backoff, and would meet the
+   same fault here: each new worker starts with the supervisor's armed
+   fault, so the pool would never empty). */
+static void test_pool_get_no_room(void **state)
+{
+    (void)state;
+    const char *name;
+    wq *q = t_track(t_create("poolroom", T_OPTS(.capacity = 100), &name));
+    assert_int_equal(wq_add(q, KS("a")), 0);
+    assert_int_equal(wq_add(q, KS("b")), 0);
+    assert_int_equal(wq__shm(q)->hdr->grown_keys, 0);
+    struct pool_room *pr = t_shared_alloc(sizeof *pr);
+    /* Each process's first growth fails: the worker's is its first get's
+       record (the supervisor grows nothing). */
+    wq_fault_arm("region.grow", 1, WQ_FAULT_FAIL);
+    pid_t sup = t_fork(30);
+    if (sup == 0) {
+        wq *sq;
+        if (wq_open(name, NULL, &sq) != 0)
+            _exit(2);
+        struct wq_pool_options po = { .until_empty = true, .after_fork = room_fork };
+        int rc = wq_run_workers_opts(sq, 1, room_fn, pr, &po);
+        wq_close(sq);
+        _exit(rc == 0 ? 0 : 3);
+    }
+    wq_fault_arm(NULL, 0, 0);
+    assert_int_equal(t_wait(sup, 10000), 0);
+    assert_int_equal(atomic_load(&pr->calls), 2);
+    assert_int_equal(atomic_load(&pr->forks), 1);
+    struct wq_stats st = t_stats(q);
+    assert_int_equal(st.queued + st.processing + st.waiting, 0);
+    assert_int_equal(st.crash_requeues_total, 0);
+    t_check_clean(q, __func__);
+    t_shared_free(pr, sizeof *pr);
+    t_close(q);
+}
+
 static uint32_t index_of(wq *q, const struct wq_entry *e)
 {
     struct wq_shm *s = wq__shm(q);
@@ -781,6 +838,7 @@ int main(void)
         T_TEST(test_run_record_refused),
         T_TEST(test_damaged_run_record),
         T_TEST(test_finish_get_no_room_after_sleep),
+        T_TEST(test_pool_get_no_room),
         T_NO_LEFTOVERS,
     };
     static const struct t_guard g = {
