@@ -538,7 +538,7 @@ int wq__entry_hand_out(shmq *q, uint32_t idx, uint64_t now)
     int rc = wq__keys_take(q, sizeof(struct wq_run), &b);
     if (rc < 0)
         return rc;
-    struct wq_run *r = (struct wq_run *)(q->karena + (uint64_t)b * WQ_KEY_GRAIN);
+    struct wq_run *r = wq__run_at(q, b);
     r->t_start = now;
     r->entry = idx;
     r->owner = (uint16_t)q->slot;

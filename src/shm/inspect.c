@@ -98,7 +98,7 @@ static void fill(shmq *q, const struct wq_entry *e, struct wq_key_info *ki,
     const struct wq_run *r = (e->state & WQ_ST_PROCESSING) ? wq__entry_run(q, e, idx) : NULL;
     if (r && r->owner < q->max_procs) {
         struct wq_proc *p = &q->procs[r->owner];
-        bool same = p->state == WQ_PROC_LIVE && wq__gen16(p->gen) == r->owner_gen;
+        bool same = wq__run_holder(q, r) == p;
         ki->owner_pid = p->pid;
         ki->started_ns = r->t_start;
         /* The holder lives if its slot is still its own and its lease is

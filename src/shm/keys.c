@@ -283,10 +283,7 @@ int wq__keys_room(shmq *q, uint32_t len, uint64_t need)
         /* Merge the free granules now, in a mutation of its own, so the
            one that takes the blocks does not have to. */
         wq__mut_begin(q);
-        int rc = compact(q);
-        if (rc == -EBADMSG)
-            return rc;   /* busy stays: the next locker repairs */
-        wq__mut_end(q, 0);   /* done, or -ENOMEM with nothing changed */
+        int rc = wq__mut_end_unchanged(q, compact(q));   /* done, or -ENOMEM */
         if (rc < 0)
             return rc;
         if (q->g.key_max - h->k_top < need)

@@ -48,6 +48,16 @@ static inline int wq__mut_end(shmq *q, int rc)
     return rc;
 }
 
+/* The end of a mutation that can fail only before its first change (no
+   room, no memory: what it did before, a merge or an eviction, is whole):
+   busy clears, but for -EBADMSG, a damaged region, which the next locker
+   repairs. Returns rc. */
+static inline int wq__mut_end_unchanged(shmq *q, int rc)
+{
+    wq__mut_end(q, rc == -EBADMSG ? rc : 0);
+    return rc;
+}
+
 /* Inside a mutation (lock held, busy set): the transitions and the
    structures' writers assume it. */
 #ifdef WQ_DEBUG

@@ -140,13 +140,8 @@ static int add_locked(shmq *q, const struct wq_add_req *r, uint32_t hash, uint64
         WQ_STEP("delay.busy");
     else
         WQ_STEP("add.busy");
-    if (fresh && (idx = wq__entry_new(q, r->key, r->len, hash, &rc)) == WQ_NIL) {
-        /* No room: nothing is half done (an eviction it made is complete),
-           unless the free list was found corrupt: then repair. */
-        if (rc != -EBADMSG)
-            wq__mut_end(q, 0);
-        return rc;
-    }
+    if (fresh && (idx = wq__entry_new(q, r->key, r->len, hash, &rc)) == WQ_NIL)
+        return wq__mut_end_unchanged(q, rc);   /* no room; an eviction it made is whole */
     if (fresh)
         hint_put(q, idx, hash);
     struct wq_entry *e = wq__entry(q, idx);
@@ -593,12 +588,8 @@ static int get_locked(shmq *q, void *buf, size_t cap, uint64_t now)
         prefetch_front(q);
     wq__mut_begin(q);
     WQ_STEP("get.busy");
-    int rc = wq__entry_hand_out(q, idx, now);
-    if (rc < 0 && rc != -EBADMSG) {
-        wq__mut_end(q, 0);   /* no room for its run record: nothing is half done */
-        return rc;
-    }
-    rc = wq__mut_end(q, rc);
+    /* It fails only before its commit: no room for its run record. */
+    int rc = wq__mut_end_unchanged(q, wq__entry_hand_out(q, idx, now));
     return rc < 0 ? rc : (int)len;
 }
 

@@ -87,8 +87,7 @@ static inline void bit_set(uint64_t *b, uint32_t i)
 static bool owner_valid(const shmq *q, const struct wq_entry *e, uint32_t idx)
 {
     const struct wq_run *r = wq__entry_run(q, e, idx);
-    return r && r->owner < q->max_procs && q->procs[r->owner].state == WQ_PROC_LIVE &&
-           wq__gen16(q->procs[r->owner].gen) == r->owner_gen;
+    return r && wq__run_holder(q, r);
 }
 
 /* The legal state an entry should have (layout.h lists them). Pure: used
@@ -342,7 +341,7 @@ static void dup_key(void *cv, uint32_t idx, uint32_t other, uint16_t st)
     wq__entry_renew(c->q, e);   /* its state is 0 now; its blocks go back */
     if (e->keylen > WQ_KEY_INLINE)
         wq__keys_unmark(c->kmap, e->k.block, e->keylen);
-    if (st & WQ_ST_PROCESSING)   /* marked by check_entries, as it stayed processing */
+    if (st & WQ_ST_PROCESSING)   /* marked by mark_runs, as it stayed processing */
         wq__keys_unmark(c->kmap, e->run, sizeof(struct wq_run));
 }
 

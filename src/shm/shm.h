@@ -551,6 +551,12 @@ static inline const unsigned char *wq__key(const shmq *q, const struct wq_entry 
         return NULL;
     return wq__keys_at(q, e->k.block, len);
 }
+/* The run record at granule b of the arena (unchecked: the caller took
+   the block, or checked it). */
+static inline struct wq_run *wq__run_at(const shmq *q, uint32_t b)
+{
+    return (struct wq_run *)(q->karena + (uint64_t)b * WQ_KEY_GRAIN);
+}
 /* Lock held: the run record of entry idx, PROCESSING (layout.h), or NULL
    when its block lies past the granules handed out or names another
    entry (region data is never trusted). */
@@ -562,8 +568,17 @@ static inline struct wq_run *wq__entry_run(const shmq *q, const struct wq_entry 
         top = q->nkeys;
     if (WQ_UNLIKELY(e->run >= top || top - e->run < WQ_RUN_GRAINS))
         return NULL;
-    struct wq_run *r = (struct wq_run *)(q->karena + (uint64_t)e->run * WQ_KEY_GRAIN);
+    struct wq_run *r = wq__run_at(q, e->run);
     return WQ_LIKELY(r->entry == idx) ? r : NULL;
+}
+/* Lock held: the process slot whose handle holds a run record's key (the
+   slot LIVE, with the generation it had at the hand-out), or NULL. */
+static inline struct wq_proc *wq__run_holder(const shmq *q, const struct wq_run *r)
+{
+    if (r->owner >= q->max_procs)
+        return NULL;
+    struct wq_proc *p = &q->procs[r->owner];
+    return p->state == WQ_PROC_LIVE && wq__gen16(p->gen) == r->owner_gen ? p : NULL;
 }
 /* Lock and busy held: a block for len bytes (0, -ENOSPC with the message
    set, -EBADMSG with the region flagged, -ENOMEM), and one given back
