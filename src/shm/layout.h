@@ -44,7 +44,7 @@
 #include <stdint.h>
 
 #define WQ_MAGIC        0x31515762696c0a57ull /* "W\nlibWQ1" little-endian */
-#define WQ_LAYOUT_VER   17u
+#define WQ_LAYOUT_VER   18u
 #define WQ_ALIGN        64u
 #define WQ_NIL          0xffffffffu          /* "no entry" */
 
@@ -132,6 +132,9 @@ struct wq_geom {
     uint64_t off_lanes;       /* published-add lanes (lanes.c); an empty
                                  section in fair queues and queues with a
                                  store, which never publish */
+    uint64_t off_sgen;        /* with a store: a uint32 per entry, bumped
+                                 by every change of it the store must see
+                                 (store.c); reserved with the entries */
     uint64_t checksum;        /* FNV-1a 64 of all bytes above */
 };
 
@@ -390,7 +393,7 @@ struct wq_proc {
 };
 
 /*
- * A key slot: 56 bytes. All fields: lock to write; state, seq, keylen,
+ * A key slot: 52 bytes. All fields: lock to write; state, seq, keylen,
  * hash and k are also read without it by the coalesced add (queue.c), so
  * state and seq are stored through atomics.h.
  *   state     a single 16-bit store moves it between states (WQ_ST_*).
@@ -419,9 +422,13 @@ struct wq_proc {
  *   k         the key: in the entry up to WQ_KEY_INLINE bytes, else the
  *             first granule of its block in the key arena (keys.c), which
  *             the entry owns from its add until it is free again.
- * An entry is not a whole cache line: 8 of them take 7 lines. What a
+ * An entry is not a whole cache line: 16 of them take 13 lines. What a
  * lookup reads (state, keylen, hash, seq, k: 28 bytes) comes first, so it
- * lies in one line for 5 of every 8 entries.
+ * lies in one line for 10 of every 16 entries. The struct is 4-byte
+ * aligned (t_b lies on a 4-byte boundary in every other entry): 8-byte
+ * alignment would pad it to 56, 4 bytes per key. The store's change
+ * count is not here but in a section of its own (wq_geom.off_sgen),
+ * since only queues with a store have one.
  */
 #define WQ_KEY_INLINE 16u
 #define WQ_KEY_GRAIN  8u
@@ -440,9 +447,8 @@ struct wq_entry {
     uint32_t run;
     uint32_t failures;
     uint32_t rslot;           /* its result slot, WQ_NIL if none */
-    uint32_t sgen;            /* bumped by every change the store must see */
     uint64_t t_b;
-};
+} __attribute__((packed, aligned(4)));
 
 /*
  * A processing key's run record: a block of WQ_RUN_GRAINS granules in the
@@ -477,7 +483,7 @@ struct wq_islot {
     uint32_t w;
 };
 
-_Static_assert(sizeof(struct wq_entry) == 56, "an entry is 56 bytes");
+_Static_assert(sizeof(struct wq_entry) == 52, "an entry is 52 bytes");
 
 /*
  * Fair-mode data of an entry (fair.c), indexed like the entries. lock.

@@ -73,6 +73,7 @@ typedef struct wq_shm {
     uint64_t seed;
     uint32_t *heap;                /* delay heap (layout.h) */
     uint32_t *sq;                  /* store queue (layout.h), NULL without store */
+    uint32_t *sgen;                /* store change counts, NULL without store */
     bool restoring;                /* filling a new region nobody sees yet */
     bool fair;                     /* WQ_FAIR: fair.c orders the queue */
     struct wq_fx *fx;

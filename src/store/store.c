@@ -9,7 +9,7 @@
  *     critical section as the change, before its commit (entry.c). A
  *     flush writes the marked entries' current records to LMDB and only
  *     then, under the region lock, clears the marks of entries that did
- *     not change meanwhile (entry->sgen). So after any crash, the region
+ *     not change meanwhile (its count in q->sgen). So after any crash, the region
  *     still lists every entry whose record may be stale, and the next
  *     flush rewrites it (writes are idempotent).
  *   - A new key added with PROCESS or FSYNC durability starts invisible
@@ -413,7 +413,7 @@ void wq__store_mark(shmq *q, uint32_t idx)
         return;
     WQ_ASSERT_MUTATING(q);
     struct wq_entry *e = wq__entry(q, idx);
-    e->sgen++;
+    q->sgen[idx]++;
     if (e->state & WQ_ST_SDIRTY)
         return;   /* already queued: the flush will read the new state */
     e->state |= WQ_ST_SDIRTY;
@@ -429,7 +429,7 @@ static void snapshot_entry(shmq *q, uint32_t idx, struct wq_item *it, unsigned c
     uint16_t st = wq__st(e);
     memset(&it->r, 0, sizeof it->r);
     it->idx = idx;
-    it->sgen = e->sgen;
+    it->sgen = q->sgen[idx];
     it->r.magic = WQ_REC_MAGIC;
     it->r.keylen = e->keylen;
     it->r.failures = e->failures;
@@ -481,7 +481,7 @@ static int settle(shmq *q, struct wq_item *items, uint32_t n, uint64_t now, bool
         if (!(e->state & WQ_ST_SDIRTY))
             continue;
         e->state &= (uint16_t)~WQ_ST_SDIRTY;
-        if (e->sgen != items[i].sgen) {
+        if (q->sgen[idx] != items[i].sgen) {
             wq__store_mark(q, idx);   /* changed meanwhile: again */
             continue;
         }
