@@ -470,12 +470,14 @@ static void test_region_grows_with_keys(void **state)
     uint64_t unit = s->entry_size + sizeof(uint32_t);   /* entry, heap slot */
     uint32_t grown = s->hdr->grown_ent;
     assert_int_equal(s->hdr->e_fresh, 5000);
-    assert_true(grown >= 5000 && grown <= 5000 + 5000 / 8 + 65536 / unit + 1);
+    assert_true(grown >= 5000 && grown <= 5000 + 5000 / 32 + 65536 / unit + 1);
     assert_int_equal(s->hdr->index_at, 16384);   /* 1024, 2048, .., 16384: area 0 */
-    assert_int_equal(s->hdr->ring_at, 1ull << 32 | 8192);   /* 1024, 2048, 4096, 8192 */
+    /* 1024, 2048, 3072, 4096, 5120: a page at least, a quarter rounded
+       down to pages above 4096 */
+    assert_int_equal(s->hdr->ring_at, 5120);
     uint64_t used = shm_used(name);
     uint64_t index = (16384 - WQ_INDEX_MIN) * sizeof(struct wq_islot) +
-                     (8192 - WQ_RING_MIN) * sizeof(uint32_t);   /* and ring */
+                     (5120 - WQ_RING_MIN) * sizeof(uint32_t);   /* and ring */
     /* Entries and heap slots, each section's ends rounded to pages. */
     assert_true(used >= base + index + grown * unit - 2 * 4096);
     assert_true(used <= base + index + grown * unit + 4 * 4096);
@@ -1060,12 +1062,14 @@ static void take_in_order(wq *q, const char *prefix, int from, int n)
     }
 }
 
-/* The ring starts at one page (1024 slots) and doubles when an entry
-   past its size is taken, keeping the FIFO order even when its members
-   wrap around the old ring's end; a refused doubling fails the add with
-   its message and changes nothing. Fills one ring with k-0..1023, takes
-   300 out (their entries are freed), adds n-0..299 (reusing them: the
-   ring wraps, nothing grows), then one more new key: the doubling. */
+/* The ring starts at one page (1024 slots) and grows (to 2048, 3072..)
+   when an entry past its size is taken, keeping the FIFO order even when
+   its members wrap around the old ring's end; a refused growth fails the
+   add with its message and changes nothing. Fills one ring with
+   k-0..1023, takes 300 out (their entries are freed), adds n-0..299
+   (reusing them: the ring wraps, nothing grows), then one more new key:
+   the growth. Then a full ring of 2048 whose front is at 1900 grows to
+   3072: its members wrap around both rings' ends (three runs). */
 static void test_ring_grows(void **state)
 {
     (void)state;
@@ -1097,7 +1101,21 @@ static void test_ring_grows(void **state)
     t_check_clean(q, __func__);
     take_in_order(q, "k", 300, 724);
     take_in_order(q, "n", 0, 300);
-    drain_in_order(q, "x", 1);
+    take_in_order(q, "x", 0, 1);
+    assert_int_equal((uint32_t)s->hdr->ring_pos, 1325);
+    add_keys(q, "m", 1600);   /* 1025 entries reused, 575 fresh */
+    take_in_order(q, "m", 0, 575);
+    add_keys(q, "p", 1023);   /* 575 reused, 448 fresh: 2048 used */
+    assert_int_equal(s->hdr->e_fresh, 2048);
+    assert_int_equal(s->hdr->ring_at, 1ull << 32 | 2048);
+    assert_int_equal(s->hdr->ring_pos, 2048ull << 32 | 1900);   /* full, front at 1900 */
+    assert_int_equal(wq_add(q, KS("z-00000")), 0);
+    assert_int_equal(s->hdr->ring_at, 3072);   /* area 0 again */
+    assert_int_equal(s->hdr->ring_pos, 2049ull << 32 | 1900);
+    t_check_clean(q, __func__);
+    take_in_order(q, "m", 575, 1025);
+    take_in_order(q, "p", 0, 1023);
+    drain_in_order(q, "z", 1);
     t_close(q);
 }
 

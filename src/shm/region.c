@@ -15,8 +15,9 @@
  * reserved as keys and results arrive, in steps of a 32nd of what is
  * there (at least 64 KiB), under the lock and before anything is written
  * there; layout.h says what is never touched past them. The index and
- * the ring start at a page each and double into their other area
- * (table.c, ring.c) through wq__region_reserve_area. Reserving is
+ * the ring start at a page each and grow (the index doubles, the ring by
+ * a quarter; shm.h) into their other area (table.c, ring.c) through
+ * wq__region_reserve_area. Reserving is
  * what makes a full /dev/shm an -ENOSPC for the add that needed the room
  * instead of a SIGBUS in whoever touched the page first. A process that
  * dies during a growth leaves at most some reserved pages that the next
@@ -566,9 +567,10 @@ static uint32_t area_load(shmq *q, bool ring, uint64_t at)
 {
     uint64_t unit, max;
     uint32_t slots = (uint32_t)at, min = ring ? WQ_RING_MIN : WQ_INDEX_MIN;
+    unsigned shift = ring ? WQ_RING_SHIFT : WQ_INDEX_SHIFT;
     uint64_t used = wq__entries_used(q), off = area_off(q, ring, (at >> 32) & 1, &unit, &max);
     uint32_t want = ring ? wq__ring_need(q, used) : wq__index_size(q->index_max, used);
-    if (WQ_UNLIKELY((at >> 32) > 1 || !wq__area_size_ok(min, (uint32_t)max, slots) ||
+    if (WQ_UNLIKELY((at >> 32) > 1 || !wq__area_size_ok(min, (uint32_t)max, slots, shift) ||
                     slots < want || reserve(q->fd, off, (uint64_t)slots * unit) < 0)) {
         q->hdr->corrupt = 1;   /* repair builds one afresh */
         return 0;

@@ -11,8 +11,9 @@
  * All calls need the region lock (and a mutation in progress to change
  * it); wq_len reads the count without it (relaxed). Data structure only.
  *
- * Size. Like the index (table.c), the ring starts at one page and
- * doubles, up to capacity slots, into the other of two areas: before an
+ * Size. Like the index (table.c), the ring starts at one page and grows,
+ * by a quarter (shm.h), up to capacity slots, into the other of two
+ * areas: before an
  * entry past its size is taken (entry.c), the members are copied to the
  * same positions modulo the new size, front + k, so ring_pos stays valid
  * and one store of hdr->ring_at switches rings. A holder that dies
@@ -120,11 +121,17 @@ int wq__ring_grow(shmq *q, uint32_t need)
     int rc = wq__region_reserve_area(q, true, to, slots);
     if (rc < 0)
         return rc;
+    /* Member k from old[(head + k) % old] to new[(head + k) % slots], in
+       runs that wrap in neither ring (at most three). */
     uint32_t *t = q->rarea[to];
-    for (uint32_t k = 0, r = head, w = head; k < count; k++) {
-        t[w] = q->ring[r];
-        r = r + 1 == old ? 0 : r + 1;
-        w = w + 1 == slots ? 0 : w + 1;
+    for (uint32_t left = count, r = head, w = head; left > 0;) {
+        uint32_t n = left;
+        n = n < old - r ? n : old - r;
+        n = n < slots - w ? n : slots - w;
+        memcpy(t + w, q->ring + r, (size_t)n * sizeof *t);
+        left -= n;
+        r = r + n == old ? 0 : r + n;
+        w = w + n == slots ? 0 : w + n;
     }
     WQ_STEP("ring.grow.copy");
     switch_to(q, to, slots);
