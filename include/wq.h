@@ -238,15 +238,16 @@
  *       table, up to 512 KiB): 32 KiB for a default queue, whatever its
  *       capacity, which is a bound, not an allocation;
  *     - at the first wq_add_publish, the lanes: 33 KiB;
- *     - then, as keys arrive, one entry per key held at once (56 bytes,
- *       which hold a key of up to 16 bytes, and 4 for the delay heap; 32
- *       more in fair mode); a longer key's own bytes, rounded up to 8, in
+ *     - then, as keys arrive, one entry per key held at once (52 bytes,
+ *       which hold a key of up to 16 bytes, and 4 for the delay heap; 4
+ *       more with a store, 32 more in fair mode); a longer key's own
+ *       bytes, rounded up to 8, in
  *       the key arena (never max_key_len: a 40-byte key costs 40); per
  *       key being processed, a 16-byte record of who holds it and since
  *       when, in the same arena; and per result kept, a 48-byte slot,
  *       which holds a message of up to 12 bytes, and a longer message's
  *       own bytes rounded up to 8 in the same arena. Each grows in steps
- *       of an eighth of what it has (at least 64 KiB; the arena starts
+ *       of a 32nd of what it has (at least 64 KiB; the arena starts
  *       at what it needs and doubles up to that), under the lock. Entries
  *       and key bytes freed by done keys are reused before new pages are
  *       taken (a freed key's bytes by the next key of the same length in
@@ -261,13 +262,17 @@
  *     - and the hash index and the ring: 4-byte index slots, a power of
  *       two of them and at least twice the entries ever used (8 to 16
  *       bytes per key; a full queue's is 2 x capacity + 1 slots), and a
- *       4-byte ring slot per entry ever used (rounded up to a power of
- *       two, at most capacity). Each doubles under the lock when a new
- *       key needs it, building a table twice as large and giving the old
- *       one's pages back: on the 2-vCPU VM of tools/PERFORMANCE.md the
+ *       4-byte ring slot per entry ever used (at most a quarter more:
+ *       4 to 5 bytes per key; at most capacity). The index doubles and
+ *       the ring grows by a quarter under the lock when a new key needs
+ *       it, into a new table, giving the old one's pages back: on the
+ *       2-vCPU VM of tools/PERFORMANCE.md the
  *       add that doubles the index takes 3 ms at 131,072 keys, 26 ms at
  *       1M and about 54 ms at 2M (every other add, and every other
  *       process, waits for it meanwhile).
+ *     So a default queue holding 50,000 keys of 12 bytes takes 71.6
+ *     bytes per key, and of 40 bytes 112.6 (wqbench scale/keys12 and
+ *     keys40; each is given, less, at 1e3 and 1e4 keys too).
  *   When the system refuses pages (the tmpfs is full or at its size limit:
  *   Docker gives containers 64 MiB by default, `--shm-size` changes it),
  *   the add, get or wq_finish that needed them fails with -ENOSPC and

@@ -848,7 +848,7 @@ static void region_while_read(bool lost)
     pid_t reader = stopped_child(c);
     if (reader <= 0)
         fail_msg("the store's reader did not stop at its 3000th record");
-    uint64_t rss = 0, want = 4000 * 56;   /* the entries alone (56 bytes each) */
+    uint64_t rss = 0, want = 4000 * 52;   /* the entries alone (52 bytes each) */
     unsigned long early = 0;
     int n = 0;
     uint64_t deadline = t_now_ns() + 10000ull * t_scale() * 1000000u;
