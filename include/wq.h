@@ -239,9 +239,10 @@
  *       capacity, which is a bound, not an allocation;
  *     - at the first wq_add_publish, the lanes: 33 KiB;
  *     - then, as keys arrive, one entry per key held at once (52 bytes,
- *       which hold a key of up to 16 bytes, and 4 for the delay heap; 4
- *       more with a store, 32 more in fair mode); a longer key's own
- *       bytes, rounded up to 8, in
+ *       which hold a key of up to 16 bytes; 8 more with a store, 32 more
+ *       in fair mode); 4 bytes of delay heap per key waiting or being
+ *       processed (a page at least; with a store, per entry); a longer
+ *       key's own bytes, rounded up to 8, in
  *       the key arena (never max_key_len: a 40-byte key costs 40); per
  *       key being processed, a 16-byte record of who holds it and since
  *       when, in the same arena; and per result kept, a 48-byte slot,
@@ -270,9 +271,9 @@
  *       add that doubles the index takes 3 ms at 131,072 keys, 26 ms at
  *       1M and about 54 ms at 2M (every other add, and every other
  *       process, waits for it meanwhile).
- *     So a default queue holding 50,000 keys of 12 bytes takes 71.6
- *     bytes per key, and of 40 bytes 112.6 (wqbench scale/keys12 and
- *     keys40; each is given, less, at 1e3 and 1e4 keys too).
+ *     So a default queue holding 50,000 keys of 12 bytes takes 67.6
+ *     bytes per key, and of 40 bytes 108.6 (wqbench scale/keys12 and
+ *     keys40; 1e3 and 1e4 keys are measured too).
  *   When the system refuses pages (the tmpfs is full or at its size limit:
  *   Docker gives containers 64 MiB by default, `--shm-size` changes it),
  *   the add, get or wq_finish that needed them fails with -ENOSPC and
@@ -548,8 +549,10 @@ WQ_API int wq_add(wq *q, const void *key, size_t len);
  *   -ENOBUFS    cap < max_key_len (checked first, nothing is popped);
  *   -EINVAL     NULL buf or timeout below -1;
  *   -ENOSPC     the system refused the page for the record of who holds
- *               the key ("Memory"; the key stays at the front; so does
- *               -ENOMEM, the process's own memory).
+ *               the key, or for the delay heap slot a key being processed
+ *               keeps for a wait its wq_done or requeue may start
+ *               ("Memory"; the key stays at the front; so does -ENOMEM,
+ *               the process's own memory).
  * Waiting for a key, it sleeps on a futex, never spins; wakes on add,
  * shutdown, and every 100 ms to requeue keys held by dead processes.
  * Waiting for the queue's lock (another process's call holds it for well
@@ -750,7 +753,10 @@ WQ_API int wq_done_many(wq *q, const struct iovec *keys, size_t n);
  * delay_ns == 0 is wq_add (and returns as wq_add does).
  * Counts in retries_total (client-go). Returns 0 when a new wait started,
  * 1 when merged into a key already dirty or waiting, or as wq_add's
- * errors (-ESHUTDOWN, -ENOSPC, -EINVAL, -EMSGSIZE).
+ * errors (-ESHUTDOWN, -ENOSPC, -EINVAL, -EMSGSIZE); -ENOSPC also when a
+ * key that is neither processing nor dirty starts to wait and the system
+ * refuses a page for the delay heap ("Memory"; nothing changed). A key
+ * being processed was given its slot by its get: its wait never fails.
  */
 WQ_API int wq_add_after(wq *q, const void *key, size_t len, uint64_t delay_ns);
 

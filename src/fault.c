@@ -60,8 +60,12 @@ bool wq__fault_fail(const char *point)
 {
     if (!armed[0] || strcmp(point, armed) != 0)
         return false;
-    if (how == WQ_FAULT_FAIL_ON)
-        return countdown <= 1 || --countdown <= 1;
+    if (how == WQ_FAULT_FAIL_ON) {
+        if (countdown <= 1)
+            return true;
+        countdown--;
+        return false;
+    }
     return how == WQ_FAULT_FAIL && --countdown == 0;
 }
 

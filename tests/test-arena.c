@@ -175,11 +175,12 @@ static void test_keys_cost_their_length(void **state)
         assert_int_equal(wq_add(q, k, mkkey(k, i, 40)), 0);
     double per = (double)(shm_used(name) - before) / 10000;
     printf("10,000 keys of 40 bytes: %.1f bytes of /dev/shm each\n", per);
-    /* 52 entry + 40 key + 8..16 index (4-byte slots) + 4 ring + 4 heap,
-       and growth steps of a 32nd (113.0 at layout version 18; 120.4 with
-       56-byte entries and steps of an eighth; 127.8 with 64-byte
-       entries). */
-    assert_true(per >= 108 && per < 118);
+    /* 52 entry + 40 key + 8..16 index (4-byte slots) + 4..5 ring, and
+       growth steps of a 32nd; no delay heap: nothing waits (104.0 at
+       layout version 18; 113.0 with a heap slot per entry and a ring
+       that doubled, 120.4 with 56-byte entries and steps of an eighth,
+       127.8 with 64-byte entries). */
+    assert_true(per >= 100 && per < 110);
     t_check_clean(q, __func__);
     for (int i = 0; i < 10000; i++) {
         T_EXPECT_GETN(q, k, mkkey(k, i, 40));
@@ -554,8 +555,11 @@ static void test_run_record_refused(void **state)
     assert_int_equal(wq_add(q, KS("second")), 0);
     assert_int_equal(s->hdr->grown_keys, 0);
     char buf[300], want[200];
-    wq_fault_arm("region.grow", 1, WQ_FAULT_FAIL_ON);
+    /* The get's first growth, its delay heap slot (delay.c), is granted;
+       the second, its run record's, is refused. */
+    wq_fault_arm("region.grow", 2, WQ_FAULT_FAIL_ON);
     assert_int_equal(wq_get(q, buf, sizeof buf, 0), -ENOSPC);
+    assert_int_equal(s->hdr->grown_heap, 100);   /* one page, capped at capacity */
     wq_fault_arm(NULL, 0, 0);
     snprintf(want, sizeof want, "queue '%s': no room in /dev/shm to grow its region to "
              "%u key arena granules (", wq_name(q), WQ_RUN_GRAINS);
@@ -571,6 +575,68 @@ static void test_run_record_refused(void **state)
     static const char *const order[] = { "first", "second" };
     expect_queue_close(q, order, 2);
     (void)name;
+}
+
+/* Without a store the delay heap grows with what may wait (delay.c): a
+   get asks for a slot for the wait its key may start, an add that starts
+   a wait for an idle or new key asks for one, and both are refused with
+   the region's reason, changing nothing, when the system refuses the
+   pages. A key being processed has its slot: its delayed re-add and its
+   done are never refused. */
+static void test_delay_room_refused(void **state)
+{
+    (void)state;
+    wq *q = t_track(t_create("heaproom", T_OPTS(.capacity = 5000), NULL));
+    struct wq_shm *s = wq__shm(q);
+    char k[32], buf[300], want[200];
+    assert_int_equal(s->hdr->grown_heap, 0);
+    assert_int_equal(wq_add(q, KS("q1")), 0);
+    assert_int_equal(s->hdr->grown_heap, 0);   /* a plain add waits for nothing */
+    for (int i = 0; i < 1023; i++) {
+        snprintf(k, sizeof k, "w-%d", i);
+        assert_int_equal(wq_add_after(q, KS(k), 3600000000000ull), 0);
+    }
+    assert_int_equal(s->hdr->grown_heap, 1024);   /* one page of slots */
+    T_EXPECT_GET(q, "q1");   /* 1023 waiting + 1 processing: the page is full */
+    assert_int_equal(s->hdr->grown_heap, 1024);
+
+    wq_fault_arm("region.grow.heap", 1, WQ_FAULT_FAIL_ON);
+    assert_int_equal(wq_add_after(q, KS("w-new"), 3600000000000ull), -ENOSPC);
+    snprintf(want, sizeof want, "queue '%s': no room in /dev/shm to grow its region to "
+             "2048 delay heap slots (4096 bytes more, ", wq_name(q));
+    if (strncmp(wq_last_error(), want, strlen(want)) != 0)
+        fail_msg("wq_last_error: \"%s\", expected \"%s...\"", wq_last_error(), want);
+    assert_int_equal(t_key_state(q, "w-new"), 0);
+    assert_int_equal(wq_add_rate_limited(q, KS("w-new")), -ENOSPC);
+    assert_int_equal(t_key_state(q, "w-new"), 0);
+    assert_int_equal(wq_add(q, KS("q2")), 0);   /* no wait: no slot */
+    assert_int_equal(wq_get(q, buf, sizeof buf, 0), -ENOSPC);
+    if (strncmp(wq_last_error(), want, strlen(want)) != 0)
+        fail_msg("wq_last_error: \"%s\", expected \"%s...\"", wq_last_error(), want);
+    assert_int_equal(t_key_state(q, "q2"), WQ_KEY_DIRTY | WQ_KEY_QUEUED);
+    struct wq_stats st = t_stats(q);
+    assert_int_equal(st.waiting, 1023);
+    assert_int_equal(st.processing, 1);
+    assert_int_equal(st.queued, 1);
+    assert_int_equal(st.repairs_total, 0);
+    assert_int_equal(s->hdr->busy, 0);
+    /* The processing key's slot: its wait starts, its done stands. */
+    assert_int_equal(wq_add_after(q, KS("q1"), 3600000000000ull), 0);
+    assert_int_equal(t_key_state(q, "q1"), WQ_KEY_PROCESSING | WQ_KEY_WAITING);
+    assert_int_equal(wq_done(q, KS("q1")), 0);
+    assert_int_equal(t_key_state(q, "q1"), WQ_KEY_WAITING);
+    assert_int_equal(t_stats(q).waiting, 1024);
+    assert_int_equal(s->hdr->grown_heap, 1024);
+    t_check_clean(q, __func__);
+    wq_fault_arm(NULL, 0, 0);
+
+    T_EXPECT_GET(q, "q2");   /* the heap grows now */
+    assert_int_equal(s->hdr->grown_heap, 2048);
+    assert_int_equal(wq_done(q, KS("q2")), 0);
+    assert_int_equal(wq_add_after(q, KS("w-new"), 3600000000000ull), 0);
+    assert_int_equal(t_stats(q).waiting, 1025);
+    t_check_clean(q, __func__);
+    t_close(q);
 }
 
 struct finish_get_arg {
@@ -837,6 +903,7 @@ int main(void)
         T_TEST(test_result_count_damaged),
         T_TEST(test_merge_keeps_a_key_being_added),
         T_TEST(test_run_record_refused),
+        T_TEST(test_delay_room_refused),
         T_TEST(test_damaged_run_record),
         T_TEST(test_finish_get_no_room_after_sleep),
         T_TEST(test_pool_get_no_room),

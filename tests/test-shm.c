@@ -467,7 +467,7 @@ static void test_region_grows_with_keys(void **state)
     assert_int_equal(s->hdr->index_at, WQ_INDEX_MIN);   /* area 0 */
 
     add_keys(q, "first", 5000);
-    uint64_t unit = s->entry_size + sizeof(uint32_t);   /* entry, heap slot */
+    uint64_t unit = s->entry_size;   /* no delay heap slot: nothing waits (delay.c) */
     uint32_t grown = s->hdr->grown_ent;
     assert_int_equal(s->hdr->e_fresh, 5000);
     assert_true(grown >= 5000 && grown <= 5000 + 5000 / 32 + 65536 / unit + 1);
@@ -483,12 +483,15 @@ static void test_region_grows_with_keys(void **state)
     assert_true(used <= base + index + grown * unit + 4 * 4096);
     assert_int_equal(t_stats(q).region_used, used);
 
-    /* Keys processed one at a time need one run record (keys.c): the key
-       arena's first page. */
+    /* Keys processed one at a time need one run record (keys.c) and one
+       delay heap slot for the wait each may start (delay.c): the key
+       arena's first page and the heap's. */
+    assert_int_equal(s->hdr->grown_heap, 0);
     drain_all(q);
     assert_int_equal(s->hdr->grown_keys, WQ_RUN_GRAINS);
-    assert_int_equal(shm_used(name), used + 4096);
-    used += 4096;
+    assert_int_equal(s->hdr->grown_heap, 1024);
+    assert_int_equal(shm_used(name), used + 2 * 4096);
+    used += 2 * 4096;
     add_keys(q, "second", 5000);
     assert_int_equal(s->hdr->e_fresh, 5000);
     assert_int_equal(s->hdr->grown_ent, grown);
@@ -661,7 +664,7 @@ static void test_growth_counts_damaged(void **state)
     t_check_clean(q, __func__);   /* the locker repaired it */
     assert_int_equal(s->hdr->grown_ent, 3000);
     assert_int_equal(s->hdr->e_fresh, 10);
-    uint64_t unit = s->entry_size + sizeof(uint32_t);
+    uint64_t unit = s->entry_size;
     assert_true(shm_used(name) >= used + (3000 - g) * unit - 2 * 4096);
     assert_int_equal(wq_len(q), 10);
 
@@ -673,6 +676,21 @@ static void test_growth_counts_damaged(void **state)
     add_keys(q, "more", 5);
     assert_int_equal(wq_len(q), 15);
     t_check_clean(q, __func__);
+
+    /* The delay heap's count (delay.c): past the capacity, the handle
+       keeps the count it knew; below the keys waiting, repair asks for
+       what they need. The waiting key stays. */
+    assert_int_equal(wq_add_after(q, KS("w-0"), 3600000000000ull), 0);
+    assert_int_equal(s->hdr->grown_heap, 1024);
+    s->hdr->grown_heap = 0xffffffffu;
+    t_check_clean(q, __func__);
+    assert_int_equal(s->hdr->grown_heap, 1024);
+    s->hdr->grown_heap = 0;
+    t_check_clean(q, __func__);
+    assert_int_equal(s->hdr->grown_heap, 1024);
+    assert_int_equal(t_key_state(q, "w-0"), WQ_KEY_WAITING);
+    assert_int_equal(t_stats(q).waiting, 1);
+    assert_int_equal(wq_remove(q, KS("w-0")), 0);
     drain_all(q);
     t_close(q);
 }

@@ -15,8 +15,28 @@
  *
  * Crash safety: the entry's WAITING bit and ready time are the truth; the
  * heap is a cache of them, rebuilt by repair.
+ *
+ * Room (layout.h, grown_heap): without a store the heap's pages grow
+ * with what may wait, not with the entries. A key being processed may
+ * start to wait at its done or requeue, which must not fail for want of
+ * a page, so its get asks for its slot (wq__entry_hand_out); an add that
+ * starts a wait for any other key asks for one too (queue.c). Both fail
+ * with -ENOSPC before changing anything when the system refuses.
  */
 #include "shm.h"
+
+int wq__delay_room(shmq *q, uint32_t extra)
+{
+    WQ_ASSERT_LOCKED(q);
+    if (q->g.has_store)
+        return 0;   /* the heap grows with the entries */
+    /* A processing key that already waits is counted twice: a slot more
+       than it needs, never one less. */
+    uint64_t need = (uint64_t)q->hdr->heap_count + q->hdr->processing + extra;
+    if (need <= q->nheap)
+        return 0;
+    return wq__region_grow_heap(q, need < q->capacity ? (uint32_t)need : q->capacity);
+}
 
 uint64_t wq__next_ready(const shmq *q)
 {
@@ -62,7 +82,7 @@ void wq__drop_waiting(shmq *q)
 {
     struct wq_hdr *h = q->hdr;
     while (h->heap_count > 0 && !wq__region_broken(q)) {
-        if (h->heap_count > q->nent || q->heap[h->heap_count - 1] >= q->nent) {
+        if (h->heap_count > q->nheap || q->heap[h->heap_count - 1] >= q->nent) {
             h->corrupt = 1;
             return;
         }

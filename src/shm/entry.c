@@ -531,11 +531,15 @@ int wq__entry_hand_out(shmq *q, uint32_t idx, uint64_t now)
     WQ_ASSERT_MUTATING(q);
     struct wq_hdr *h = q->hdr;
     struct wq_entry *e = wq__entry(q, idx);
-    /* Its run record first, the only step that can fail: a holder killed
-       before the commit leaves a block that no processing entry names,
-       free again at the next repair (keys.c). */
+    /* Room first, the only steps that can fail: a delay heap slot for
+       the wait its done may start (delay.c), then its run record. A
+       holder killed before the commit leaves a block that no processing
+       entry names, free again at the next repair (keys.c), and heap pages
+       the next get uses. */
     uint32_t b;
-    int rc = wq__keys_take(q, sizeof(struct wq_run), &b);
+    int rc = wq__delay_room(q, 1);
+    if (rc == 0)
+        rc = wq__keys_take(q, sizeof(struct wq_run), &b);
     if (rc < 0)
         return rc;
     struct wq_run *r = wq__run_at(q, b);

@@ -290,8 +290,9 @@ struct wq_hdr {
        pages of the fixed sections (header, process table, store queue,
        tenant tags) and of the first index and ring (index_at, ring_at
        below) are reserved at creation. Entries, with
-       the delay heap and the fair sections, which have at most one slot
-       per entry, are reserved for grown_ent of them, and result slots for
+       the fair sections (and with a store the delay heap), which have at
+       most one slot per entry, are reserved for grown_ent of them, the
+       delay heap otherwise for grown_heap, and result slots for
        grown_res; each grows in steps, under the lock, before anything is
        written there. Nothing at or past these counts is ever read or
        written: on tmpfs even a read would allocate the page, and on a
@@ -327,6 +328,14 @@ struct wq_hdr {
        have pages (region.c). */
     uint32_t k_top;
     uint32_t grown_keys;
+    /* The delay heap's slots with pages (region.c; lock). With a store
+       they are the entries' (grown_ent; this stays 0). Without, they
+       grow on demand: enough for every waiting key and every key being
+       processed (which may start to wait without asking for room) and,
+       before a get or an add that starts a wait, one more
+       (wq__delay_room). A queue that never delays a key holds one
+       page of them, not 4 bytes per key. */
+    uint32_t grown_heap;
     /* Store flushers (store.c): one at a time, from reading the store
        queue's front to popping it; robust, holds no state of its own. */
     pthread_mutex_t flush_lock;

@@ -135,6 +135,12 @@ static int add_locked(shmq *q, const struct wq_add_req *r, uint32_t hash, uint64
             return -ENOSPC;
         }
     }
+    /* A key that starts to wait needs a heap slot (delay.c); a processing
+       one has its own, and a dirty or waiting one starts no wait. */
+    if (r->delayed && (fresh || !(wq__entry(q, idx)->state &
+                                  (WQ_ST_PROCESSING | WQ_ST_WAITING | WQ_ST_DIRTY))) &&
+        (rc = wq__delay_room(q, 1)) < 0)
+        return rc;
     wq__mut_begin(q);
     if (r->delayed)
         WQ_STEP("delay.busy");

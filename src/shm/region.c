@@ -425,14 +425,14 @@ static int reserve_in(const shmq *q, uint64_t off, uint64_t len)
     return rc;
 }
 
-/* Reserve entries [from, to) with their heap and fair slots; the bytes
-   per entry in *unit. */
+/* Reserve entries [from, to) with their fair slots (and with a store
+   their heap slots and change counts); the bytes per entry in *unit. */
 static int reserve_entries(const shmq *q, uint32_t from, uint32_t to, uint64_t *unit)
 {
     const struct wq_geom *g = &q->g;
     struct { uint64_t off, size; } part[6] = {
         { g->off_entries, g->entry_size },
-        { g->off_heap, sizeof(uint32_t) },
+        { g->off_heap, g->has_store ? sizeof(uint32_t) : 0 },   /* else on demand */
         { g->off_sgen, g->has_store ? sizeof(uint32_t) : 0 },
         { g->off_fx, q->fair ? sizeof(struct wq_fx) : 0 },
         { g->off_fheap_p, q->fair ? sizeof(uint32_t) : 0 },
@@ -460,28 +460,52 @@ static int reserve_keys(const shmq *q, uint32_t from, uint32_t to)
                                   (uint64_t)(to - from) * WQ_KEY_GRAIN) : 0;
 }
 
-enum sect { S_ENT, S_RES, S_KEY };
+static int reserve_heap(const shmq *q, uint32_t from, uint32_t to)
+{
+    uint64_t unit = sizeof(uint32_t);
+    return to > from ? reserve_in(q, q->g.off_heap + from * unit, (to - from) * unit) : 0;
+}
+
+/* The delay heap's slots with pages: with a store, the entries'. */
+static void heap_view(shmq *q, uint32_t grown)
+{
+    q->gheap = grown;
+    q->nheap = q->g.has_store ? q->nent : grown;
+}
+
+enum sect { S_ENT, S_RES, S_KEY, S_HEAP };
 
 /* One growth step of the entries, the result slots or the key arena. */
 static int grow(shmq *q, enum sect s, uint32_t need)
 {
     WQ_ASSERT_LOCKED(q);
-    static const char *const what[] = { "entries", "result slots", "key arena granules" };
+    static const char *const what[] = { "entries", "result slots", "key arena granules",
+                                        "delay heap slots" };
     static const char *const point[] = { "region.grow.entries", "region.grow.results",
-                                         "region.grow.keys" };
-    uint32_t have = s == S_ENT ? q->nent : s == S_RES ? q->nres : q->nkeys;
-    uint32_t cap = s == S_ENT ? q->capacity : s == S_RES ? q->result_capacity : q->g.key_max;
+                                         "region.grow.keys", "region.grow.heap" };
+    uint32_t have = s == S_ENT ? q->nent : s == S_RES ? q->nres : s == S_KEY ? q->nkeys
+                  : q->nheap;
+    uint32_t cap = s == S_ENT || s == S_HEAP ? q->capacity
+                 : s == S_RES ? q->result_capacity : q->g.key_max;
     if (need <= have)
         return 0;
     if (need > cap)
         return -ENOSPC;
-    uint64_t unit = s == S_RES ? sizeof(struct wq_rslot) : WQ_KEY_GRAIN;
+    uint64_t unit = s == S_RES ? sizeof(struct wq_rslot) : s == S_HEAP ? sizeof(uint32_t)
+                  : WQ_KEY_GRAIN;
     if (s == S_ENT)
         reserve_entries(q, 0, 0, &unit);   /* the unit only */
-    uint32_t to = step_to(have, need, cap, unit, s == S_KEY);
-    int rc = WQ_FAIL("region.grow") ? -ENOSPC
+    /* The arena and the heap start at what they need and double up to
+       the usual step; the heap in whole pages. */
+    uint32_t to = step_to(have, need, cap, unit, s == S_KEY || s == S_HEAP);
+    if (s == S_HEAP) {
+        uint64_t page = 4096 / unit, t = ((uint64_t)to + page - 1) / page * page;
+        to = t < cap ? (uint32_t)t : cap;
+    }
+    int rc = WQ_FAIL("region.grow") || (s == S_HEAP && WQ_FAIL("region.grow.heap")) ? -ENOSPC
            : s == S_RES ? reserve_results(q, have, to)
-           : s == S_KEY ? reserve_keys(q, have, to) : reserve_entries(q, have, to, &unit);
+           : s == S_KEY ? reserve_keys(q, have, to)
+           : s == S_HEAP ? reserve_heap(q, have, to) : reserve_entries(q, have, to, &unit);
     if (rc < 0)
         return grow_fail(q, rc, what[s], to, (to - have) * unit);
     WQ_STEP(point[s]);
@@ -489,8 +513,12 @@ static int grow(shmq *q, enum sect s, uint32_t need)
         q->hdr->grown_res = q->nres = to;
     else if (s == S_KEY)
         q->hdr->grown_keys = q->nkeys = to;
-    else
+    else if (s == S_HEAP)
+        heap_view(q, q->hdr->grown_heap = to);
+    else {
         q->hdr->grown_ent = q->nent = to;
+        heap_view(q, q->gheap);   /* with a store, the heap's too */
+    }
     return 0;
 }
 
@@ -557,6 +585,11 @@ int wq__region_grow_keys(shmq *q, uint32_t need)
     return grow(q, S_KEY, need);
 }
 
+int wq__region_grow_heap(shmq *q, uint32_t need)
+{
+    return q->g.has_store ? (need <= q->nent ? 0 : -ENOSPC) : grow(q, S_HEAP, need);
+}
+
 /* The slots of the index (ring false) or ring that the header's word
    `at` names, or 0 if it is damaged: no legal size, too small for the
    entries used (tables only grow before an entry is taken), or pages
@@ -604,7 +637,16 @@ static void areas_load(shmq *q)
 void wq__region_bounds_load(shmq *q)
 {
     struct wq_hdr *h = q->hdr;
-    uint32_t ge = h->grown_ent, gr = h->grown_res, gk = h->grown_keys;
+    uint32_t ge = h->grown_ent, gr = h->grown_res, gk = h->grown_keys, gh = h->grown_heap;
+    /* With a store the heap is the entries' and grown_heap stays 0. */
+    uint32_t hcap = q->g.has_store ? 0 : q->capacity;
+    if (WQ_UNLIKELY(gh > hcap || (!q->g.has_store && h->heap_count > gh))) {
+        /* The heap is a cache of the waiting entries: repair rebuilds it
+           within what is reserved here, asking for more if it must. */
+        h->corrupt = 1;
+        gh = gh > hcap ? (q->gheap < hcap ? q->gheap : 0)
+           : reserve_heap(q, 0, gh) == 0 ? gh : q->gheap;
+    }
     if (WQ_UNLIKELY(ge > q->capacity || gr > q->result_capacity || gk > q->g.key_max ||
                     h->e_fresh > ge || h->r_fresh > gr || h->k_top > gk)) {
         /* Which count is wrong is unknown: reserve (again: a no-op for
@@ -630,6 +672,7 @@ void wq__region_bounds_load(shmq *q)
     q->nent = ge;
     q->nres = gr;
     q->nkeys = gk;
+    heap_view(q, gh);
     areas_load(q);
 }
 

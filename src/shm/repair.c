@@ -23,8 +23,10 @@
  *      damaged is replaced by an empty one: its order is lost), then
  *      compacted in place, keeping FIFO order: a member stays if its
  *      entry is queued and was not seen before; queued entries missing
- *      from it are appended in entry order.
- *   6. free list, counters and per-slot held counts recomputed.
+ *      from it are appended in entry order. The delay heap gets pages
+ *      for every waiting key and every processing one (delay.c).
+ *   6. free list, delay heap, counters and per-slot held counts
+ *      recomputed.
  *   7. the key arena's free lists rebuilt from the live entries' blocks,
  *      processing entries' run records and result messages (keys.c),
  *      neighbouring free granules merged.
@@ -189,6 +191,11 @@ static void check_header(struct ctx *c)
             h->grown_res = q->nres;
             h->e_fresh = h->e_fresh < q->nent ? h->e_fresh : q->nent;
         }
+    }
+    if (h->grown_heap != q->gheap) {
+        violation(c, "header: %u delay heap slots reserved, %u usable", h->grown_heap, q->gheap);
+        if (c->apply)
+            h->grown_heap = q->gheap;
     }
     if (h->grown_keys != q->nkeys || h->k_top > q->nkeys) {
         violation(c, "header: key arena top %u of %u granules reserved (of %u)", h->k_top,
@@ -503,6 +510,16 @@ static void verify_sq(struct ctx *c)
     }
 }
 
+/* The delay heap slots the entries need (delay.c): every waiting key
+   and every processing one that does not wait. */
+static uint32_t heap_need(const shmq *q)
+{
+    uint32_t n = 0, used = wq__entries_used(q);
+    for (uint32_t idx = 0; idx < used; idx++)
+        n += (norm_state(q, idx) & (WQ_ST_WAITING | WQ_ST_PROCESSING)) != 0;
+    return n;
+}
+
 /* Last pass: queued entries missing from the ring, free list, counters. */
 static void finish(struct ctx *c, uint32_t queued)
 {
@@ -563,7 +580,7 @@ static void finish(struct ctx *c, uint32_t queued)
         }
         if (st & WQ_ST_WAITING) {
             waiting++;
-            if (c->apply)
+            if (c->apply && h->heap_count < q->nheap)   /* room: wq__repair */
             {
                 q->heap[h->heap_count] = idx;
                 wq_store_relaxed(&h->heap_count, h->heap_count + 1);
@@ -601,6 +618,9 @@ static void finish(struct ctx *c, uint32_t queued)
                       used - live - retained - zombies);
         if (h->heap_count != waiting)
             violation(c, "heap: %u members, %u entries waiting", h->heap_count, waiting);
+        uint32_t need = heap_need(q);
+        if (need > q->nheap)
+            violation(c, "heap: room for %u keys, %u waiting or processing", q->nheap, need);
     }
     if (h->retained != retained)
         violation(c, "counter retained %u, expected %u", h->retained, retained);
@@ -667,6 +687,8 @@ int wq__repair(shmq *q, bool apply, bool thorough, wq_report_fn report, void *ar
         int rc = wq__table_rebuild(q, dup_key, &c);
         if (rc == 0)
             rc = wq__ring_resize(q, &emptied);
+        if (rc == 0)
+            rc = wq__region_grow_heap(q, heap_need(q));
         if (rc < 0) {
             free(c.kmap);
             return rc;

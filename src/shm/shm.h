@@ -94,6 +94,9 @@ typedef struct wq_shm {
        nent and nkeys are also read (relaxed) by the coalesced add of any
        thread of this process: pages below them are never given back. */
     uint32_t nent, nres, nkeys;
+    uint32_t nheap;                /* delay heap slots with pages (grown_heap, or
+                                      nent with a store) */
+    uint32_t gheap;                /* hdr->grown_heap as last taken */
     /* The index in use (table.c), refreshed like nent when hdr->index_at
        differs from index_seen (the word last accepted; after a refused
        one, its complement, so the next lock looks again). index_at is
@@ -257,6 +260,11 @@ void wq__geom_conf(const struct wq_geom *g, struct wq_conf *c);
 int wq__region_grow_entries(shmq *q, uint32_t need);
 int wq__region_grow_results(shmq *q, uint32_t need);
 int wq__region_grow_keys(shmq *q, uint32_t need);
+int wq__region_grow_heap(shmq *q, uint32_t need);
+/* delay.c: room in the delay heap for every waiting and processing key
+   and `extra` more keys that start to wait: 0, or -ENOSPC when the
+   system refuses the pages (nothing changed, message set). Lock held. */
+int wq__delay_room(shmq *q, uint32_t extra);
 int wq__region_grow_lanes(shmq *q);
 /* Reserve slots [0, slots) of area 0 or 1 of the index, or (ring) of
    the ring: 0, or -ENOSPC (message set). Release gives the pages of
@@ -271,7 +279,7 @@ static inline void wq__region_bounds(shmq *q)
 {
     const struct wq_hdr *h = q->hdr;
     if (WQ_UNLIKELY(h->grown_ent != q->nent || h->grown_res != q->nres ||
-                    h->grown_keys != q->nkeys ||
+                    h->grown_keys != q->nkeys || h->grown_heap != q->gheap ||
                     h->index_at != q->index_seen || h->ring_at != q->ring_seen))
         wq__region_bounds_load(q);
 }
@@ -447,7 +455,7 @@ static inline uint32_t wq__heap_top(const shmq *q, int kind, uint32_t n)
 {
     if (n == 0)
         return WQ_NIL;
-    if (WQ_UNLIKELY(n > q->nent))
+    if (WQ_UNLIKELY(n > (kind == WQ_HEAP_DELAY ? q->nheap : q->nent)))
         return WQ_CORRUPT;
     uint32_t idx = (kind == WQ_HEAP_DELAY ? q->heap
                     : kind == WQ_HEAP_PRIO ? q->fheap_p : q->fheap_a)[0];
