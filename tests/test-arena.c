@@ -81,6 +81,13 @@ static uint32_t grains(size_t len)
     return (uint32_t)((len + WQ_KEY_GRAIN - 1) / WQ_KEY_GRAIN);
 }
 
+/* A key's block: all but its first WQ_KEY_PRE bytes, which its entry
+   holds (none for a key that fits there). */
+static uint32_t kgrains(size_t len)
+{
+    return len > WQ_KEY_INLINE ? grains(len - WQ_KEY_PRE) : 0;
+}
+
 /* Blocks on free list n. */
 static uint32_t listed(wq *q, uint32_t n)
 {
@@ -97,8 +104,7 @@ static struct wq_entry *entry_of(wq *q, const char *k, size_t len)
     struct wq_shm *s = wq__shm(q);
     for (uint32_t i = 0; i < s->hdr->e_fresh; i++) {
         struct wq_entry *e = wq__entry(s, i);
-        const unsigned char *b = wq__key(s, e);
-        if (e->state && b && e->keylen == len && memcmp(b, k, len) == 0)
+        if (e->state && wq__key_eq(s, e, k, len))
             return e;
     }
     return NULL;
@@ -126,16 +132,17 @@ static void test_keys_cost_their_length(void **state)
     assert_int_equal(s->g.entry_size, 52);
     assert_int_equal(s->g.key_classes, 33);
     /* keys with their run records, messages, a gap beside each, one more */
-    assert_int_equal(s->g.key_max, 20000u * (32 + WQ_RUN_GRAINS) + 20000u * 32 +
+    assert_int_equal(s->g.key_max, 20000u * (31 + WQ_RUN_GRAINS) + 20000u * 32 +
                                         3u * 20000 * 31 + 32);
     char k[300];
     uint32_t want = 0;
     for (size_t l = 0; l < NLENS; l++)
         for (int i = 0; i < 10; i++) {
             assert_int_equal(wq_add(q, k, mkkey(k, i, g_lens[l])), 0);
-            want += g_lens[l] > WQ_KEY_INLINE ? grains(g_lens[l]) : 0;
+            want += kgrains(g_lens[l]);
         }
-    assert_int_equal(want, 10 * (3 + 3 + 5 + 25 + 32));
+    /* 17, 24, 40, 200 and 256 bytes less the 12 in the entry */
+    assert_int_equal(want, 10 * (1 + 2 + 4 + 24 + 31));
     assert_int_equal(s->hdr->k_top, want);
     t_check_clean(q, __func__);
     for (size_t l = 0; l < NLENS; l++)
@@ -144,14 +151,16 @@ static void test_keys_cost_their_length(void **state)
             assert_int_equal(wq_done(q, k, g_lens[l]), 0);
         }
     /* Every block listed by its size, the top past them by the one run
-       record that every get took in turn (done gives it back). */
+       record that every get took in turn (done gives it back), listed
+       with the 24-byte keys' blocks of the same size. */
     assert_int_equal(s->hdr->k_top, want + WQ_RUN_GRAINS);
-    assert_int_equal(listed(q, WQ_RUN_GRAINS), 1);
+    assert_int_equal(kgrains(24), WQ_RUN_GRAINS);
+    assert_int_equal(listed(q, WQ_RUN_GRAINS), 11);
     want += WQ_RUN_GRAINS;
-    assert_int_equal(listed(q, 3), 20);
-    assert_int_equal(listed(q, 5), 10);
-    assert_int_equal(listed(q, 25), 10);
-    assert_int_equal(listed(q, 32), 10);
+    assert_int_equal(listed(q, 1), 10);
+    assert_int_equal(listed(q, 4), 10);
+    assert_int_equal(listed(q, 24), 10);
+    assert_int_equal(listed(q, 31), 10);
     t_check_clean(q, __func__);
     /* Churn: the same lengths again take the listed blocks. */
     for (int round = 0; round < 3; round++) {
@@ -159,7 +168,7 @@ static void test_keys_cost_their_length(void **state)
             for (int i = 0; i < 10; i++)
                 assert_int_equal(wq_add(q, k, mkkey(k, i, g_lens[l])), 0);
         assert_int_equal(s->hdr->k_top, want);
-        assert_int_equal(listed(q, 5), 0);
+        assert_int_equal(listed(q, 4), 0);
         for (size_t l = 0; l < NLENS; l++)
             for (int i = 0; i < 10; i++) {
                 T_EXPECT_GETN(q, k, mkkey(k, i, g_lens[l]));
@@ -175,12 +184,13 @@ static void test_keys_cost_their_length(void **state)
         assert_int_equal(wq_add(q, k, mkkey(k, i, 40)), 0);
     double per = (double)(shm_used(name) - before) / 10000;
     printf("10,000 keys of 40 bytes: %.1f bytes of /dev/shm each\n", per);
-    /* 52 entry + 40 key + 8..16 index (4-byte slots) + 4..5 ring, and
-       growth steps of a 32nd; no delay heap: nothing waits (104.0 at
-       layout version 18; 113.0 with a heap slot per entry and a ring
-       that doubled, 120.4 with 56-byte entries and steps of an eighth,
-       127.8 with 64-byte entries). */
-    assert_true(per >= 100 && per < 110);
+    /* 52 entry (with the key's first 12 bytes) + 32 for the other 28 +
+       the index's and ring's growth (4-byte slots), and growth steps of
+       a 32nd; no delay heap: nothing waits (94.2 at layout version 18;
+       104.0 with the whole key in the arena, 113.0 with a heap slot per
+       entry and a ring that doubled, 120.4 with 56-byte entries and
+       steps of an eighth, 127.8 with 64-byte entries). */
+    assert_true(per >= 88 && per < 100);
     t_check_clean(q, __func__);
     for (int i = 0; i < 10000; i++) {
         T_EXPECT_GETN(q, k, mkkey(k, i, 40));
@@ -189,20 +199,21 @@ static void test_keys_cost_their_length(void **state)
     t_close(q);
 }
 
-/* capacity 4, max_key_len 64, one result: an arena of 4 x (8 + 2) + 32
-   live granules, a gap of up to 31 beside each of its 9 blocks, and one
-   more block of 32: 383 granules (region.c). */
+/* capacity 4, max_key_len 64, one result: an arena of 4 x (7 + 2) + 32
+   live granules (a key's 52 bytes past its entry's 12, its run record,
+   a message), a gap of up to 31 beside each of its 9 blocks, and one
+   more block of 32: 379 granules (region.c). */
 static void test_arena_full_compacts(void **state)
 {
     (void)state;
     wq *q = t_track(t_create("full", T_OPTS(.capacity = 4, .max_key_len = 64,
                                             .result_capacity = 1), NULL));
     struct wq_shm *s = wq__shm(q);
-    const uint32_t end = 4 * (8 + WQ_RUN_GRAINS) + 32 + 9 * 31 + 32;
+    const uint32_t end = 4 * (7 + WQ_RUN_GRAINS) + 32 + 9 * 31 + 32;
     assert_int_equal(s->g.key_max, end);
     char k[80];
-    /* Four keys of each length from 3 to 8 granules, taken and done in
-       turn: 132 granules and a run record's 2. */
+    /* Four keys of each length from 2 to 7 granules, taken and done in
+       turn: 108 granules and a run record's 2. */
     for (size_t len = 24; len <= 64; len += 8) {
         for (int i = 0; i < 4; i++)
             assert_int_equal(wq_add(q, k, mkkey(k, i, len)), 0);
@@ -250,7 +261,7 @@ static void test_arena_full_compacts(void **state)
     /* The rounds leave blocks of their lengths listed, and their top
        well short of the end. Now one key's result is replaced by a
        message of each length from 3 to 32 granules, most of them lengths
-       the lists do not have: 525 granules asked of the 383, so the top
+       the lists do not have: 525 granules asked of the 379, so the top
        meets the end and the free granules are merged around the kept
        key's block, and split, on the way. */
     char msg[256];
@@ -311,7 +322,7 @@ static void test_key_growth_refused(void **state)
     uint32_t fresh = s->hdr->e_fresh;
     assert_int_equal(wq_add(q, KS(lk)), 0);
     assert_int_equal(s->hdr->e_fresh, fresh);
-    assert_true(s->hdr->grown_keys >= grains(strlen(lk)));
+    assert_true(s->hdr->grown_keys >= kgrains(strlen(lk)));
     T_EXPECT_GET(q, "short");
     T_EXPECT_DONE(q, "short");
     T_EXPECT_GET(q, lk);
@@ -367,7 +378,7 @@ static void test_damaged_block_outside(void **state)
     entry_of(q, KS(LB))->k.block = s->g.key_max + 5;
     char want[160];
     snprintf(want, sizeof want, "key block %u of %zu bytes outside the key arena's %u granules",
-             s->g.key_max + 5, strlen(LB), 3 * grains(strlen(LB)));
+             s->g.key_max + 5, strlen(LB) - WQ_KEY_PRE, 3 * kgrains(strlen(LB)));
     expect_named_and_repaired(q, want);
     assert_int_equal(t_key_state(q, LB), 0);   /* the damaged key alone is gone */
     /* Its granules are free again: LB comes back without growing the top. */
@@ -390,8 +401,8 @@ static void test_damaged_blocks_shared(void **state)
     expect_named_and_repaired(q, want);
     /* LC's own block, the last one, is unowned now: the top comes down
        over it. LA keeps its bytes. */
-    assert_int_equal(listed(q, grains(strlen(LC))), 0);
-    assert_int_equal(s->hdr->k_top, 2 * grains(strlen(LB)));
+    assert_int_equal(listed(q, kgrains(strlen(LC))), 0);
+    assert_int_equal(s->hdr->k_top, 2 * kgrains(strlen(LB)));
     static const char *const order[] = { "short", LA, LB };
     expect_queue_close(q, order, 3);
 }
@@ -405,7 +416,7 @@ static void test_damaged_free_list(void **state)
     T_EXPECT_DONE(q, "short");
     T_EXPECT_GET(q, LA);
     T_EXPECT_DONE(q, LA);   /* its block: the only one listed */
-    uint32_t n = grains(strlen(LA));
+    uint32_t n = kgrains(strlen(LA));
     assert_int_equal(listed(q, n), 1);
     t_check_clean(q, __func__);
 
@@ -865,12 +876,12 @@ static void test_merge_keeps_a_key_being_added(void **state)
     assert_int_equal(wq__lock(s), 0);
     assert_int_equal(wq__region_grow_keys(s, s->g.key_max), 0);
     wq__mut_begin(s);
-    s->hdr->k_top = s->g.key_max - 8;   /* a long history: the top near the end */
+    s->hdr->k_top = s->g.key_max - kgrains(64);   /* a long history: the top near the end */
     int err = 0;
     uint32_t idx = wq__entry_new(s, b, 64, wq__hash(s->seed, b, 64), &err);
     assert_int_equal(err, 0);
     struct wq_entry *e = wq__entry(s, idx);
-    assert_int_equal(e->k.block, s->g.key_max - 8);
+    assert_int_equal(e->k.block, s->g.key_max - kgrains(64));
     assert_int_equal(s->hdr->k_top, s->g.key_max);
     /* A message's block now: the arena is merged first. */
     uint32_t mb;

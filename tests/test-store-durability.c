@@ -1071,9 +1071,7 @@ static struct wq_entry *entry_of(wq *q, const char *k)
     size_t len = strlen(k);
     for (uint32_t i = 0; i < __atomic_load_n(&s->hdr->e_fresh, __ATOMIC_ACQUIRE); i++) {
         struct wq_entry *e = wq__entry(s, i);
-        const unsigned char *b = wq__key(s, e);
-        if (__atomic_load_n(&e->state, __ATOMIC_ACQUIRE) && b && e->keylen == len &&
-            memcmp(b, k, len) == 0)
+        if (__atomic_load_n(&e->state, __ATOMIC_ACQUIRE) && wq__key_eq(s, e, k, len))
             return e;
     }
     return NULL;

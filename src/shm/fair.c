@@ -37,18 +37,26 @@ uint32_t wq__fair_tenant_len(const shmq *q, const struct wq_entry *e)
         return 0;
     /* keylen and the key's block are region data: a damaged key has no
        tenant (repair frees such an entry later). */
-    const unsigned char *k = wq__key(q, e);
-    if (!k)
+    const unsigned char *r = wq__key_rest(q, e), *p;
+    uint32_t len = e->keylen;
+    if (!r)
         return 0;
-    const unsigned char *p = memchr(k, q->g.tenant_sep, e->keylen);
-    return p ? (uint32_t)(p - k) : e->keylen;   /* no separator: itself */
+    if (len <= WQ_KEY_INLINE) {
+        p = memchr(r, q->g.tenant_sep, len);
+        return p ? (uint32_t)(p - r) : len;   /* no separator: itself */
+    }
+    if ((p = memchr(e->k.pre, q->g.tenant_sep, WQ_KEY_PRE)))
+        return (uint32_t)(p - e->k.pre);
+    p = memchr(r, q->g.tenant_sep, len - WQ_KEY_PRE);
+    return p ? WQ_KEY_PRE + (uint32_t)(p - r) : len;
 }
 
 /* Counters in the tag table: a tenant's last tag within a priority, and a
    priority's virtual time. Hashed, so unrelated ones rarely share. */
 static uint64_t *last_tag(shmq *q, const struct wq_entry *e, uint32_t tl, int32_t prio)
 {
-    const unsigned char *k = tl ? wq__key(q, e) : NULL;   /* tl > 0: a sound key */
+    unsigned char buf[WQ_MAX_KEY_LEN];
+    const unsigned char *k = tl ? wq__key(q, e, buf) : NULL;   /* tl > 0: a sound key */
     uint64_t h = (k ? wq__fnv1a(k, tl) : 0) ^ ((uint64_t)(uint32_t)prio * 0x9e3779b97f4a7c15ull);
     return &q->ftags[(h ^ (h >> 29)) & (q->g.ftag_slots - 1)];
 }

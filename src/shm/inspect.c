@@ -60,10 +60,11 @@ int wq__shm_stats(wq *pub, struct wq_stats *out)
     return 0;
 }
 
+/* kbuf: room for max_key_len bytes, kept while fn reads ki->key. */
 static void fill(shmq *q, const struct wq_entry *e, struct wq_key_info *ki,
-                 struct wq_result *res)
+                 struct wq_result *res, unsigned char *kbuf)
 {
-    ki->key = wq__key(q, e);   /* sound: the callers skip damaged keys */
+    ki->key = wq__key(q, e, kbuf);   /* sound: the callers skip damaged keys */
     ki->len = e->keylen;
     ki->state = 0;
     if (e->state & WQ_ST_DIRTY)
@@ -142,11 +143,12 @@ static int dump_fair_queued(shmq *q, wq_dump_fn fn, void *arg)
     int rc = 0;
     struct wq_key_info ki;
     struct wq_result res;
+    unsigned char kbuf[WQ_MAX_KEY_LEN];
     for (uint32_t k = 0; k < n && rc == 0; k++) {
         struct wq_entry *e = wq__entry(q, order[k]);
-        if (!wq__key(q, e))
+        if (!wq__key_ok(q, e))
             continue;
-        fill(q, e, &ki, &res);
+        fill(q, e, &ki, &res, kbuf);
         ki.position = k;
         rc = fn(&ki, arg);
     }
@@ -162,6 +164,7 @@ int wq__shm_dump(wq *pub, wq_dump_fn fn, void *arg)
     if (rc < 0)
         return rc;
     struct wq_key_info ki;
+    unsigned char kbuf[WQ_MAX_KEY_LEN];
     wq__promote(q, wq__now_mono());
     uint64_t pos = q->hdr->ring_pos;
     uint32_t head = (uint32_t)pos, count = (uint32_t)(pos >> 32);
@@ -179,18 +182,18 @@ int wq__shm_dump(wq *pub, wq_dump_fn fn, void *arg)
             goto out;
         }
         struct wq_entry *e = wq__entry(q, idx);
-        if (!wq__key(q, e))
+        if (!wq__key_ok(q, e))
             continue;
-        fill(q, e, &ki, &res);
+        fill(q, e, &ki, &res, kbuf);
         ki.position = k;
         if ((rc = fn(&ki, arg)) != 0)
             goto out;
     }
     for (uint32_t idx = 0, used = wq__entries_used(q); idx < used; idx++) {
         struct wq_entry *e = wq__entry(q, idx);
-        if (wq__st(e) == 0 || (e->state & WQ_ST_QUEUED) || !wq__key(q, e))
+        if (wq__st(e) == 0 || (e->state & WQ_ST_QUEUED) || !wq__key_ok(q, e))
             continue;   /* free, or a removal the store has yet to write */
-        fill(q, e, &ki, &res);
+        fill(q, e, &ki, &res, kbuf);
         if ((rc = fn(&ki, arg)) != 0)
             goto out;
     }

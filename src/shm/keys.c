@@ -3,10 +3,11 @@
  * result messages longer than a result slot holds, live.
  *
  * A key of up to WQ_KEY_INLINE bytes is stored in its entry, a message of
- * up to WQ_MSG_INLINE in its result slot (layout.h). A longer one takes a
- * block of whole granules (WQ_KEY_GRAIN bytes) in the arena, so a key
- * costs its own length rounded up to 8, not max_key_len, and a message
- * its own, not 255 bytes. A block comes from the free list of its size (kfree[n],
+ * up to WQ_MSG_INLINE in its result slot (layout.h). A longer key keeps
+ * its first WQ_KEY_PRE bytes in its entry and the rest in a block of
+ * whole granules (WQ_KEY_GRAIN bytes) in the arena, a longer message all
+ * of itself, so a key costs its own length less 12 rounded up to 8, not
+ * max_key_len, and a message its own, not 255 bytes. A block comes from the free list of its size (kfree[n],
  * n granules; LIFO through the block's first word, granule + 1, 0 ending
  * it, so the block freed last, still in cache, is reused first), else
  * from the top of the arena (k_top), whose pages grow in steps
@@ -217,7 +218,8 @@ static int compact(shmq *q)
     for (uint32_t idx = 0, used = wq__entries_used(q); idx < used && rc == 0; idx++) {
         const struct wq_entry *e = wq__entry(q, idx);
         if (e->keylen > WQ_KEY_INLINE &&
-            (!wq__key(q, e) || wq__keys_mark(q, map, e->k.block, e->keylen) < 0))
+            (!wq__key_ok(q, e) ||
+             wq__keys_mark(q, map, e->k.block, wq__key_tail(e->keylen)) < 0))
             rc = wq__region_mark_corrupt(q);
         else if ((e->state & WQ_ST_PROCESSING) &&
                  (!wq__entry_run(q, e, idx) ||
@@ -317,11 +319,13 @@ int wq__keys_put(shmq *q, struct wq_entry *e, const void *key, uint32_t len)
         e->keylen = (uint16_t)len;
         return 0;
     }
-    uint32_t b;
-    int rc = take(q, WQ_GRAINS(len), &b);
+    uint32_t b, tail = wq__key_tail(len);
+    int rc = take(q, WQ_GRAINS(tail), &b);
     if (rc < 0)
         return rc;
-    memcpy(q->karena + (uint64_t)b * WQ_KEY_GRAIN, key, len);
+    memcpy(q->karena + (uint64_t)b * WQ_KEY_GRAIN, (const unsigned char *)key + WQ_KEY_PRE,
+           tail);
+    memcpy(e->k.pre, key, WQ_KEY_PRE);
     e->k.block = b;
     e->keylen = (uint16_t)len;
     return 0;
@@ -330,6 +334,6 @@ int wq__keys_put(shmq *q, struct wq_entry *e, const void *key, uint32_t len)
 void wq__keys_drop(shmq *q, struct wq_entry *e)
 {
     if (e->keylen > WQ_KEY_INLINE)
-        wq__keys_give(q, e->k.block, e->keylen);   /* checks the block */
+        wq__keys_give(q, e->k.block, wq__key_tail(e->keylen));   /* checks the block */
     e->keylen = 0;
 }

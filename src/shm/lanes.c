@@ -67,7 +67,7 @@ uint32_t wq__lanes_key_max(const shmq *q)
 static uint32_t grains_each(const shmq *q)
 {
     uint32_t len = wq__lanes_key_max(q);
-    return len > WQ_KEY_INLINE ? (uint32_t)WQ_GRAINS(len) : 0;
+    return (uint32_t)WQ_GRAINS(wq__key_tail(len));
 }
 
 uint64_t wq__lanes_grains(const shmq *q)

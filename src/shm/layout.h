@@ -428,9 +428,12 @@ struct wq_proc {
  *             DIRTY and WAITING never coexist, so one field serves both.
  *   rslot     the key's result slot (results.c), whose `owner` points
  *             back at this entry; both directions must agree.
- *   k         the key: in the entry up to WQ_KEY_INLINE bytes, else the
- *             first granule of its block in the key arena (keys.c), which
- *             the entry owns from its add until it is free again.
+ *   k         the key: in the entry up to WQ_KEY_INLINE bytes; a longer
+ *             one's first WQ_KEY_PRE bytes, and the first granule of the
+ *             block in the key arena (keys.c) that holds the rest, which
+ *             the entry owns from its add until it is free again. The
+ *             entry's 16 bytes all serve: a 40-byte key takes 28 of the
+ *             arena (4 granules), not 40 (5).
  * An entry is not a whole cache line: 16 of them take 13 lines. What a
  * lookup reads (state, keylen, hash, seq, k: 28 bytes) comes first, so it
  * lies in one line for 10 of every 16 entries. The struct is 4-byte
@@ -440,6 +443,7 @@ struct wq_proc {
  * since only queues with a store have one.
  */
 #define WQ_KEY_INLINE 16u
+#define WQ_KEY_PRE    12u
 #define WQ_KEY_GRAIN  8u
 /* Granules of the key arena (keys.c) that len bytes take. */
 #define WQ_GRAINS(len) (((uint64_t)(len) + WQ_KEY_GRAIN - 1) / WQ_KEY_GRAIN)
@@ -450,7 +454,10 @@ struct wq_entry {
     uint32_t seq;
     union {
         unsigned char in[WQ_KEY_INLINE];
-        uint32_t block;
+        struct {
+            unsigned char pre[WQ_KEY_PRE];
+            uint32_t block;
+        };
     } k;
     uint32_t link;
     uint32_t run;
@@ -493,6 +500,7 @@ struct wq_islot {
 };
 
 _Static_assert(sizeof(struct wq_entry) == 52, "an entry is 52 bytes");
+_Static_assert(WQ_KEY_PRE + sizeof(uint32_t) == WQ_KEY_INLINE, "a long key's prefix and block fill k");
 
 /*
  * Fair-mode data of an entry (fair.c), indexed like the entries. lock.

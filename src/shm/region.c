@@ -95,7 +95,7 @@ int wq__geometry(struct wq_geom *g, const struct wq_conf *c)
        the longest messages), a gap shorter than the longest block beside
        each live block, and one more longest block (keys.c says why). Its
        block addresses are 32-bit granule numbers. */
-    uint32_t kg = max_key_len > WQ_KEY_INLINE ? WQ_GRAINS(max_key_len) : 0;
+    uint32_t kg = (uint32_t)WQ_GRAINS(wq__key_tail(max_key_len));
     uint32_t mg = WQ_GRAINS(WQ_MSG_MAX);
     uint32_t cg = kg > mg ? kg : mg;
     cg = cg > WQ_RUN_GRAINS ? cg : WQ_RUN_GRAINS;

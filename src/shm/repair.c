@@ -99,8 +99,9 @@ static uint16_t norm_queue_state(const shmq *q, uint32_t idx, uint16_t st);
 /* Its length is legal and its bytes lie in the granules handed out. */
 static bool key_sound(const shmq *q, const struct wq_entry *e)
 {
-    return wq__key(q, e) && (e->keylen <= WQ_KEY_INLINE ||
-                             e->k.block + WQ_GRAINS(e->keylen) <= q->hdr->k_top);
+    return wq__key_ok(q, e) && (e->keylen <= WQ_KEY_INLINE ||
+                                e->k.block + WQ_GRAINS(wq__key_tail(e->keylen)) <=
+                                    q->hdr->k_top);
 }
 
 static uint16_t norm_state(const shmq *q, uint32_t idx)
@@ -287,7 +288,7 @@ static void check_entries(struct ctx *c)
             violation(c, "entry %u: bad key length %u", idx, e->keylen);
         else if (want == 0 && !key_sound(q, e))
             violation(c, "entry %u: key block %u of %u bytes outside the key arena's %u "
-                      "granules", idx, e->k.block, e->keylen, q->hdr->k_top);
+                      "granules", idx, e->k.block, wq__key_tail(e->keylen), q->hdr->k_top);
         else if (want == 0)
             violation(c, "entry %u: idle with neither failures nor a result", idx);
         else if ((st & WQ_ST_PROCESSING) && !(want & WQ_ST_PROCESSING))
@@ -296,7 +297,7 @@ static void check_entries(struct ctx *c)
             violation(c, "entry %u: illegal state 0x%x", idx, st);
         if (!c->apply) {   /* its block is its own still: mark it */
             if (want && e->keylen > WQ_KEY_INLINE)
-                (void)wq__keys_mark(q, c->kmap, e->k.block, e->keylen);
+                (void)wq__keys_mark(q, c->kmap, e->k.block, wq__key_tail(e->keylen));
             continue;
         }
         if ((st & WQ_ST_PROCESSING) && want == (WQ_ST_DIRTY | WQ_ST_QUEUED))
@@ -306,7 +307,7 @@ static void check_entries(struct ctx *c)
         wq_store_release(&e->state, want);
     hash:
         if (want && e->keylen > WQ_KEY_INLINE &&
-            wq__keys_mark(q, c->kmap, e->k.block, e->keylen) < 0) {
+            wq__keys_mark(q, c->kmap, e->k.block, wq__key_tail(e->keylen)) < 0) {
             violation(c, "entry %u: key block %u shares bytes with another block, "
                       "dropped", idx, e->k.block);
             if (c->apply) {
@@ -318,7 +319,8 @@ static void check_entries(struct ctx *c)
             continue;
         }
         if (c->thorough && want) {
-            uint32_t h = wq__hash(q->seed, wq__key(q, e), e->keylen);
+            unsigned char kb[WQ_MAX_KEY_LEN];
+            uint32_t h = wq__hash(q->seed, wq__key(q, e, kb), e->keylen);
             if (h != e->hash) {
                 violation(c, "entry %u: stored hash differs from its key's", idx);
                 if (c->apply)
@@ -347,7 +349,7 @@ static void dup_key(void *cv, uint32_t idx, uint32_t other, uint16_t st)
     dropped(c, st);
     wq__entry_renew(c->q, e);   /* its state is 0 now; its blocks go back */
     if (e->keylen > WQ_KEY_INLINE)
-        wq__keys_unmark(c->kmap, e->k.block, e->keylen);
+        wq__keys_unmark(c->kmap, e->k.block, wq__key_tail(e->keylen));
     if (st & WQ_ST_PROCESSING)   /* marked by mark_runs, as it stayed processing */
         wq__keys_unmark(c->kmap, e->run, sizeof(struct wq_run));
 }

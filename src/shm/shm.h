@@ -562,16 +562,57 @@ static inline const unsigned char *wq__keys_at(const shmq *q, uint32_t block, ui
     return WQ_LIKELY(end <= wq_load_relaxed(&q->nkeys))
                ? q->karena + (uint64_t)block * WQ_KEY_GRAIN : NULL;
 }
-/* The bytes of e's key (keylen of them), or NULL when its length or its
-   block is damaged. */
-static inline const unsigned char *wq__key(const shmq *q, const struct wq_entry *e)
+/* The bytes of a key of len that its arena block holds: a key of up to
+   WQ_KEY_INLINE bytes has none (it is all in its entry), a longer one
+   all but the first WQ_KEY_PRE, which its entry holds (layout.h). */
+static inline uint32_t wq__key_tail(uint32_t len)
+{
+    return len > WQ_KEY_INLINE ? len - WQ_KEY_PRE : 0;
+}
+/* A long key's tail in the arena, a short key's bytes in its entry;
+   NULL when its length or its block is damaged. */
+static inline const unsigned char *wq__key_rest(const shmq *q, const struct wq_entry *e)
 {
     uint32_t len = e->keylen;
     if (WQ_LIKELY(len - 1u < WQ_KEY_INLINE))
         return len <= q->max_key_len ? e->k.in : NULL;
     if (WQ_UNLIKELY(len == 0 || len > q->max_key_len))
         return NULL;
-    return wq__keys_at(q, e->k.block, len);
+    return wq__keys_at(q, e->k.block, len - WQ_KEY_PRE);
+}
+/* e's key is sound: a legal length, and a long key's tail in the
+   granules with pages. */
+static inline bool wq__key_ok(const shmq *q, const struct wq_entry *e)
+{
+    return wq__key_rest(q, e) != NULL;
+}
+/* e holds this key (false too when e's key is damaged). */
+static inline bool wq__key_eq(const shmq *q, const struct wq_entry *e, const void *key,
+                              size_t len)
+{
+    if (e->keylen != len)
+        return false;
+    const unsigned char *r = wq__key_rest(q, e);
+    if (WQ_UNLIKELY(!r))
+        return false;
+    if (len <= WQ_KEY_INLINE)
+        return memcmp(r, key, len) == 0;
+    return memcmp(e->k.pre, key, WQ_KEY_PRE) == 0 &&
+           memcmp(r, (const unsigned char *)key + WQ_KEY_PRE, len - WQ_KEY_PRE) == 0;
+}
+/* The bytes of e's key (keylen of them) in one piece: in its entry for
+   a short key, else copied into buf (room for max_key_len bytes); NULL
+   when its length or its block is damaged. */
+static inline const unsigned char *wq__key(const shmq *q, const struct wq_entry *e,
+                                           unsigned char *buf)
+{
+    const unsigned char *r = wq__key_rest(q, e);
+    uint32_t len = e->keylen;
+    if (!r || len <= WQ_KEY_INLINE)
+        return r;
+    memcpy(buf, e->k.pre, WQ_KEY_PRE);
+    memcpy(buf + WQ_KEY_PRE, r, len - WQ_KEY_PRE);
+    return buf;
 }
 /* The run record at granule b of the arena (unchecked: the caller took
    the block, or checked it). */

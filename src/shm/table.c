@@ -109,12 +109,11 @@ uint32_t wq__table_lookup(shmq *q, const void *key, size_t len, uint32_t hash)
         if (WQ_UNLIKELY(idx >= q->nent))
             break;
         struct wq_entry *e = wq__entry(q, idx);
-        const unsigned char *k = wq__key(q, e);
-        if (WQ_UNLIKELY(!k))
+        if (WQ_UNLIKELY(!wq__key_ok(q, e)))
             break;
         /* Not e->hash: a damaged one must not hide its key from the
            done that will find the damage (the key's bytes decide). */
-        if (e->keylen == len && memcmp(k, key, len) == 0)
+        if (wq__key_eq(q, e, key, len))
             return idx;
     }
     wq__region_mark_corrupt(q);   /* a slot past the entries or naming a damaged
@@ -186,6 +185,7 @@ int wq__table_grow(shmq *q, uint32_t need)
        lost to lookups with nothing flagged. */
     enum { AHEAD = 16 };
     struct wq_islot *t = q->iarea[to];
+    unsigned char kb[WQ_MAX_KEY_LEN];
     uint32_t used = wq__entries_used(q);
     for (uint32_t idx = 0; idx < used; idx++) {
         if (idx == used / 2)
@@ -195,7 +195,7 @@ int wq__table_grow(shmq *q, uint32_t need)
         const struct wq_entry *e = wq__entry(q, idx);
         if (e->state == 0)
             continue;
-        const unsigned char *k = wq__key(q, e);
+        const unsigned char *k = wq__key(q, e, kb);
         if (WQ_UNLIKELY(!k || wq__hash(q->seed, k, e->keylen) != e->hash)) {
             wq__region_mark_corrupt(q);   /* the old table stays; repair mends it */
             return -EBADMSG;
@@ -223,6 +223,7 @@ int wq__table_rebuild(shmq *q, void (*dup)(void *c, uint32_t idx, uint32_t other
         return rc;
     wq__index_view(q, area, slots);
     memset(q->index, 0, (size_t)slots * sizeof *q->index);
+    unsigned char kb[WQ_MAX_KEY_LEN];
     for (uint32_t idx = 0; idx < used; idx++) {
         if (idx + AHEAD < used) {
             const struct wq_entry *f = wq__entry(q, idx + AHEAD);
@@ -231,7 +232,7 @@ int wq__table_rebuild(shmq *q, void (*dup)(void *c, uint32_t idx, uint32_t other
         struct wq_entry *e = wq__entry(q, idx);
         if (e->state == 0)
             continue;
-        const unsigned char *k = wq__key(q, e);
+        const unsigned char *k = wq__key(q, e, kb);
         uint32_t other = k ? wq__table_lookup(q, k, e->keylen, e->hash) : WQ_CORRUPT;
         if (other != WQ_NIL) {
             uint16_t st = e->state;

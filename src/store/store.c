@@ -434,7 +434,9 @@ static void snapshot_entry(shmq *q, uint32_t idx, struct wq_item *it, unsigned c
     it->r.keylen = e->keylen;
     it->r.failures = e->failures;
     it->r.prio = q->fair ? q->fx[idx].prio : 0;
-    memcpy(kbuf, wq__key(q, e), e->keylen);   /* sound: the caller checked */
+    const unsigned char *k = wq__key(q, e, kbuf);   /* sound: the caller checked */
+    if (k != kbuf)
+        memcpy(kbuf, k, e->keylen);
     it->key = kbuf;
     it->msg = mbuf;
     mbuf[0] = 0;
@@ -621,7 +623,7 @@ static int flush_round(shmq *q, struct wq_env *e, int *written, const struct iov
     bool broke = false;
     for (uint32_t i = 0, p = h->sq_head; i < count; i++, p = p + 1 == q->capacity ? 0 : p + 1) {
         uint32_t idx = q->sq[p];
-        if (idx >= q->nent || !wq__key(q, wq__entry(q, idx))) {
+        if (idx >= q->nent || !wq__key_ok(q, wq__entry(q, idx))) {
             h->corrupt = 1;   /* the next locker rebuilds the store queue,
                                  or frees the damaged key */
             broke = true;
