@@ -19,7 +19,7 @@
  * Once per process (LLVMFuzzerInitialize) two real, small regions are
  * built with live state, and their bytes kept as "valid images" (struct
  * image): one default-mode queue and one WQ_FAIR queue, both of
- * capacity 64, max_key_len 16, max_procs 8.
+ * capacity 64, max_key_len 40, max_procs 8.
  *
  * The default image:
  *   slot 0: a handle that added keys, got some, finished one (a freed
@@ -31,7 +31,9 @@
  *   slot 2: a handle of this process that got 2 keys and re-added one,
  *           kept open for the life of the fuzzer: a LIVE holder whose keys
  *           must never be requeued;
- *   keys include one with NUL bytes and one of exactly max_key_len bytes;
+ *   keys include one with NUL bytes, one of exactly max_key_len bytes
+ *   and one of 20 (long keys: their first 12 bytes in the entry, the
+ *   rest in the key arena);
  *   two adds ("pub-1", "pub-2") the live holder published to its lane
  *   and nobody has applied yet;
  *   a key waiting an hour, one idle for its failure count (RETAINED), one
@@ -159,7 +161,7 @@
 #include "shm/layout.h"
 
 #define CAPACITY    64u
-#define MAX_KEY_LEN 16u
+#define MAX_KEY_LEN 40u
 #define MAX_PROCS   8u
 #define FAIR_SHARE  8u
 
@@ -427,7 +429,8 @@ static void populate_default(wq *p, const char *seedname, struct image *im)
         add_key(p, buf, (size_t)n);
     }
     add_key(p, "\0bin\0key", 8);
-    add_key(p, "0123456789abcdef", 16);   /* exactly max_key_len */
+    add_key(p, "0123456789abcdef0123456789abcdefghijklmn", 40);   /* exactly max_key_len */
+    add_key(p, "a-key-of-twenty-byte", 20);
     int n = get_key(p, buf);               /* key-00: done -> freed */
     if (wq_done(p, buf, (size_t)n) != 0)
         die("wq_done");
@@ -480,7 +483,8 @@ static void populate_fair(wq *p, const char *seedname, struct image *im)
     add_str(p, "ns-d/w0", 5);
     add_str(p, "solo", 0);                       /* no separator: its own tenant */
     add_prio(p, "\0bin/\0key", 9, 1);            /* NUL bytes, tenant "\0bin" */
-    add_str(p, "ns-e/0123456789a", 2);           /* exactly max_key_len */
+    add_str(p, "ns-e/0123456789abcdef0123456789abcdefghi", 2);  /* exactly max_key_len */
+    add_str(p, "ns-e/a-key-of-20-byt", 1);
     for (int i = 0; i < 3; i++) {                /* a tenant with a backlog */
         snprintf(buf, sizeof buf, "ns-b/q%d", i);
         add_str(p, buf, 1);
