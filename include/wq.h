@@ -242,8 +242,9 @@
  *       which hold a key of up to 16 bytes; 8 more with a store, 32 more
  *       in fair mode); 4 bytes of delay heap per key waiting or being
  *       processed (a page at least; with a store, per entry); a longer
- *       key's own bytes, rounded up to 8, in
- *       the key arena (never max_key_len: a 40-byte key costs 40); per
+ *       key keeps its first 12 bytes in its entry and the rest, rounded
+ *       up to 8, in the key arena (never max_key_len: a 40-byte key
+ *       costs 32 there); per
  *       key being processed, a 16-byte record of who holds it and since
  *       when, in the same arena; and per result kept, a 48-byte slot,
  *       which holds a message of up to 12 bytes, and a longer message's

@@ -23,9 +23,9 @@
  *      damaged is replaced by an empty one: its order is lost), then
  *      compacted in place, keeping FIFO order: a member stays if its
  *      entry is queued and was not seen before; queued entries missing
- *      from it are appended in entry order. The delay heap gets pages
- *      for every waiting key and every processing one (delay.c).
- *   6. free list, delay heap, counters and per-slot held counts
+ *      from it are appended in entry order.
+ *   6. free list, delay heap (with pages for every waiting key and every
+ *      processing one, delay.c), counters and per-slot held counts
  *      recomputed.
  *   7. the key arena's free lists rebuilt from the live entries' blocks,
  *      processing entries' run records and result messages (keys.c),
@@ -52,6 +52,7 @@ struct ctx {
     uint64_t *in_index;  /* bitmap: entry reached through the index */
     uint64_t *in_sq;     /* bitmap: entry listed in the store queue */
     uint64_t *kmap;      /* bitmap: key arena granules of live keys */
+    int err;             /* repair: pages refused for the delay heap */
 };
 
 static void violation(struct ctx *c, const char *fmt, ...)
@@ -512,22 +513,13 @@ static void verify_sq(struct ctx *c)
     }
 }
 
-/* The delay heap slots the entries need (delay.c): every waiting key
-   and every processing one that does not wait. */
-static uint32_t heap_need(const shmq *q)
-{
-    uint32_t n = 0, used = wq__entries_used(q);
-    for (uint32_t idx = 0; idx < used; idx++)
-        n += (norm_state(q, idx) & (WQ_ST_WAITING | WQ_ST_PROCESSING)) != 0;
-    return n;
-}
-
 /* Last pass: queued entries missing from the ring, free list, counters. */
 static void finish(struct ctx *c, uint32_t queued)
 {
     shmq *q = c->q;
     struct wq_hdr *h = q->hdr;
     uint32_t live = 0, processing = 0, retained = 0, failing = 0, waiting = 0, sdirty = 0;
+    uint32_t held_only = 0;   /* processing and not waiting */
     uint32_t zombies = 0;
     uint32_t free_first = WQ_NIL, free_last = WQ_NIL;
     uint64_t sum_start = 0;
@@ -576,13 +568,18 @@ static void finish(struct ctx *c, uint32_t queued)
         live++;
         if (st & WQ_ST_PROCESSING) {
             processing++;
+            held_only += !(st & WQ_ST_WAITING);
             const struct wq_run *r = wq__entry_run(q, e, idx);   /* sound: see norm_state */
             sum_start += r->t_start;
             q->held[r->owner]++;
         }
         if (st & WQ_ST_WAITING) {
             waiting++;
-            if (c->apply && h->heap_count < q->nheap)   /* room: wq__repair */
+            /* Room for it (delay.c), in the steps a growth takes; refused,
+               the repair stops short and is run again (wq__repair). */
+            if (c->apply && h->heap_count == q->nheap && c->err == 0)
+                c->err = wq__region_grow_heap(q, h->heap_count + 1);
+            if (c->apply && h->heap_count < q->nheap)
             {
                 q->heap[h->heap_count] = idx;
                 wq_store_relaxed(&h->heap_count, h->heap_count + 1);
@@ -601,6 +598,9 @@ static void finish(struct ctx *c, uint32_t queued)
             wq__entry(q, free_last)->link = WQ_NIL;
         h->free_head = free_first;
         wq__heap_build(q, WQ_HEAP_DELAY, h->heap_count);   /* members listed above */
+        /* and the slots a wait of each processing key may need */
+        if (c->err == 0 && waiting + held_only > q->nheap)
+            c->err = wq__region_grow_heap(q, waiting + held_only);
     } else {
         uint32_t n = 0, i = h->free_head;
         while (i != WQ_NIL && n <= used) {
@@ -620,9 +620,9 @@ static void finish(struct ctx *c, uint32_t queued)
                       used - live - retained - zombies);
         if (h->heap_count != waiting)
             violation(c, "heap: %u members, %u entries waiting", h->heap_count, waiting);
-        uint32_t need = heap_need(q);
-        if (need > q->nheap)
-            violation(c, "heap: room for %u keys, %u waiting or processing", q->nheap, need);
+        if (waiting + held_only > q->nheap)
+            violation(c, "heap: room for %u keys, %u waiting or processing", q->nheap,
+                      waiting + held_only);
     }
     if (h->retained != retained)
         violation(c, "counter retained %u, expected %u", h->retained, retained);
@@ -689,8 +689,6 @@ int wq__repair(shmq *q, bool apply, bool thorough, wq_report_fn report, void *ar
         int rc = wq__table_rebuild(q, dup_key, &c);
         if (rc == 0)
             rc = wq__ring_resize(q, &emptied);
-        if (rc == 0)
-            rc = wq__region_grow_heap(q, heap_need(q));
         if (rc < 0) {
             free(c.kmap);
             return rc;
@@ -708,7 +706,7 @@ int wq__repair(shmq *q, bool apply, bool thorough, wq_report_fn report, void *ar
     }
     finish(&c, queued);
     if (apply) {
-        int rc = wq__fair_rebuild(q);
+        int rc = c.err ? c.err : wq__fair_rebuild(q);
         if (rc < 0) {
             free(c.kmap);
             return rc;
