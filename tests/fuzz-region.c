@@ -837,7 +837,16 @@ static uint32_t entry_of(const struct image *im, const char *k)
     for (uint32_t i = 0; i < im->g.capacity; i++) {
         const struct wq_entry *e =
             (const struct wq_entry *)(im->bytes + im->g.off_entries + (size_t)i * im->g.entry_size);
-        if (e->state && e->keylen == n && memcmp(e->k.in, k, n) == 0)
+        /* a long key's first 12 bytes are in its entry, the rest in the
+           arena (layout.h) */
+        const unsigned char *rest =
+            n <= WQ_KEY_INLINE ? e->k.in
+                               : im->bytes + im->g.off_keys + (uint64_t)e->k.block * WQ_KEY_GRAIN;
+        if (e->state && e->keylen == n &&
+            (n <= WQ_KEY_INLINE ? memcmp(rest, k, n) == 0
+                                : memcmp(e->k.pre, k, WQ_KEY_PRE) == 0 &&
+                                      (uint64_t)(rest - im->bytes) + n - WQ_KEY_PRE <= im->size &&
+                                      memcmp(rest, k + WQ_KEY_PRE, n - WQ_KEY_PRE) == 0))
             return i;
     }
     die("no entry for %s", k);

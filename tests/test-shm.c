@@ -690,8 +690,32 @@ static void test_growth_counts_damaged(void **state)
     assert_int_equal(s->hdr->grown_heap, 1024);
     assert_int_equal(t_key_state(q, "w-0"), WQ_KEY_WAITING);
     assert_int_equal(t_stats(q).waiting, 1);
-    assert_int_equal(wq_remove(q, KS("w-0")), 0);
+    /* And when the system refuses the heap's page then, the key waits no
+       longer (only a damaged region gets here) instead of the repair
+       failing at every lock until /dev/shm has room. */
+    uint64_t repairs = t_stats(q).repairs_total;
+    s->hdr->grown_heap = 0;
+    wq_fault_arm("region.grow.heap", 1, WQ_FAULT_FAIL_ON);
+    /* the check's lock finds the count flagged and repairs first */
+    assert_int_equal(wq_check(q, WQ_CHECK_REPAIR), 0);
+    assert_int_equal(t_stats(q).repairs_total, repairs + 1);
+    assert_int_equal(s->hdr->busy, 0);
+    assert_int_equal(s->hdr->grown_heap, 0);
+    assert_int_equal(t_key_state(q, "w-0"), WQ_KEY_DIRTY | WQ_KEY_QUEUED);
+    assert_int_equal(wq_len(q), 16);
+    t_check_clean(q, __func__);
+    wq_fault_arm(NULL, 0, 0);
+    /* A damaged processing count must not size the heap's pages (it
+       would ask for capacity's): the get is refused, the region flagged,
+       and the next locker recounts. */
+    s->hdr->processing = 2500;
+    char buf[32];
+    assert_int_equal(wq_get(q, buf, sizeof buf, 0), -EBADMSG);
+    assert_int_equal(s->hdr->grown_heap, 0);
+    t_check_clean(q, __func__);
+    assert_int_equal(s->hdr->processing, 0);
     drain_all(q);
+    assert_int_equal(s->hdr->grown_heap, 1024);   /* the first get asked again */
     t_close(q);
 }
 
@@ -1218,7 +1242,9 @@ static void test_killed_while_growing_ring(void **state)
 static void test_ring_word_damaged(void **state)
 {
     (void)state;
-    static const uint64_t bad[] = { 1000, 7ull << 32 | 2048, 1024 };
+    /* 2560: in range and page-aligned, but not a size the ring grows
+       through (1024, 2048, 3072, ...) */
+    static const uint64_t bad[] = { 1000, 7ull << 32 | 2048, 1024, 1ull << 32 | 2560 };
     for (size_t b = 0; b < sizeof bad / sizeof bad[0]; b++) {
         wq *q = t_track(t_create("ringbad", T_OPTS(.capacity = 5000, .max_key_len = 16), NULL));
         struct wq_shm *s = wq__shm(q);

@@ -28,11 +28,17 @@
 int wq__delay_room(shmq *q, uint32_t extra)
 {
     WQ_ASSERT_LOCKED(q);
+    const struct wq_hdr *h = q->hdr;
     if (q->g.has_store)
         return 0;   /* the heap grows with the entries */
+    /* Counts from the region: damaged ones would size the pages asked
+       for (up to capacity's) and refuse every get; repair recounts. */
+    if (WQ_UNLIKELY(h->heap_count > q->nheap || h->processing > h->live ||
+                    h->live > q->capacity))
+        return wq__region_mark_corrupt(q);
     /* A processing key that already waits is counted twice: a slot more
        than it needs, never one less. */
-    uint64_t need = (uint64_t)q->hdr->heap_count + q->hdr->processing + extra;
+    uint64_t need = (uint64_t)h->heap_count + h->processing + extra;
     if (need <= q->nheap)
         return 0;
     return wq__region_grow_heap(q, need < q->capacity ? (uint32_t)need : q->capacity);

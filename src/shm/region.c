@@ -644,7 +644,7 @@ void wq__region_bounds_load(shmq *q)
         /* The heap is a cache of the waiting entries: repair rebuilds it
            within what is reserved here, asking for more if it must. */
         h->corrupt = 1;
-        gh = gh > hcap ? (q->gheap < hcap ? q->gheap : 0)
+        gh = gh > hcap ? (q->gheap <= hcap ? q->gheap : 0)
            : reserve_heap(q, 0, gh) == 0 ? gh : q->gheap;
     }
     if (WQ_UNLIKELY(ge > q->capacity || gr > q->result_capacity || gk > q->g.key_max ||

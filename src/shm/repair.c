@@ -25,8 +25,8 @@
  *      entry is queued and was not seen before; queued entries missing
  *      from it are appended in entry order.
  *   6. free list, delay heap (with pages for every waiting key and every
- *      processing one, delay.c), counters and per-slot held counts
- *      recomputed.
+ *      processing one, delay.c; a waiting key the heap has no pages for
+ *      is made ready), counters and per-slot held counts recomputed.
  *   7. the key arena's free lists rebuilt from the live entries' blocks,
  *      processing entries' run records and result messages (keys.c),
  *      neighbouring free granules merged.
@@ -52,7 +52,6 @@ struct ctx {
     uint64_t *in_index;  /* bitmap: entry reached through the index */
     uint64_t *in_sq;     /* bitmap: entry listed in the store queue */
     uint64_t *kmap;      /* bitmap: key arena granules of live keys */
-    int err;             /* repair: pages refused for the delay heap */
 };
 
 static void violation(struct ctx *c, const char *fmt, ...)
@@ -573,13 +572,20 @@ static void finish(struct ctx *c, uint32_t queued)
             sum_start += r->t_start;
             q->held[r->owner]++;
         }
+        /* Room for a wait (delay.c), in the steps a growth takes. Only a
+           damaged region can lack it; refused, the key is ready now
+           rather than the repair stuck until /dev/shm has room. */
+        if ((st & WQ_ST_WAITING) && c->apply && h->heap_count >= q->nheap &&
+            wq__region_grow_heap(q, h->heap_count + 1) < 0) {
+            violation(c, "entry %u: waiting, but the delay heap may not grow: ready now", idx);
+            st = (st & WQ_ST_PROCESSING) ? WQ_ST_PROCESSING | WQ_ST_DIRTY
+                                         : WQ_ST_DIRTY | WQ_ST_QUEUED;
+            e->t_b = wq__now_mono();
+            wq_store_release(&e->state, (uint16_t)(st | (e->state & WQ_ST_SDIRTY)));
+        }
         if (st & WQ_ST_WAITING) {
             waiting++;
-            /* Room for it (delay.c), in the steps a growth takes; refused,
-               the repair stops short and is run again (wq__repair). */
-            if (c->apply && h->heap_count == q->nheap && c->err == 0)
-                c->err = wq__region_grow_heap(q, h->heap_count + 1);
-            if (c->apply && h->heap_count < q->nheap)
+            if (c->apply)
             {
                 q->heap[h->heap_count] = idx;
                 wq_store_relaxed(&h->heap_count, h->heap_count + 1);
@@ -598,9 +604,11 @@ static void finish(struct ctx *c, uint32_t queued)
             wq__entry(q, free_last)->link = WQ_NIL;
         h->free_head = free_first;
         wq__heap_build(q, WQ_HEAP_DELAY, h->heap_count);   /* members listed above */
-        /* and the slots a wait of each processing key may need */
-        if (c->err == 0 && waiting + held_only > q->nheap)
-            c->err = wq__region_grow_heap(q, waiting + held_only);
+        /* and the slots a wait of each processing key may need: refused,
+           the next get asks again (and a wait that finds none flags the
+           region, whose repair makes its key ready now, above) */
+        if (waiting + held_only > q->nheap)
+            (void)wq__region_grow_heap(q, waiting + held_only);
     } else {
         uint32_t n = 0, i = h->free_head;
         while (i != WQ_NIL && n <= used) {
@@ -706,7 +714,7 @@ int wq__repair(shmq *q, bool apply, bool thorough, wq_report_fn report, void *ar
     }
     finish(&c, queued);
     if (apply) {
-        int rc = c.err ? c.err : wq__fair_rebuild(q);
+        int rc = wq__fair_rebuild(q);
         if (rc < 0) {
             free(c.kmap);
             return rc;

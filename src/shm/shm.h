@@ -263,7 +263,8 @@ int wq__region_grow_keys(shmq *q, uint32_t need);
 int wq__region_grow_heap(shmq *q, uint32_t need);
 /* delay.c: room in the delay heap for every waiting and processing key
    and `extra` more keys that start to wait: 0, or -ENOSPC when the
-   system refuses the pages (nothing changed, message set). Lock held. */
+   system refuses the pages (nothing changed, message set), or -EBADMSG
+   when the counts are damaged (the region is flagged). Lock held. */
 int wq__delay_room(shmq *q, uint32_t extra);
 int wq__region_grow_lanes(shmq *q);
 /* Reserve slots [0, slots) of area 0 or 1 of the index, or (ring) of
