@@ -88,7 +88,8 @@ void wq__drop_waiting(shmq *q)
 {
     struct wq_hdr *h = q->hdr;
     while (h->heap_count > 0 && !wq__region_broken(q)) {
-        if (h->heap_count > q->nheap || q->heap[h->heap_count - 1] >= q->nent) {
+        if (h->heap_count > wq__heap_room(q, WQ_HEAP_DELAY) ||
+            q->heap[h->heap_count - 1] >= q->nent) {
             h->corrupt = 1;
             return;
         }

@@ -10,8 +10,8 @@
  * call takes n, the number of members before the call, and the caller
  * stores the new count.
  *
- * Bounds rule: n is checked against the heap's reserved slots (room(): the
- * delay heap's q->nheap, the fair heaps' q->nent); every entry index read
+ * Bounds rule: n is checked against the heap's reserved slots (wq__heap_room:
+ * the delay heap's q->nheap, the fair heaps' q->nent); every entry index read
  * from a heap array is checked (< nent) before it is used; every
  * position read from an entry is checked (< n, and the array at that
  * position names the entry back). A violation returns -EBADMSG before any
@@ -31,12 +31,6 @@ static const char *const down_point[] = { "heap.down", "fair.down", "fair.down" 
 WQ_INLINE uint32_t *arr(shmq *q, int k)
 {
     return k == WQ_HEAP_DELAY ? q->heap : k == WQ_HEAP_PRIO ? q->fheap_p : q->fheap_a;
-}
-
-/* The slots of heap k that have pages: n never passes them. */
-WQ_INLINE uint32_t room(const shmq *q, int k)
-{
-    return k == WQ_HEAP_DELAY ? q->nheap : q->nent;
 }
 
 /* Where entry idx (< nent) keeps its position in heap k. */
@@ -120,7 +114,7 @@ WQ_INLINE int sift_down(shmq *q, int k, uint32_t pos, uint32_t idx, uint32_t n)
 /* idx's checked position in heap k of n members, or -EBADMSG. */
 WQ_INLINE int position(shmq *q, int k, uint32_t n, uint32_t idx, uint32_t *pos)
 {
-    if (WQ_UNLIKELY(n > room(q, k) || idx >= q->nent))
+    if (WQ_UNLIKELY(n > wq__heap_room(q, k) || idx >= q->nent))
         return -EBADMSG;
     uint32_t p = *pos_of(q, k, idx);
     if (WQ_UNLIKELY(p >= n || arr(q, k)[p] != idx))
@@ -131,7 +125,7 @@ WQ_INLINE int position(shmq *q, int k, uint32_t n, uint32_t idx, uint32_t *pos)
 
 WQ_INLINE int insert_k(shmq *q, int k, uint32_t n, uint32_t idx)
 {
-    if (WQ_UNLIKELY(n >= room(q, k) || idx >= q->nent))
+    if (WQ_UNLIKELY(n >= wq__heap_room(q, k) || idx >= q->nent))
         return -EBADMSG;
     place(q, k, n, idx);
     return sift_up(q, k, n, idx);
@@ -170,7 +164,7 @@ WQ_INLINE int raise_k(shmq *q, int k, uint32_t n, uint32_t idx)
 WQ_INLINE int build_k(shmq *q, int k, uint32_t n)
 {
     uint32_t *a = arr(q, k);
-    if (WQ_UNLIKELY(n > room(q, k)))
+    if (WQ_UNLIKELY(n > wq__heap_room(q, k)))
         return -EBADMSG;
     for (uint32_t i = 0; i < n; i++) {
         if (WQ_UNLIKELY(a[i] >= q->nent))
@@ -227,7 +221,7 @@ void wq__heap_verify(shmq *q, int k, uint32_t n, uint64_t *seen,
     static const char *const names[] = { "heap", "fair heap P", "fair heap A" };
     uint32_t *a = arr(q, k);
     char what[160];
-    if (n > room(q, k)) {
+    if (n > wq__heap_room(q, k)) {
         snprintf(what, sizeof what, "%s: count %u out of range", names[k], n);
         bad(c, what);
         return;

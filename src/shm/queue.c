@@ -75,16 +75,12 @@ static int add_fast(shmq *q, const void *key, size_t len, uint32_t hash)
     if (!(st & WQ_ST_DIRTY) || wq_load_relaxed(&e->keylen) != len ||
         wq_load_relaxed(&e->hash) != hash)
         return 0;
-    if (len <= WQ_KEY_INLINE) {
-        if (memcmp(e->k.in, key, len) != 0)
-            return 0;
-    } else {
-        const unsigned char *r = wq__keys_at(q, wq_load_relaxed(&e->k.block),
-                                             (uint32_t)len - WQ_KEY_PRE);
-        if (!r || memcmp(e->k.pre, key, WQ_KEY_PRE) != 0 ||
-            memcmp(r, (const unsigned char *)key + WQ_KEY_PRE, len - WQ_KEY_PRE) != 0)
-            return 0;
-    }
+    const unsigned char *r = len <= WQ_KEY_INLINE
+                                 ? e->k.in
+                                 : wq__keys_at(q, wq_load_relaxed(&e->k.block),
+                                               (uint32_t)len - WQ_KEY_PRE);
+    if (!r || !wq__key_match(e, r, key, len))
+        return 0;
     wq_fence_loads();
     if (wq_load_relaxed(&e->seq) != seq || wq_load_relaxed(&q->hdr->shutdown) ||
         wq_load_relaxed(&q->hdr->corrupt))
@@ -588,13 +584,12 @@ static int get_locked(shmq *q, void *buf, size_t cap, uint64_t now)
         return wq__region_mark_corrupt(q);
     struct wq_entry *e = wq__entry(q, idx);
     uint32_t len = e->keylen;
-    if (WQ_UNLIKELY(!(e->state & WQ_ST_QUEUED) || !wq__key_ok(q, e)))
+    const unsigned char *r = wq__key_rest(q, e);
+    if (WQ_UNLIKELY(!(e->state & WQ_ST_QUEUED) || !r))
         return wq__region_mark_corrupt(q);
     if (len > cap)
         return -ENOBUFS;
-    const unsigned char *k = wq__key(q, e, buf);
-    if (k != buf)
-        memcpy(buf, k, len);
+    wq__key_copy(e, r, buf);
     if (!q->fair && q->nent >= WQ_PREFETCH_MIN)
         prefetch_front(q);
     wq__mut_begin(q);

@@ -450,13 +450,19 @@ int wq__heap_insert(shmq *q, int kind, uint32_t n, uint32_t idx);
 int wq__heap_delete(shmq *q, int kind, uint32_t n, uint32_t idx);
 int wq__heap_raise(shmq *q, int kind, uint32_t n, uint32_t idx);
 int wq__heap_build(shmq *q, int kind, uint32_t n);
+/* The slots of heap k that have pages (heap.c's bounds rule): the delay
+   heap's own (region.c, grown_heap), the fair heaps' one per entry. */
+static inline uint32_t wq__heap_room(const shmq *q, int kind)
+{
+    return kind == WQ_HEAP_DELAY ? q->nheap : q->nent;
+}
 /* The top member of heap kind of n members: WQ_NIL when empty,
    WQ_CORRUPT when n or the index found is out of range. */
 static inline uint32_t wq__heap_top(const shmq *q, int kind, uint32_t n)
 {
     if (n == 0)
         return WQ_NIL;
-    if (WQ_UNLIKELY(n > (kind == WQ_HEAP_DELAY ? q->nheap : q->nent)))
+    if (WQ_UNLIKELY(n > wq__heap_room(q, kind)))
         return WQ_CORRUPT;
     uint32_t idx = (kind == WQ_HEAP_DELAY ? q->heap
                     : kind == WQ_HEAP_PRIO ? q->fheap_p : q->fheap_a)[0];
@@ -587,19 +593,34 @@ static inline bool wq__key_ok(const shmq *q, const struct wq_entry *e)
 {
     return wq__key_rest(q, e) != NULL;
 }
-/* e holds this key (false too when e's key is damaged). */
-static inline bool wq__key_eq(const shmq *q, const struct wq_entry *e, const void *key,
-                              size_t len)
+/* A key of len bytes whose rest (wq__key_rest, or the coalesced add's
+   own read of it) is r: is it this key? */
+static inline bool wq__key_match(const struct wq_entry *e, const unsigned char *r,
+                                 const void *key, size_t len)
 {
-    if (e->keylen != len)
-        return false;
-    const unsigned char *r = wq__key_rest(q, e);
-    if (WQ_UNLIKELY(!r))
-        return false;
     if (len <= WQ_KEY_INLINE)
         return memcmp(r, key, len) == 0;
     return memcmp(e->k.pre, key, WQ_KEY_PRE) == 0 &&
            memcmp(r, (const unsigned char *)key + WQ_KEY_PRE, len - WQ_KEY_PRE) == 0;
+}
+/* e holds this key (false too when e's key is damaged). */
+static inline bool wq__key_eq(const shmq *q, const struct wq_entry *e, const void *key,
+                              size_t len)
+{
+    const unsigned char *r = wq__key_rest(q, e);
+    return e->keylen == len && r && wq__key_match(e, r, key, len);
+}
+/* Copy e's key (keylen bytes), whose rest is r, into buf. */
+static inline void wq__key_copy(const struct wq_entry *e, const unsigned char *r,
+                                unsigned char *buf)
+{
+    uint32_t len = e->keylen;
+    if (len <= WQ_KEY_INLINE) {
+        memcpy(buf, r, len);
+        return;
+    }
+    memcpy(buf, e->k.pre, WQ_KEY_PRE);
+    memcpy(buf + WQ_KEY_PRE, r, len - WQ_KEY_PRE);
 }
 /* The bytes of e's key (keylen of them) in one piece: in its entry for
    a short key, else copied into buf (room for max_key_len bytes); NULL
@@ -608,11 +629,9 @@ static inline const unsigned char *wq__key(const shmq *q, const struct wq_entry 
                                            unsigned char *buf)
 {
     const unsigned char *r = wq__key_rest(q, e);
-    uint32_t len = e->keylen;
-    if (!r || len <= WQ_KEY_INLINE)
+    if (!r || e->keylen <= WQ_KEY_INLINE)
         return r;
-    memcpy(buf, e->k.pre, WQ_KEY_PRE);
-    memcpy(buf + WQ_KEY_PRE, r, len - WQ_KEY_PRE);
+    wq__key_copy(e, r, buf);
     return buf;
 }
 /* The run record at granule b of the arena (unchecked: the caller took

@@ -109,11 +109,12 @@ uint32_t wq__table_lookup(shmq *q, const void *key, size_t len, uint32_t hash)
         if (WQ_UNLIKELY(idx >= q->nent))
             break;
         struct wq_entry *e = wq__entry(q, idx);
-        if (WQ_UNLIKELY(!wq__key_ok(q, e)))
+        const unsigned char *r = wq__key_rest(q, e);
+        if (WQ_UNLIKELY(!r))
             break;
         /* Not e->hash: a damaged one must not hide its key from the
            done that will find the damage (the key's bytes decide). */
-        if (wq__key_eq(q, e, key, len))
+        if (e->keylen == len && wq__key_match(e, r, key, len))
             return idx;
     }
     wq__region_mark_corrupt(q);   /* a slot past the entries or naming a damaged

@@ -434,9 +434,7 @@ static void snapshot_entry(shmq *q, uint32_t idx, struct wq_item *it, unsigned c
     it->r.keylen = e->keylen;
     it->r.failures = e->failures;
     it->r.prio = q->fair ? q->fx[idx].prio : 0;
-    const unsigned char *k = wq__key(q, e, kbuf);   /* sound: the caller checked */
-    if (k != kbuf)
-        memcpy(kbuf, k, e->keylen);
+    wq__key_copy(e, wq__key_rest(q, e), kbuf);   /* sound: the caller checked */
     it->key = kbuf;
     it->msg = mbuf;
     mbuf[0] = 0;
