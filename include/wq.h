@@ -272,8 +272,8 @@
  *       add that doubles the index takes 3 ms at 131,072 keys, 26 ms at
  *       1M and about 54 ms at 2M (every other add, and every other
  *       process, waits for it meanwhile).
- *     So a default queue holding 50,000 keys of 12 bytes takes 67.6
- *     bytes per key, and of 40 bytes 108.6 (wqbench scale/keys12 and
+ *     So a default queue holding 50,000 keys of 12 bytes takes 66.5
+ *     bytes per key, and of 40 bytes 99.4 (wqbench scale/keys12 and
  *     keys40; 1e3 and 1e4 keys are measured too).
  *   When the system refuses pages (the tmpfs is full or at its size limit:
  *   Docker gives containers 64 MiB by default, `--shm-size` changes it),
