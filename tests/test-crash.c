@@ -48,11 +48,15 @@ struct step {
    gets, clean and dirty dones, index deletions with backward shifts (a
    small, crowded index), and a close that gives back a held key. L1, L2
    and W2 are longer than an entry holds: their bytes live in the key
-   arena (its growth, a block from the top, one given back by the forget
-   and taken again by the next add of L2). */
-#define L1 "s1/a-key-longer-than-an-entry-holds"   /* 35 bytes: 5 granules */
-#define L2 "s2/in-the-key-arena-too"               /* 23 bytes: 3 granules */
-#define W2 "w2/waiting-with-its-key-in-the-arena!"  /* 37 bytes: 5 granules */
+   arena (a block from the top, one given back by the forget and taken
+   again by the next add of L2). The arena's first growth reserves a page
+   (region.c), which holds those; BIG, 4000 bytes (499 granules), cannot
+   fit beside them in that page, so its add grows the arena. */
+#define L1 "s1/a-key-longer-than-an-entry-holds"   /* 35 bytes: 12 + 3 granules */
+#define L2 "s2/in-the-key-arena-too"               /* 23 bytes: 12 + 2 granules */
+#define W2 "w2/waiting-with-its-key-in-the-arena!"  /* 37 bytes: 12 + 4 granules */
+#define BIG_LEN 4000
+static char BIG[BIG_LEN + 1];                      /* "big/bbb...": main() */
 static const struct step script[] = {
     { OP_OPEN, NULL, 0 },
     { OP_ADD, "v1", 0 },  { OP_ADD, "a", 0 },  { OP_ADD, "v1", 0 },
@@ -87,12 +91,13 @@ static const struct step script[] = {
     { OP_GET, NULL, 0 },  /* L2 */
     { OP_RL, L2, 0 },                            /* a failure count to forget */
     { OP_FINISH_GET, L2, 7 },  /* FAILED, forgotten, waiting; s3 held at close */
+    { OP_ADD, BIG, 0 },                          /* the arena grows */
     { OP_CLOSE, NULL, 0 },
 };
 #define NSTEPS (int)(sizeof script / sizeof script[0])
 
 #define CAP 12
-#define KEYLEN 48
+#define KEYLEN (BIG_LEN + 1)
 #define MAXK 32
 
 /* ---------------------------------------------------------------- */
@@ -417,6 +422,20 @@ static void model_setup(struct model *m)
     m->adds = 0;
 }
 
+/* A dumped key is its first T_KEYBUF bytes (BIG's are 4000) and its length. */
+static bool same_key(const char *mk, const struct t_dkey *k)
+{
+    return strlen(mk) == k->len && strncmp(mk, k->key, T_KEYBUF) == 0;
+}
+
+static struct mkey *m_find_dumped(struct model *m, const struct t_dkey *k)
+{
+    for (int i = 0; i < m->nkeys; i++)
+        if (same_key(m->keys[i].k, k))
+            return &m->keys[i];
+    return NULL;
+}
+
 /* Compare the queue with the model; fail the test with context. */
 static void expect_model(wq *q, struct model *m, pid_t bystander, const char *ctx)
 {
@@ -424,7 +443,7 @@ static void expect_model(wq *q, struct model *m, pid_t bystander, const char *ct
     int queued = 0;
     for (size_t i = 0; i < s.n; i++) {
         const struct t_dkey *k = &s.v[i];
-        struct mkey *e = m_find(m, k->key);
+        struct mkey *e = m_find_dumped(m, k);
         if (!e)
             fail_msg("%s: key %s present, model has no such key", ctx, k->key);
         if (k->failures != (uint32_t)e->failures)
@@ -439,7 +458,7 @@ static void expect_model(wq *q, struct model *m, pid_t bystander, const char *ct
                      k->code, want_r, e->code);
         if (k->state & WQ_KEY_QUEUED) {
             if ((int)k->position != queued || queued >= m->nfifo ||
-                strcmp(m->keys[m->fifo[queued]].k, k->key) != 0)
+                !same_key(m->keys[m->fifo[queued]].k, k))
                 fail_msg("%s: %s at queue position %d, model has %s there", ctx, k->key,
                          (int)k->position, queued < m->nfifo ? m->keys[m->fifo[queued]].k : "-");
             if (e->processing || !e->dirty)
@@ -950,6 +969,8 @@ int main(void)
     /* Same index layout in every trial, so occurrence counts are exact. */
     setenv("WQ_FAULT_HASH_SEED", "1", 1);
     g_fair = getenv("WQ_TEST_FAIR") != NULL;
+    memset(BIG, 'b', BIG_LEN);
+    memcpy(BIG, "big/", 4);
     const struct CMUnitTest tests[] = {
         T_TEST(test_every_point),
         T_TEST(test_die_while_repairing),

@@ -13,7 +13,7 @@
  * fixed sections' pages are reserved at creation, with posix_fallocate.
  * The entries (with their heap and fair slots) and the result slots are
  * reserved as keys and results arrive, in steps of a 32nd of what is
- * there (at least 64 KiB), under the lock and before anything is written
+ * there (a page at a time up to 64 KiB), under the lock and before anything is written
  * there; layout.h says what is never touched past them. The index and
  * the ring start at a page each and grow (the index doubles, the ring by
  * a quarter; shm.h) into their other area (table.c, ring.c) through
@@ -382,22 +382,27 @@ static uint64_t fixed_bytes(const struct wq_geom *g)
 }
 
 /* One growth step: a 32nd of what there is, at least 64 KiB, at most
-   the section's capacity. What is reserved ahead is paid for by every
-   key (an eighth was 4 bytes per 40-byte key at 50,000); a growth is
-   one fallocate of pages that are needed anyway, so more, smaller ones
-   cost little (filling 1e6 keys took 3-5 ns more per key, of 90). */
-static uint32_t step_to(uint32_t have, uint32_t need, uint32_t cap, uint64_t unit, bool arena)
+   the section's capacity; below 64 KiB, a page at a time (to the end of
+   a page of the section's own array, of `own` bytes from `off`: that
+   page is reserved whole anyway), and the delay heap (`pages`) always
+   in whole pages. What is reserved ahead is paid for by every key (an
+   eighth was 4 bytes per 40-byte key at 50,000; a first step of 64 KiB
+   was 13.5 bytes per 40-byte key of a queue of a thousand, and 60 per
+   key of a queue of short keys that needs only a few run records in its
+   arena); a growth is one fallocate of pages that are needed anyway, so
+   more, smaller ones cost little (filling 1e6 keys took 3-5 ns more per
+   key, of 90, with steps of a 32nd instead of an eighth). */
+static uint32_t step_to(uint32_t have, uint32_t need, uint32_t cap, uint64_t unit,
+                        uint64_t off, uint64_t own, bool pages)
 {
     uint64_t min_step = (64u * 1024 + unit - 1) / unit;
-    /* The arena starts at what it needs and doubles up to the usual step:
-       a queue of short keys may never need more than a few run records
-       (keys.c), and 64 KiB for them would be 60 bytes per key of a
-       queue of a thousand. */
-    if (arena && have < min_step)
-        min_step = have;
-    uint64_t to = (uint64_t)have + (have / 32 > min_step ? have / 32 : min_step);
+    uint64_t to = have < min_step ? (uint64_t)have + 1
+                : have / 32 > min_step ? (uint64_t)have + have / 32
+                : (have / min_step + 1) * min_step;   /* whole steps from 0 */
     if (to < need)
         to = need;
+    if (pages || have < min_step)
+        to = (align_up(off + to * own, 4096) - off) / own;
     return to > cap ? cap : (uint32_t)to;
 }
 
@@ -495,13 +500,10 @@ static int grow(shmq *q, enum sect s, uint32_t need)
                   : WQ_KEY_GRAIN;
     if (s == S_ENT)
         reserve_entries(q, 0, 0, &unit);   /* the unit only */
-    /* The arena and the heap start at what they need and double up to
-       the usual step; the heap in whole pages. */
-    uint32_t to = step_to(have, need, cap, unit, s == S_KEY || s == S_HEAP);
-    if (s == S_HEAP) {
-        uint64_t page = 4096 / unit, t = ((uint64_t)to + page - 1) / page * page;
-        to = t < cap ? (uint32_t)t : cap;
-    }
+    uint64_t off = s == S_RES ? q->g.off_results : s == S_KEY ? q->g.off_keys
+                 : s == S_HEAP ? q->g.off_heap : q->g.off_entries;
+    uint64_t own = s == S_ENT ? q->g.entry_size : s == S_KEY ? WQ_KEY_GRAIN : unit;
+    uint32_t to = step_to(have, need, cap, unit, off, own, s == S_HEAP);
     int rc = WQ_FAIL("region.grow") || (s == S_HEAP && WQ_FAIL("region.grow.heap")) ? -ENOSPC
            : s == S_RES ? reserve_results(q, have, to)
            : s == S_KEY ? reserve_keys(q, have, to)
