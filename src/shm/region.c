@@ -11,9 +11,10 @@
  * The file is sparse: it has the size of the whole layout (so every
  * process maps it once, whole, and nothing ever moves), but only the
  * fixed sections' pages are reserved at creation, with posix_fallocate.
- * The entries (with their heap and fair slots) and the result slots are
- * reserved as keys and results arrive, in steps of a 32nd of what is
- * there (a page at a time up to 64 KiB), under the lock and before anything is written
+ * The entries (with their heap and fair slots), the result slots, the
+ * key arena and the delay heap are reserved as keys and results arrive,
+ * a page at a time up to 64 KiB and then in steps of a 32nd of what is
+ * there (64 KiB at least), under the lock and before anything is written
  * there; layout.h says what is never touched past them. The index and
  * the ring start at a page each and grow (the index doubles, the ring by
  * a quarter; shm.h) into their other area (table.c, ring.c) through
