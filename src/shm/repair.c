@@ -354,10 +354,10 @@ static void dup_key(void *cv, uint32_t idx, uint32_t other, uint16_t st)
         wq__keys_unmark(c->kmap, e->run, sizeof(struct wq_run));
 }
 
+#define VERIFY_AHEAD 16   /* index slots: whose entry verify_index fetches ahead */
+
 /* Check only: every index slot names a live entry with its hash, is
    reachable from its home slot, and every live entry is found once. */
-#define VERIFY_AHEAD 16
-
 static void verify_index(struct ctx *c)
 {
     shmq *q = c->q;
