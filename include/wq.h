@@ -249,8 +249,9 @@
  *       when, in the same arena; and per result kept, a 48-byte slot,
  *       which holds a message of up to 12 bytes, and a longer message's
  *       own bytes rounded up to 8 in the same arena. Each grows under
- *       the lock, a page at a time up to 64 KiB, then in steps of 64 KiB
- *       or a 32nd of what it has, whichever is more. Entries
+ *       the lock, a page at a time up to 64 KiB, then to the next
+ *       multiple of 64 KiB while a 32nd of what it has is less, then by
+ *       a 32nd. Entries
  *       and key bytes freed by done keys are reused before new pages are
  *       taken (a freed key's bytes by the next key of the same length in
  *       8-byte steps), and pages are not given back while the queue

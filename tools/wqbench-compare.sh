@@ -22,6 +22,7 @@
 # min..max over --reps, and the last column is the median of NEW's
 # medians over the median of OLD's.
 set -eu
+unset CDPATH
 
 usage() {
     echo "usage: wqbench-compare.sh [-r ROUNDS] [-o DIR] OLD NEW [-- WQBENCH_ARGS...]" >&2
@@ -38,8 +39,8 @@ while [ $# -gt 0 ]; do
     case $1 in
     -r)
         [ $# -ge 2 ] || usage
-        case $2 in '' | *[!0-9]* | 0) die "-r: '$2' is not a number of rounds (1 or more)" ;; esac
-        rounds=$2
+        rounds=$(printf '%s' "$2" | sed 's/^0*//')   # no octal
+        case $rounds in '' | *[!0-9]*) die "-r: '$2' is not a number of rounds (1 or more)" ;; esac
         shift 2
         ;;
     -o)
@@ -63,7 +64,7 @@ fi
 [ $# -gt 0 ] || set -- --workload cycle,drain,mpmc
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
-cache=${WQBENCH_COMPARE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/wqbench-compare}
+cache=${WQBENCH_COMPARE_CACHE:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/wqbench-compare}
 
 # A build directory for $1: itself, or its revision's (built if need be).
 build_of() {
@@ -72,12 +73,13 @@ build_of() {
         (cd "$1" && pwd)
         return
     fi
-    git -C "$repo" rev-parse --git-dir >/dev/null 2>&1 ||
+    # (A tree inside another checkout, as make distcheck's, is none.)
+    [ "$(git -C "$repo" rev-parse --show-toplevel 2>/dev/null)" = "$repo" ] ||
         die "'$1' is no directory, and $repo is not a git checkout to find a revision in"
     sha=$(git -C "$repo" rev-parse --verify --quiet "$1^{commit}") ||
         die "'$1' is neither a build directory nor a revision of $repo"
     b=$cache/$sha
-    if [ ! -x "$b/build/tools/wqbench" ]; then
+    if [ ! -e "$b/built" ]; then   # written after a make that finished
         echo "wqbench-compare.sh: building $1 ($sha) in $b" >&2
         rm -rf "$b"
         mkdir -p "$b/src" "$b/build"
@@ -86,6 +88,7 @@ build_of() {
             (cd "$b/build" && ../src/configure -q >>"$b/build.log" 2>&1 &&
                 make -j"$(nproc 2>/dev/null || echo 2)" >>"$b/build.log" 2>&1) ||
             die "building $1 failed; its log: $b/build.log"
+        : >"$b/built"
     fi
     echo "$b/build"
 }
@@ -110,17 +113,22 @@ while [ "$r" -le "$rounds" ]; do
     r=$((r + 1))
 done
 
-# One line per run and row: side round workload variant unit median min max.
-for f in "$out"/old-r*.json "$out"/new-r*.json; do
-    side=${f##*/}
-    side=${side%%-*}
-    round=${f##*-r}
-    round=${round%.json}
+# One line per run and row: side round workload variant unit median min max
+# (this run's rounds only: a reused DIR may hold more).
+r=1
+while [ "$r" -le "$rounds" ]; do
+    echo "old $r"
+    echo "new $r"
+    r=$((r + 1))
+done | while read -r side round; do
+    f=$out/$side-r$round.json
     sed -n 's/^{"workload":"\([^"]*\)","variant":"\([^"]*\)","unit":"\([^"]*\)","median":\([^,]*\),"min":\([^,]*\),"max":\([^,]*\),.*/\1 \2 \3 \4 \5 \6/p' "$f" |
         while read -r w v u med mn mx; do
             echo "$side $round $w $v $u $med $mn $mx"
         done
-done | awk -v rounds="$rounds" -v old="$old" -v new="$new" '
+done >"$out/rows"
+[ -s "$out/rows" ] || die "no rows in wqbench's output ($out/*.json): nothing to compare"
+awk -v rounds="$rounds" -v old="$old" -v new="$new" '
 function fmt(x, unit) {
     if (unit == "ns" && x >= 1e6) return sprintf("%.1fms", x / 1e6)
     if (unit == "ns" && x >= 1e3) return sprintf("%.1fus", x / 1e3)
@@ -165,4 +173,4 @@ END {
         else
             printf " - |\n"
     }
-}'
+}' "$out/rows"

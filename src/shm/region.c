@@ -13,8 +13,9 @@
  * fixed sections' pages are reserved at creation, with posix_fallocate.
  * The entries (with their heap and fair slots), the result slots, the
  * key arena and the delay heap are reserved as keys and results arrive,
- * a page at a time up to 64 KiB and then in steps of a 32nd of what is
- * there (64 KiB at least), under the lock and before anything is written
+ * a page at a time up to 64 KiB, then to the next multiple of 64 KiB
+ * while a 32nd of what is there is less, then by a 32nd (step_to), under
+ * the lock and before anything is written
  * there; layout.h says what is never touched past them. The index and
  * the ring start at a page each and grow (the index doubles, the ring by
  * a quarter; shm.h) into their other area (table.c, ring.c) through
@@ -382,11 +383,12 @@ static uint64_t fixed_bytes(const struct wq_geom *g)
            ftag_bytes(g);
 }
 
-/* One growth step: a 32nd of what there is, at least 64 KiB, at most
-   the section's capacity; below 64 KiB, a page at a time (to the end of
-   a page of the section's own array, of `own` bytes from `off`: that
-   page is reserved whole anyway), and the delay heap (`pages`) always
-   in whole pages. What is reserved ahead is paid for by every key (an
+/* One growth step, at most to the section's capacity: below 64 KiB, a
+   page at a time (to the end of a page of the section's own array, of
+   `own` bytes from `off`: that page is reserved whole anyway); then to
+   the next multiple of 64 KiB (the grid a first step of 64 KiB made)
+   while a 32nd of what there is is less; then by a 32nd. The delay heap
+   (`pages`) always ends at a page's end. What is reserved ahead is paid for by every key (an
    eighth was 4 bytes per 40-byte key at 50,000; a first step of 64 KiB
    was 13.5 bytes per 40-byte key of a queue of a thousand, and 60 per
    key of a queue of short keys that needs only a few run records in its
