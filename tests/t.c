@@ -105,6 +105,16 @@ int t_shm_exists(const char *name)
     return access(p, F_OK) == 0;
 }
 
+uint64_t t_shm_used(const char *name)
+{
+    char p[512];
+    struct stat sb;
+
+    t_shm_path(name, p, sizeof p);
+    assert_int_equal(stat(p, &sb), 0);
+    return (uint64_t)sb.st_blocks * 512;
+}
+
 void t_expect_no_shm_(const char *name, const char *ctx, int line)
 {
     char p[512];

@@ -121,6 +121,17 @@ int t_redis_leftovers(char *buf, size_t cap, bool remove);
 void t_shm_path(const char *name, char *buf, size_t cap);
 /* Whether the shm object of queue `name` exists. */
 int t_shm_exists(const char *name);
+/* Bytes of /dev/shm the object of queue `name` takes (its blocks, seen
+   from outside the library; fails the test if it is gone). */
+uint64_t t_shm_used(const char *name);
+/* The slots of an array of `unit`-byte slots at byte `off` of a region
+   up to the end of its first page: what a section's first growth
+   reserves (region.c grows a page at a time up to 64 KiB, each step to
+   a page's end; a section need not start on a page). */
+static inline uint32_t t_first_page(uint64_t off, uint64_t unit)
+{
+    return (uint32_t)((4096 - off % 4096) / unit);
+}
 /* Nothing of queue `name` in /dev/shm: neither the object nor a temporary
    whose name mentions it (after a wq_open that failed). */
 #define T_EXPECT_NO_SHM(name, ctx) t_expect_no_shm_((name), (ctx), __LINE__)

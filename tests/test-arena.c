@@ -88,15 +88,6 @@ static uint32_t kgrains(size_t len)
     return len > WQ_KEY_INLINE ? grains(len - WQ_KEY_PRE) : 0;
 }
 
-/* The slots of an array of `unit`-byte slots at `off` up to the end of
-   its first page: what a section's first growth reserves (region.c: a
-   page at a time up to 64 KiB, to a page's end; a section need not start
-   on a page). */
-static uint32_t first_page(uint64_t off, uint64_t unit)
-{
-    return (uint32_t)((4096 - off % 4096) / unit);
-}
-
 /* Blocks on free list n. */
 static uint32_t listed(wq *q, uint32_t n)
 {
@@ -119,15 +110,6 @@ static struct wq_entry *entry_of(wq *q, const char *k, size_t len)
     return NULL;
 }
 
-static uint64_t shm_used(const char *name)
-{
-    char p[512];
-    struct stat sb;
-    t_shm_path(name, p, sizeof p);
-    assert_int_equal(stat(p, &sb), 0);
-    return (uint64_t)sb.st_blocks * 512;
-}
-
 static const size_t g_lens[] = { 1, 16, 17, 24, 40, 200, 256 };
 #define NLENS (sizeof g_lens / sizeof g_lens[0])
 
@@ -137,7 +119,7 @@ static void test_keys_cost_their_length(void **state)
     const char *name;
     wq *q = t_track(t_create("len", T_OPTS(.capacity = 20000), &name));
     struct wq_shm *s = wq__shm(q);
-    uint64_t created = shm_used(name);
+    uint64_t created = t_shm_used(name);
     assert_int_equal(wq_max_key_len(q), 256);
     assert_int_equal(s->g.entry_size, 52);
     assert_int_equal(s->g.key_classes, 33);
@@ -193,7 +175,7 @@ static void test_keys_cost_their_length(void **state)
        arena an entry held max_key_len bytes: 304 + index, ring, heap. */
     for (int i = 0; i < 10000; i++)
         assert_int_equal(wq_add(q, k, mkkey(k, i, 40)), 0);
-    double per = (double)(shm_used(name) - created) / 10000;
+    double per = (double)(t_shm_used(name) - created) / 10000;
     printf("10,000 keys of 40 bytes: %.1f bytes of /dev/shm each\n", per);
     /* 52 entry (with the key's first 12 bytes) + 32 for the other 28 +
        the index's and ring's growth (4-byte slots), and growth steps of
@@ -586,11 +568,11 @@ static void test_run_record_refused(void **state)
     wq_fault_arm("region.grow", 2, WQ_FAULT_FAIL_ON);
     assert_int_equal(wq_get(q, buf, sizeof buf, 0), -ENOSPC);
     /* a page's end, capped at capacity */
-    uint32_t hp = first_page(s->g.off_heap, sizeof(uint32_t));
+    uint32_t hp = t_first_page(s->g.off_heap, sizeof(uint32_t));
     assert_int_equal(s->hdr->grown_heap, hp < 100 ? hp : 100);
     wq_fault_arm(NULL, 0, 0);
     snprintf(want, sizeof want, "queue '%s': no room in /dev/shm to grow its region to "
-             "%u key arena granules (", wq_name(q), first_page(s->g.off_keys, WQ_KEY_GRAIN));
+             "%u key arena granules (", wq_name(q), t_first_page(s->g.off_keys, WQ_KEY_GRAIN));
     if (!strstr(wq_last_error(), want))
         fail_msg("wq_last_error: \"%s\", expected \"%s\"", wq_last_error(), want);
     assert_int_equal(s->hdr->busy, 0);
@@ -619,7 +601,7 @@ static void test_delay_room_refused(void **state)
     char k[32], buf[300], want[200];
     /* The heap's slots up to the end of the page that holds slot 1023
        (its first page may be part of one), and one page more. */
-    uint32_t hp = first_page(s->g.off_heap, sizeof(uint32_t));
+    uint32_t hp = t_first_page(s->g.off_heap, sizeof(uint32_t));
     const uint32_t full = hp + (1024 - hp + 1023) / 1024 * 1024, more = full + 1024;
     assert_int_equal(s->hdr->grown_heap, 0);
     assert_int_equal(wq_add(q, KS("q1")), 0);
@@ -701,7 +683,7 @@ static void test_finish_get_no_room_after_sleep(void **state)
     T_EXPECT_GET(q, "x");
     assert_int_equal(s->hdr->k_top, WQ_RUN_GRAINS);
     /* the arena grew to its first page's end */
-    assert_int_equal(s->nkeys, first_page(s->g.off_keys, WQ_KEY_GRAIN));
+    assert_int_equal(s->nkeys, t_first_page(s->g.off_keys, WQ_KEY_GRAIN));
     struct finish_get_arg f = { .q = q };
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, finish_get_thread, &f), 0);
@@ -720,7 +702,7 @@ static void test_finish_get_no_room_after_sleep(void **state)
         assert_int_equal(wq__keys_take(s, sizeof(struct wq_run), &fill[nfill++]), 0);
     wq__mut_end(s, 0);
     wq__unlock(s);
-    assert_int_equal(s->nkeys, first_page(s->g.off_keys, WQ_KEY_GRAIN));   /* not grown */
+    assert_int_equal(s->nkeys, t_first_page(s->g.off_keys, WQ_KEY_GRAIN));   /* not grown */
     wq_fault_arm("region.grow", 1, WQ_FAULT_FAIL_ON);
     assert_int_equal(wq_add(q, KS("y")), 0);   /* wakes the get, which finds no room */
     assert_int_equal(pthread_join(th, NULL), 0);

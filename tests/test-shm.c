@@ -390,16 +390,6 @@ static void test_restore_needs_a_store(void **state)
     wq_close(q);
 }
 
-/* Bytes of /dev/shm the queue's object takes, from outside the library. */
-static uint64_t shm_used(const char *name)
-{
-    char p[512];
-    struct stat sb;
-    t_shm_path(name, p, sizeof p);
-    assert_int_equal(stat(p, &sb), 0);
-    return (uint64_t)sb.st_blocks * 512;
-}
-
 static void add_keys(wq *q, const char *prefix, int n)
 {
     for (int i = 0; i < n; i++) {
@@ -458,7 +448,7 @@ static void test_region_grows_with_keys(void **state)
     wq *q = t_track(t_create("grow", NULL, &name));
     struct wq_shm *s = wq__shm(q);
     struct wq_stats st = t_stats(q);
-    uint64_t base = shm_used(name);
+    uint64_t base = t_shm_used(name);
     assert_int_equal(st.region_used, base);
     assert_int_equal(base, 32 * 1024);
     assert_true(st.region_bytes > 38u * 1024 * 1024);   /* the address space */
@@ -475,7 +465,7 @@ static void test_region_grows_with_keys(void **state)
     /* 1024, 2048, 3072, 4096, 5120: a page at least, a quarter rounded
        down to pages above 4096 */
     assert_int_equal(s->hdr->ring_at, 5120);
-    uint64_t used = shm_used(name);
+    uint64_t used = t_shm_used(name);
     uint64_t index = (16384 - WQ_INDEX_MIN) * sizeof(struct wq_islot) +
                      (5120 - WQ_RING_MIN) * sizeof(uint32_t);   /* and ring */
     /* Entries and heap slots, each section's ends rounded to pages. */
@@ -489,15 +479,15 @@ static void test_region_grows_with_keys(void **state)
        and the heap's. */
     assert_int_equal(s->hdr->grown_heap, 0);
     drain_all(q);
-    assert_int_equal(s->hdr->grown_keys, (4096 - s->g.off_keys % 4096) / WQ_KEY_GRAIN);
+    assert_int_equal(s->hdr->grown_keys, t_first_page(s->g.off_keys, WQ_KEY_GRAIN));
     assert_int_equal(s->hdr->grown_heap, 1024);
-    assert_int_equal(shm_used(name), used + 2 * 4096);
+    assert_int_equal(t_shm_used(name), used + 2 * 4096);
     used += 2 * 4096;
     add_keys(q, "second", 5000);
     assert_int_equal(s->hdr->e_fresh, 5000);
     assert_int_equal(s->hdr->grown_ent, grown);
     assert_int_equal(s->hdr->index_at, 16384);
-    assert_int_equal(shm_used(name), used);
+    assert_int_equal(t_shm_used(name), used);
     assert_int_equal(wq_len(q), 5000);
     t_check_clean(q, __func__);
     drain_all(q);
@@ -659,14 +649,14 @@ static void test_growth_counts_damaged(void **state)
     add_keys(q, "k", 10);
     uint32_t g = s->hdr->grown_ent;
     assert_true(g >= 10 && g < 3000);
-    uint64_t used = shm_used(name);
+    uint64_t used = t_shm_used(name);
 
     s->hdr->grown_ent = 0xffffffffu;
     t_check_clean(q, __func__);   /* the locker repaired it */
     assert_int_equal(s->hdr->grown_ent, 3000);
     assert_int_equal(s->hdr->e_fresh, 10);
     uint64_t unit = s->entry_size;
-    assert_true(shm_used(name) >= used + (3000 - g) * unit - 2 * 4096);
+    assert_true(t_shm_used(name) >= used + (3000 - g) * unit - 2 * 4096);
     assert_int_equal(wq_len(q), 10);
 
     s->hdr->grown_ent = 3;
@@ -682,7 +672,7 @@ static void test_growth_counts_damaged(void **state)
        keeps the count it knew; below the keys waiting, repair asks for
        what they need. The waiting key stays. The heap grows to the end
        of its first page (its slots need not start on one). */
-    const uint32_t hpage = (4096 - s->g.off_heap % 4096) / sizeof(uint32_t);
+    const uint32_t hpage = t_first_page(s->g.off_heap, sizeof(uint32_t));
     assert_int_equal(wq_add_after(q, KS("w-0"), 3600000000000ull), 0);
     assert_int_equal(s->hdr->grown_heap, hpage);
     s->hdr->grown_heap = 0xffffffffu;
@@ -801,7 +791,7 @@ static void test_index_grows(void **state)
     assert_int_equal(s->hdr->index_at, WQ_INDEX_MIN);
     add_keys(q, "k", 511);   /* 2 * 511 + 1 <= 1024 */
     assert_int_equal(s->hdr->index_at, WQ_INDEX_MIN);
-    uint64_t used = shm_used(name);
+    uint64_t used = t_shm_used(name);
     uint32_t ents = s->hdr->grown_ent;
     add_keys_from(q, "k", 511, 512);
     assert_int_equal(s->hdr->index_at, 1ull << 32 | 2048);
@@ -810,7 +800,7 @@ static void test_index_grows(void **state)
        at a time here). */
     uint64_t ent_page = s->hdr->grown_ent != ents ? 4096 : 0;
     assert_true(s->hdr->grown_ent == ents || ents < 512);
-    assert_int_equal(shm_used(name), used - 4096 + 8192 + ent_page);
+    assert_int_equal(t_shm_used(name), used - 4096 + 8192 + ent_page);
     t_check_clean(q, __func__);
 
     add_keys_from(q, "k", 512, 1023);
@@ -918,7 +908,7 @@ static void test_killed_while_growing_index(void **state)
         wq *q = t_track(t_create(qn, T_OPTS(.capacity = 4000, .max_key_len = 16), &name));
         struct wq_shm *s = wq__shm(q);
         add_keys(q, "k", 511);
-        uint64_t used = shm_used(name);
+        uint64_t used = t_shm_used(name);
         struct iovec batch[2] = { { "k-00511", 7 }, { "k-00512", 7 } };
         die_adding(name, points[p], batch, p < 2 ? 1 : 2);
         assert_int_equal(wq_len(q), 511);   /* the lock's holder died */
@@ -927,17 +917,17 @@ static void test_killed_while_growing_index(void **state)
         if (p < 2) {
             /* Repaired: sized for the 511 entries used, in the area in use. */
             assert_int_equal(s->hdr->index_at, p ? (1ull << 32 | WQ_INDEX_MIN) : WQ_INDEX_MIN);
-            assert_int_equal(shm_used(name), used);
+            assert_int_equal(t_shm_used(name), used);
         } else {
             /* The doubled table stands; the old one's page is given back. */
             assert_int_equal(s->hdr->index_at, 1ull << 32 | 2048);
-            assert_int_equal(shm_used(name), used - 4096 + 8192);
+            assert_int_equal(t_shm_used(name), used - 4096 + 8192);
         }
         t_check_clean(q, __func__);
         assert_int_equal(wq_add(q, KS("k-00511")), 0);   /* doubles now, or did */
         assert_int_equal(wq_add(q, KS("k-00512")), 0);
         assert_int_equal(s->hdr->index_at, p == 1 ? 2048 : 1ull << 32 | 2048);
-        assert_int_equal(shm_used(name), used - 4096 + 8192);
+        assert_int_equal(t_shm_used(name), used - 4096 + 8192);
         t_check_clean(q, __func__);
         drain_in_order(q, "k", 513);
         t_close(q);
@@ -1144,10 +1134,10 @@ static void test_ring_grows(void **state)
     assert_int_equal(s->hdr->ring_at, WQ_RING_MIN);
     wq_fault_arm(NULL, 0, 0);
 
-    uint64_t used = shm_used(name);
+    uint64_t used = t_shm_used(name);
     assert_int_equal(wq_add(q, KS("x-00000")), 0);
     assert_int_equal(s->hdr->ring_at, 1ull << 32 | 2048);
-    assert_int_equal(shm_used(name), used - 4096 + 8192);   /* the old page given back */
+    assert_int_equal(t_shm_used(name), used - 4096 + 8192);   /* the old page given back */
     t_check_clean(q, __func__);
     take_in_order(q, "k", 300, 724);
     take_in_order(q, "n", 0, 300);
@@ -1226,13 +1216,13 @@ static void test_killed_while_growing_ring(void **state)
         add_keys(q, "k", 1024);
         take_in_order(q, "k", 0, 300);
         add_keys(q, "n", 300);
-        uint64_t used = shm_used(name);
+        uint64_t used = t_shm_used(name);
         struct iovec key = { "x-00000", 7 };
         die_adding(name, points[p], &key, 1);
         assert_int_equal(wq_len(q), 1024);
         assert_int_equal(t_key_state(q, "x-00000"), 0);
         assert_int_equal(s->hdr->ring_at, p ? (1ull << 32 | 2048) : WQ_RING_MIN);
-        assert_int_equal(shm_used(name), p ? used - 4096 + 8192 : used);
+        assert_int_equal(t_shm_used(name), p ? used - 4096 + 8192 : used);
         t_check_clean(q, __func__);
         assert_int_equal(wq_add(q, KS("x-00000")), 0);
         assert_int_equal(s->hdr->ring_at, 1ull << 32 | 2048);

@@ -505,7 +505,7 @@ static int grow(shmq *q, enum sect s, uint32_t need)
         reserve_entries(q, 0, 0, &unit);   /* the unit only */
     uint64_t off = s == S_RES ? q->g.off_results : s == S_KEY ? q->g.off_keys
                  : s == S_HEAP ? q->g.off_heap : q->g.off_entries;
-    uint64_t own = s == S_ENT ? q->g.entry_size : s == S_KEY ? WQ_KEY_GRAIN : unit;
+    uint64_t own = s == S_ENT ? q->g.entry_size : unit;   /* the entry array alone */
     uint32_t to = step_to(have, need, cap, unit, off, own, s == S_HEAP);
     int rc = WQ_FAIL("region.grow") || (s == S_HEAP && WQ_FAIL("region.grow.heap")) ? -ENOSPC
            : s == S_RES ? reserve_results(q, have, to)
