@@ -7,11 +7,11 @@
  * its first WQ_KEY_PRE bytes in its entry and the rest in a block of
  * whole granules (WQ_KEY_GRAIN bytes) in the arena, a longer message all
  * of itself, so a key costs its own length less 12 rounded up to 8, not
- * max_key_len, and a message its own, not 255 bytes. A block comes from the free list of its size (kfree[n],
- * n granules; LIFO through the block's first word, granule + 1, 0 ending
- * it, so the block freed last, still in cache, is reused first), else
- * from the top of the arena (k_top), whose pages grow in steps
- * (region.c) like the entries'.
+ * max_key_len, and a message its own, not 255 bytes. A block comes from
+ * the free list of its size (kfree[n], n granules; LIFO through the
+ * block's first word, granule + 1, 0 ending it, so the block freed last,
+ * still in cache, is reused first), else from the top of the arena
+ * (k_top), whose pages grow (region.c) like the entries'.
  *
  * Blocks are neither split nor merged while keys come and go: a workload
  * whose key lengths shift keeps blocks of the old lengths listed. When

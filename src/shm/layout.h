@@ -500,7 +500,8 @@ struct wq_islot {
 };
 
 _Static_assert(sizeof(struct wq_entry) == 52, "an entry is 52 bytes");
-_Static_assert(WQ_KEY_PRE + sizeof(uint32_t) == WQ_KEY_INLINE, "a long key's prefix and block fill k");
+_Static_assert(WQ_KEY_PRE + sizeof(uint32_t) == WQ_KEY_INLINE,
+               "a long key's prefix and block fill k");
 
 /*
  * Fair-mode data of an entry (fair.c), indexed like the entries. lock.

@@ -388,13 +388,14 @@ static uint64_t fixed_bytes(const struct wq_geom *g)
    `own` bytes from `off`: that page is reserved whole anyway); then to
    the next multiple of 64 KiB (the grid a first step of 64 KiB made)
    while a 32nd of what there is is less; then by a 32nd. The delay heap
-   (`pages`) always ends at a page's end. What is reserved ahead is paid for by every key (an
-   eighth was 4 bytes per 40-byte key at 50,000; a first step of 64 KiB
-   was 13.5 bytes per 40-byte key of a queue of a thousand, and 60 per
-   key of a queue of short keys that needs only a few run records in its
-   arena); a growth is one fallocate of pages that are needed anyway, so
-   more, smaller ones cost little (filling 1e6 keys took 3-5 ns more per
-   key, of 90, with steps of a 32nd instead of an eighth). */
+   (`pages`) always ends at a page's end. What is reserved ahead is paid
+   for by every key (an eighth was 4 bytes per 40-byte key at 50,000; a
+   first step of 64 KiB was 13.5 bytes per 40-byte key of a queue of a
+   thousand, and 60 per key of a queue of short keys that needs only a
+   few run records in its arena); a growth is one fallocate of pages that
+   are needed anyway, so more, smaller ones cost little (filling 1e6 keys
+   took 3-5 ns more per key, of 90, with steps of a 32nd instead of an
+   eighth). */
 static uint32_t step_to(uint32_t have, uint32_t need, uint32_t cap, uint64_t unit,
                         uint64_t off, uint64_t own, bool pages)
 {
