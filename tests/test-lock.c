@@ -19,6 +19,9 @@
  *   - an adder never naps, however many keys are queued, and no
  *     consumer naps behind an adder (nor behind any call but a get or
  *     a done);
+ *   - a consumer whose caller works between its calls does not nap: one
+ *     that napped at its first wait, then made 192 calls 1 ms apart,
+ *     goes straight to the futex wait at its next;
  *   - a holder SIGKILLed while a consumer naps costs nothing: the
  *     consumer's next try repairs and gets the front key;
  *   - the nap is no cancellation point: a thread cancelled before its
@@ -369,6 +372,69 @@ static void test_no_nap_behind_adder(void **state)
     release_expect_k00(q, pid, b, 0, -1, PLENTY - 1);
 }
 
+/* The child of test_worker_does_not_nap: a first get behind the
+   parent's lock (step 1), which naps (no work measured yet); then 192
+   dones of a key it does not hold (-ENOENT, a consumer's call all the
+   same: lock.c samples one gap in 63), 1 ms apart, as a worker's
+   reconciles would be; then a second get behind the lock (step 3),
+   stopped at its first nap if it makes one. */
+static void worker_child(const char *name, struct board *b)
+{
+    wq *q;
+    if (wq_open(name, NULL, &q) != 0)
+        _exit(10);
+    atomic_store(&b->tid, (int)gettid());
+    wq_fault_record(true);
+    atomic_store(&b->ready, 1);
+    if (t_wait_count(&b->step, 1, 10000) != 0)
+        _exit(12);
+    int rc = wq_get(q, b->key, sizeof b->key, 0);
+    if (rc != 3 || !seen("lock.nap"))
+        _exit(13);
+    for (int i = 0; i < 192; i++) {
+        t_sleep_ms(1);
+        if (wq_done(q, KS("absent")) != -ENOENT)
+            _exit(14);
+    }
+    if (wq_fault_arm("lock.nap", 1, WQ_FAULT_STOP) != 0)
+        _exit(11);
+    atomic_store(&b->ready, 2);
+    if (t_wait_count(&b->step, 3, 10000) != 0)
+        _exit(12);
+    atomic_store(&b->rc, wq_get(q, b->key, sizeof b->key, 0));
+    wq_close(q);
+    _exit(0);
+}
+
+static void test_worker_does_not_nap(void **state)
+{
+    (void)state;
+    const char *name;
+    wq *q = t_track(queue_of("worker", PLENTY, &name, 0));
+    shmq *s = wq__shm(q);
+    struct board *b = t_shared_alloc(sizeof *b);
+    pid_t pid = t_fork(60);
+    if (pid == 0)
+        worker_child(name, b);
+    assert_int_equal(t_wait_count(&b->ready, 1, 10000), 0);
+    need_witness(pid, b);
+    assert_int_equal(wq__lock_consumer(s), 0);
+    atomic_store(&b->step, 1);
+    expect_blocked(pid, b, "a consumer at its first wait, after its naps");
+    wq__unlock(s);
+    assert_int_equal(t_wait_count(&b->ready, 2, 10000), 0);
+    assert_int_equal(wq__lock_consumer(s), 0);
+    atomic_store(&b->step, 3);
+    expect_blocked(pid, b, "a consumer that called every 1 ms, at its next wait");
+    wq__unlock(s);
+    assert_int_equal(t_wait(pid, 10000), 0);
+    assert_int_equal(b->rc, 3);
+    assert_string_equal(b->key, "k01");
+    assert_int_equal(wq_len(q), PLENTY);   /* k00 and k01 given back at its close */
+    t_shared_free(b, sizeof *b);
+    t_close(q);
+}
+
 static void test_holder_dies_during_naps(void **state)
 {
     (void)state;
@@ -488,6 +554,7 @@ int main(void)
         T_TEST(test_few_keys_no_nap),
         T_TEST(test_adder_never_naps),
         T_TEST(test_no_nap_behind_adder),
+        T_TEST(test_worker_does_not_nap),
         T_TEST(test_holder_dies_during_naps),
         T_TEST(test_nap_no_cancellation_point),
         T_NO_LEFTOVERS,

@@ -13,6 +13,11 @@
  *         "C=<c>-b<n>": wq_get_many / wq_done_many, n keys at a time.
  *         Variants "C=<c>-dg": each done and the next get are one
  *         wq_done_get.
+ *         Variants "C=<c>-w250ns", "C=<c>-w1us": each of N/10 keys is
+ *         worked on (a busy loop on the clock, outside the library)
+ *         between its get and its done, as a reconcile would: whether
+ *         consumers that do work scale, where the others measure the
+ *         queue alone.
  *         Variants "pool-C=<c>": the same N keys reconciled (an empty
  *         reconcile that counts) by wq_run_workers with c workers and
  *         until_empty; keys/s = N / (the N-th reconcile's start - t0,
@@ -131,7 +136,18 @@ struct drain_shared {
     uint64_t got[DRAIN_MAX_C];
 };
 
-static void drain_worker(const char *name, struct drain_shared *sh, int id, int batch)
+/* A reconcile's work: `ns` of the CPU, touching nothing shared. */
+static void work(uint64_t ns)
+{
+    if (!ns)
+        return;
+    uint64_t until = wqb_now() + ns;
+    while (wqb_now() < until)
+        ;
+}
+
+static void drain_worker(const char *name, struct drain_shared *sh, int id, int batch,
+                         uint64_t work_ns)
 {
     static struct taker t;
     t.q = wqb_attach(name);
@@ -141,6 +157,7 @@ static void drain_worker(const char *name, struct drain_shared *sh, int id, int 
     int len;
     wqb_gate_arrive(&sh->gate);
     while ((len = take(&t, &key, 0)) > 0) {
+        work(work_ns);
         finish(&t, key, len, "drain: wq_done");
         got++;
     }
@@ -153,14 +170,15 @@ static void drain_worker(const char *name, struct drain_shared *sh, int id, int 
 }
 
 /* One repetition: fill, release C consumers, keys/s. */
-static double drain_rep(wq *q, const char *name, int consumers, int batch, uint64_t n)
+static double drain_rep(wq *q, const char *name, int consumers, int batch, uint64_t work_ns,
+                        uint64_t n)
 {
     struct drain_shared *sh = wqb_shared_alloc(sizeof *sh);
     pid_t pid[DRAIN_MAX_C];
     wqb_fill(q, 0, n);
     for (int i = 0; i < consumers; i++)
         if ((pid[i] = wqb_fork()) == 0)
-            drain_worker(name, sh, i, batch);
+            drain_worker(name, sh, i, batch, work_ns);
     uint64_t t0 = wqb_gate_release(&sh->gate, (uint32_t)consumers);
     uint64_t end = t0, got = 0;
     for (int i = 0; i < consumers; i++) {
@@ -192,7 +210,7 @@ static wq *drain_open(const struct wqb_cfg *c, const char *variant, uint64_t n,
 }
 
 void wqb_drain_variant(const struct wqb_cfg *c, const char *variant, int consumers,
-                       int batch, uint64_t n)
+                       int batch, uint64_t work_ns, uint64_t n)
 {
     wq *q;
     char name[WQB_NAME_LEN];
@@ -207,7 +225,7 @@ void wqb_drain_variant(const struct wqb_cfg *c, const char *variant, int consume
         return;
     wqb_result_init(&r, "drain", variant, "keys/s");
     for (int rep = 0; rep < wqb_reps(c); rep++)
-        wqb_result_add(&r, drain_rep(q, name, consumers, batch, n));
+        wqb_result_add(&r, drain_rep(q, name, consumers, batch, work_ns, n));
     wqb_result_extra(&r, "n", (double)n, WQB_X_INT);
     wqb_emit(c, &r);
     wqb_queue_destroy(q, name);
@@ -262,7 +280,7 @@ void wqb_run_drain(const struct wqb_cfg *c)
     for (int consumers = 1; consumers <= DRAIN_MAX_C; consumers *= 2) {
         char variant[16];
         snprintf(variant, sizeof variant, "C=%d", consumers);
-        wqb_drain_variant(c, variant, consumers, 1, n);
+        wqb_drain_variant(c, variant, consumers, 1, 0, n);
     }
     /* Batches of 32, and one wq_done_get per key, for one and two. */
     static const struct { const char *suffix; int batch; } kinds[] = {
@@ -271,7 +289,18 @@ void wqb_run_drain(const struct wqb_cfg *c)
         for (int consumers = 1; consumers <= 2; consumers++) {
             char variant[16];
             snprintf(variant, sizeof variant, "C=%d-%s", consumers, kinds[k].suffix);
-            wqb_drain_variant(c, variant, consumers, kinds[k].batch, n);
+            wqb_drain_variant(c, variant, consumers, kinds[k].batch, 0, n);
+        }
+    /* Consumers that work on each key, one and two of them, on either
+       side of lock.c's HAMMER_NS: a tenth of the keys, so that a
+       repetition stays near the others' length. */
+    static const struct { const char *suffix; uint64_t ns; } works[] = {
+        { "w250ns", 250 }, { "w1us", 1000 } };
+    for (size_t w = 0; w < sizeof works / sizeof works[0]; w++)
+        for (int consumers = 1; consumers <= 2; consumers++) {
+            char variant[16];
+            snprintf(variant, sizeof variant, "C=%d-%s", consumers, works[w].suffix);
+            wqb_drain_variant(c, variant, consumers, 1, works[w].ns, n / 10);
         }
     wqb_pool_variant(c, "pool-C=1", 1, n);
     wqb_pool_variant(c, "pool-C=2", 2, n);

@@ -819,8 +819,8 @@ void wqb_redis_add_many(const struct wqb_cfg *c)
 void wqb_redis_drain(const struct wqb_cfg *c)
 {
     uint64_t n = wqb_size(c, 2000, 10000);
-    wqb_drain_variant(c, "redis-C=1", 1, 1, n);
-    wqb_drain_variant(c, "redis-C=2", 2, 1, n);
+    wqb_drain_variant(c, "redis-C=1", 1, 1, 0, n);
+    wqb_drain_variant(c, "redis-C=2", 2, 1, 0, n);
     wqb_pool_variant(c, "redis-pool-C=1", 1, n);
     wqb_pool_variant(c, "redis-pool-C=2", 2, n);
 }

@@ -152,9 +152,10 @@ enum wqb_loop { WQB_LOOP_MEMORY, WQB_LOOP_DONE_GET, WQB_LOOP_ADD_MANY };
 double wqb_cycle_variant(const struct wqb_cfg *c, const char *variant, enum wqb_loop loop,
                          unsigned flags, uint64_t n, const char *ref_name, double ref);
 /* batch > 1: consumers take keys with wq_get_many and finish them with
-   wq_done_many, `batch` at a time. */
+   wq_done_many, `batch` at a time. work_ns: each key's work between its
+   get and its done (a busy loop). */
 void wqb_drain_variant(const struct wqb_cfg *c, const char *variant, int consumers,
-                       int batch, uint64_t n);
+                       int batch, uint64_t work_ns, uint64_t n);
 /* The same n keys reconciled by wq_run_workers' pool of `workers`. */
 void wqb_pool_variant(const struct wqb_cfg *c, const char *variant, int workers, uint64_t n);
 struct wqb_mpmc {
