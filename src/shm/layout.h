@@ -193,7 +193,9 @@ struct wq_hdr {
     uint32_t processing;                  /* lock */
     uint32_t waiters;                     /* lock; sleepers on wake_seq, the sum
                                              of the per-slot counts, so a dead
-                                             sleeper's count goes with its slot */
+                                             sleeper's count goes with its slot;
+                                             stored atomically: publishers
+                                             (lanes.c) read it unlocked */
     uint32_t drainers;                    /* lock; sleepers on idle_seq */
     uint32_t shutdown_calls;              /* lock; bumped by wq_shutdown */
     /* lock: the counter an in-flight mutation will bump once its commit

@@ -325,7 +325,7 @@ static int slot_free(shmq *q, uint32_t i, bool crash)
     struct wq_proc *p = &q->procs[i];
     int n = p->held > 0 ? requeue_owned(q, i, p->gen, crash) : 0;
     if (q->hdr->waiters >= p->waiting)
-        q->hdr->waiters -= p->waiting;
+        wq_sub_relaxed(&q->hdr->waiters, p->waiting);
     if (p->waiting > 0)
         q->hdr->wake_pending = 0;   /* it may have held a wake: wake afresh */
     p->waiting = 0;

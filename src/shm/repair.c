@@ -670,7 +670,7 @@ static void finish(struct ctx *c, uint32_t queued)
     if (c->apply) {
         h->live = live;
         h->processing = processing;
-        h->waiters = waiters;
+        wq_store_relaxed(&h->waiters, waiters);
         h->wake_pending = 0;   /* a hint: zero only costs wakes */
         h->retained = retained;
         h->failing = failing;

@@ -118,7 +118,7 @@ int wq__sleep(shmq *q, uint32_t *word, uint64_t deadline, uint64_t until, bool g
         until = deadline;
     bool published = false;
     if (getter) {
-        h->waiters++;
+        wq_add_relaxed(&h->waiters, 1);   /* publishers read it unlocked */
         q->procs[q->slot].waiting++;
         /* Counted, then look at the lanes: a producer publishes, then
            reads waiters (lanes.c). One of us sees the other. */
@@ -144,7 +144,7 @@ int wq__sleep(shmq *q, uint32_t *word, uint64_t deadline, uint64_t until, bool g
         if (h->wake_pending > 0)
             h->wake_pending--;   /* ours, or one whose sleeper took longer */
         if (h->waiters > 0)
-            h->waiters--;
+            wq_sub_relaxed(&h->waiters, 1);
         if (me->waiting > 0)
             me->waiting--;
     } else if (h->drainers > 0) {
