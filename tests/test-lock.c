@@ -20,7 +20,7 @@
  *     consumer naps behind an adder (nor behind any call but a get or
  *     a done);
  *   - a consumer whose caller works between its calls does not nap: one
- *     that napped at its first wait, then made 192 calls 1 ms apart,
+ *     that napped at its first wait, then made 8 calls 1 ms apart,
  *     goes straight to the futex wait at its next;
  *   - a holder SIGKILLed while a consumer naps costs nothing: the
  *     consumer's next try repairs and gets the front key;
@@ -373,9 +373,10 @@ static void test_no_nap_behind_adder(void **state)
 }
 
 /* The child of test_worker_does_not_nap: a first get behind the
-   parent's lock (step 1), which naps (no work measured yet); then 192
-   dones of a key it does not hold (-ENOENT, a consumer's call all the
-   same: lock.c samples one gap in 63), 1 ms apart, as a worker's
+   parent's lock (step 1), which naps (no work measured yet: lock.c
+   measures the gaps after a wait); then 8 dones of a key it does not
+   hold (-ENOENT, a consumer's call all the same), 1 ms apart, as a
+   worker's
    reconciles would be; then a second get behind the lock (step 3),
    stopped at its first nap if it makes one. */
 static void worker_child(const char *name, struct board *b)
@@ -391,7 +392,7 @@ static void worker_child(const char *name, struct board *b)
     int rc = wq_get(q, b->key, sizeof b->key, 0);
     if (rc != 3 || !seen("lock.nap"))
         _exit(13);
-    for (int i = 0; i < 192; i++) {
+    for (int i = 0; i < 8; i++) {
         t_sleep_ms(1);
         if (wq_done(q, KS("absent")) != -ENOENT)
             _exit(14);

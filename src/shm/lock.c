@@ -102,16 +102,19 @@ static int damage(shmq *q)
     return 0;
 }
 
-/* One release in SAMPLE_EVERY opens a sample of the caller's work (see
-   HAMMER_NS below). Odd, so that a caller alternating two calls (get,
-   done) has the gaps after both sampled. */
-#define SAMPLE_EVERY 63
+/* A release opens a sample of the caller's work while the handle has
+   samples to take (see HAMMER_NS below). Out of line: the clock must
+   not weigh on a release that takes none. */
+__attribute__((noinline, cold)) static void sample_open(shmq *q)
+{
+    wq_store_relaxed(&q->left_at, wq__now_mono());
+}
 
 static void release(shmq *q)
 {
     HOLDER_CLEAR(q);
-    if (WQ_UNLIKELY(++q->releases % SAMPLE_EVERY == 0))
-        wq_store_relaxed(&q->left_at, wq__now_mono());
+    if (WQ_UNLIKELY(wq_load_relaxed(&q->samples) != 0))
+        sample_open(q);
     q->wake_get = 0;
     q->wake_idle = false;
     pthread_mutex_unlock(&q->hdr->lock);
@@ -171,26 +174,30 @@ static void release(shmq *q)
  * wq_done.
  *
  * Only a consumer that hammers the lock naps: one whose caller works
- * less than HAMMER_NS between its calls, on average (one gap in
- * SAMPLE_EVERY measured, from a release to the caller's next consumer
- * call: two clock readings per SAMPLE_EVERY calls; a gap counts at
- * most GAP_MAX_NS, so that one long pause, a preemption say, does not
- * keep a hammering consumer from napping for thousands of calls). Two
- * such consumers
- * gain from taking turns; a consumer that works on each key leaves the
- * lock free for as long as the work takes, so its rival finds it taken
- * only briefly, and a nap of some 190 us then costs it more keys than
- * the hand-offs do. Measured on the Intel VM with a busy loop of W ns
- * per key between get and done (tools/PERFORMANCE.md, "Consumers that
- * work on their keys"), two consumers against one: W = 100 and 250 ns
- * drained faster when they napped (2.98M against 1.73M keys/s, 2.10M
- * against 1.75M), W = 500 ns and 1 us when they did not (1.80M against
- * 1.61M, 1.30M against 1.13M). A call's gap is half a key's work (get,
- * work, done, get), hence 200 ns. Not measured instead: the rate of
- * keys or locks over the time outside waits. Tried first, it also
- * counts the hand-offs' own cost as work, so two consumers that once
- * fell to handing the lock over key by key looked busy enough to stay
- * there (drain C=2-b32 at 0.54x, pool-C=2 at 0.46x).
+ * less than HAMMER_NS between its calls, on average. A consumer that
+ * waited for the lock measures the next SAMPLES gaps of its caller, from
+ * the release of the lock to the caller's next consumer call (two, so
+ * that a caller alternating get and done has both measured), and
+ * averages them into work_ns; a gap counts at most GAP_MAX_NS, so that
+ * one long pause, a preemption say, does not keep a hammering consumer
+ * from napping for long. Nothing is measured when the lock was free:
+ * sampling every 63rd release instead cost one-process rows 2-7% (a
+ * counter and a branch on every release, the clock in line). Two
+ * consumers that hammer gain from taking turns; a consumer that works
+ * on each key leaves the lock free for as long as the work takes, so
+ * its rival finds it taken only briefly, and a nap of some 190 us then
+ * costs it more keys than the hand-offs do. Measured on the Intel VM
+ * with a busy loop of W ns per key between get and done
+ * (tools/PERFORMANCE.md, "Consumers that work on their keys"), two
+ * consumers: W = 100 and 250 ns drained faster when they napped (2.98M
+ * against 1.73M keys/s, 2.10M against 1.75M), W = 500 ns and 1 us when
+ * they did not (1.80M against 1.61M, 1.30M against 1.13M). A call's gap
+ * is about half a key's work (get, work, done, get), some 170 ns at W =
+ * 250 and 300 at W = 500: hence 250. Not measured instead: the rate of
+ * keys or locks over the time outside waits. Tried first, it also counts
+ * the hand-offs' own cost as work, so two consumers that once fell to
+ * handing the lock over key by key looked busy enough to stay there
+ * (drain C=2-b32 at 0.54x, pool-C=2 at 0.46x).
  */
 #define SPIN_TRIES 50
 #define SPIN_PAUSES 16
@@ -198,8 +205,9 @@ static void release(shmq *q)
 #define BACKOFF_TRIES 5
 #define NAPS 20
 #define NAP_NS 100000
-#define HAMMER_NS 200
+#define HAMMER_NS 250
 #define GAP_MAX_NS (8 * HAMMER_NS)
+#define SAMPLES 2
 
 static int spin(pthread_mutex_t *m, int tries)
 {
@@ -235,23 +243,31 @@ static void note_holder(shmq *q, bool consumer)
         wq_store_relaxed(&q->hdr->holder_consumer, (uint32_t)consumer);
 }
 
-/* A consumer call begins: close the open sample (above), if any. */
-WQ_INLINE void sample_work(shmq *q)
+/* The sample that sample_open began ends: the gap, averaged in (the
+   first taken whole). */
+__attribute__((noinline, cold)) static void sample_close(shmq *q, uint64_t left)
 {
-    uint64_t left = wq_load_relaxed(&q->left_at);
-    if (WQ_LIKELY(!left))
-        return;
-    wq_store_relaxed(&q->left_at, 0);
     uint64_t now = wq__now_mono(), w = wq_load_relaxed(&q->work_ns);
+    uint32_t n = wq_load_relaxed(&q->samples);
     uint64_t gap = now > left ? now - left : 0;
     if (gap > GAP_MAX_NS)
         gap = GAP_MAX_NS;
-    wq_store_relaxed(&q->work_ns, w - w / 8 + gap / 8);
+    wq_store_relaxed(&q->left_at, 0);
+    wq_store_relaxed(&q->samples, n ? n - 1 : 0);
+    wq_store_relaxed(&q->work_ns, w ? w - w / 8 + gap / 8 : gap);
 }
 
-/* A consumer's wait for the lock, found taken: the lock, acquired (0 or
-   EOWNERDEAD). A handle with no sample yet (work_ns 0: fewer than
-   SAMPLE_EVERY releases) naps, as every consumer did before the test. */
+/* A consumer call begins. */
+WQ_INLINE void sample_work(shmq *q)
+{
+    uint64_t left = wq_load_relaxed(&q->left_at);
+    if (WQ_UNLIKELY(left != 0))
+        sample_close(q, left);
+}
+
+/* A consumer's wait for the lock, found taken. A handle with nothing
+   measured yet (work_ns 0) naps, as every consumer did before the
+   test. */
 static int back_off(shmq *q)
 {
     pthread_mutex_t *m = &q->hdr->lock;
@@ -274,7 +290,11 @@ WQ_INLINE int acquire(shmq *q, bool consumer)
     if (WQ_LIKELY(rc != EBUSY))
         return rc;
     rc = consumer ? back_off(q) : spin(m, SPIN_TRIES);
-    return rc == EBUSY ? pthread_mutex_lock(m) : rc;
+    if (rc == EBUSY)
+        rc = pthread_mutex_lock(m);
+    if (consumer && (rc == 0 || rc == EOWNERDEAD))
+        wq_store_relaxed(&q->samples, SAMPLES);
+    return rc;
 }
 
 /* The mutex was just acquired with `rc` (0 or EOWNERDEAD): note the

@@ -148,12 +148,12 @@ typedef struct wq_shm {
     /* Wakes owed once the lock is released (wait.c): region lock. Any
        thread of this process holding the region lock owns them. */
     /* How long this handle's caller works between its calls (lock.c,
-       back_off): one gap in SAMPLE_EVERY is measured, from a release of
-       the lock (left_at, 0 when no sample is open) to the next consumer
-       call, and averaged into work_ns. Relaxed atomics: a hint, and
-       threads sharing the handle may mix each other's samples. */
+       back_off): the gaps still to measure (set when a consumer waited
+       for the lock), when the open one began (0: none open), and their
+       average. Relaxed atomics: a hint, and threads sharing the handle
+       may mix each other's samples. */
+    uint32_t samples;
     uint64_t left_at, work_ns;
-    uint32_t releases;             /* of the lock, counted; region lock */
     int wake_get;                  /* wake_seq sleepers to wake */
     bool wake_idle;                /* wake every idle_seq sleeper */
 #ifdef WQ_DEBUG
