@@ -193,7 +193,7 @@ static void release(shmq *q)
  * with a busy loop of W ns per key between get and done
  * (tools/PERFORMANCE.md, "Consumers that work on their keys"), two
  * consumers: W = 100 and 250 ns drained faster when they napped (2.98M
- * against 1.73M keys/s, 2.10M against 1.75M), W = 500 ns and 1 us when
+ * against 1.69M keys/s, 2.10M against 1.74M), W = 500 ns and 1 us when
  * they did not (1.80M against 1.61M, 1.30M against 1.13M). A call's gap
  * is about half a key's work (get, work, done, get), some 170 ns at W =
  * 250 and 300 at W = 500: hence 250. Not measured instead: the rate of
