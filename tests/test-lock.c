@@ -8,7 +8,9 @@
  * thread is blocked in.
  *   - a consumer (wq_get) that finds the lock taken with at least 32
  *     keys queued naps, again and again, then blocks in a futex wait and
- *     gets the front key when the lock is released;
+ *     gets the front key when the lock is released (a consumer whose
+ *     handle has timed no work of its caller yet: lock.c times it only
+ *     after a wait);
  *   - it reads the length again before each nap: once fewer than 32
  *     keys are queued it naps no more;
  *   - a getter woken from its sleep by an add never naps, however many
@@ -20,8 +22,10 @@
  *     consumer naps behind an adder (nor behind any call but a get or
  *     a done);
  *   - a consumer whose caller works between its calls does not nap: one
- *     that napped at its first wait, then made 8 calls 1 ms apart,
- *     goes straight to the futex wait at its next;
+ *     that napped at its first wait, then made 8 calls 1 ms apart (the
+ *     first two timed), goes straight to the futex wait at its next; and
+ *     naps again at the next wait once its handle says the caller
+ *     hammers;
  *   - a holder SIGKILLed while a consumer naps costs nothing: the
  *     consumer's next try repairs and gets the front key;
  *   - the nap is no cancellation point: a thread cancelled before its
@@ -169,6 +173,11 @@ static void child(const char *name, struct board *b, enum op op, bool stop)
     int held = 0;   /* DONE: the key it finishes, got before the lock */
     if (op == DONE && (held = wq_get(q, b->key, sizeof b->key, 0)) <= 0)
         _exit(14);
+    /* That get waited only if an idle reaper held the lock; then the
+       wait for the parent would be timed as the caller's work, and the
+       done would not nap. Not what these tests are about. */
+    wq_store_relaxed(&wq__shm(q)->samples, 0);
+    wq_store_relaxed(&wq__shm(q)->left_at, 0);
     atomic_store(&b->tid, (int)gettid());
     wq_fault_record(true);
     if (stop && wq_fault_arm("lock.nap", 1, WQ_FAULT_STOP) != 0)
@@ -372,18 +381,20 @@ static void test_no_nap_behind_adder(void **state)
     release_expect_k00(q, pid, b, 0, -1, PLENTY - 1);
 }
 
-/* The child of test_worker_does_not_nap: a first get behind the
-   parent's lock (step 1), which naps (no work measured yet: lock.c
-   measures the gaps after a wait); then 8 dones of a key it does not
-   hold (-ENOENT, a consumer's call all the same), 1 ms apart, as a
-   worker's
-   reconciles would be; then a second get behind the lock (step 3),
-   stopped at its first nap if it makes one. */
+/* The child of test_worker_does_not_nap. A first get behind the
+   parent's lock (step 1) naps: its handle has timed nothing yet. Then 8
+   dones of a key it does not hold (-ENOENT, a consumer's call all the
+   same), 1 ms apart, as a worker's reconciles would be: the wait made
+   lock.c time the next two gaps. A second get behind the lock (step 3),
+   stopped at its first nap if it makes one, must make none. Then the
+   handle is told its caller hammers (work_ns 1, nothing left to time),
+   and a third get behind the lock (step 5) naps again. */
 static void worker_child(const char *name, struct board *b)
 {
     wq *q;
     if (wq_open(name, NULL, &q) != 0)
         _exit(10);
+    shmq *s = wq__shm(q);
     atomic_store(&b->tid, (int)gettid());
     wq_fault_record(true);
     atomic_store(&b->ready, 1);
@@ -397,10 +408,20 @@ static void worker_child(const char *name, struct board *b)
         if (wq_done(q, KS("absent")) != -ENOENT)
             _exit(14);
     }
+    if (wq_load_relaxed(&s->samples) != 0 || wq_load_relaxed(&s->work_ns) == 0)
+        _exit(15);   /* both gaps timed */
     if (wq_fault_arm("lock.nap", 1, WQ_FAULT_STOP) != 0)
         _exit(11);
     atomic_store(&b->ready, 2);
     if (t_wait_count(&b->step, 3, 10000) != 0)
+        _exit(12);
+    if (wq_get(q, b->key, sizeof b->key, 0) != 3 || strcmp(b->key, "k01") != 0)
+        _exit(16);
+    wq_store_relaxed(&s->samples, 0);
+    wq_store_relaxed(&s->left_at, 0);
+    wq_store_relaxed(&s->work_ns, 1);
+    atomic_store(&b->ready, 3);
+    if (t_wait_count(&b->step, 5, 10000) != 0)
         _exit(12);
     atomic_store(&b->rc, wq_get(q, b->key, sizeof b->key, 0));
     wq_close(q);
@@ -428,10 +449,15 @@ static void test_worker_does_not_nap(void **state)
     atomic_store(&b->step, 3);
     expect_blocked(pid, b, "a consumer that called every 1 ms, at its next wait");
     wq__unlock(s);
+    assert_int_equal(t_wait_count(&b->ready, 3, 10000), 0);
+    assert_int_equal(wq__lock_consumer(s), 0);
+    atomic_store(&b->step, 5);
+    nap_then_block(pid, b, "a consumer whose handle says it hammers");
+    wq__unlock(s);
     assert_int_equal(t_wait(pid, 10000), 0);
     assert_int_equal(b->rc, 3);
-    assert_string_equal(b->key, "k01");
-    assert_int_equal(wq_len(q), PLENTY);   /* k00 and k01 given back at its close */
+    assert_string_equal(b->key, "k02");
+    assert_int_equal(wq_len(q), PLENTY);   /* k00, k01 and k02 given back at its close */
     t_shared_free(b, sizeof *b);
     t_close(q);
 }

@@ -18,7 +18,9 @@
  * take wq__lock_look, which never registers, so they work with a full
  * table and do not take back a slot given up.
  * wq__lock_consumer is wq__lock for the calls that take or finish keys
- * (get, done and their batches): they back off (acquire below).
+ * (get, done and their batches): they back off (acquire below), if
+ * their caller hammers the lock, as wq__lock_enter at their start and
+ * wq__unlock at their end measure.
  * wq__unlock issues the futex wakes the holder owed (wait.c): waking
  * after the unlock means a woken sleeper never blocks on our lock.
  * Every acquisition applies the adds published to lanes (lanes.c) before
@@ -102,19 +104,9 @@ static int damage(shmq *q)
     return 0;
 }
 
-/* A release opens a sample of the caller's work while the handle has
-   samples to take (see HAMMER_NS below). Out of line: the clock must
-   not weigh on a release that takes none. */
-__attribute__((noinline, cold)) static void sample_open(shmq *q)
-{
-    wq_store_relaxed(&q->left_at, wq__now_mono());
-}
-
 static void release(shmq *q)
 {
     HOLDER_CLEAR(q);
-    if (WQ_UNLIKELY(wq_load_relaxed(&q->samples) != 0))
-        sample_open(q);
     q->wake_get = 0;
     q->wake_idle = false;
     pthread_mutex_unlock(&q->hdr->lock);
@@ -165,8 +157,7 @@ static void release(shmq *q)
  * and is gone, and consumers that napped behind a producer adding hot
  * keys flat out handed it the queue, processing 0.67-0.72M keys/s
  * against 1.40-1.49M (tools/PERFORMANCE.md, "Consumers step aside for
- * consumers only"). With real work per key the lock is seldom found
- * taken five times in a row at all. Tried: a 10 us nap asked
+ * consumers only"). Tried: a 10 us nap asked
  * (about 100 us) drained with two consumers at 0.70-0.77x of one, 100 us
  * at 0.82x; one try instead of five napped so readily that mpmc's
  * consumers processed half as many keys. The nap is a raw syscall, as
@@ -174,33 +165,41 @@ static void release(shmq *q)
  * wq_done.
  *
  * Only a consumer that hammers the lock naps: one whose caller works
- * less than HAMMER_NS between its calls, on average. A consumer that
- * waited for the lock measures the next SAMPLES gaps of its caller, from
- * the release of the lock to the caller's next consumer call (two, so
- * that a caller alternating get and done has both measured), and
- * averages them into work_ns; a gap counts at most GAP_MAX_NS, so that
- * a preemption between two calls does not keep a hammering consumer
- * from napping (at 8 x HAMMER_NS, two producers and two consumers on
- * the two vCPUs, mpmc p2c2, added at 2.4-4.2M/s against 5.9-9.1M: the
- * consumers, preempted between calls, measured work they did not do
- * and stopped stepping aside; at 3 x, 5.1-7.4M against 3.6-4.4M). Nothing is measured when the lock was free:
- * sampling every 63rd release instead cost one-process rows 2-7% (a
- * counter and a branch on every release, the clock in line). Two
- * consumers that hammer gain from taking turns; a consumer that works
- * on each key leaves the lock free for as long as the work takes, so
- * its rival finds it taken only briefly, and a nap of some 190 us then
- * costs it more keys than the hand-offs do. Measured on the Intel VM
- * with a busy loop of W ns per key between get and done
- * (tools/PERFORMANCE.md, "Consumers that work on their keys"), two
- * consumers: W = 100 and 250 ns drained faster when they napped (2.98M
- * against 1.69M keys/s, 2.10M against 1.74M), W = 500 ns and 1 us when
- * they did not (1.80M against 1.61M, 1.30M against 1.13M). A call's gap
- * is about half a key's work (get, work, done, get), some 170 ns at W =
- * 250 and 300 at W = 500: hence 250. Not measured instead: the rate of
- * keys or locks over the time outside waits. Tried first, it also counts
- * the hand-offs' own cost as work, so two consumers that once fell to
- * handing the lock over key by key looked busy enough to stay there
- * (drain C=2-b32 at 0.54x, pool-C=2 at 0.46x).
+ * less than HAMMER_NS between its calls, on average. Two consumers that
+ * hammer gain from taking turns; a consumer that works on each key
+ * leaves the lock free for as long as the work takes, so its rival
+ * finds it taken only briefly, and a nap of some 190 us then costs it
+ * more keys than the hand-offs do. Measured on the Intel VM with a busy
+ * loop of W ns per key between get and done (tools/PERFORMANCE.md,
+ * "Consumers that work on their keys"), two consumers: W = 100 and 250
+ * ns drained faster when they napped (2.98M against 1.69M keys/s, 2.10M
+ * against 1.74M), W = 500 ns and 1 us when they did not (1.80M against
+ * 1.61M, 1.30M against 1.13M). A call's gap is about half a key's work
+ * (get, work, done, get), some 170 ns at W = 250 and 300 at W = 500:
+ * hence 250.
+ *
+ * Only the question starts a measure: after a wait behind a consumer
+ * with plenty queued, the handle times the next SAMPLES gaps of its
+ * caller (two, so that a caller alternating get and done has both
+ * timed), from the end of wq__unlock (after the unlock and the wakes it
+ * owed, which are the library's time) to the start of the next get or
+ * done (wq__lock_enter, before it hashes a key), and averages them into
+ * work_ns (1/8 each, so that one odd gap moves the average by little;
+ * the first is taken whole, there being nothing to average with). A gap
+ * counts at most GAP_MAX_NS: with four processes on the two vCPUs a
+ * consumer is often preempted between two calls, and at 8 x HAMMER_NS
+ * such consumers measured work they did not do and stopped stepping
+ * aside (mpmc p2c2). A process that registers anew (a forked child)
+ * measures afresh. Not after every wait: a consumer behind a producer
+ * waits at nearly every call, and its two clock readings then cost it
+ * 13-22% of the keys it processed (mpmc p1c1, p1c1-dg). Not on every
+ * call either: timing one gap in 63 releases cost one-process rows 2-7%
+ * (a counter and a branch on every release, the clock in line). Not
+ * measured instead: the rate of keys or locks over the time outside
+ * waits. Tried first, it also counts the hand-offs' own cost as work,
+ * so two consumers that once fell to handing the lock over key by key
+ * looked busy enough to stay there (drain C=2-b32 at 0.54x, pool-C=2 at
+ * 0.46x).
  */
 #define SPIN_TRIES 50
 #define SPIN_PAUSES 16
@@ -246,11 +245,17 @@ static void note_holder(shmq *q, bool consumer)
         wq_store_relaxed(&q->hdr->holder_consumer, (uint32_t)consumer);
 }
 
-/* The sample that sample_open began ends: the gap, averaged in (the
-   first taken whole). */
+/* Out of line, both: the clock must not weigh on the calls that take
+   no sample. wq__clock_mono, not the queue's clock: this times real
+   work, which a test's clock does not see. */
+__attribute__((noinline, cold)) static void sample_open(shmq *q)
+{
+    wq_store_relaxed(&q->left_at, wq__clock_mono());
+}
+
 __attribute__((noinline, cold)) static void sample_close(shmq *q, uint64_t left)
 {
-    uint64_t now = wq__now_mono(), w = wq_load_relaxed(&q->work_ns);
+    uint64_t now = wq__clock_mono(), w = wq_load_relaxed(&q->work_ns);
     uint32_t n = wq_load_relaxed(&q->samples);
     uint64_t gap = now > left ? now - left : 0;
     if (gap > GAP_MAX_NS)
@@ -260,8 +265,7 @@ __attribute__((noinline, cold)) static void sample_close(shmq *q, uint64_t left)
     wq_store_relaxed(&q->work_ns, w ? w - w / 8 + gap / 8 : gap);
 }
 
-/* A consumer call begins. */
-WQ_INLINE void sample_work(shmq *q)
+void wq__lock_enter(shmq *q)
 {
     uint64_t left = wq_load_relaxed(&q->left_at);
     if (WQ_UNLIKELY(left != 0))
@@ -269,12 +273,16 @@ WQ_INLINE void sample_work(shmq *q)
 }
 
 /* A consumer's wait for the lock, found taken. A handle with nothing
-   measured yet (work_ns 0) naps, as every consumer did before the
-   test. */
+   measured yet (work_ns 0) naps: it may well hammer, and a nap costs a
+   worker one wait at most. */
 static int back_off(shmq *q)
 {
     pthread_mutex_t *m = &q->hdr->lock;
     int rc = spin(m, BACKOFF_TRIES);
+    if (rc != EBUSY || !plentiful(q) || !behind_consumer(q))
+        return rc == EBUSY ? spin(m, SPIN_TRIES) : rc;
+    /* Whether to nap is asked: time the caller after this call. */
+    wq_store_relaxed(&q->samples, SAMPLES);
     bool naps = wq_load_relaxed(&q->work_ns) < HAMMER_NS;
     for (int i = 0; naps && rc == EBUSY && i < NAPS && plentiful(q) && behind_consumer(q);
          i++) {
@@ -293,11 +301,7 @@ WQ_INLINE int acquire(shmq *q, bool consumer)
     if (WQ_LIKELY(rc != EBUSY))
         return rc;
     rc = consumer ? back_off(q) : spin(m, SPIN_TRIES);
-    if (rc == EBUSY)
-        rc = pthread_mutex_lock(m);
-    if (consumer && (rc == 0 || rc == EOWNERDEAD))
-        wq_store_relaxed(&q->samples, SAMPLES);
-    return rc;
+    return rc == EBUSY ? pthread_mutex_lock(m) : rc;
 }
 
 /* The mutex was just acquired with `rc` (0 or EOWNERDEAD): note the
@@ -360,6 +364,11 @@ WQ_INLINE int lock_slot(shmq *q, bool consumer)
             wq__unlock(q);   /* with the wakes a reap on the way owes */
             return rc;
         }
+        /* A forked child's caller is not its parent's: measure afresh
+           (a gap open across the fork would read as work). */
+        wq_store_relaxed(&q->samples, 0);
+        wq_store_relaxed(&q->left_at, 0);
+        wq_store_relaxed(&q->work_ns, 0);
     }
     return 0;
 }
@@ -371,7 +380,6 @@ int wq__lock(shmq *q)
 
 int wq__lock_consumer(shmq *q)
 {
-    sample_work(q);
     return lock_slot(q, true);
 }
 
@@ -399,4 +407,6 @@ void wq__unlock(shmq *q)
     release(q);
     if (WQ_UNLIKELY(get | idle))
         wq__wake_flush(q, get, idle);
+    if (WQ_UNLIKELY(wq_load_relaxed(&q->samples) != 0))
+        sample_open(q);
 }

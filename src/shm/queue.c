@@ -678,6 +678,7 @@ int wq__shm_get_many(wq *pub, void *buf, size_t size, struct iovec *keys, size_t
                      uint64_t deadline)
 {
     shmq *q = wq__shm(pub);
+    wq__lock_enter(q);
     uint64_t now = wq__metrics_now(q);
     int rc = wq__lock_consumer(q);
     if (rc < 0)
@@ -698,6 +699,7 @@ int wq__shm_get(wq *pub, void *buf, uint64_t deadline)
 int wq__shm_done(wq *pub, const void *key, size_t len, const struct wq_outcome *o)
 {
     shmq *q = wq__shm(pub);
+    wq__lock_enter(q);
     uint32_t hash = wq__hash(q->seed, key, len);
     wq__table_prefetch(q, hash);   /* likely a miss: overlap it with locking */
     uint64_t now = wq__metrics_now(q);
@@ -725,6 +727,7 @@ int wq__shm_done_many(wq *pub, const struct iovec *keys, size_t n)
     shmq *q = wq__shm(pub);
     uint32_t hashes[DONE_CHUNK];
     int done = 0, rc = 0;
+    wq__lock_enter(q);
     for (size_t at = 0; at < n && rc >= 0; at += DONE_CHUNK) {
         size_t m = n - at < DONE_CHUNK ? n - at : DONE_CHUNK;
         for (size_t i = 0; i < m; i++)
@@ -758,6 +761,7 @@ int wq__shm_done_get(wq *pub, const void *key, size_t len, const struct wq_outco
                      void *buf, uint64_t deadline)
 {
     shmq *q = wq__shm(pub);
+    wq__lock_enter(q);
     uint32_t hash = wq__hash(q->seed, key, len);
     uint64_t now = wq__metrics_now(q);   /* one reading serves both halves */
     int rc = wq__lock_consumer(q);

@@ -145,15 +145,16 @@ typedef struct wq_shm {
     struct wq_lease *lease;        /* lease thread; NULL without a slot (a
                                       forked copy: the parent's, not ours) */
 
-    /* Wakes owed once the lock is released (wait.c): region lock. Any
-       thread of this process holding the region lock owns them. */
     /* How long this handle's caller works between its calls (lock.c,
-       back_off): the gaps still to measure (set when a consumer waited
-       for the lock), when the open one began (0: none open), and their
+       back_off): the gaps still to time (set when a consumer waited for
+       the lock), when the open one began (0: none open), and their
        average. Relaxed atomics: a hint, and threads sharing the handle
        may mix each other's samples. */
     uint32_t samples;
     uint64_t left_at, work_ns;
+
+    /* Wakes owed once the lock is released (wait.c): region lock. Any
+       thread of this process holding the region lock owns them. */
     int wake_get;                  /* wake_seq sleepers to wake */
     bool wake_idle;                /* wake every idle_seq sleeper */
 #ifdef WQ_DEBUG
@@ -231,6 +232,10 @@ static inline bool wq__slot_held(const shmq *q)
 /* lock.c */
 int wq__lock(shmq *q);        /* registers this process if it holds no slot */
 int wq__lock_consumer(shmq *q);   /* wq__lock that backs off (see lock.c) */
+/* A get or done (or a batch of them) begins, before any work of its
+   own: ends the measure of the caller's work since its last call that
+   tells wq__lock_consumer whether to back off (see lock.c). */
+void wq__lock_enter(shmq *q);
 int wq__lock_look(shmq *q);   /* never registers (see lock.c) */
 int wq__lock_try(shmq *q);
 void wq__unlock(shmq *q);
