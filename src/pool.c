@@ -158,7 +158,8 @@ static void worker_main(wq *q, struct shared *sh, unsigned id, wq_reconcile_fn f
             _exit(1);   /* the supervisor restarts us, or gives up */
         }
         /* Stamped only when someone watches it: a clock reading and two
-           stores per key cost pool-C=1 some 4% otherwise. */
+           stores per key cost the pool 9-11% (tools/PERFORMANCE.md,
+           "Consumers that work on their keys"). */
         if (po->timeout_ns)
             __atomic_store_n(&sh->busy[id].since, wq__clock_mono(), __ATOMIC_RELEASE);
         reconcile_one(q, key[cur], n, fn, arg, po, &out, &f);

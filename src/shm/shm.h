@@ -146,10 +146,10 @@ typedef struct wq_shm {
                                       forked copy: the parent's, not ours) */
 
     /* How long this handle's caller works between its calls (lock.c,
-       back_off): the gaps still to time (set when a consumer waited for
-       the lock), when the open one began (0: none open), and their
-       average. Relaxed atomics: a hint, and threads sharing the handle
-       may mix each other's samples. */
+       back_off): the gaps still to time (set when a consumer waited
+       behind another with plenty queued), when the open one began (0:
+       none open), and their average. Relaxed atomics: a hint, and
+       threads sharing the handle may mix each other's samples. */
     uint32_t samples;
     uint64_t left_at, work_ns;
 
