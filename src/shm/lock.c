@@ -20,7 +20,8 @@
  * wq__lock_consumer is wq__lock for the calls that take or finish keys
  * (get, done and their batches): they back off (acquire below), if
  * their caller hammers the lock, as wq__lock_enter at their start and
- * wq__unlock at their end measure.
+ * wq__lock_leave at their end measure. Other calls between two of them
+ * (an add inside a reconcile) count as the caller's work.
  * wq__unlock issues the futex wakes the holder owed (wait.c): waking
  * after the unlock means a woken sleeper never blocks on our lock.
  * Every acquisition applies the adds published to lanes (lanes.c) before
@@ -181,9 +182,10 @@ static void release(shmq *q)
  * Only the question starts a measure: after a wait behind a consumer
  * with plenty queued, the handle times the next SAMPLES gaps of its
  * caller (two, so that a caller alternating get and done has both
- * timed), from the end of wq__unlock (after the unlock and the wakes it
- * owed, which are the library's time) to the start of the next get or
- * done (wq__lock_enter, before it hashes a key), and averages them into
+ * timed), from the end of a get or done (wq__lock_leave, after the
+ * unlock, the wakes it owed and the store's work, which are the
+ * library's time) to the start of the next (wq__lock_enter, before it
+ * hashes a key), and averages them into
  * work_ns (1/8 each, so that one odd gap moves the average by little;
  * the first is taken whole, there being nothing to average with). A gap
  * counts at most GAP_MAX_NS: with four processes on the two vCPUs a
@@ -263,6 +265,12 @@ __attribute__((noinline, cold)) static void sample_close(shmq *q, uint64_t left)
     wq_store_relaxed(&q->left_at, 0);
     wq_store_relaxed(&q->samples, n ? n - 1 : 0);
     wq_store_relaxed(&q->work_ns, w ? w - w / 8 + gap / 8 : gap);
+}
+
+void wq__lock_leave(shmq *q)
+{
+    if (WQ_UNLIKELY(wq_load_relaxed(&q->samples) != 0))
+        sample_open(q);
 }
 
 void wq__lock_enter(shmq *q)
@@ -407,6 +415,4 @@ void wq__unlock(shmq *q)
     release(q);
     if (WQ_UNLIKELY(get | idle))
         wq__wake_flush(q, get, idle);
-    if (WQ_UNLIKELY(wq_load_relaxed(&q->samples) != 0))
-        sample_open(q);
 }

@@ -687,6 +687,7 @@ int wq__shm_get_many(wq *pub, void *buf, size_t size, struct iovec *keys, size_t
     rc = get_wait(q, buf, size, keys, n, deadline, now);
     if (WQ_UNLIKELY(q->g.has_store))
         wq__store_after(q);   /* crash requeues, periodic snapshots */
+    wq__lock_leave(q);
     return rc;
 }
 
@@ -715,6 +716,7 @@ int wq__shm_done(wq *pub, const void *key, size_t len, const struct wq_outcome *
        listed and is written by a later flush (wq.h, Persistence). */
     if (rc >= 0 && WQ_UNLIKELY(q->g.has_store))
         wq__store_after(q);
+    wq__lock_leave(q);
     return rc;
 }
 
@@ -754,6 +756,7 @@ int wq__shm_done_many(wq *pub, const struct iovec *keys, size_t n)
         if (rc == -ENOENT)
             rc = 0;
     }
+    wq__lock_leave(q);
     return rc < 0 ? rc : done;
 }
 
@@ -790,6 +793,7 @@ int wq__shm_done_get(wq *pub, const void *key, size_t len, const struct wq_outco
        done is applied, and a key may have been handed out into buf. */
     if (WQ_UNLIKELY(q->g.has_store))
         wq__store_after(q);
+    wq__lock_leave(q);
     return rc;
 }
 

@@ -236,6 +236,8 @@ int wq__lock_consumer(shmq *q);   /* wq__lock that backs off (see lock.c) */
    own: ends the measure of the caller's work since its last call that
    tells wq__lock_consumer whether to back off (see lock.c). */
 void wq__lock_enter(shmq *q);
+/* ... and ends, after all its work: the measure's start. */
+void wq__lock_leave(shmq *q);
 int wq__lock_look(shmq *q);   /* never registers (see lock.c) */
 int wq__lock_try(shmq *q);
 void wq__unlock(shmq *q);
